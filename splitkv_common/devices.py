@@ -1,0 +1,74 @@
+"""Device profiles the ``auto`` planner decides from.
+
+Figures are parameters of a simple cost model (``docs/planner.md``), not promises. Bandwidths
+marked *measured* come from ``docs/benchmarks.md``; the Ascend HBM figure is not published
+authoritatively and is a placeholder to be measured on a node.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """What the planner knows of a device.
+
+    Attributes:
+        name: key used on the command line (``--device``).
+        units: parallel workers a work item occupies (SMs, AI vector cores, CPU cores).
+        items_per_unit: work items one unit keeps in flight at once (occupancy).
+        bandwidth_gbps: sustainable HBM/DRAM read bandwidth, GB/s (1e9 bytes/s).
+        unit_bandwidth_gbps: the most one work item can pull alone, GB/s.
+        item_overhead_us: fixed cost per work item (launch of a block, setup, partial write), µs.
+        launch_us: cost of one kernel launch (the merge adds one), µs.
+        min_split_tokens: the shortest split ``auto`` will make.
+        max_splits: the most splits ``auto`` gives one request.
+        ub_bytes: on-chip buffer per unit for tiling checks (Ascend Unified Buffer), or 0.
+        note: where the figures come from.
+    """
+
+    name: str
+    units: int
+    items_per_unit: int
+    bandwidth_gbps: float
+    unit_bandwidth_gbps: float
+    item_overhead_us: float
+    launch_us: float
+    min_split_tokens: int
+    max_splits: int
+    ub_bytes: int = 0
+    note: str = ""
+
+
+PROFILES: dict[str, DeviceProfile] = {
+    "h200": DeviceProfile(
+        name="h200", units=132, items_per_unit=2, bandwidth_gbps=4200.0, unit_bandwidth_gbps=120.0,
+        item_overhead_us=1.0, launch_us=3.0, min_split_tokens=256, max_splits=64,
+        note="NVIDIA H200 SXM: 132 SMs; copy ceiling ~4.2 TB/s measured"),
+    "910b2": DeviceProfile(
+        name="910b2", units=48, items_per_unit=1, bandwidth_gbps=1500.0, unit_bandwidth_gbps=60.0,
+        item_overhead_us=2.0, launch_us=5.0, min_split_tokens=512, max_splits=32, ub_bytes=192 * 1024,
+        note="Ascend 910B1/B2: 24 cube / 48 vector cores, UB 192 KiB; HBM ~1.5 TB/s unmeasured placeholder"),
+    "910b3": DeviceProfile(
+        name="910b3", units=40, items_per_unit=1, bandwidth_gbps=1500.0, unit_bandwidth_gbps=60.0,
+        item_overhead_us=2.0, launch_us=5.0, min_split_tokens=512, max_splits=32, ub_bytes=192 * 1024,
+        note="Ascend 910B3/B4: 20 cube / 40 vector cores, UB 192 KiB; HBM ~1.5 TB/s unmeasured placeholder"),
+    "cpu": DeviceProfile(
+        name="cpu", units=max(1, os.cpu_count() or 1), items_per_unit=1, bandwidth_gbps=20.0,
+        unit_bandwidth_gbps=10.0, item_overhead_us=20.0, launch_us=50.0, min_split_tokens=1024,
+        max_splits=16, note="generic CPU: one work item per core"),
+}
+PROFILES["910b4"] = PROFILES["910b3"].__class__(**{**PROFILES["910b3"].__dict__, "name": "910b4"})
+PROFILES["910b1"] = PROFILES["910b2"].__class__(**{**PROFILES["910b2"].__dict__, "name": "910b1"})
+
+
+def get_profile(device: str | DeviceProfile) -> DeviceProfile:
+    """Look a profile up by name (case-insensitive; ``ascend910b2`` and ``Ascend910B3`` work too)."""
+    if isinstance(device, DeviceProfile):
+        return device
+    key = str(device).lower().replace("ascend", "").replace("nvidia-", "").replace("nvidia", "").strip("-_ ")
+    if key not in PROFILES:
+        raise ValueError(f"device: unknown profile {device!r}; known: {', '.join(sorted(PROFILES))}")
+    return PROFILES[key]

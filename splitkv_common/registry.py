@@ -1,0 +1,94 @@
+"""The backend registry of the parity harness.
+
+A backend is a :class:`Backend`: a name, an availability check that says in words why it cannot
+run here, an optional per-case support check, and one entry point ``run(inputs, plan) -> (out,
+lse)``. Backends are found through the ``splitkv.backends`` entry-point group (so a backend can live
+in another package) and through :func:`register` (tests, notebooks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Callable
+
+import numpy as np
+
+from .inputs import DecodeInputs
+from .plan import Plan
+
+ENTRY_POINT_GROUP = "splitkv.backends"
+
+
+def _always() -> str | None:
+    return None
+
+
+def _any_case(inputs: DecodeInputs) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One implementation the harness can run.
+
+    Attributes:
+        name: the ``--backend`` name.
+        run: ``run(inputs, plan) -> (out, lse)``: ``out`` ``[T, Hq, D]`` and ``lse`` ``[T, Hq]`` as
+            NumPy float32 (``out`` holding values of ``inputs.dtype``, lse natural-log). ``plan``
+            was made by the harness with ``device`` as the profile.
+        unavailable: ``() -> None`` when the backend can run here, else the reason in words.
+        unsupported: ``(inputs) -> None`` when the backend handles the case, else the reason
+            (e.g. a head dim it was not built for). Unsupported cases are reported, never passed.
+        device: the device profile its plans are made for (``h200``, ``910b2``, ``cpu``...).
+        description: one line for listings.
+    """
+
+    name: str
+    run: Callable[[DecodeInputs, Plan], tuple[np.ndarray, np.ndarray]]
+    unavailable: Callable[[], "str | None"] = _always
+    unsupported: Callable[[DecodeInputs], "str | None"] = _any_case
+    device: str = "cpu"
+    description: str = ""
+    extra: dict = field(default_factory=dict, compare=False)
+
+
+_REGISTERED: dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> Backend:
+    """Add (or replace) a backend by name; returns it."""
+    _REGISTERED[backend.name] = backend
+    return backend
+
+
+def discover() -> dict[str, Backend]:
+    """Every backend: entry points of ``splitkv.backends`` first, then :func:`register` ones.
+
+    A broken entry point is kept as a backend that is unavailable with the import error as reason.
+    """
+    found: dict[str, Backend] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            found[obj.name] = obj
+        except Exception as e:  # keep it visible, with why
+            msg = f"entry point {ep.value} failed to load: {type(e).__name__}: {e}"
+
+            def _run(inputs, plan, _m=msg):
+                raise RuntimeError(_m)
+            found[ep.name] = Backend(ep.name, _run, unavailable=lambda _m=msg: _m)
+    found.update(_REGISTERED)
+    if "numpy" not in found:  # running from a source tree that was not installed
+        from .backends import numpy_backend, torch_backend
+        found.setdefault("numpy", numpy_backend)
+        found.setdefault("torch", torch_backend)
+    return found
+
+
+def get_backend(name: str) -> Backend:
+    """A backend by name; unknown names raise ``ValueError`` listing the known ones."""
+    known = discover()
+    if name not in known:
+        raise ValueError(f"backend: unknown {name!r}; known: {', '.join(sorted(known))}")
+    return known[name]

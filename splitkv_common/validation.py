@@ -1,0 +1,167 @@
+"""Input validation shared by every backend, run before any computation or kernel launch.
+
+Every error names the argument and the rule it broke. Works on NumPy arrays and torch tensors
+(shapes and dtype names); value checks (block-table ranges, lengths) read host copies.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .dtypes import FLOAT_DTYPES, dtype_name
+
+INDEX_DTYPES = ("int32", "int64")
+
+
+@dataclass(frozen=True)
+class DecodeDims:
+    """Sizes of a validated decode call."""
+
+    num_rows: int        # T
+    num_q_heads: int     # Hq
+    num_kv_heads: int    # Hkv
+    head_dim: int        # D
+    num_pages: int
+    page_size: int
+    batch_size: int      # B
+    max_pages: int       # block_table.shape[1]
+    dtype: str           # q / output dtype
+    kv_dtype: str        # float dtype of q, or int8
+
+    @property
+    def group_size(self) -> int:
+        return self.num_q_heads // self.num_kv_heads
+
+
+def host(x) -> np.ndarray:
+    """A NumPy copy of an array or tensor (torch tensors are moved to the CPU)."""
+    if hasattr(x, "detach"):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _shape(x, name):
+    if not hasattr(x, "shape"):
+        raise TypeError(f"{name}: expected an array or tensor, got {type(x).__name__}")
+    return tuple(int(s) for s in x.shape)
+
+
+def check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, *,
+                      scale=None, soft_cap=None, window_left=None, k_scale=None, v_scale=None,
+                      k_offset=None, v_offset=None, supported_head_dims=None,
+                      backend: str = "") -> DecodeDims:
+    """Validate a decode call (see ``docs/conventions.md``) and return its sizes.
+
+    Shapes: ``q [T, Hq, D]``; ``k_cache``, ``v_cache [num_pages, page_size, Hkv, D]``;
+    ``block_table [B, max_pages]`` int32/int64; ``seq_lens [B]`` int32/int64;
+    ``query_start_loc [B + 1]`` (default: one row per request, ``T == B``);
+    int8 KV needs ``k_scale``/``v_scale`` float32 ``[Hkv]`` or ``[Hkv, D]`` (offsets the same shape).
+
+    Raises:
+        TypeError: a wrong dtype or a non-array argument.
+        ValueError: a wrong shape, a value out of range, or a head dim the backend does not support.
+    """
+    who = f" ({backend})" if backend else ""
+    qs = _shape(q, "q")
+    ks = _shape(k_cache, "k_cache")
+    vs = _shape(v_cache, "v_cache")
+    if len(qs) != 3:
+        raise ValueError(f"q: must be [T, Hq, D], got shape {qs}")
+    if len(ks) != 4:
+        raise ValueError(f"k_cache: must be [num_pages, page_size, Hkv, D], got shape {ks}")
+    if vs != ks:
+        raise ValueError(f"v_cache: shape {vs} must equal k_cache's {ks}")
+    T, Hq, D = qs
+    P, page, Hkv, Dk = ks
+    if D <= 0 or Hq <= 0 or Hkv <= 0 or page <= 0:
+        raise ValueError(f"q, k_cache: head dim, heads and page size must be positive (q {qs}, k_cache {ks})")
+    if Dk != D:
+        raise ValueError(f"k_cache: head dim {Dk} must equal q's head dim {D}")
+    if Hq % Hkv:
+        raise ValueError(f"q: Hq % Hkv must be 0 (GQA group size), got Hq={Hq}, Hkv={Hkv}")
+    if supported_head_dims is not None and D not in supported_head_dims:
+        raise ValueError(f"q: head dim {D} is not supported{who}; supported: {sorted(supported_head_dims)}")
+
+    qd, kd, vd = dtype_name(q), dtype_name(k_cache), dtype_name(v_cache)
+    if qd not in FLOAT_DTYPES:
+        raise TypeError(f"q: dtype must be one of {FLOAT_DTYPES}, got {qd}")
+    if kd != vd:
+        raise TypeError(f"v_cache: dtype {vd} must equal k_cache's {kd}")
+    if kd == "int8":
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if s is None:
+                raise ValueError(f"{name}: required when the KV cache is int8")
+    elif kd != qd:
+        raise TypeError(f"k_cache: dtype must equal q's ({qd}) or be int8, got {kd}")
+    else:
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale), ("k_offset", k_offset), ("v_offset", v_offset)):
+            if s is not None:
+                raise ValueError(f"{name}: only valid with an int8 KV cache (k_cache is {kd})")
+    for name, s, ref in (("k_scale", k_scale, None), ("v_scale", v_scale, None),
+                         ("k_offset", k_offset, k_scale), ("v_offset", v_offset, v_scale)):
+        if s is None:
+            continue
+        ss = _shape(s, name)
+        if ss not in ((Hkv,), (Hkv, D)):
+            raise ValueError(f"{name}: must be [Hkv] (per head) or [Hkv, D] (per channel) = [{Hkv}] or [{Hkv}, {D}], got {ss}")
+        if dtype_name(s) != "float32":
+            raise TypeError(f"{name}: dtype must be float32, got {dtype_name(s)}")
+        if ref is not None and _shape(ref, "scale") != ss:
+            raise ValueError(f"{name}: shape {ss} must equal its scale's {_shape(ref, 'scale')}")
+
+    bts = _shape(block_table, "block_table")
+    if len(bts) != 2:
+        raise ValueError(f"block_table: must be [B, max_pages], got shape {bts}")
+    if dtype_name(block_table) not in INDEX_DTYPES:
+        raise TypeError(f"block_table: dtype must be int32 or int64, got {dtype_name(block_table)}")
+    B, max_pages = bts
+    sls = _shape(seq_lens, "seq_lens")
+    if sls != (B,):
+        raise ValueError(f"seq_lens: must be [B] = [{B}] (one per block_table row), got shape {sls}")
+    if dtype_name(seq_lens) not in INDEX_DTYPES:
+        raise TypeError(f"seq_lens: dtype must be int32 or int64, got {dtype_name(seq_lens)}")
+    sl = host(seq_lens).astype(np.int64)
+    if (sl < 0).any():
+        raise ValueError(f"seq_lens: negative lengths are invalid, got {sl[sl < 0][:4].tolist()}")
+    owned = max_pages * page
+    if (sl > owned).any():
+        b = int(np.argmax(sl > owned))
+        raise ValueError(f"seq_lens: request {b} has {int(sl[b])} tokens, beyond the {max_pages} pages x "
+                         f"{page} tokens its block_table row can hold")
+    if query_start_loc is None:
+        if T != B:
+            raise ValueError(f"query_start_loc: required when q has {T} rows for {B} requests")
+    else:
+        qls = _shape(query_start_loc, "query_start_loc")
+        if qls != (B + 1,):
+            raise ValueError(f"query_start_loc: must be [B + 1] = [{B + 1}], got shape {qls}")
+        if dtype_name(query_start_loc) not in INDEX_DTYPES:
+            raise TypeError(f"query_start_loc: dtype must be int32 or int64, got {dtype_name(query_start_loc)}")
+        qsl = host(query_start_loc).astype(np.int64)
+        if qsl[0] != 0 or (np.diff(qsl) < 0).any() or qsl[-1] != T:
+            raise ValueError(f"query_start_loc: must start at 0, be non-decreasing and end at T={T}, got "
+                             f"{qsl[:8].tolist()}{'...' if qsl.size > 8 else ''}")
+    if B:
+        bt = host(block_table).astype(np.int64)
+        used = (np.arange(max_pages)[None, :] * page) < sl[:, None]
+        bad = used & ((bt < 0) | (bt >= P))
+        if bad.any():
+            b, j = (int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"block_table: entry [{b}, {j}] = {int(bt[b, j])} is out of range [0, {P}) "
+                             f"(num_pages of k_cache)")
+
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale: must be a finite positive number, got {scale!r}")
+    if soft_cap is not None and not (isinstance(soft_cap, (int, float)) and math.isfinite(soft_cap) and soft_cap > 0):
+        raise ValueError(f"soft_cap: must be None or a finite positive number, got {soft_cap!r}")
+    if window_left is not None and not (isinstance(window_left, (int, np.integer)) and window_left >= -1):
+        raise ValueError(f"window_left: must be None, -1 (no window) or a non-negative int, got {window_left!r}")
+    return DecodeDims(T, Hq, Hkv, D, P, page, B, max_pages, qd, kd)
+
+
+def normalize_window(window_left) -> int | None:
+    """``None`` or ``-1`` mean no window (the vLLM / FlashInfer spelling); otherwise the int."""
+    return None if window_left is None or int(window_left) < 0 else int(window_left)

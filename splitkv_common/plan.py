@@ -271,9 +271,13 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
         else:
             none_t = est[0]["attention_us"] + est[0]["merge_us"]
             par = B * num_kv_heads
-            if split == 0:
+            if split == 0 and par >= prof.units:
                 reason = (f"auto on {prof.name}: {par} (request, KV head) items already occupy "
-                          f"{prof.units} units well enough; splitting would add merge and per-split cost "
+                          f"{prof.units} units; splitting would add merge and per-split cost "
+                          f"(no split est. {none_t:.1f} µs)")
+            elif split == 0:
+                reason = (f"auto on {prof.name}: {par} (request, KV head) items for {prof.units} units, but the "
+                          f"history is too short for splitting to pay for its merge and per-split cost "
                           f"(no split est. {none_t:.1f} µs)")
             else:
                 e = est[split]

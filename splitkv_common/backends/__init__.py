@@ -1,0 +1,83 @@
+"""The two backends that ship with ``splitkv_common``: ``numpy`` and ``torch``.
+
+* ``numpy``: :func:`splitkv_common.reference.split_attention`, the seed's method step by step.
+* ``torch``: :func:`splitkv_common.torch_eager.decode_attention`, stock PyTorch ops on the CPU
+  (``SPLITKV_TORCH_DEVICE`` picks another device, e.g. ``npu`` or ``cuda``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..inputs import DecodeInputs
+from ..plan import Plan
+from ..reference import split_attention
+from ..registry import Backend
+
+
+def _numpy_run(inputs: DecodeInputs, plan: Plan):
+    return split_attention(inputs, plan)
+
+
+numpy_backend = Backend("numpy", _numpy_run, device="cpu",
+                        description="NumPy split-then-merge reference (float32 partials, exact merge)")
+
+
+def to_torch(inputs: DecodeInputs, device="cpu") -> dict:
+    """The inputs as torch tensors on ``device`` in their logical dtypes (lossless)."""
+    import torch
+
+    from ..torch_eager import torch_dtype
+
+    def t(x, dt=None):
+        if x is None:
+            return None
+        x = torch.from_numpy(np.ascontiguousarray(x))
+        return (x.to(dt) if dt is not None else x).to(device)
+
+    return dict(
+        q=t(inputs.q, torch_dtype(inputs.dtype)),
+        k_cache=t(inputs.k_cache, torch_dtype(inputs.kv_dtype)),
+        v_cache=t(inputs.v_cache, torch_dtype(inputs.kv_dtype)),
+        block_table=t(inputs.block_table.astype(np.int32)), seq_lens=t(inputs.seq_lens.astype(np.int32)),
+        query_start_loc=t(inputs.query_start_loc.astype(np.int32)),
+        k_scale=t(inputs.k_scale), v_scale=t(inputs.v_scale), k_offset=t(inputs.k_offset), v_offset=t(inputs.v_offset),
+    )
+
+
+def from_torch(out, lse):
+    """``(out, lse)`` torch tensors -> NumPy float32."""
+    return out.detach().float().cpu().numpy(), lse.detach().float().cpu().numpy()
+
+
+def torch_device() -> str:
+    return os.environ.get("SPLITKV_TORCH_DEVICE", "cpu")
+
+
+def _torch_unavailable():
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001
+        return f"torch is not installed ({e}); pip install 'splitkv[torch]'"
+    dev = torch_device()
+    if dev != "cpu":
+        try:
+            torch.empty(1, device=dev)
+        except Exception as e:  # noqa: BLE001
+            return f"torch device {dev!r} is not usable here: {e}"
+    return None
+
+
+def _torch_run(inputs: DecodeInputs, plan: Plan):
+    from ..torch_eager import decode_attention
+
+    t = to_torch(inputs, torch_device())
+    out, lse = decode_attention(**t, plan=plan, scale=inputs.scale, soft_cap=inputs.soft_cap,
+                                window_left=inputs.window_left)
+    return from_torch(out, lse)
+
+
+torch_backend = Backend("torch", _torch_run, unavailable=_torch_unavailable, device="cpu",
+                        description="plain PyTorch eager split-then-merge (any torch device)")

@@ -1,0 +1,180 @@
+"""The ``splitkv`` command: ``explain``, ``plan``, ``parity`` and ``backends``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from .devices import PROFILES
+
+
+def _cmd_explain(args) -> int:
+    from .explain import explain, render
+
+    print(render(explain(2)))
+    if args.splits != 2:
+        print(f"\n--- {args.splits} splits ---")
+        print(render(explain(args.splits)))
+    return 0
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _heads(text: str) -> tuple[int, int]:
+    a, _, b = text.partition("/")
+    try:
+        hq, hkv = int(a), int(b or a)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected HQ/HKV such as 32/8, got {text!r}") from None
+    return hq, hkv
+
+
+def _cmd_plan(args) -> int:
+    from .plan import make_plan
+
+    seq = args.seq_lens
+    batch = args.batch if args.batch is not None else len(seq)
+    if len(seq) == 1:
+        seq = seq * batch
+    if len(seq) != batch:
+        print(f"error: --seq-lens has {len(seq)} values for --batch {batch} (give one, or one per request)",
+              file=sys.stderr)
+        return 2
+    q_lens = args.q_lens * batch if args.q_lens and len(args.q_lens) == 1 else args.q_lens
+    hq, hkv = args.heads
+    try:
+        plan = make_plan(np.array(seq), num_kv_heads=hkv, num_q_heads=hq, head_dim=args.head_dim,
+                         page_size=args.page_size, q_lens=q_lens, policy=args.policy, device=args.device,
+                         kv_elem_bytes=args.kv_bytes, window_left=args.window_left,
+                         graph_stable=args.graph_stable, max_splits=args.max_splits)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    info = {
+        "device": args.device, "policy": str(plan.policy), "split_tokens": plan.split_tokens,
+        "num_splits": plan.num_splits.tolist(), "work_items": plan.num_valid_items,
+        "work_items_with_padding": plan.num_items, "partial_slots": plan.num_slots,
+        "workspace_bytes": plan.workspace_bytes(hq, args.head_dim), "reason": plan.reason,
+        "estimates_us": {str(k): v for k, v in plan.estimates_us.items()},
+    }
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    print(plan.describe())
+    print(f"workspace: {info['workspace_bytes']} bytes (float32 partial o and lse)")
+    if plan.estimates_us:
+        print("cost model (split length -> attention µs + merge µs, work items):")
+        for k, v in plan.estimates_us.items():
+            mark = "  <- chosen" if k == plan.split_tokens else ""
+            print(f"  {k or 'none':>8}: {v['attention_us']:8.2f} + {v['merge_us']:6.2f}, {v['work_items']} items{mark}")
+    if args.items:
+        print("work items (request, kv head, split, [start, end)):")
+        for w in range(plan.num_items):
+            print(f"  {plan.item_request[w]:4d} {plan.item_kv_head[w]:3d} {plan.item_split[w]:3d} "
+                  f"[{plan.item_kv_start[w]}, {plan.item_kv_end[w]})")
+    return 0
+
+
+def _cmd_backends(args) -> int:
+    from .registry import discover
+
+    for name, b in sorted(discover().items()):
+        why = b.unavailable()
+        print(f"{name:<12} {'available' if not why else 'unavailable: ' + why}"
+              + (f"  ({b.description})" if b.description else ""))
+    return 0
+
+
+def _cmd_parity(args) -> int:
+    from .cases import catalog
+    from .harness import run_parity
+    from .registry import discover
+
+    known = discover()
+    names = args.backend or sorted(known)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        print(f"error: unknown backend(s) {unknown}; known: {sorted(known)}", file=sys.stderr)
+        return 2
+    sizes = {"small": ("small",), "full": ("full",), "all": ("small", "full")}[args.size]
+    cases = catalog(sizes, args.cases)
+    if not cases:
+        print(f"error: no case matches --cases {args.cases!r} (size {args.size})", file=sys.stderr)
+        return 2
+    if args.list:
+        for c in cases:
+            print(f"{c.name:<40} {c.size:<6} {c.policy:<10} {c.doc}")
+        return 0
+    report = run_parity([known[n] for n in names], cases, progress=not args.quiet)
+    print(report.to_markdown())
+    if args.report:
+        report.write(args.report)
+        print(f"report written to {args.report}")
+    if not report.results:
+        print("error: no backend could run (see 'unavailable' above)", file=sys.stderr)
+        return 1
+    return 0 if report.ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="splitkv", description="Split-KV decode attention: reference, planner and parity harness.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    e = sub.add_parser("explain", help="the seed's worked example (4.9 vs 3.976) with the real merge code",
+                       description="Reproduce the worked example: scores [0, ln2, ln3, ln4], V = [1, 2, 4, 8]. "
+                                   "Prints each block's (m, l, u), the exact merge and the naive average.")
+    e.add_argument("--splits", type=int, default=2, help="also show the merge for N blocks (1-4; default 2)")
+    e.set_defaults(func=_cmd_explain)
+
+    pl = sub.add_parser("plan", help="plan a decode batch and say why",
+                        description="Print the split plan for a batch: splits per request, work items, "
+                                    "workspace and the reason for the choice (the cost model's estimates).")
+    pl.add_argument("--batch", type=int, help="number of requests (default: the number of --seq-lens)")
+    pl.add_argument("--seq-lens", type=_int_list, required=True, help="KV tokens per request, comma-separated (one value repeats)")
+    pl.add_argument("--q-lens", type=_int_list, help="query rows per request (default 1)")
+    pl.add_argument("--heads", type=_heads, default=(32, 8), help="HQ/HKV query and KV heads (default 32/8)")
+    pl.add_argument("--head-dim", type=int, default=128)
+    pl.add_argument("--page-size", type=int, default=16)
+    pl.add_argument("--kv-bytes", type=int, default=2, help="bytes per KV element (2 for fp16/bf16, 1 for int8)")
+    pl.add_argument("--device", default="h200", help=f"device profile: {', '.join(sorted(PROFILES))}")
+    pl.add_argument("--policy", default="auto", help="auto, none, size:N (tokens) or count:N")
+    pl.add_argument("--window-left", type=int, default=None, help="sliding window")
+    pl.add_argument("--max-splits", type=int, default=None)
+    pl.add_argument("--graph-stable", action="store_true", help="fixed shapes for graph replay")
+    pl.add_argument("--items", action="store_true", help="list every work item")
+    pl.add_argument("--json", action="store_true", help="print JSON")
+    pl.set_defaults(func=_cmd_plan)
+
+    pa = sub.add_parser("parity", help="run the case catalog on backends against the float64 reference",
+                        description="Run the named, seeded case catalog on each backend, compare with the float64 "
+                                    "reference by the accuracy rule (out and lse; NaN never passes), print a table, "
+                                    "write a report, exit 1 on any failure. Unavailable backends are listed with why.")
+    pa.add_argument("--backend", action="append", help="backend name (repeatable; default: every backend)")
+    pa.add_argument("--cases", default=None, help="filter: glob or substring of case names, comma-separated")
+    pa.add_argument("--size", choices=("small", "full", "all"), default="small",
+                    help="small (CI), full (long contexts, production heads) or all")
+    pa.add_argument("--report", help="write the report to FILE.md or FILE.json")
+    pa.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    pa.add_argument("--quiet", action="store_true", help="no progress bar")
+    pa.set_defaults(func=_cmd_parity)
+
+    b = sub.add_parser("backends", help="list backends and whether they can run here")
+    b.set_defaults(func=_cmd_backends)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""Triton split-KV decode attention for NVIDIA GPUs (runs in the Triton interpreter on a CPU).
+
+* :class:`~cuda_ref.wrapper.DecodeWrapper`: ``plan()`` on the host once per batch, ``run()`` on the
+  device with no allocation and no host sync (CUDA-graph capturable).
+* ``torch.ops.splitkv.decode_attention`` / ``torch.ops.splitkv.merge_states``: custom ops with fake
+  implementations (``torch.compile``), registered by :mod:`cuda_ref.ops`.
+* ``cuda_ref.backend:triton_backend``: the parity-harness backend (``splitkv.backends`` entry point).
+
+Without a CUDA device, ``TRITON_INTERPRET=1`` is set before the kernels are defined, so the same
+kernels run on CPU tensors through the interpreter (slow; for tests).
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _select_interpreter() -> bool:
+    if "TRITON_INTERPRET" not in os.environ:
+        try:
+            import torch
+            has_gpu = torch.cuda.is_available()
+        except Exception:  # torch missing: the backend reports itself unavailable
+            has_gpu = False
+        if not has_gpu:
+            os.environ["TRITON_INTERPRET"] = "1"
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+INTERPRET = _select_interpreter()

@@ -1,0 +1,75 @@
+"""The ``triton`` backend of the parity harness (entry point ``splitkv.backends``).
+
+On a machine with a CUDA GPU the kernels run there; otherwise in the Triton interpreter on CPU
+tensors (``TRITON_INTERPRET=1``, set by :mod:`cuda_ref` before the kernels are defined).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from splitkv_common.inputs import DecodeInputs
+from splitkv_common.plan import Plan
+from splitkv_common.registry import Backend
+
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+
+
+def _unavailable() -> str | None:
+    try:
+        import torch  # noqa: F401
+        import triton  # noqa: F401
+    except ImportError as e:
+        return f"needs torch and triton ({e})"
+    from . import INTERPRET
+    import torch
+    if not torch.cuda.is_available() and not INTERPRET:
+        return "no CUDA device and TRITON_INTERPRET is not 1"
+    return None
+
+
+def _unsupported(inputs: DecodeInputs) -> str | None:
+    d = inputs.q.shape[-1]
+    if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
+        return f"head dim {d} outside [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}] (the register tile holds one head)"
+    return None
+
+
+def to_torch(inputs: DecodeInputs, device) -> dict:
+    """The case's arrays as torch tensors of their real dtypes on ``device`` (lossless)."""
+    import torch
+    from .wrapper import TORCH_DTYPES
+    dt = TORCH_DTYPES[inputs.dtype]
+
+    def t(x, dtype):
+        return None if x is None else torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=dtype)
+
+    kv_dt = torch.int8 if inputs.kv_dtype == "int8" else dt
+    return dict(q=t(inputs.q, dt), k_cache=t(inputs.k_cache, kv_dt), v_cache=t(inputs.v_cache, kv_dt),
+                block_table=t(inputs.block_table, torch.int32), seq_lens=t(inputs.seq_lens, torch.int32),
+                query_start_loc=t(inputs.query_start_loc, torch.int32),
+                k_scale=t(inputs.k_scale, torch.float32), v_scale=t(inputs.v_scale, torch.float32),
+                k_offset=t(inputs.k_offset, torch.float32), v_offset=t(inputs.v_offset, torch.float32))
+
+
+def run(inputs: DecodeInputs, plan: Plan, **wrapper_kw) -> tuple[np.ndarray, np.ndarray]:
+    """Validate, copy the case to the device, run the kernels with ``plan``; NumPy float32 results."""
+    from .wrapper import DecodeWrapper
+    inputs.validate(backend="triton")
+    msg = _unsupported(inputs)
+    if msg:
+        raise ValueError(f"q: {msg} (triton)")
+    T, Hq, D = inputs.q.shape
+    _, page, Hkv, _ = inputs.k_cache.shape
+    w = DecodeWrapper(Hq, Hkv, D, page, dtype=inputs.dtype,
+                      kv_dtype="int8" if inputs.kv_dtype == "int8" else inputs.dtype, **wrapper_kw)
+    w.set_plan(plan)
+    x = to_torch(inputs, w.device)
+    out, lse = w.run(**x, scale=inputs.scale, soft_cap=inputs.soft_cap, window_left=inputs.window_left,
+                     validate=True)
+    return out.float().cpu().numpy(), lse.float().cpu().numpy()
+
+
+triton_backend = Backend(
+    name="triton", run=run, unavailable=_unavailable, unsupported=_unsupported, device="h200",
+    description="Triton split-KV kernels (GPU; the Triton interpreter on CPU)")

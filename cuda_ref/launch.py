@@ -1,0 +1,178 @@
+"""Host glue of the Triton kernels: a plan on the device, kernel configurations, the launches.
+
+Nothing here allocates or reads device memory back: :func:`launch_decode` and :func:`launch_merge`
+take every buffer from the caller, so a CUDA graph can capture them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton
+
+from splitkv_common.plan import Plan
+
+from . import kernels
+
+# index of each int32 array inside a packed device plan (see DevicePlan.pack)
+_FIELDS = ("item_request", "item_kv_head", "item_split", "item_kv_start", "item_kv_end",
+           "num_splits", "row_slot_start", "row_num_splits")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile and launch shape of stage 1: ``block_n`` KV tokens per tile, warps, pipeline stages."""
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    merge_warps: int = 4
+
+    def __str__(self):
+        return f"n{self.block_n}w{self.num_warps}s{self.num_stages}"
+
+
+def default_config(head_dim: int, kv_bytes: int) -> KernelConfig:
+    """Stage-1 configuration by head dim and KV element size (tuned on the H200, docs/perf-notes.md)."""
+    d = triton.next_power_of_2(head_dim)
+    if kv_bytes >= 4:
+        return KernelConfig(block_n=32 if d >= 256 else 64, num_warps=4, num_stages=2)
+    if d >= 256:
+        return KernelConfig(block_n=32, num_warps=4, num_stages=3)
+    if d >= 128:
+        return KernelConfig(block_n=64, num_warps=4, num_stages=3)
+    return KernelConfig(block_n=128, num_warps=4, num_stages=3)
+
+
+def packed_rows(max_q_len: int, group: int) -> tuple[int, int]:
+    """``(BLOCK_M, row blocks)``: a work item packs ``q_len * group`` query rows into tiles of
+    ``BLOCK_M`` (16 to 64, the ``tl.dot`` minimum to a register-friendly maximum)."""
+    rows = max(1, int(max_q_len)) * int(group)
+    block_m = min(64, max(16, triton.next_power_of_2(rows)))
+    return block_m, triton.cdiv(rows, block_m)
+
+
+@dataclass
+class DevicePlan:
+    """A :class:`~splitkv_common.plan.Plan` copied to the device as one int32 buffer.
+
+    ``data`` holds the eight int32 arrays of the plan back to back (``_FIELDS`` order); the views
+    are slices of it, so one host-to-device copy refreshes a plan in place (graph replay).
+    """
+
+    data: torch.Tensor
+    num_items: int
+    batch_size: int
+    num_rows: int
+    num_slots: int
+    max_splits: int
+    block_m: int
+    row_blocks: int
+    graph_stable: bool
+
+    @staticmethod
+    def sizes(num_items: int, batch_size: int, num_rows: int) -> list[int]:
+        return [num_items] * 5 + [batch_size, num_rows, num_rows]
+
+    @staticmethod
+    def pack(plan: Plan) -> np.ndarray:
+        return np.concatenate([np.asarray(getattr(plan, f), np.int32).reshape(-1) for f in _FIELDS])
+
+    def view(self, name: str) -> torch.Tensor:
+        sizes = self.sizes(self.num_items, self.batch_size, self.num_rows)
+        k = _FIELDS.index(name)
+        off = sum(sizes[:k])
+        return self.data[off:off + sizes[k]]
+
+    @classmethod
+    def from_plan(cls, plan: Plan, group: int, device, out: "DevicePlan | None" = None) -> "DevicePlan":
+        """Copy ``plan`` to ``device``; with ``out`` of the same shapes, refresh its buffer in place."""
+        host = torch.from_numpy(cls.pack(plan))
+        max_q = int(np.diff(plan.query_start_loc).max(initial=1))
+        block_m, row_blocks = packed_rows(max_q, group)
+        if out is not None:
+            if out.data.numel() != host.numel() or (out.num_items, out.batch_size, out.num_rows) != (
+                    plan.num_items, plan.batch_size, plan.num_rows):
+                raise ValueError(
+                    f"plan: shapes changed under a graph-stable plan ({plan.num_items} items, {plan.batch_size} "
+                    f"requests, {plan.num_rows} rows vs {out.num_items}, {out.batch_size}, {out.num_rows})")
+            if (block_m, row_blocks) != (out.block_m, out.row_blocks) and block_m * row_blocks > out.block_m * out.row_blocks:
+                raise ValueError("plan: the longest request has more query rows than the graph was captured for")
+            out.data.copy_(host)
+            return out
+        return cls(host.to(device), plan.num_items, plan.batch_size, plan.num_rows, plan.num_slots,
+                   plan.max_splits, block_m, row_blocks, plan.graph_stable)
+
+
+def _scale_strides(scale: "torch.Tensor | None") -> tuple[int, int]:
+    if scale is None:
+        return 0, 0
+    return (1, 0) if scale.dim() == 1 else (scale.stride(0), scale.stride(1))
+
+
+def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan,
+                  out, lse, part_o, part_lse, counters=None, *, scale: float, soft_cap=None, window_left=None,
+                  k_scale=None, v_scale=None, k_offset=None, v_offset=None, config: KernelConfig | None = None,
+                  fuse_merge: bool = False, interpret: bool = False) -> None:
+    """Stage 1 (and stage 2 unless fused) into the caller's buffers. No allocation, no host sync.
+
+    Shapes: ``q [T, Hq, D]``, ``k_cache``/``v_cache [P, page, Hkv, D]`` (last dim contiguous),
+    ``out [T, Hq, D]`` (q's dtype), ``lse [T, Hq]`` float32, ``part_o [>= num_slots, Hq, D]`` and
+    ``part_lse [>= num_slots, Hq]`` float32, ``counters`` int32 ``[>= B * Hkv * row_blocks]``
+    zeroed once (only with ``fuse_merge``).
+    """
+    T, Hq, D = q.shape
+    _, page, Hkv, _ = k_cache.shape
+    group = Hq // Hkv
+    kv_int8 = k_cache.dtype == torch.int8
+    dot_ieee = q.dtype == torch.float32 or kv_int8
+    cfg = config or default_config(D, k_cache.element_size() if not kv_int8 else 4)
+    block_d = max(16, triton.next_power_of_2(D))
+    sh, sd = _scale_strides(k_scale)
+    dummy = seq_lens
+    if dplan.num_items and T:
+        grid = (dplan.num_items, dplan.row_blocks)
+        kernels.split_kv_kernel[grid](
+            q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
+            dplan.view("item_request"), dplan.view("item_kv_head"), dplan.view("item_split"),
+            dplan.view("item_kv_start"), dplan.view("item_kv_end"),
+            dplan.view("num_splits"), dplan.view("row_slot_start"),
+            part_o, part_lse, out, lse, counters if fuse_merge else dummy,
+            k_scale if k_scale is not None else dummy, v_scale if v_scale is not None else dummy,
+            k_offset if k_offset is not None else dummy, v_offset if v_offset is not None else dummy,
+            float(scale), float(soft_cap or 1.0), int(window_left if window_left is not None else 0),
+            q.stride(0), q.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            block_table.stride(0),
+            part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
+            out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+            sh, sd, Hkv,
+            GROUP=group, PAGE=page, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=dplan.block_m, BLOCK_N=cfg.block_n,
+            KV_INT8=kv_int8, HAS_OFFSET=k_offset is not None, SOFT_CAP=soft_cap is not None,
+            HAS_WINDOW=window_left is not None, DOT_IEEE=dot_ieee, UPCAST=interpret, FUSE_MERGE=fuse_merge,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if not fuse_merge and (dplan.max_splits > 1 or dplan.graph_stable) and T:
+        launch_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), dplan.view("row_num_splits"),
+                     skip_single=True, num_warps=cfg.merge_warps)
+
+
+def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,
+                 skip_single: bool = False, num_warps: int = 4) -> None:
+    """Merge kernel: row ``t`` of ``out [T, H, D]`` / ``lse [T, H]`` from slots
+    ``row_slot_start[t] + j * slot_step``, ``j < row_num_splits[t]``, of ``part_o [S, H, D]`` /
+    ``part_lse [S, H]``. With ``skip_single`` rows of one split are left as they are."""
+    T = out.shape[0]
+    H, D = part_o.shape[1], part_o.shape[2]
+    if T == 0 or H == 0:
+        return
+    block_d = triton.next_power_of_2(D)
+    block_h = min(triton.next_power_of_2(H), max(1, 4096 // block_d))
+    kernels.merge_kernel[(T, triton.cdiv(H, block_h))](
+        part_o, part_lse, out, lse, row_slot_start, row_num_splits,
+        part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+        slot_step, H, HEAD_DIM=D, BLOCK_H=block_h, BLOCK_D=block_d, SKIP_SINGLE=skip_single,
+        num_warps=num_warps)

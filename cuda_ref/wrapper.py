@@ -1,0 +1,221 @@
+"""``DecodeWrapper``: plan once per batch on the host, run on the device (the FlashInfer split).
+
+    w = DecodeWrapper(num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16, dtype=torch.bfloat16)
+    w.plan(seq_lens_host)                       # host: shared plan, device copy, buffers (may allocate)
+    out, lse = w.run(q, k_cache, v_cache, block_table, seq_lens)   # device: no allocation, no sync
+
+With ``graph_stable=True`` the plan has fixed shapes (``max_splits`` slots per row, a fixed number of
+work items), every buffer is allocated by the first ``plan()`` and refreshed in place by later ones,
+so ``run()`` can be captured in a CUDA graph once and replayed while the lengths change:
+
+    w.plan(lens0); g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g): out, lse = w.run(...)
+    seq_lens.copy_(new_lens); w.plan(new_lens_host); g.replay()
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from splitkv_common.plan import Plan, make_plan
+from splitkv_common.validation import check_decode_args, normalize_window
+
+from . import INTERPRET
+from .launch import DevicePlan, KernelConfig, launch_decode
+
+TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "int8": torch.int8}
+
+
+class DecodeWrapper:
+    """Split-KV decode attention over a paged KV cache ``[num_pages, page_size, Hkv, D]``.
+
+    Args:
+        num_q_heads, num_kv_heads, head_dim, page_size: the model's shape (``Hq % Hkv == 0``).
+        dtype: q's and the output's dtype; ``kv_dtype``: the cache's (default ``dtype``; or int8).
+        device: where buffers live (default: the current CUDA device, else the CPU + interpreter).
+        profile: device profile of the ``auto`` planner; policy: ``auto``, ``none``, ``size:N``, ``count:N``.
+        graph_stable: fixed-shape plans for graph replay (``max_splits`` and ``max_work_items`` bound them).
+        fuse_merge: merge in stage 1 (the last split to finish merges, with a per-(request, KV head)
+            counter) instead of a second launch.
+        config: stage-1 tile / warps / stages (default per head dim, see :mod:`cuda_ref.launch`).
+    """
+
+    def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
+                 dtype=torch.bfloat16, kv_dtype=None, device=None, profile: str = "h200", policy: str = "auto",
+                 graph_stable: bool = False, max_splits: int | None = None, max_work_items: int | None = None,
+                 min_split_tokens: int | None = None, fuse_merge: bool = False,
+                 config: KernelConfig | None = None):
+        if num_q_heads % num_kv_heads:
+            raise ValueError(f"q: Hq % Hkv must be 0 (GQA group size), got Hq={num_q_heads}, Hkv={num_kv_heads}")
+        self.num_q_heads, self.num_kv_heads = int(num_q_heads), int(num_kv_heads)
+        self.head_dim, self.page_size = int(head_dim), int(page_size)
+        self.dtype = TORCH_DTYPES.get(dtype, dtype)
+        self.kv_dtype = self.dtype if kv_dtype is None else TORCH_DTYPES.get(kv_dtype, kv_dtype)
+        self.device = torch.device(device if device is not None else ("cpu" if INTERPRET else "cuda"))
+        self.profile, self.policy = profile, policy
+        self.graph_stable, self.max_splits, self.max_work_items = graph_stable, max_splits, max_work_items
+        self.min_split_tokens = min_split_tokens
+        self.fuse_merge, self.config = fuse_merge, config
+        self.host_plan: Plan | None = None
+        self.dplan: DevicePlan | None = None
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    # -- host side -----------------------------------------------------------------------------
+    def plan(self, seq_lens, q_lens=None, query_start_loc=None, window_left=None) -> Plan:
+        """Make the shared plan for a batch (host arrays) and copy it to the device."""
+        kv_bytes = torch.empty(0, dtype=self.kv_dtype).element_size()
+        kw = dict(min_split_tokens=self.min_split_tokens, max_splits=self.max_splits,
+                  graph_stable=self.graph_stable, max_work_items=self.max_work_items)
+        plan = make_plan(_host(seq_lens), num_kv_heads=self.num_kv_heads, page_size=self.page_size,
+                         q_lens=None if q_lens is None else _host(q_lens),
+                         query_start_loc=None if query_start_loc is None else _host(query_start_loc),
+                         policy=self.policy, device=self.profile, num_q_heads=self.num_q_heads,
+                         head_dim=self.head_dim, kv_elem_bytes=kv_bytes, window_left=normalize_window(window_left),
+                         **{k: v for k, v in kw.items() if v is not None})
+        self.set_plan(plan)
+        return plan
+
+    def set_plan(self, plan: Plan) -> None:
+        """Use a plan made elsewhere (the parity harness plans every backend the same way)."""
+        if plan.num_kv_heads != self.num_kv_heads or plan.page_size != self.page_size:
+            raise ValueError(f"plan: made for Hkv={plan.num_kv_heads}, page_size={plan.page_size}; this wrapper "
+                             f"has Hkv={self.num_kv_heads}, page_size={self.page_size}")
+        group = self.num_q_heads // self.num_kv_heads
+        reuse = self.dplan if (self.graph_stable and self.dplan is not None) else None
+        self.dplan = DevicePlan.from_plan(plan, group, self.device, out=reuse)
+        self.host_plan = plan
+        T, Hq, D = plan.num_rows, self.num_q_heads, self.head_dim
+        need = {
+            "out": ((T, Hq, D), self.dtype), "lse": ((T, Hq), torch.float32),
+            "part_o": ((max(plan.num_slots, 1), Hq, D), torch.float32),
+            "part_lse": ((max(plan.num_slots, 1), Hq), torch.float32),
+            "counters": ((max(plan.batch_size * self.num_kv_heads * self.dplan.row_blocks, 1),), torch.int32),
+        }
+        for name, (shape, dt) in need.items():
+            buf = self._buffers.get(name)
+            if buf is None or tuple(buf.shape) != shape:
+                if reuse is not None and buf is not None:
+                    raise ValueError(f"plan: buffer {name} changed shape under a graph-stable plan")
+                self._buffers[name] = torch.zeros(shape, dtype=dt, device=self.device)
+
+    def workspace_bytes(self) -> int:
+        """Bytes of the partial buffers (and merge counters) the current plan needs."""
+        if self.host_plan is None:
+            return 0
+        extra = self._buffers["counters"].numel() * 4 if self.fuse_merge else 0
+        return self.host_plan.workspace_bytes(self.num_q_heads, self.head_dim) + extra
+
+    # -- device side ---------------------------------------------------------------------------
+    def run(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, *, scale=None,
+            soft_cap=None, window_left=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
+            validate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention for the planned batch: ``(out [T, Hq, D] in q's dtype, lse [T, Hq] float32)``.
+
+        Shapes, dtypes, devices and the plan's match with the batch are checked without reading
+        device memory; ``validate=True`` adds the shared value checks (block-table ranges, lengths:
+        a host sync, so not inside a graph). The returned tensors are the wrapper's own buffers,
+        overwritten by the next ``run()``.
+        """
+        if self.dplan is None:
+            raise RuntimeError("plan: call plan() (or set_plan()) before run()")
+        if query_start_loc is None:
+            query_start_loc = self._default_qsl(q.shape[0], block_table.shape[0], q.device)
+        window_left = normalize_window(window_left)
+        self.check(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale, k_offset, v_offset)
+        if validate:
+            check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale=scale,
+                              soft_cap=soft_cap, window_left=window_left, k_scale=k_scale, v_scale=v_scale,
+                              k_offset=k_offset, v_offset=v_offset, backend="triton")
+            check_plan_matches(self.host_plan, _host(seq_lens), _host(query_start_loc))
+        b = self._buffers
+        launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, self.dplan, b["out"], b["lse"],
+                      b["part_o"], b["part_lse"], b["counters"],
+                      scale=float(scale) if scale is not None else self.head_dim ** -0.5, soft_cap=soft_cap,
+                      window_left=window_left, k_scale=k_scale, v_scale=v_scale, k_offset=k_offset,
+                      v_offset=v_offset, config=self.config, fuse_merge=self.fuse_merge, interpret=INTERPRET)
+        return b["out"], b["lse"]
+
+    def _default_qsl(self, T, B, device):
+        if T != B:
+            raise ValueError(f"query_start_loc: required when q has {T} rows for {B} requests")
+        buf = self._buffers.get("default_qsl")
+        if buf is None or buf.numel() != B + 1:
+            buf = torch.arange(B + 1, dtype=torch.int32, device=device)
+            self._buffers["default_qsl"] = buf
+        return buf
+
+    def check(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
+              k_scale=None, v_scale=None, k_offset=None, v_offset=None) -> None:
+        """Metadata checks (no host sync): dtypes, devices, layouts, and the plan against the batch."""
+        p = self.dplan
+        named = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
+                     query_start_loc=query_start_loc, k_scale=k_scale, v_scale=v_scale, k_offset=k_offset,
+                     v_offset=v_offset)
+        for name, x in named.items():
+            if x is None:
+                continue
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"{name}: expected a torch tensor, got {type(x).__name__}")
+            if x.device != self.device and not (x.device.type == self.device.type == "cuda"):
+                raise ValueError(f"{name}: on {x.device}, expected {self.device} (the wrapper's device)")
+        if q.dtype != self.dtype:
+            raise TypeError(f"q: dtype must be {self.dtype} (the wrapper's dtype), got {q.dtype}")
+        if k_cache.dtype != self.kv_dtype or v_cache.dtype != self.kv_dtype:
+            raise TypeError(f"k_cache, v_cache: dtype must be {self.kv_dtype}, got {k_cache.dtype}, {v_cache.dtype}")
+        if (k_cache.dtype == torch.int8) != (k_scale is not None and v_scale is not None):
+            raise ValueError("k_scale, v_scale: required with an int8 KV cache and only then")
+        for name in ("block_table", "seq_lens", "query_start_loc"):
+            if named[name].dtype != torch.int32:
+                raise TypeError(f"{name}: dtype must be int32 for the triton backend, got {named[name].dtype}")
+        for name in ("q", "k_cache", "v_cache"):
+            x = named[name]
+            if x.dim() >= 1 and x.stride(-1) != 1:
+                raise ValueError(f"{name}: the last (head-dim) axis must be contiguous, got strides {x.stride()}")
+        if q.dim() != 3 or tuple(q.shape[1:]) != (self.num_q_heads, self.head_dim):
+            raise ValueError(f"q: must be [T, {self.num_q_heads}, {self.head_dim}], got {tuple(q.shape)}")
+        if k_cache.dim() != 4 or tuple(k_cache.shape[1:]) != (self.page_size, self.num_kv_heads, self.head_dim):
+            raise ValueError(f"k_cache: must be [num_pages, {self.page_size}, {self.num_kv_heads}, {self.head_dim}], "
+                             f"got {tuple(k_cache.shape)}")
+        if tuple(v_cache.shape) != tuple(k_cache.shape) or v_cache.stride() != k_cache.stride():
+            raise ValueError(f"v_cache: shape and strides must equal k_cache's, got {tuple(v_cache.shape)}")
+        for name, x in (("k_offset", k_offset), ("v_offset", v_offset)):
+            if x is not None and (k_offset is None or v_offset is None):
+                raise ValueError("k_offset, v_offset: give both or neither")
+        for name, x in (("k_scale", k_scale), ("v_scale", v_scale), ("k_offset", k_offset), ("v_offset", v_offset)):
+            if x is not None:
+                if x.dtype != torch.float32:
+                    raise TypeError(f"{name}: dtype must be float32, got {x.dtype}")
+                if tuple(x.shape) not in ((self.num_kv_heads,), (self.num_kv_heads, self.head_dim)) or \
+                        tuple(x.shape) != tuple(k_scale.shape) or (x.dim() == 2 and x.stride(1) != 1):
+                    raise ValueError(f"{name}: must be [Hkv] or contiguous [Hkv, D] like k_scale, got {tuple(x.shape)}")
+        if block_table.dim() != 2 or block_table.shape[0] != p.batch_size:
+            raise ValueError(f"plan: made for {p.batch_size} requests, block_table has shape {tuple(block_table.shape)}")
+        if tuple(seq_lens.shape) != (p.batch_size,) or tuple(query_start_loc.shape) != (p.batch_size + 1,):
+            raise ValueError(f"plan: made for {p.batch_size} requests, seq_lens has shape {tuple(seq_lens.shape)}, "
+                             f"query_start_loc {tuple(query_start_loc.shape)}")
+        if q.shape[0] != p.num_rows:
+            raise ValueError(f"plan: made for {p.num_rows} query rows, q has {q.shape[0]}")
+
+
+def check_plan_matches(plan: Plan, seq_lens: np.ndarray, query_start_loc: np.ndarray) -> None:
+    """Raise ``ValueError`` when ``plan`` was not made for these lengths (host arrays)."""
+    if plan.batch_size != seq_lens.shape[0]:
+        raise ValueError(f"plan: made for {plan.batch_size} requests, the batch has {seq_lens.shape[0]}")
+    if not np.array_equal(plan.query_start_loc, np.asarray(query_start_loc).astype(np.int32)):
+        raise ValueError("plan: made for other query rows per request (query_start_loc differs)")
+    n = plan.num_valid_items
+    req, end = plan.item_request[:n], plan.item_kv_end[:n]
+    covered = np.zeros(plan.batch_size, np.int64)
+    np.maximum.at(covered, req, end)
+    bad = np.flatnonzero(covered != np.asarray(seq_lens).astype(np.int64))
+    if bad.size:
+        b = int(bad[0])
+        raise ValueError(f"plan: covers {int(covered[b])} KV tokens of request {b}, whose seq_len is "
+                         f"{int(seq_lens[b])}; plan again for this batch")
+
+
+def _host(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)

@@ -1,0 +1,105 @@
+// splitkv_tiling.h: the contract between the host (ascend_ops/tiling.py, the torch_npu launcher)
+// and the two Ascend C kernels of the split-KV decode operator.
+//
+// Everything the kernels need besides the tensors is in two buffers the host builds:
+//   * `tiling`: one SplitKVTiling (below), copied to device memory as raw bytes;
+//   * `plan`:   int32 words, the shared Python Plan flattened (sections located by the *Offset
+//               fields of the tiling, in int32 words from the start of the buffer):
+//                 items   [numItems, 5]  request, kv head, split index, kv start, kv end
+//                                        (padding items have request -1 and are skipped)
+//                 qsl     [batch + 1]    query_start_loc
+//                 seqLens [batch]        valid KV tokens per request
+//                 rowSlot [numRows]      first partial slot of each query row
+//                 rowNum  [numRows]      number of partial slots (splits) of each query row
+// Both are produced by `ascend_ops.tiling.build_tiling(inputs, plan)`; the launcher copies them to
+// the device unchanged. This header is plain C++ (no Ascend C include) so host code can use it.
+//
+// Kernel entries (declared at the bottom when the Ascend C headers are in scope):
+//
+//   splitkv_split(q, kCache, vCache, blockTable, kvQuant, plan, workspace, tiling)
+//     q          [T, Hq, D]                    qDtype (float32 | float16 | bfloat16)
+//     kCache     [numPages, pageSize, Hkv, D]  kvDtype (= qDtype, or int8)
+//     vCache     [numPages, pageSize, Hkv, D]  kvDtype
+//     blockTable int32 [batch, maxPages]
+//     kvQuant    float32 [4, Hkv, D]: k scale, k offset, v scale, v offset (value = (x - offset) * scale);
+//                read only when kvDtype is int8 (any valid pointer otherwise)
+//     plan       int32 words (above)
+//     workspace  float32, workspaceBytes (tiling field) bytes: partial o then partial lse (below)
+//     tiling     SplitKVTiling bytes
+//   splitkv_combine(workspace, plan, out, lse, tiling)
+//     out        [T, Hq, D] qDtype;  lse float32 [T, Hq] (natural log; -inf for an empty row)
+//
+// Launch both on `blockDim` vector cores (AIV), one after the other on the same stream: the
+// combine reads what the split stage wrote. No SyncAll, no system workspace.
+//
+// Workspace layout (float32): o [numSlots, Hq, D] at byte 0, then lse [numSlots, Hq, 8] at byte
+// lseOffsetBytes: each partial lse repeated 8 times so that every lse is one 32-byte block
+// (the aligned-copy unit). Only the slots of valid work items are written and read.
+#ifndef SPLITKV_TILING_H
+#define SPLITKV_TILING_H
+
+#include <stdint.h>
+
+// dtype codes (qDtype, kvDtype)
+#define SPLITKV_DT_FLOAT32 0
+#define SPLITKV_DT_FLOAT16 1
+#define SPLITKV_DT_BFLOAT16 2
+#define SPLITKV_DT_INT8 3
+
+#define SPLITKV_TILING_VERSION 1
+
+// All fields are 4 bytes (int32 or float32), no padding; tiling.py reads this declaration to pack
+// the bytes, so keep one field per line in the form `type name;  // comment`.
+struct SplitKVTiling {
+    int32_t version;          // SPLITKV_TILING_VERSION
+    int32_t blockDim;         // vector cores to launch (the kernels read GetBlockNum() anyway)
+    int32_t batch;            // B
+    int32_t numRows;          // T, query rows
+    int32_t numQHeads;        // Hq
+    int32_t numKVHeads;       // Hkv
+    int32_t groupSize;        // Hq / Hkv
+    int32_t headDim;          // D (multiple of 8, at most 256)
+    int32_t pageSize;         // tokens per KV page
+    int32_t maxPages;         // block table row length
+    int32_t numPages;         // pages in the KV cache (bounds)
+    int32_t numItems;         // work items including padding
+    int32_t numSlots;         // partial slots
+    int32_t maxQLen;          // longest q_len of the batch
+    int32_t qDtype;           // SPLITKV_DT_*
+    int32_t kvDtype;          // SPLITKV_DT_*
+    int32_t windowLeft;       // sliding window, -1 for none
+    float scale;              // softmax scale
+    float softCap;            // logits soft cap, 0 for none
+    int32_t tileTokens;       // KV tokens per UB tile (split stage)
+    int32_t rowChunk;         // query rows (q row x group head) held in UB at once
+    int32_t kvRowElems;       // UB row stride of a KV tile, elements of kvDtype (D padded to 32 B)
+    int32_t qRowElems;        // UB row stride of staged q / out rows, elements of qDtype
+    int32_t rowElems;         // UB row stride of float32 rows (D rounded up to 8)
+    int32_t maxSplits;        // most slots one query row merges (combine stage)
+    int32_t itemsOffset;      // plan sections, in int32 words
+    int32_t qslOffset;
+    int32_t seqLensOffset;
+    int32_t rowSlotOffset;
+    int32_t rowNumOffset;
+    int32_t planWords;        // int32 words in the plan buffer
+    int32_t lseOffsetBytes;   // workspace byte offset of the lse section
+    int32_t workspaceBytes;   // workspace bytes the kernels address
+    int32_t splitUbBytes;     // UB the split stage reserves (checked on the host)
+    int32_t combineUbBytes;   // UB the combine stage reserves
+};
+
+#define SPLITKV_TILING_WORDS 35
+
+#ifdef __cplusplus
+static_assert(sizeof(SplitKVTiling) == SPLITKV_TILING_WORDS * 4, "SplitKVTiling must be 4-byte fields only");
+#endif
+
+#if defined(GM_ADDR)
+extern "C" __global__ __aicore__ void splitkv_split(GM_ADDR q, GM_ADDR kCache, GM_ADDR vCache, GM_ADDR blockTable,
+                                                    GM_ADDR kvQuant, GM_ADDR plan, GM_ADDR workspace,
+                                                    GM_ADDR tiling);
+extern "C" __global__ __aicore__ void splitkv_combine(GM_ADDR workspace, GM_ADDR plan, GM_ADDR out, GM_ADDR lse,
+                                                      GM_ADDR tiling);
+#endif
+
+#endif  // SPLITKV_TILING_H

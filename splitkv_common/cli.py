@@ -115,9 +115,9 @@ def _cmd_parity(args) -> int:
         return 0
     report = run_parity([known[n] for n in names], cases, progress=not args.quiet)
     print(report.to_markdown())
-    if args.report:
-        report.write(args.report)
-        print(f"report written to {args.report}")
+    for path in args.report or ():
+        report.write(path)
+        print(f"report written to {path}")
     if not report.results:
         print("error: no backend could run (see 'unavailable' above)", file=sys.stderr)
         return 1
@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--cases", default=None, help="filter: glob or substring of case names, comma-separated")
     pa.add_argument("--size", choices=("small", "full", "all"), default="small",
                     help="small (CI), full (long contexts, production heads) or all")
-    pa.add_argument("--report", help="write the report to FILE.md or FILE.json")
+    pa.add_argument("--report", action="append", help="write the report to FILE.md or FILE.json (repeatable)")
     pa.add_argument("--list", action="store_true", help="list the selected cases and exit")
     pa.add_argument("--quiet", action="store_true", help="no progress bar")
     pa.set_defaults(func=_cmd_parity)

@@ -1,0 +1,82 @@
+"""PyTorch custom ops: ``torch.ops.splitkv.decode_attention`` and ``torch.ops.splitkv.merge_states``.
+
+Both are functional (they allocate their outputs), have fake implementations so ``torch.compile``
+traces them without running a kernel, and pass ``torch.library.opcheck``. For allocation-free,
+graph-captured decoding use :class:`cuda_ref.wrapper.DecodeWrapper` (``plan()`` / ``run()``).
+
+* ``decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, plan_data,
+  plan_shape, scale, soft_cap, window_left, k_scale, v_scale, k_offset, v_offset) -> (out, lse)``:
+  ``plan_data`` is a :class:`~cuda_ref.launch.DevicePlan`'s int32 buffer and ``plan_shape`` its sizes
+  (:func:`plan_args` gives both); ``out [T, Hq, D]`` in q's dtype, ``lse [T, Hq]`` float32 natural log.
+* ``merge_states(o, lse) -> (out, lse)``: states of any backend stacked on the first axis,
+  ``o [S, N, H, D]`` (any float dtype), ``lse [S, N, H]`` natural log (``-inf`` or ``+inf`` = empty);
+  returns float32 ``out [N, H, D]`` and ``lse [N, H]`` (the rule of ``splitkv_common.merge``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import INTERPRET
+from .launch import DevicePlan, launch_decode, launch_merge
+
+
+def plan_args(dplan: DevicePlan) -> tuple[torch.Tensor, list[int]]:
+    """``(plan_data, plan_shape)`` for :func:`decode_attention` from a device plan."""
+    return dplan.data, [dplan.num_items, dplan.batch_size, dplan.num_rows, dplan.num_slots, dplan.max_splits,
+                        dplan.block_m, dplan.row_blocks, int(dplan.graph_stable)]
+
+
+@torch.library.custom_op("splitkv::decode_attention", mutates_args=())
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, plan_data: torch.Tensor,
+                     plan_shape: list[int], scale: float, soft_cap: Optional[float] = None,
+                     window_left: Optional[int] = None, k_scale: Optional[torch.Tensor] = None,
+                     v_scale: Optional[torch.Tensor] = None, k_offset: Optional[torch.Tensor] = None,
+                     v_offset: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    n_items, B, T, n_slots, max_splits, block_m, row_blocks, stable = plan_shape
+    _, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    dplan = DevicePlan(plan_data, n_items, B, T, n_slots, max_splits, block_m, row_blocks, bool(stable))
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    part_o = torch.empty((max(n_slots, 1), Hq, D), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((max(n_slots, 1), Hq), dtype=torch.float32, device=q.device)
+    counters = torch.zeros(max(B * Hkv * row_blocks, 1), dtype=torch.int32, device=q.device)
+    launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan, out, lse, part_o, part_lse,
+                  counters, scale=scale, soft_cap=soft_cap, window_left=window_left, k_scale=k_scale,
+                  v_scale=v_scale, k_offset=k_offset, v_offset=v_offset, interpret=INTERPRET)
+    return out, lse
+
+
+@decode_attention.register_fake
+def _(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, plan_data, plan_shape, scale, soft_cap=None,
+      window_left=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None):
+    return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+@torch.library.custom_op("splitkv::merge_states", mutates_args=())
+def merge_states(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    S, N, H, D = o.shape
+    if tuple(lse.shape) != (S, N, H):
+        raise ValueError(f"lse: shape {tuple(lse.shape)} must be o.shape[:-1] = {(S, N, H)}")
+    if S == 0:
+        raise ValueError("o, lse: the split axis is empty; at least one state is needed")
+    po = o.reshape(S * N, H, D)
+    if po.stride(-1) != 1:
+        po = po.contiguous()
+    pl = lse.to(torch.float32).reshape(S * N, H)
+    out = torch.empty((N, H, D), dtype=torch.float32, device=o.device)
+    out_lse = torch.empty((N, H), dtype=torch.float32, device=o.device)
+    rows = torch.arange(N, dtype=torch.int32, device=o.device)
+    counts = torch.full((N,), S, dtype=torch.int32, device=o.device)
+    launch_merge(po, pl, out, out_lse, rows, counts, slot_step=N)
+    return out, out_lse
+
+
+@merge_states.register_fake
+def _(o, lse):
+    S, N, H, D = o.shape
+    return o.new_empty((N, H, D), dtype=torch.float32), o.new_empty((N, H), dtype=torch.float32)

@@ -295,10 +295,12 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
         else:
             s_b = split
         rngs = _ranges(lo, hi, s_b, page_size)
-        if len(rngs) > cap:  # grow the split length to respect the cap
+        # fixed_count: a window start off a split boundary can add a range; the count is a cap too
+        limit = min(cap, pol.value) if pol.kind == "fixed_count" else cap
+        if len(rngs) > limit:  # grow the split length to respect the cap
             span = hi - (lo // page_size) * page_size
-            rngs = _ranges(lo, hi, _round_up(math.ceil(span / cap), page_size), page_size)
-            while len(rngs) > cap:  # absolute boundaries can add one range; grow again
+            rngs = _ranges(lo, hi, _round_up(math.ceil(span / limit), page_size), page_size)
+            while len(rngs) > limit:  # absolute boundaries can add one range; grow again
                 s_b = _round_up(max(s_b, (rngs[1][0] - rngs[0][0])) + page_size, page_size)
                 rngs = _ranges(lo, hi, s_b, page_size)
         per_req.append(rngs)

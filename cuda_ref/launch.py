@@ -115,13 +115,13 @@ def _scale_strides(scale: "torch.Tensor | None") -> tuple[int, int]:
 def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan,
                   out, lse, part_o, part_lse, counters=None, *, scale: float, soft_cap=None, window_left=None,
                   k_scale=None, v_scale=None, k_offset=None, v_offset=None, config: KernelConfig | None = None,
-                  fuse_merge: bool = False, interpret: bool = False) -> None:
+                  fuse_merge: bool = False, interpret: bool = False, merge: bool = True) -> None:
     """Stage 1 (and stage 2 unless fused) into the caller's buffers. No allocation, no host sync.
 
     Shapes: ``q [T, Hq, D]``, ``k_cache``/``v_cache [P, page, Hkv, D]`` (last dim contiguous),
     ``out [T, Hq, D]`` (q's dtype), ``lse [T, Hq]`` float32, ``part_o [>= num_slots, Hq, D]`` and
     ``part_lse [>= num_slots, Hq]`` float32, ``counters`` int32 ``[>= B * Hkv * row_blocks]``
-    zeroed once (only with ``fuse_merge``).
+    zeroed once (only with ``fuse_merge``). ``merge=False`` leaves stage 2 out (timing only).
     """
     T, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
@@ -154,7 +154,7 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
             KV_INT8=kv_int8, HAS_OFFSET=k_offset is not None, SOFT_CAP=soft_cap is not None,
             HAS_WINDOW=window_left is not None, DOT_IEEE=dot_ieee, UPCAST=interpret, FUSE_MERGE=fuse_merge,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if not fuse_merge and (dplan.max_splits > 1 or dplan.graph_stable) and T:
+    if merge and not fuse_merge and (dplan.max_splits > 1 or dplan.graph_stable) and T:
         launch_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), dplan.view("row_num_splits"),
                      skip_single=True, num_warps=cfg.merge_warps)
 

@@ -57,6 +57,7 @@ class DecodeWrapper:
         self.graph_stable, self.max_splits, self.max_work_items = graph_stable, max_splits, max_work_items
         self.min_split_tokens = min_split_tokens
         self.fuse_merge, self.config = fuse_merge, config
+        self.merge = True  # False leaves the merge launch out (benchmarks time stage 1 alone)
         self.host_plan: Plan | None = None
         self.dplan: DevicePlan | None = None
         self._buffers: dict[str, torch.Tensor] = {}
@@ -133,7 +134,8 @@ class DecodeWrapper:
                       b["part_o"], b["part_lse"], b["counters"],
                       scale=float(scale) if scale is not None else self.head_dim ** -0.5, soft_cap=soft_cap,
                       window_left=window_left, k_scale=k_scale, v_scale=v_scale, k_offset=k_offset,
-                      v_offset=v_offset, config=self.config, fuse_merge=self.fuse_merge, interpret=INTERPRET)
+                      v_offset=v_offset, config=self.config, fuse_merge=self.fuse_merge, interpret=INTERPRET,
+                      merge=self.merge)
         return b["out"], b["lse"]
 
     def _default_qsl(self, T, B, device):

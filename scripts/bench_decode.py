@@ -1,0 +1,386 @@
+#!/usr/bin/env python3
+"""Decode-attention benchmark on a CUDA GPU: our Triton split-KV kernels against the peers.
+
+Per point (batch, context, Hq/Hkv, head dim, dtype; page size 16, one query per request):
+
+* ours with the ``auto`` plan, with no split, and with every fixed split size of a sweep (the best
+  is reported as "best fixed"); the auto plan's stage 1 alone gives the share of time in the merge;
+* PyTorch SDPA with the cuDNN and the flash backends, and compiled Flex attention, on a contiguous
+  ``[B, H, L, D]`` copy of the same KV (GQA native: ``enable_gqa``);
+* a device-to-device copy of a large buffer as the bandwidth ceiling (bytes read + written).
+
+Timing: each implementation is captured in a CUDA graph; every timed replay follows an L2 flush
+(a write of a buffer larger than the L2), is bracketed by CUDA events, and the median is kept.
+
+Outputs (``--out DIR``): ``bench.json`` (every number), ``bench.md`` (the table), ``bench.png``
+(KV-read bandwidth against context, one line per implementation, for the headline configuration).
+
+    python scripts/bench_decode.py --out results            # the full sweep
+    python scripts/bench_decode.py --quick --out results     # a few points
+    python scripts/bench_decode.py --tune --out results      # kernel configurations at a few points
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from cuda_ref.launch import KernelConfig  # noqa: E402
+from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
+
+PAGE = 16
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+FLUSH_BYTES = 256 << 20
+
+
+class Timer:
+    """Median time (µs) of CUDA-graph replays, each after an L2 flush."""
+
+    def __init__(self, iters: int = 20, warmup: int = 3):
+        self.iters, self.warmup = iters, warmup
+        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+
+    def graph(self, fn):
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        torch.cuda.synchronize()
+        return g.replay
+
+    def __call__(self, fn, use_graph: bool = True) -> float:
+        run = self.graph(fn) if use_graph else fn
+        for _ in range(self.warmup):
+            run()
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(self.iters)]
+        for a, b in ev:
+            self.flush.zero_()
+            a.record()
+            run()
+            b.record()
+        torch.cuda.synchronize()
+        return float(np.median([a.elapsed_time(b) for a, b in ev]) * 1e3)
+
+
+def copy_ceiling(timer: Timer, nbytes: int = 2 << 30) -> float:
+    """GB/s of a device-to-device copy, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    us = timer(lambda: dst.copy_(src))
+    del src, dst
+    return 2 * nbytes / (us * 1e-6) / 1e9
+
+
+def make_point(B, ctx, hq, hkv, D, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    pages_per = ctx // PAGE
+    P = B * pages_per
+    k = torch.randn((P, PAGE, hkv, D), generator=g, device="cuda", dtype=dtype)
+    v = torch.randn((P, PAGE, hkv, D), generator=g, device="cuda", dtype=dtype)
+    bt = torch.randperm(P, generator=g, device="cuda").to(torch.int32).view(B, pages_per)
+    q = torch.randn((B, hq, D), generator=g, device="cuda", dtype=dtype)
+    seq = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+    return q, k, v, bt, seq
+
+
+def contiguous_kv(k, bt, B, ctx):
+    """``[B, Hkv, ctx, D]`` contiguous copy of a paged cache (the peers' layout)."""
+    x = k[bt.long()]  # [B, pages, PAGE, Hkv, D]
+    return x.view(B, ctx, k.shape[2], k.shape[3]).transpose(1, 2).contiguous()
+
+
+def split_sizes(ctx: int, max_splits: int = 64) -> list[int]:
+    out, s = [], 256
+    while s < ctx:
+        if math.ceil(ctx / s) <= max_splits:
+            out.append(s)
+        s *= 2
+    return out
+
+
+def ours(timer, q, k, v, bt, seq, policy, *, config=None, fuse=False, stage1_only=False):
+    B = bt.shape[0]
+    w = DecodeWrapper(q.shape[1], k.shape[2], q.shape[2], PAGE, dtype=q.dtype, policy=policy, fuse_merge=fuse,
+                      config=config)
+    plan = w.plan(seq.cpu().numpy())
+    w.merge = not stage1_only
+    qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
+    us = timer(lambda: w.run(q, k, v, bt, seq, qsl))
+    return us, plan, w.workspace_bytes()
+
+
+def check_ours_once(q, k, v, bt, seq, kc, vc) -> float:
+    """Relative error of the auto plan against SDPA math on the contiguous copy (sanity of the bench)."""
+    w = DecodeWrapper(q.shape[1], k.shape[2], q.shape[2], PAGE, dtype=q.dtype)
+    w.plan(seq.cpu().numpy())
+    out, _ = w.run(q, k, v, bt, seq)
+    B = q.shape[0]
+    sub = min(B, 4)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q[:sub, :, None].float(), kc[:sub].float(), vc[:sub].float(), enable_gqa=True)[:, :, 0]
+    return float((out[:sub].float() - ref).norm() / ref.norm())
+
+
+def peers(timer, q, kc, vc, want_flex):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    F = torch.nn.functional
+    q4 = q[:, :, None, :]  # [B, Hq, 1, D]
+    res = {}
+    for name, be in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+        def f(be=be):
+            with sdpa_kernel([be]):
+                return F.scaled_dot_product_attention(q4, kc, vc, enable_gqa=True)
+        try:
+            f()
+            res[name] = timer(f)
+        except Exception as e:  # noqa: BLE001 - a peer refusing a shape is a result
+            res[name] = None
+            res[name + "_error"] = f"{type(e).__name__}: {str(e)[:120]}"
+    if want_flex:
+        try:
+            from torch.nn.attention.flex_attention import flex_attention
+            fx = peers.flex or torch.compile(flex_attention)
+            peers.flex = fx
+            fx(q4, kc, vc, enable_gqa=True)
+            res["flex"] = timer(lambda: fx(q4, kc, vc, enable_gqa=True))
+        except Exception as e:  # noqa: BLE001
+            res["flex"] = None
+            res["flex_error"] = f"{type(e).__name__}: {str(e)[:120]}"
+    return res
+
+
+peers.flex = None
+
+
+def sweep_points(args):
+    pts = []
+    if args.quick:
+        for B, ctx in ((1, 4096), (1, 16384), (1, 65536), (16, 8192), (64, 2048)):
+            pts.append((B, ctx, 32, 8, 128, "bf16"))
+        return pts
+    for dt in ("bf16", "fp16"):
+        for hq, hkv in ((32, 8), (64, 8), (32, 32)):
+            for B in (1, 4, 16, 64, 128):
+                for ctx in (1024, 4096, 16384, 65536, 131072):
+                    pts.append((B, ctx, hq, hkv, 128, dt))
+    for D in (64, 256):
+        for B, ctx in ((1, 16384), (16, 4096), (64, 4096)):
+            pts.append((B, ctx, 32, 8, D, "bf16"))
+    return pts
+
+
+def kv_bytes(B, ctx, hkv, D, dt):
+    return 2 * B * ctx * hkv * D * torch.empty(0, dtype=DTYPES[dt]).element_size()
+
+
+def flex_wanted(B, ctx, hq, hkv, D, dt, spent):
+    """Flex recompiles for every shape (tens of seconds each): headline configuration only, within a budget."""
+    return (dt == "bf16" and (hq, hkv, D) == (32, 8, 128) and B in (1, 16, 64) and spent < 240
+            and B * ctx <= 64 * 16384)
+
+
+def run_bench(args):
+    from tqdm import tqdm
+    timer = Timer(args.iters)
+    ceiling = copy_ceiling(timer)
+    pts = [p for p in sweep_points(args) if kv_bytes(p[0], p[1], p[3], p[4], p[5]) <= args.max_kv_gb * 1e9]
+    skipped = [p for p in sweep_points(args) if p not in pts]
+    rows, flex_spent = [], 0.0
+    bar = tqdm(pts, unit="pt")
+    for (B, ctx, hq, hkv, D, dt) in bar:
+        bar.set_postfix_str(f"B{B} ctx{ctx} {hq}/{hkv} D{D} {dt}")
+        q, k, v, bt, seq = make_point(B, ctx, hq, hkv, D, DTYPES[dt])
+        nbytes = kv_bytes(B, ctx, hkv, D, dt)
+        r = dict(B=B, ctx=ctx, hq=hq, hkv=hkv, D=D, dtype=dt, kv_bytes=nbytes)
+        us, plan, ws = ours(timer, q, k, v, bt, seq, "auto")
+        r.update(auto_us=us, auto_plan=str(plan.policy) + f" split={plan.split_tokens or 'none'}",
+                 auto_splits=int(plan.max_splits), auto_items=plan.num_valid_items, workspace_bytes=ws)
+        r["auto_stage1_us"] = ours(timer, q, k, v, bt, seq, "auto", stage1_only=True)[0] if plan.max_splits > 1 else us
+        r["merge_share"] = max(0.0, 1 - r["auto_stage1_us"] / us)
+        r["none_us"] = ours(timer, q, k, v, bt, seq, "none")[0]
+        fixed = {}
+        for s in split_sizes(ctx):
+            fixed[s] = ours(timer, q, k, v, bt, seq, f"size:{s}")[0]
+        r["fixed_us"] = {str(s): t for s, t in fixed.items()}
+        best_s = min(fixed, key=fixed.get) if fixed else None
+        r["best_fixed_size"] = best_s
+        r["best_fixed_us"] = fixed[best_s] if fixed else r["none_us"]
+        kc, vc = contiguous_kv(k, bt, B, ctx), contiguous_kv(v, bt, B, ctx)
+        r["rel_err_vs_sdpa_math"] = check_ours_once(q, k, v, bt, seq, kc, vc)
+        del k, v
+        t0 = time.time()
+        want_flex = flex_wanted(B, ctx, hq, hkv, D, dt, flex_spent) and not args.no_flex
+        r.update(peers(timer, q, kc, vc, want_flex))
+        if want_flex:
+            flex_spent += time.time() - t0
+        del kc, vc, q, bt, seq
+        torch.cuda.empty_cache()
+        peer_t = [r[n] for n in ("sdpa_cudnn", "sdpa_flash", "flex") if r.get(n)]
+        r["best_peer_us"] = min(peer_t) if peer_t else None
+        best_ours = r["auto_us"]
+        r["gbps"] = nbytes / (best_ours * 1e-6) / 1e9
+        r["pct_ceiling"] = 100 * r["gbps"] / ceiling
+        r["ratio_to_best_peer"] = (r["best_peer_us"] / best_ours) if r["best_peer_us"] else None
+        r["auto_vs_best_fixed"] = best_ours / min(r["best_fixed_us"], r["none_us"])
+        rows.append(r)
+    return dict(ceiling_gbps=ceiling, rows=rows, skipped=[list(p) for p in skipped], flex_seconds=flex_spent,
+                meta=meta(args))
+
+
+def meta(args):
+    import triton
+    return dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(), python=platform.python_version(),
+                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), iters=args.iters,
+                sms=torch.cuda.get_device_properties(0).multi_processor_count)
+
+
+def run_tune(args):
+    """Stage-1 configurations x split sizes x fused/separate merge at a few headline points."""
+    from tqdm import tqdm
+    timer = Timer(args.iters)
+    ceiling = copy_ceiling(timer)
+    cfgs = [KernelConfig(bn, nw, ns) for bn, nw, ns in itertools.product((32, 64, 128), (4, 8), (2, 3, 4))]
+    pts = [(1, 4096), (1, 16384), (1, 65536), (1, 131072), (16, 8192), (64, 2048), (128, 1024)]
+    rows = []
+    for (B, ctx) in tqdm(pts, unit="pt"):
+        q, k, v, bt, seq = make_point(B, ctx, 32, 8, 128, torch.bfloat16)
+        nbytes = kv_bytes(B, ctx, 8, 128, "bf16")
+        for cfg, fuse in itertools.product(cfgs, (False, True)):
+            for pol in ["none"] + [f"size:{s}" for s in split_sizes(ctx)]:
+                if fuse and pol == "none":
+                    continue
+                try:
+                    us = ours(timer, q, k, v, bt, seq, pol, config=cfg, fuse=fuse)[0]
+                except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
+                    rows.append(dict(B=B, ctx=ctx, cfg=str(cfg), fuse=fuse, policy=pol, error=str(e)[:100]))
+                    continue
+                rows.append(dict(B=B, ctx=ctx, cfg=str(cfg), fuse=fuse, policy=pol, us=us,
+                                 pct=100 * nbytes / (us * 1e-6) / 1e9 / ceiling))
+        del q, k, v, bt, seq
+        torch.cuda.empty_cache()
+    best = {}
+    for r in rows:
+        if "us" in r:
+            key = (r["B"], r["ctx"])
+            if key not in best or r["us"] < best[key]["us"]:
+                best[key] = r
+    print(f"copy ceiling {ceiling:.0f} GB/s")
+    for key, r in sorted(best.items()):
+        print(f"B{key[0]} ctx{key[1]}: best {r['us']:.1f} us ({r['pct']:.0f}%) cfg {r['cfg']} fuse {r['fuse']} {r['policy']}")
+    # per config: geometric mean over points of (time / best time at that point)
+    score = {}
+    for r in rows:
+        if "us" in r:
+            score.setdefault((r["cfg"], r["fuse"]), {}).setdefault((r["B"], r["ctx"]), []).append(r["us"])
+    ranking = []
+    for key, per in score.items():
+        if len(per) == len(best):
+            ratios = [min(v) / best[p]["us"] for p, v in per.items()]
+            ranking.append((float(np.exp(np.mean(np.log(ratios)))), key))
+    ranking.sort()
+    for gm, key in ranking[:12]:
+        print(f"  {key[0]} fuse={key[1]}: geomean {gm:.3f} x best")
+    return dict(ceiling_gbps=ceiling, rows=rows, ranking=[(g, list(k)) for g, k in ranking], meta=meta(args))
+
+
+def fmt(x, nd=1):
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def to_markdown(res) -> str:
+    m = res["meta"]
+    lines = [f"Machine: {m['gpu']} ({m['sms']} SMs); torch {m['torch']}, triton {m['triton']}, CUDA {m['cuda']}, "
+             f"cuDNN {m['cudnn']}; {m['date']}. Copy ceiling {res['ceiling_gbps']:.0f} GB/s (read + write). "
+             f"Times are medians of {m['iters']} CUDA-graph replays, each after an L2 flush.", "",
+             "| B | ctx | Hq/Hkv | D | dtype | auto µs | plan | none µs | best fixed µs (size) | cuDNN µs | flash µs | "
+             "Flex µs | GB/s | % ceiling | best peer / ours | auto / best fixed | merge share | workspace KiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        lines.append(
+            f"| {r['B']} | {r['ctx']} | {r['hq']}/{r['hkv']} | {r['D']} | {r['dtype']} | {fmt(r['auto_us'])} | "
+            f"{r['auto_splits']} splits | {fmt(r['none_us'])} | {fmt(r['best_fixed_us'])} ({r['best_fixed_size']}) | "
+            f"{fmt(r.get('sdpa_cudnn'))} | {fmt(r.get('sdpa_flash'))} | {fmt(r.get('flex'))} | {r['gbps']:.0f} | "
+            f"{r['pct_ceiling']:.0f} | {fmt(r['ratio_to_best_peer'], 2)} | {r['auto_vs_best_fixed']:.3f} | "
+            f"{100 * r['merge_share']:.0f}% | {r['workspace_bytes'] / 1024:.0f} |")
+    if res.get("skipped"):
+        lines += ["", "Skipped (KV over the size limit of the run): " +
+                  ", ".join(f"B{p[0]}/ctx{p[1]}/{p[2]}-{p[3]}/D{p[4]}/{p[5]}" for p in res["skipped"])]
+    return "\n".join(lines) + "\n"
+
+
+def plot(res, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [r for r in res["rows"] if (r["hq"], r["hkv"], r["D"], r["dtype"]) == (32, 8, 128, "bf16")]
+    batches = sorted({r["B"] for r in rows})
+    fig, axes = plt.subplots(1, len(batches), figsize=(4 * len(batches), 3.6), sharey=True, squeeze=False)
+    impls = [("auto_us", "ours (auto)"), ("best_fixed_us", "ours (best fixed)"), ("none_us", "ours (no split)"),
+             ("sdpa_cudnn", "SDPA cuDNN"), ("sdpa_flash", "SDPA flash"), ("flex", "Flex (compiled)")]
+    for ax, B in zip(axes[0], batches):
+        rb = sorted((r for r in rows if r["B"] == B), key=lambda r: r["ctx"])
+        for key, label in impls:
+            xs = [r["ctx"] for r in rb if r.get(key)]
+            ys = [r["kv_bytes"] / (r[key] * 1e-6) / 1e9 for r in rb if r.get(key)]
+            if xs:
+                ax.plot(xs, ys, marker="o", label=label)
+        ax.axhline(res["ceiling_gbps"], color="gray", ls="--", label="copy ceiling")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"batch {B}")
+        ax.set_xlabel("context (tokens)")
+    axes[0][0].set_ylabel("KV read GB/s")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle(f"Decode attention, bf16, Hq 32 / Hkv 8, D 128, page 16 — {res['meta']['gpu']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="bench_out")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--max-kv-gb", type=float, default=36.0)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_decode: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    if args.tune:
+        res = run_tune(args)
+        with open(os.path.join(args.out, "tune.json"), "w") as f:
+            json.dump(res, f, indent=1)
+        return 0
+    res = run_bench(args)
+    with open(os.path.join(args.out, "bench.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    md = to_markdown(res)
+    with open(os.path.join(args.out, "bench.md"), "w") as f:
+        f.write(md)
+    plot(res, os.path.join(args.out, "bench.png"))
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

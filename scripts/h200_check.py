@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Correctness of the Triton backend on a CUDA GPU (run on the H200; see docs/triton.md).
+
+1. parity: the whole catalog (small + full) through the harness, separate and fused merge;
+2. graph: every catalog case planned graph-stable, ``run()`` captured in a CUDA graph once, then
+   replayed with new lengths (plan refreshed in place, outputs poisoned with NaN before each
+   replay) and judged against the float64 reference each time;
+3. batch invariance: with a fixed split size, a request's output rows are bitwise identical
+   whatever the rest of the batch is (alone, first, last, among other lengths).
+
+    python scripts/h200_check.py --out DIR [--quick]
+Exit status 0 only when every check passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from functools import partial
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from cuda_ref import backend as tb  # noqa: E402
+from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
+from splitkv_common import accuracy, cases  # noqa: E402
+from splitkv_common.harness import run_parity  # noqa: E402
+from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
+from splitkv_common.registry import Backend  # noqa: E402
+
+
+def parity(sizes, pattern, out_dir):
+    fused = Backend("triton-fused", partial(tb.run, fuse_merge=True), tb._unavailable, tb._unsupported, "h200")
+    rep = run_parity([tb.triton_backend, fused], cases.catalog(sizes, pattern), progress=False)
+    rep.write(os.path.join(out_dir, "parity.md"))
+    print(rep.to_markdown().split("\n\n")[0])
+    bad = [r for r in rep.results if r.status not in ("pass", "unsupported")]
+    for r in bad:
+        print("PARITY FAIL", r.backend, r.case, r.status, r.message[:300])
+    return rep.ok, rep.counts()
+
+
+def graph_case(case, fuse, replays=4, seed=0):
+    """Capture once, replay with changed lengths; returns a list of (replay, passed, message)."""
+    inp = case.build()
+    T, Hq, D = inp.q.shape
+    _, page, Hkv, _ = inp.k_cache.shape
+    kvd = "int8" if inp.kv_dtype == "int8" else inp.dtype
+    policy = case.policy if not case.policy.startswith("count") else case.policy
+    w = DecodeWrapper(Hq, Hkv, D, page, dtype=inp.dtype, kv_dtype=kvd, policy=policy, graph_stable=True,
+                      max_splits=16, fuse_merge=fuse,
+                      min_split_tokens=case.plan_kwargs.get("min_split_tokens"))
+    x = tb.to_torch(inp, "cuda")
+    kw = dict(scale=inp.scale, soft_cap=inp.soft_cap, window_left=inp.window_left)
+    w.plan(inp.seq_lens, query_start_loc=inp.query_start_loc, window_left=inp.window_left)
+    out, lse = w.run(**x, **kw)  # warm up (compile) outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out, lse = w.run(**x, **kw)
+    rng = np.random.default_rng(seed)
+    results = []
+    for r in range(replays):
+        lens = inp.seq_lens.copy() if r == 0 else rng.integers(0, inp.seq_lens + 1).astype(np.int32)
+        new = dataclasses.replace(inp, seq_lens=lens)
+        w.plan(lens, query_start_loc=inp.query_start_loc, window_left=inp.window_left)
+        x["seq_lens"].copy_(torch.from_numpy(lens))
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ro, rl = dense_attention(new)
+        acc = accuracy.check(out.float().cpu().numpy(), lse.cpu().numpy(), ro, rl, plain_attention(new), new.dtype)
+        results.append((r, acc.passed, acc.reason, lens.tolist()[:6]))
+    return results
+
+
+def graph_checks(sizes, pattern):
+    ok, lines = True, []
+    for case in cases.catalog(sizes, pattern):
+        if tb._unsupported(case.build()):
+            continue
+        for fuse in (False, True):
+            try:
+                res = graph_case(case, fuse)
+            except Exception as e:  # noqa: BLE001
+                ok = False
+                lines.append(f"GRAPH ERROR {case.name} fuse={fuse}: {type(e).__name__}: {str(e)[:200]}")
+                continue
+            for r, passed, reason, lens in res:
+                if not passed:
+                    ok = False
+                    lines.append(f"GRAPH FAIL {case.name} fuse={fuse} replay {r} lens {lens}: {reason[:200]}")
+            lines.append(f"graph {case.name} fuse={fuse}: {sum(p for _, p, _, _ in res)}/{len(res)} replays pass")
+    return ok, lines
+
+
+def invariance_check(target=5000, others=([], [1], [123, 7000], [16384, 0, 31, 4097], [900] * 7), heads=(32, 8),
+                     split=512):
+    """Bitwise batch invariance under a fixed split size (bf16, Hq 32 / Hkv 8, D 128)."""
+    outs = []
+    for j, extra in enumerate(others):
+        for first in (True, False):
+            lens = [target] + list(extra) if first else list(extra) + [target]
+            inp = cases.random_inputs(7 + j, lens, num_q_heads=heads[0], num_kv_heads=heads[1], head_dim=128,
+                                      dtype="bfloat16")
+            # the target request's pages, q and KV values are the same in every batch: copy them in
+            if not outs:
+                base = inp
+            else:
+                inp = _transplant(base, inp, 0, lens.index(target) if first else len(lens) - 1)
+            for fuse in (False, True):
+                plan = inp.plan(f"size:{split}", device="h200")
+                o, l = tb.run(inp, plan, fuse_merge=fuse)
+                row = 0 if first else len(lens) - 1
+                outs.append((j, first, fuse, o[row].copy(), l[row].copy()))
+    ref_o, ref_l = outs[0][3], outs[0][4]
+    same = all(np.array_equal(o.view(np.uint32), ref_o.view(np.uint32)) and
+               np.array_equal(l.view(np.uint32), ref_l.view(np.uint32)) for _, _, _, o, l in outs)
+    return same, len(outs)
+
+
+def _transplant(src, dst, src_req, dst_req):
+    """Give request ``dst_req`` of ``dst`` the query and KV of request ``src_req`` of ``src``."""
+    L = int(src.seq_lens[src_req])
+    assert int(dst.seq_lens[dst_req]) == L
+    page = src.k_cache.shape[1]
+    n = -(-L // page)
+    q = dst.q.copy()
+    q[dst.query_start_loc[dst_req]] = src.q[src.query_start_loc[src_req]]
+    k, v = dst.k_cache.copy(), dst.v_cache.copy()
+    k[dst.block_table[dst_req, :n]] = src.k_cache[src.block_table[src_req, :n]]
+    v[dst.block_table[dst_req, :n]] = src.v_cache[src.block_table[src_req, :n]]
+    return dataclasses.replace(dst, q=q, k_cache=k, v_cache=v)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="check_out")
+    ap.add_argument("--quick", action="store_true", help="small catalog only, no graph/invariance (sanitizer runs)")
+    ap.add_argument("--cases", default=None)
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    sizes = ("small",) if args.quick else ("small", "full")
+    t0 = time.time()
+    summary = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    ok_p, counts = parity(sizes, args.cases, args.out)
+    summary["parity_ok"], summary["parity_counts"] = ok_p, counts
+    print(f"parity ok={ok_p} {counts} ({time.time() - t0:.0f}s)")
+    ok = ok_p
+    if not args.quick:
+        ok_g, lines = graph_checks(sizes, args.cases)
+        summary["graph_ok"], summary["graph_log"] = ok_g, lines
+        print("\n".join(lines[-80:]))
+        print(f"graph ok={ok_g} ({time.time() - t0:.0f}s)")
+        same, n = invariance_check()
+        summary["batch_invariant_bitwise"], summary["invariance_runs"] = same, n
+        print(f"batch invariance bitwise={same} over {n} runs ({time.time() - t0:.0f}s)")
+        ok = ok and ok_g and same
+    summary["ok"] = ok
+    with open(os.path.join(args.out, "check.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

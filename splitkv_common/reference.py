@@ -80,8 +80,10 @@ def partial_state(s: np.ndarray, v: np.ndarray, mask: np.ndarray) -> tuple[np.nd
     """
     s = s.astype(np.float32)
     any_vis = mask.any(-1)
-    m = np.where(any_vis, np.max(np.where(mask, s, np.float32(-np.inf)), axis=-1), np.float32(0))
-    p = np.where(mask, np.exp(np.where(mask, s, np.float32(0)) - m[..., None]), np.float32(0)).astype(np.float32)
+    m = np.where(any_vis, np.max(np.where(mask, s, np.float32(-np.inf)), axis=-1, initial=np.float32(-np.inf)),
+                 np.float32(0))
+    # masked lanes compute exp(m - m) = 1 (then dropped), never exp(-m) that overflows for very negative m
+    p = np.where(mask, np.exp(np.where(mask, s, m[..., None]) - m[..., None]), np.float32(0)).astype(np.float32)
     l = p.sum(-1, dtype=np.float32)
     u = np.einsum("...n,...nd->...d", p, v.astype(np.float32)).astype(np.float32)
     return mlu_to_state(np.where(any_vis, m, -np.inf), np.where(any_vis, l, 0), u)

@@ -1,0 +1,656 @@
+// CPU twin of the Ascend C API subset the splitkv kernels use: a TEST DOUBLE, not the NPU.
+//
+// The kernels in ascend_ops/kernel/ include "kernel_operator.h". On an NPU node that is CANN's
+// header (bisheng); for the type-check it is CANN's CPU-debug flavour (g++); for the twin it is
+// THIS file (g++, -I ascend_ops/sim). The twin runs each block index in turn on the CPU.
+//
+// What it implements is the documented behaviour of each API (references below, CANN 8.0/8.1
+// "Ascend C API reference", hiascend.com, page ids atlasascendc_api_07_XXXX), and it turns the
+// documented constraints the type-check cannot see into errors (sim::Violation, rule names in []):
+//   [ub-capacity]   sum of TPipe::InitBuffer sizes (each rounded up to 32 B) <= 192 KiB
+//   [alignment]     UB operand start addresses 32-byte aligned (ReduceSum/ReduceMax dst: element
+//                   alignment); DataCopy lengths multiples of 32 bytes
+//   [queue]         AllocTensor beyond the buffers given to InitBuffer, more than 8 outstanding
+//                   allocations on one TPosition, EnQue beyond the depth or of a tensor not
+//                   allocated from the queue, DeQue of an empty queue, FreeTensor of a tensor not
+//                   allocated (or still queued, or freed twice)
+//   [uninit-read]   a read of a UB byte no instruction has written since its buffer was
+//                   allocated (AllocTensor content is "random" per the AllocTensor page)
+//   [bounds]        an access past the end of a LocalTensor's buffer or a GlobalTensor's size
+//   [flag]          WaitFlag without a matching SetFlag
+// Not modelled: pipeline timing and the ordering the SetFlag/WaitFlag/PipeBarrier calls enforce
+// on hardware (the twin executes in program order, so a missing barrier is NOT caught); the exact
+// NPU Exp/Ln precision (libm is used); the repeat/mask forms of the vector APIs (not used).
+//
+// References (semantics encoded below):
+//   DataCopy          .../canncommercial/800/apiref/ascendcopapi/atlasascendc_api_07_0102.html
+//   DataCopyPad       .../canncommercial/800/apiref/ascendcopapi/atlasascendc_api_07_0265.html
+//   AllocTensor       .../CANNCommunityEdition/81RC1alpha002/apiref/ascendcopapi/atlasascendc_api_07_0138.html
+//   ReduceSum         .../CANNCommunityEdition/81RC1alpha002/apiref/ascendcopapi/atlasascendc_api_07_0078.html
+//   ReduceMax         .../canncommercial/850/API/ascendcopapi/atlasascendc_api_07_0075.html
+//   Axpy              .../canncommercial/800/apiref/ascendcopapi/atlasascendc_api_07_0063.html
+//   Cast              .../canncommercial/900/API/ascendcopapi/atlasascendc_api_07_0073.html
+//   (prefix https://www.hiascend.com/document/detail/zh/). The element-wise APIs (Add, Sub, Mul,
+//   Div, Max, Adds, Muls, Exp, Ln, Duplicate) are the "calCount" (first n elements) prototypes of
+//   the same reference; their common rule is a 32-byte aligned start address of every operand.
+#ifndef SPLITKV_SIM_KERNEL_OPERATOR_H
+#define SPLITKV_SIM_KERNEL_OPERATOR_H
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#define __aicore__
+#define __global__
+#define __gm__
+#define GM_ADDR uint8_t*
+
+// ---------------------------------------------------------------------------------------------
+// 16-bit floating types (bit-exact conversions, round to nearest even)
+namespace sim {
+inline uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    int32_t exp = int32_t((x >> 23) & 0xffu);
+    uint32_t mant = x & 0x7fffffu;
+    if (exp == 255) return uint16_t(sign | 0x7c00u | (mant ? 0x200u : 0u));
+    int32_t e = exp - 127 + 15;
+    if (e >= 31) return uint16_t(sign | 0x7c00u);
+    if (e <= 0) {
+        if (e < -10) return uint16_t(sign);
+        mant |= 0x800000u;
+        int shift = 14 - e;
+        uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1u), halfway = 1u << (shift - 1);
+        if (rem > halfway || (rem == halfway && (h & 1u))) h++;
+        return uint16_t(sign | h);
+    }
+    uint32_t h = (uint32_t(e) << 10) | (mant >> 13), rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+    return uint16_t(sign | h);
+}
+inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, x;
+    if (exp == 0) {
+        if (mant == 0) {
+            x = sign;
+        } else {  // subnormal: normalise
+            int e = -1;
+            do { mant <<= 1; e++; } while (!(mant & 0x400u));
+            x = sign | (uint32_t(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
+        }
+    } else if (exp == 31) {
+        x = sign | 0x7f800000u | (mant << 13);
+    } else {
+        x = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    float f;
+    std::memcpy(&f, &x, 4);
+    return f;
+}
+inline uint16_t f32_to_bf16(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    if (std::isnan(f)) return uint16_t((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return uint16_t(x >> 16);
+}
+inline float bf16_to_f32(uint16_t b) {
+    uint32_t x = uint32_t(b) << 16;
+    float f;
+    std::memcpy(&f, &x, 4);
+    return f;
+}
+}  // namespace sim
+
+struct half {
+    uint16_t bits;
+    half() = default;
+    half(float f) : bits(sim::f32_to_f16(f)) {}
+    operator float() const { return sim::f16_to_f32(bits); }
+};
+struct bfloat16_t {
+    uint16_t bits;
+    bfloat16_t() = default;
+    bfloat16_t(float f) : bits(sim::f32_to_bf16(f)) {}
+    operator float() const { return sim::bf16_to_f32(bits); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The simulated core: one Unified Buffer, its "written" map, the block index.
+namespace sim {
+constexpr uint32_t kUbBytes = 192 * 1024;
+constexpr uint32_t kBlock = 32;
+constexpr int kMaxAllocPerPosition = 8;  // AllocTensor page: A2 products, at most 8 outstanding
+
+struct Violation : std::runtime_error {
+    explicit Violation(const std::string& m) : std::runtime_error(m) {}
+};
+
+[[noreturn]] inline void fail(const char* rule, const std::string& msg) {
+    throw Violation(std::string("[") + rule + "] " + msg);
+}
+
+struct Core {
+    alignas(64) uint8_t ub[kUbBytes];
+    uint8_t written[kUbBytes];
+    int64_t blockIdx = 0;
+    int64_t blockNum = 1;
+    uint32_t ubUsed = 0;      // bytes handed out by InitBuffer
+    int allocs[16] = {0};     // outstanding AllocTensor per TPosition
+    int flags[16][8] = {{0}}; // SetFlag count per (event, id)
+};
+
+inline Core& core() {
+    static Core* c = new Core();
+    return *c;
+}
+
+inline void reset_core(int64_t idx, int64_t num) {
+    Core& c = core();
+    std::memset(c.ub, 0xA5, kUbBytes);  // stale garbage, never to be read
+    std::memset(c.written, 0, kUbBytes);
+    c.blockIdx = idx;
+    c.blockNum = num;
+    c.ubUsed = 0;
+    std::memset(c.allocs, 0, sizeof(c.allocs));
+    std::memset(c.flags, 0, sizeof(c.flags));
+}
+
+inline void mark(uint32_t addr, uint32_t n) { std::memset(core().written + addr, 1, n); }
+inline void unmark(uint32_t addr, uint32_t n) { std::memset(core().written + addr, 0, n); }
+inline void check_written(uint32_t addr, uint32_t n, const char* api) {
+    const uint8_t* w = core().written + addr;
+    const void* hole = std::memchr(w, 0, n);
+    if (hole) {
+        uint32_t at = addr + uint32_t(static_cast<const uint8_t*>(hole) - w);
+        fail("uninit-read", std::string(api) + " reads UB byte " + std::to_string(at) +
+                                " (operand at " + std::to_string(addr) + ", " + std::to_string(n) +
+                                " bytes) that nothing has written since its buffer was allocated");
+    }
+}
+inline void check_align(uint32_t addr, uint32_t align, const char* api, const char* what) {
+    if (addr % align)
+        fail("alignment", std::string(api) + ": " + what + " UB address " + std::to_string(addr) +
+                              " is not " + std::to_string(align) + "-byte aligned");
+}
+}  // namespace sim
+
+// ---------------------------------------------------------------------------------------------
+namespace AscendC {
+
+enum class TPosition : uint8_t { GM, A1, A2, B1, B2, C1, C2, CO1, CO2, VECIN, VECOUT, VECCALC, LCM = VECCALC };
+using QuePosition = TPosition;
+enum class HardEvent : uint8_t { MTE2_V, V_MTE2, MTE3_V, V_MTE3, V_S, S_V, MTE2_S, S_MTE2, MTE3_S, S_MTE3, MTE2_MTE3, MTE3_MTE2 };
+enum class RoundMode { CAST_NONE = 0, CAST_RINT, CAST_FLOOR, CAST_CEIL, CAST_ROUND, CAST_TRUNC, CAST_ODD };
+enum pipe_t { PIPE_S, PIPE_V, PIPE_M, PIPE_MTE1, PIPE_MTE2, PIPE_MTE3, PIPE_ALL };
+enum event_t : int { EVENT_ID0 = 0, EVENT_ID1, EVENT_ID2, EVENT_ID3, EVENT_ID4, EVENT_ID5, EVENT_ID6, EVENT_ID7 };
+using TEventID = int8_t;
+
+inline int64_t GetBlockIdx() { return sim::core().blockIdx; }
+inline int64_t GetBlockNum() { return sim::core().blockNum; }
+
+template <typename T>
+class LocalTensor {
+public:
+    uint32_t addr_ = 0;   // byte address in the UB
+    uint32_t bytes_ = 0;  // bytes from addr_ to the end of its buffer
+    LocalTensor() = default;
+    LocalTensor(uint32_t a, uint32_t b) : addr_(a), bytes_(b) {}
+    LocalTensor operator[](uint32_t offset) const {
+        uint64_t off = uint64_t(offset) * sizeof(T);
+        if (off > bytes_) sim::fail("bounds", "LocalTensor[] offset " + std::to_string(offset) + " past its buffer");
+        return LocalTensor(addr_ + uint32_t(off), bytes_ - uint32_t(off));
+    }
+    uint32_t GetSize() const { return bytes_ / sizeof(T); }
+    T GetValue(uint32_t i) const {
+        need(i + 1, "GetValue");
+        sim::check_written(addr_ + i * sizeof(T), sizeof(T), "LocalTensor::GetValue");
+        T v;
+        std::memcpy(&v, sim::core().ub + addr_ + i * sizeof(T), sizeof(T));
+        return v;
+    }
+    template <typename U>
+    void SetValue(uint32_t i, U value) const {
+        need(i + 1, "SetValue");
+        T v = T(value);
+        std::memcpy(sim::core().ub + addr_ + i * sizeof(T), &v, sizeof(T));
+        sim::mark(addr_ + i * sizeof(T), sizeof(T));
+    }
+    template <typename U>
+    LocalTensor<U> ReinterpretCast() const { return LocalTensor<U>(addr_, bytes_); }
+    // twin internals
+    void need(uint64_t elems, const char* api) const {
+        if (elems * sizeof(T) > bytes_)
+            sim::fail("bounds", std::string(api) + ": " + std::to_string(elems) + " elements exceed the " +
+                                    std::to_string(bytes_) + " bytes left in the buffer at UB " + std::to_string(addr_));
+    }
+    T* ptr() const { return reinterpret_cast<T*>(sim::core().ub + addr_); }
+};
+
+template <typename T>
+class GlobalTensor {
+public:
+    T* base_ = nullptr;
+    uint64_t size_ = 0;
+    void SetGlobalBuffer(__gm__ T* buffer, uint64_t bufferSize) { base_ = buffer; size_ = bufferSize; }
+    GlobalTensor operator[](uint64_t offset) const {
+        if (offset > size_) sim::fail("bounds", "GlobalTensor[] offset " + std::to_string(offset) + " past its size " + std::to_string(size_));
+        GlobalTensor g;
+        g.base_ = base_ + offset;
+        g.size_ = size_ - offset;
+        return g;
+    }
+    uint64_t GetSize() const { return size_; }
+    T GetValue(uint64_t i) const { need(i + 1, "GlobalTensor::GetValue"); return base_[i]; }
+    void SetValue(uint64_t i, T v) { need(i + 1, "GlobalTensor::SetValue"); base_[i] = v; }
+    void need(uint64_t elems, const char* api) const {
+        if (elems > size_)
+            sim::fail("bounds", std::string(api) + ": " + std::to_string(elems) + " elements exceed the global buffer of " + std::to_string(size_));
+    }
+};
+
+class TPipe;
+inline TPipe*& current_pipe() { static TPipe* p = nullptr; return p; }
+
+// TQue: `num` buffers of `len` bytes from TPipe::InitBuffer; at most `depth` tensors queued.
+template <TPosition pos, int32_t depth>
+class TQue {
+public:
+    enum State : uint8_t { FREE, ALLOCATED, QUEUED, DEQUEUED };
+    uint32_t base_ = 0, len_ = 0;
+    int num_ = 0;
+    State state_[16] = {FREE};
+    std::deque<int> fifo_;
+    bool inited_ = false;
+
+    template <typename T>
+    LocalTensor<T> AllocTensor() {
+        if (!inited_) sim::fail("queue", "AllocTensor on a queue TPipe::InitBuffer never set up");
+        for (int i = 0; i < num_; i++) {
+            if (state_[i] == FREE) {
+                int& out = sim::core().allocs[int(pos)];
+                if (out >= sim::kMaxAllocPerPosition)
+                    sim::fail("queue", "more than 8 tensors allocated at once on one TPosition");
+                out++;
+                state_[i] = ALLOCATED;
+                sim::unmark(base_ + i * len_, len_);  // content is random after AllocTensor
+                return LocalTensor<T>(base_ + i * len_, len_);
+            }
+        }
+        sim::fail("queue", "AllocTensor beyond the " + std::to_string(num_) + " buffers given to InitBuffer (a FreeTensor is missing)");
+    }
+    template <typename T>
+    bool EnQue(const LocalTensor<T>& t) {
+        int i = index_of(t.addr_, "EnQue");
+        if (state_[i] != ALLOCATED) sim::fail("queue", "EnQue of a tensor that is not freshly allocated from this queue");
+        if (int(fifo_.size()) >= depth) sim::fail("queue", "EnQue beyond the queue depth " + std::to_string(depth));
+        state_[i] = QUEUED;
+        fifo_.push_back(i);
+        return true;
+    }
+    template <typename T>
+    LocalTensor<T> DeQue() {
+        if (fifo_.empty()) sim::fail("queue", "DeQue of an empty queue");
+        int i = fifo_.front();
+        fifo_.pop_front();
+        state_[i] = DEQUEUED;
+        return LocalTensor<T>(base_ + i * len_, len_);
+    }
+    template <typename T>
+    void FreeTensor(LocalTensor<T>& t) {
+        int i = index_of(t.addr_, "FreeTensor");
+        if (state_[i] == FREE) sim::fail("queue", "FreeTensor of a tensor not allocated (double free?)");
+        if (state_[i] == QUEUED) sim::fail("queue", "FreeTensor of a tensor still in the queue");
+        state_[i] = FREE;
+        sim::core().allocs[int(pos)]--;
+    }
+    int index_of(uint32_t addr, const char* api) const {
+        if (inited_ && addr >= base_ && addr < base_ + num_ * len_ && (addr - base_) % len_ == 0)
+            return int((addr - base_) / len_);
+        sim::fail("queue", std::string(api) + " of a tensor that does not start a buffer of this queue");
+    }
+};
+
+// TBuf: one buffer, Get<T>() returns all of it; content persists between Get calls.
+template <TPosition pos = TPosition::VECCALC>
+class TBuf {
+public:
+    uint32_t base_ = 0, len_ = 0;
+    bool inited_ = false;
+    template <typename T>
+    LocalTensor<T> Get() {
+        if (!inited_) sim::fail("queue", "TBuf::Get before TPipe::InitBuffer");
+        return LocalTensor<T>(base_, len_);
+    }
+    template <typename T>
+    LocalTensor<T> Get(uint32_t len) {
+        LocalTensor<T> t = Get<T>();
+        t.need(len, "TBuf::Get");
+        return LocalTensor<T>(base_, len * sizeof(T));
+    }
+};
+
+class TPipe {
+public:
+    TPipe() { current_pipe() = this; }
+    ~TPipe() { if (current_pipe() == this) current_pipe() = nullptr; }
+    template <class Q>
+    bool InitBuffer(Q& que, uint8_t num, uint32_t len) {
+        if (num == 0 || num > 16) sim::fail("queue", "InitBuffer num must be 1..16");
+        uint32_t l = round32(len);
+        que.base_ = take(uint64_t(num) * l, "InitBuffer(queue)");
+        que.len_ = l;
+        que.num_ = num;
+        que.inited_ = true;
+        return true;
+    }
+    template <TPosition p>
+    bool InitBuffer(TBuf<p>& buf, uint32_t len) {
+        uint32_t l = round32(len);
+        buf.base_ = take(l, "InitBuffer(TBuf)");
+        buf.len_ = l;
+        buf.inited_ = true;
+        return true;
+    }
+    TEventID FetchEventID(HardEvent) { return 0; }
+    void Destroy() {}
+    void Reset() {}
+
+private:
+    static uint32_t round32(uint32_t x) { return (x + 31u) / 32u * 32u; }
+    uint32_t take(uint64_t bytes, const char* api) {
+        sim::Core& c = sim::core();
+        if (uint64_t(c.ubUsed) + bytes > sim::kUbBytes)
+            sim::fail("ub-capacity", std::string(api) + ": " + std::to_string(c.ubUsed) + " + " + std::to_string(bytes) +
+                                         " bytes exceed the 192 KiB Unified Buffer");
+        uint32_t a = c.ubUsed;
+        c.ubUsed += uint32_t(bytes);
+        return a;
+    }
+};
+
+template <HardEvent e>
+inline void SetFlag(int32_t id) { sim::core().flags[int(e)][id & 7]++; }
+template <HardEvent e>
+inline void WaitFlag(int32_t id) {
+    int& f = sim::core().flags[int(e)][id & 7];
+    if (f <= 0) sim::fail("flag", "WaitFlag without a matching SetFlag");
+    f--;
+}
+template <pipe_t p>
+inline void PipeBarrier() {}
+
+// ---------------------------------------------------------------------------------------------
+// Data movement
+struct DataCopyParams {
+    uint16_t blockCount = 1;
+    uint16_t blockLen = 0;   // in 32-byte blocks
+    uint16_t srcStride = 0;  // gap between blocks, 32-byte blocks
+    uint16_t dstStride = 0;
+    DataCopyParams() = default;
+    DataCopyParams(uint16_t c, uint16_t l, uint16_t s, uint16_t d) : blockCount(c), blockLen(l), srcStride(s), dstStride(d) {}
+};
+struct DataCopyExtParams {
+    uint16_t blockCount = 1;
+    uint32_t blockLen = 0;   // bytes
+    uint32_t srcStride = 0;  // GM side: bytes; UB side: 32-byte blocks
+    uint32_t dstStride = 0;  // GM side: bytes; UB side: 32-byte blocks
+    uint32_t rsv = 0;
+    DataCopyExtParams() = default;
+    DataCopyExtParams(uint16_t c, uint32_t l, uint32_t s, uint32_t d, uint32_t r)
+        : blockCount(c), blockLen(l), srcStride(s), dstStride(d), rsv(r) {}
+};
+template <typename T>
+struct DataCopyPadExtParams {
+    bool isPad = false;
+    uint8_t leftPadding = 0;   // elements
+    uint8_t rightPadding = 0;  // elements
+    T paddingValue = T(0);
+    DataCopyPadExtParams() = default;
+    DataCopyPadExtParams(bool p, uint8_t l, uint8_t r, T v) : isPad(p), leftPadding(l), rightPadding(r), paddingValue(v) {}
+};
+
+// DataCopy, contiguous: calCount * sizeof(T) must be a multiple of 32 bytes; UB address 32-aligned.
+template <typename T>
+inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint32_t calCount) {
+    uint32_t n = calCount * sizeof(T);
+    if (n % sim::kBlock) sim::fail("alignment", "DataCopy GM->UB of " + std::to_string(n) + " bytes: not a multiple of 32 bytes");
+    sim::check_align(dst.addr_, 32, "DataCopy", "destination");
+    dst.need(calCount, "DataCopy");
+    src.need(calCount, "DataCopy");
+    std::memcpy(dst.ptr(), src.base_, n);
+    sim::mark(dst.addr_, n);
+}
+template <typename T>
+inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t calCount) {
+    uint32_t n = calCount * sizeof(T);
+    if (n % sim::kBlock) sim::fail("alignment", "DataCopy UB->GM of " + std::to_string(n) + " bytes: not a multiple of 32 bytes");
+    sim::check_align(src.addr_, 32, "DataCopy", "source");
+    src.need(calCount, "DataCopy");
+    dst.need(calCount, "DataCopy");
+    sim::check_written(src.addr_, n, "DataCopy UB->GM");
+    std::memcpy(dst.base_, src.ptr(), n);
+}
+// DataCopy with DataCopyParams, GM->UB: blockCount blocks of blockLen * 32 bytes; gaps in 32 B units.
+template <typename T>
+inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const DataCopyParams& p) {
+    sim::check_align(dst.addr_, 32, "DataCopy", "destination");
+    const uint32_t blk = p.blockLen * 32u;
+    for (uint32_t i = 0; i < p.blockCount; i++) {
+        uint64_t s = uint64_t(i) * (p.blockLen + p.srcStride) * 32u, d = uint64_t(i) * (p.blockLen + p.dstStride) * 32u;
+        if ((s + blk) > src.size_ * sizeof(T)) sim::fail("bounds", "DataCopy(params) reads past the global buffer");
+        if ((d + blk) > dst.bytes_) sim::fail("bounds", "DataCopy(params) writes past the local buffer");
+        std::memcpy(reinterpret_cast<uint8_t*>(dst.ptr()) + d, reinterpret_cast<const uint8_t*>(src.base_) + s, blk);
+        sim::mark(dst.addr_ + uint32_t(d), blk);
+    }
+}
+// DataCopyPad GM->UB: blockLen bytes per block (no alignment rule), each block starts on a
+// 32-byte boundary in UB (plus dstStride blocks); rightPadding elements after the data get
+// paddingValue when isPad, otherwise stay undefined (the page: "random values").
+template <typename T>
+inline void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const DataCopyExtParams& p,
+                        const DataCopyPadExtParams<T>& pad) {
+    sim::check_align(dst.addr_, 32, "DataCopyPad", "destination");
+    if (pad.leftPadding) sim::fail("bounds", "DataCopyPad leftPadding is not emulated");
+    if (pad.rightPadding * sizeof(T) > 32) sim::fail("bounds", "DataCopyPad rightPadding over 32 bytes");
+    const uint32_t blkUb = (p.blockLen + 31u) / 32u * 32u;
+    if (p.blockLen + pad.rightPadding * sizeof(T) > blkUb)
+        sim::fail("bounds", "DataCopyPad data plus rightPadding overflow the 32-byte aligned block");
+    for (uint32_t i = 0; i < p.blockCount; i++) {
+        uint64_t s = uint64_t(i) * (p.blockLen + p.srcStride), d = uint64_t(i) * (blkUb + p.dstStride * 32u);
+        if (s + p.blockLen > src.size_ * sizeof(T)) sim::fail("bounds", "DataCopyPad reads past the global buffer");
+        if (d + blkUb > dst.bytes_) sim::fail("bounds", "DataCopyPad writes past the local buffer");
+        uint8_t* out = reinterpret_cast<uint8_t*>(dst.ptr()) + d;
+        std::memcpy(out, reinterpret_cast<const uint8_t*>(src.base_) + s, p.blockLen);
+        sim::mark(dst.addr_ + uint32_t(d), p.blockLen);
+        if (pad.isPad) {
+            for (uint32_t k = 0; k < pad.rightPadding; k++)
+                std::memcpy(out + p.blockLen + k * sizeof(T), &pad.paddingValue, sizeof(T));
+            sim::mark(dst.addr_ + uint32_t(d) + p.blockLen, pad.rightPadding * sizeof(T));
+        }
+    }
+}
+// DataCopyPad UB->GM: blockLen bytes per block; UB blocks 32-byte aligned (srcStride in blocks),
+// GM gap dstStride in bytes.
+template <typename T>
+inline void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const DataCopyExtParams& p) {
+    sim::check_align(src.addr_, 32, "DataCopyPad", "source");
+    const uint32_t blkUb = (p.blockLen + 31u) / 32u * 32u;
+    for (uint32_t i = 0; i < p.blockCount; i++) {
+        uint64_t s = uint64_t(i) * (blkUb + p.srcStride * 32u), d = uint64_t(i) * (p.blockLen + p.dstStride);
+        if (s + p.blockLen > src.bytes_) sim::fail("bounds", "DataCopyPad reads past the local buffer");
+        if (d + p.blockLen > dst.size_ * sizeof(T)) sim::fail("bounds", "DataCopyPad writes past the global buffer");
+        sim::check_written(src.addr_ + uint32_t(s), p.blockLen, "DataCopyPad UB->GM");
+        std::memcpy(reinterpret_cast<uint8_t*>(dst.base_) + d, reinterpret_cast<const uint8_t*>(src.ptr()) + s, p.blockLen);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Vector instructions, "first calCount elements" prototypes. Each operand: 32-byte aligned,
+// inside its buffer; inputs must have been written; the result is marked written.
+namespace detail {
+template <typename T>
+inline float ld(const LocalTensor<T>& t, uint32_t i) { return float(t.ptr()[i]); }
+template <typename T>
+inline void st(const LocalTensor<T>& t, uint32_t i, float v) { t.ptr()[i] = T(v); }
+template <typename T>
+inline void in(const LocalTensor<T>& t, int32_t n, const char* api) {
+    sim::check_align(t.addr_, 32, api, "source");
+    t.need(uint32_t(n), api);
+    sim::check_written(t.addr_, uint32_t(n) * sizeof(T), api);
+}
+template <typename T>
+inline void out(const LocalTensor<T>& t, int32_t n, const char* api, uint32_t align = 32) {
+    sim::check_align(t.addr_, align, api, "destination");
+    t.need(uint32_t(n), api);
+}
+template <typename T>
+inline void done(const LocalTensor<T>& t, int32_t n) { sim::mark(t.addr_, uint32_t(n) * sizeof(T)); }
+template <typename T, typename F>
+inline void binary(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, int32_t n, const char* api, F f) {
+    in(a, n, api); in(b, n, api); out(d, n, api);
+    std::vector<float> r(n);
+    for (int32_t i = 0; i < n; i++) r[i] = f(ld(a, i), ld(b, i));
+    for (int32_t i = 0; i < n; i++) st(d, i, r[i]);
+    done(d, n);
+}
+template <typename T, typename F>
+inline void unary(const LocalTensor<T>& d, const LocalTensor<T>& a, int32_t n, const char* api, F f) {
+    in(a, n, api); out(d, n, api);
+    for (int32_t i = 0; i < n; i++) st(d, i, f(ld(a, i)));
+    done(d, n);
+}
+}  // namespace detail
+
+template <typename T>
+inline void Add(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
+    detail::binary(d, a, b, n, "Add", [](float x, float y) { return x + y; });
+}
+template <typename T>
+inline void Sub(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
+    detail::binary(d, a, b, n, "Sub", [](float x, float y) { return x - y; });
+}
+template <typename T>
+inline void Mul(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
+    detail::binary(d, a, b, n, "Mul", [](float x, float y) { return x * y; });
+}
+template <typename T>
+inline void Div(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
+    detail::binary(d, a, b, n, "Div", [](float x, float y) { return x / y; });
+}
+template <typename T>
+inline void Max(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
+    detail::binary(d, a, b, n, "Max", [](float x, float y) { return x > y ? x : y; });
+}
+template <typename T, typename U>
+inline void Adds(const LocalTensor<T>& d, const LocalTensor<T>& a, const U& s, const int32_t& n) {
+    float sv = float(s);
+    detail::unary(d, a, n, "Adds", [sv](float x) { return x + sv; });
+}
+template <typename T, typename U>
+inline void Muls(const LocalTensor<T>& d, const LocalTensor<T>& a, const U& s, const int32_t& n) {
+    float sv = float(s);
+    detail::unary(d, a, n, "Muls", [sv](float x) { return x * sv; });
+}
+template <typename T>
+inline void Exp(const LocalTensor<T>& d, const LocalTensor<T>& a, const int32_t& n) {
+    detail::unary(d, a, n, "Exp", [](float x) { return std::exp(x); });
+}
+template <typename T>
+inline void Ln(const LocalTensor<T>& d, const LocalTensor<T>& a, const int32_t& n) {
+    detail::unary(d, a, n, "Ln", [](float x) { return std::log(x); });
+}
+template <typename T, typename U>
+inline void Duplicate(const LocalTensor<T>& d, const U& s, const int32_t& n) {
+    detail::out(d, n, "Duplicate");
+    for (int32_t i = 0; i < n; i++) d.ptr()[i] = T(s);
+    detail::done(d, n);
+}
+// Axpy: dst[i] = src[i] * scalar + dst[i] (dst is read too); float/float and half/half used here.
+template <typename T, typename U>
+inline void Axpy(const LocalTensor<T>& d, const LocalTensor<U>& a, const U& s, const int32_t& n) {
+    detail::in(a, n, "Axpy");
+    detail::in(d, n, "Axpy");
+    detail::out(d, n, "Axpy");
+    float sv = float(s);
+    for (int32_t i = 0; i < n; i++) detail::st(d, i, detail::ld(a, i) * sv + detail::ld(d, i));
+    detail::done(d, n);
+}
+
+// Cast: the pairs the kernels use. CAST_NONE is exact where no precision is lost and CAST_RINT
+// (round half to even) where it is; float -> half/bfloat16 rounds per the mode (RINT only here).
+namespace detail {
+template <typename D, typename S>
+struct CastOk : std::false_type {};
+template <> struct CastOk<float, half> : std::true_type {};
+template <> struct CastOk<float, bfloat16_t> : std::true_type {};
+template <> struct CastOk<half, int8_t> : std::true_type {};
+template <> struct CastOk<half, float> : std::true_type {};
+template <> struct CastOk<bfloat16_t, float> : std::true_type {};
+}  // namespace detail
+template <typename D, typename S>
+inline void Cast(const LocalTensor<D>& d, const LocalTensor<S>& s, const RoundMode& mode, const uint32_t n) {
+    static_assert(detail::CastOk<D, S>::value, "twin: Cast pair not emulated");
+    if ((sizeof(D) < sizeof(S) || std::is_same<D, bfloat16_t>::value) && mode != RoundMode::CAST_RINT &&
+        mode != RoundMode::CAST_NONE)
+        sim::fail("bounds", "twin: only RINT/NONE rounding is emulated for narrowing casts");
+    detail::in(s, int32_t(n), "Cast");
+    detail::out(d, int32_t(n), "Cast");
+    std::vector<D> r(n);
+    for (uint32_t i = 0; i < n; i++) r[i] = D(float(s.ptr()[i]));
+    std::memcpy(d.ptr(), r.data(), n * sizeof(D));
+    detail::done(d, int32_t(n));
+}
+
+// ReduceSum (first `count` elements): the A2 "方式二" order: a binary tree inside each 256-byte
+// repeat, repeats summed in order. dst[0] = sum. dst: element-aligned; src, work: 32-byte aligned;
+// work needs at least one element per repeat, rounded up to a 32-byte block.
+template <typename T>
+inline void ReduceSum(const LocalTensor<T>& d, const LocalTensor<T>& s, const LocalTensor<T>& work, const int32_t count) {
+    const int32_t per = 256 / int32_t(sizeof(T)), blk = 32 / int32_t(sizeof(T));
+    const int32_t reps = (count + per - 1) / per;
+    detail::in(s, count, "ReduceSum");
+    detail::out(d, 1, "ReduceSum", sizeof(T));
+    detail::out(work, (reps + blk - 1) / blk * blk, "ReduceSum");
+    float acc = 0.f;
+    std::vector<float> lane(per);
+    for (int32_t r = 0; r < reps; r++) {
+        for (int32_t i = 0; i < per; i++) lane[i] = (r * per + i < count) ? detail::ld(s, r * per + i) : 0.f;
+        for (int32_t w = per; w > 1; w /= 2)
+            for (int32_t i = 0; i < w / 2; i++) lane[i] = float(T(lane[2 * i] + lane[2 * i + 1]));
+        acc = (r == 0) ? lane[0] : float(T(acc + lane[0]));
+    }
+    detail::st(d, 0, acc);
+    detail::done(d, 1);
+    detail::done(work, reps);
+}
+// ReduceMax (first `count` elements), calIndex = false: dst[0] = max. dst: 8-byte (float) /
+// 4-byte (half) aligned (value and index slots); work: two elements per repeat, 32-byte rounded.
+template <typename T>
+inline void ReduceMax(const LocalTensor<T>& d, const LocalTensor<T>& s, const LocalTensor<T>& work, const int32_t count,
+                      bool calIndex = false) {
+    const int32_t per = 256 / int32_t(sizeof(T)), blk = 32 / int32_t(sizeof(T));
+    const int32_t reps = (count + per - 1) / per;
+    detail::in(s, count, "ReduceMax");
+    detail::out(d, 2, "ReduceMax", 2 * sizeof(T));
+    detail::out(work, (2 * reps + blk - 1) / blk * blk, "ReduceMax");
+    if (calIndex) sim::fail("bounds", "twin: ReduceMax calIndex not emulated");
+    float m = detail::ld(s, 0);
+    for (int32_t i = 1; i < count; i++) m = std::fmax(m, detail::ld(s, i));
+    detail::st(d, 0, m);
+    detail::done(d, 1);
+    detail::done(work, 2 * reps);
+}
+
+}  // namespace AscendC
+
+// Global, as in CANN's kernel_common.h.
+inline AscendC::TPipe* GetTPipePtr() { return AscendC::current_pipe(); }
+
+#endif  // SPLITKV_SIM_KERNEL_OPERATOR_H

@@ -1,0 +1,36 @@
+"""Split-KV decode attention for Ascend NPUs: Ascend C kernels and their torch_npu binding.
+
+* :func:`decode_attention` and :class:`AscendDecodeWrapper` (``plan()`` on the host, ``run()`` on
+  the NPU, aclgraph-capturable): the Python API, the same call as ``cuda_ref``'s.
+* ``torch.ops.splitkv_ascend.decode_attention``: the operator (:mod:`ascend_ops.ops`); its NPU
+  kernel is the C++ extension in ``csrc/`` built by ``scripts/build_ascend.sh`` on a machine with
+  CANN and torch_npu.
+* :mod:`ascend_ops.tiling`: the kernels' tiling and plan buffers, from the shared plan.
+* Harness backends ``ascend`` and ``torch-npu`` (:mod:`ascend_ops.npu_backend`).
+
+``import ascend_ops`` needs neither torch, torch_npu, CANN nor an NPU; names are loaded on first
+use. Without an NPU, using the operator raises ``RuntimeError`` saying what is missing
+(:func:`runtime_unavailable` returns that sentence, or ``None`` when everything is in place).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_FROM_OPS = ("decode_attention", "AscendDecodeWrapper", "load_extension", "runtime_unavailable",
+             "npu_unavailable", "SCHEMA", "QUALNAME")
+_SUBMODULES = ("ops", "tiling", "npu_backend", "sim_backend", "build")
+
+__all__ = list(_FROM_OPS) + list(_SUBMODULES)
+
+
+def __getattr__(name: str):
+    if name in _FROM_OPS:
+        return getattr(importlib.import_module(".ops", __name__), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'ascend_ops' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,185 @@
+"""The ``ascend-sim`` parity backend: the Ascend C kernels run on the CPU twin.
+
+The twin is a TEST DOUBLE, not the NPU: the very kernel sources of ``ascend_ops/kernel/`` are
+compiled with g++ against our own emulation of the Ascend C API subset they use
+(``ascend_ops/sim/kernel_operator.h``), which follows the documented semantics and turns the
+documented constraints into errors (192 KiB UB, 32-byte alignment of buffers and copy lengths,
+queue depth and alloc/free discipline, no read of local memory before it is written). Each block
+index runs in turn. It does not model timing, pipeline synchronisation or the NPU's own Exp/Ln.
+
+The shared library is built on demand (a few seconds) into ``$SPLITKV_SIM_CACHE`` or
+``~/.cache/splitkv-sim``, keyed by a hash of the sources and flags.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from splitkv_common.inputs import DecodeInputs
+from splitkv_common.plan import Plan
+from splitkv_common.registry import Backend
+
+from . import tiling as tl
+
+HERE = Path(__file__).parent
+KERNEL_DIR = HERE / "kernel"
+SIM_DIR = HERE / "sim"
+CXX = os.environ.get("CXX", "g++")
+CXXFLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror"]
+PROFILE = "910b2"
+
+
+class SimViolation(RuntimeError):
+    """A kernel broke an Ascend C rule the twin enforces (message starts with the rule, e.g. ``[ub-capacity]``)."""
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("SPLITKV_SIM_CACHE") or Path.home() / ".cache" / "splitkv-sim")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def compiler_missing() -> str | None:
+    """None when the C++ compiler the twin needs is on PATH, else the reason."""
+    if shutil.which(CXX) is None:
+        return f"the CPU twin needs a C++17 compiler ({CXX}) on PATH; none found"
+    return None
+
+
+def build_library(sources: list[Path], defines: tuple[str, ...] = (), name: str = "twin") -> Path:
+    """Compile ``sources`` + the twin runtime against the emulation headers; cached by content hash."""
+    srcs = [Path(s) for s in sources] + [SIM_DIR / "sim_runtime.cpp"]
+    h = hashlib.sha256()
+    for p in sorted(set(srcs) | set(SIM_DIR.glob("*.h")) | set(KERNEL_DIR.glob("*.h"))):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    h.update(" ".join([CXX, *CXXFLAGS, *defines]).encode())
+    out = cache_dir() / f"lib{name}-{h.hexdigest()[:16]}.so"
+    if out.exists():
+        return out
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    cmd = [CXX, *CXXFLAGS, *[f"-D{d}" for d in defines], "-I", str(SIM_DIR), "-I", str(KERNEL_DIR),
+           *map(str, srcs), "-o", tmp]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode:
+        os.unlink(tmp)
+        raise RuntimeError(f"building the CPU twin failed:\n{' '.join(cmd)}\n{res.stderr[-4000:]}")
+    os.replace(tmp, out)
+    return out
+
+
+_LIB = None
+
+
+def twin_library() -> ctypes.CDLL:
+    """The kernels compiled against the emulation (built on first use)."""
+    global _LIB
+    if _LIB is None:
+        path = build_library(sorted(KERNEL_DIR.glob("*.cpp")), defines=("SPLITKV_SIM_KERNELS",), name="splitkv-twin")
+        lib = ctypes.CDLL(str(path))
+        P = ctypes.c_void_p
+        lib.sim_launch_split.argtypes = [ctypes.c_int] + [P] * 8 + [ctypes.c_char_p, ctypes.c_int,
+                                                                    ctypes.POINTER(ctypes.c_uint)]
+        lib.sim_launch_combine.argtypes = [ctypes.c_int] + [P] * 5 + [ctypes.c_char_p, ctypes.c_int,
+                                                                      ctypes.POINTER(ctypes.c_uint)]
+        _LIB = lib
+    return _LIB
+
+
+def _ptr(a: np.ndarray):
+    return ctypes.c_void_p(a.ctypes.data)
+
+
+def _check(rc: int, err, stage: str):
+    if rc:
+        raise SimViolation(f"{stage}: {err.value.decode(errors='replace')}")
+
+
+def to_native(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values of ``dtype`` -> the kernel's storage (float32, float16, or bfloat16 bits as uint16)."""
+    if dtype == "float32":
+        return np.ascontiguousarray(x, np.float32)
+    if dtype == "float16":
+        return np.ascontiguousarray(x, np.float16)
+    if dtype == "bfloat16":
+        return np.ascontiguousarray((np.ascontiguousarray(x, np.float32).view(np.uint32) >> 16).astype(np.uint16))
+    if dtype == "int8":
+        return np.ascontiguousarray(x, np.int8)
+    raise ValueError(f"dtype: {dtype!r}")
+
+
+def from_native(x: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "bfloat16":
+        return (x.astype(np.uint32) << 16).view(np.float32)
+    return x.astype(np.float32)
+
+
+WS_POISON = 0xFF  # NaN pattern: a read of a workspace byte the split stage did not write shows up
+
+
+def run_split(inputs: DecodeInputs, plan: Plan, til: tl.Tiling | None = None, guard_bytes: int = 0):
+    """The split stage alone: returns ``(workspace bytes incl. guard, ub_peak, tiling)``."""
+    til = til or tl.build_tiling(inputs, plan, PROFILE)
+    lib = twin_library()
+    q = to_native(inputs.q, inputs.dtype)
+    k = to_native(inputs.k_cache, inputs.kv_dtype)
+    v = to_native(inputs.v_cache, inputs.kv_dtype)
+    bt = np.ascontiguousarray(inputs.block_table, np.int32)
+    quant = til.kv_quant if til.kv_quant is not None else np.zeros(8, np.float32)
+    ws = np.full(til.workspace_bytes + guard_bytes + 32, WS_POISON, np.uint8)
+    tb = np.frombuffer(til.tiling_bytes, np.uint8).copy()
+    err = ctypes.create_string_buffer(2048)
+    peak = ctypes.c_uint(0)
+    rc = lib.sim_launch_split(til.block_dim, _ptr(q), _ptr(k), _ptr(v), _ptr(bt), _ptr(quant), _ptr(til.plan_words),
+                              _ptr(ws), _ptr(tb), err, len(err), ctypes.byref(peak))
+    _check(rc, err, "split stage")
+    return ws, int(peak.value), til
+
+
+def run_twin(inputs: DecodeInputs, plan: Plan, profile: str = PROFILE) -> tuple[np.ndarray, np.ndarray]:
+    """Split then combine on the twin: ``(out [T, Hq, D] float32 values of q's dtype, lse [T, Hq] float32)``."""
+    til = tl.build_tiling(inputs, plan, profile)
+    ws, _, _ = run_split(inputs, plan, til)
+    lib = twin_library()
+    T, Hq, D = inputs.q.shape
+    native = to_native(np.zeros(1, np.float32), inputs.dtype).dtype
+    out = np.empty((T, Hq, D), native)  # poisoned: NaN everywhere until the combine writes it
+    if native == np.uint16:
+        out[...] = 0x7FC0
+    else:
+        out[...] = np.nan
+    lse = np.full((T, Hq), np.nan, np.float32)
+    tb = np.frombuffer(til.tiling_bytes, np.uint8).copy()
+    err = ctypes.create_string_buffer(2048)
+    peak = ctypes.c_uint(0)
+    rc = lib.sim_launch_combine(til.block_dim, _ptr(ws), _ptr(til.plan_words), _ptr(out), _ptr(lse), _ptr(tb),
+                                err, len(err), ctypes.byref(peak))
+    _check(rc, err, "combine stage")
+    return from_native(out, inputs.dtype), lse
+
+
+def _unavailable() -> str | None:
+    return compiler_missing()
+
+
+def _unsupported(inputs: DecodeInputs) -> str | None:
+    why = tl.supported_head_dim(inputs.q.shape[2])
+    if why:
+        return why
+    if inputs.dtype not in ("float32", "float16", "bfloat16"):
+        return f"dtype {inputs.dtype}: not taken by the Ascend kernels"
+    return None
+
+
+sim_backend = Backend(
+    name="ascend-sim", run=run_twin, unavailable=_unavailable, unsupported=_unsupported, device=PROFILE,
+    description="Ascend C kernels on the CPU twin (g++ against our API emulation; a test double, not the NPU)")

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from splitkv_common.devices import get_profile
 from splitkv_common.plan import Plan, make_plan
 from splitkv_common.validation import check_decode_args, host, normalize_window
 
@@ -422,7 +423,9 @@ class AscendDecodeWrapper:
             p, seq_lens=self._seq_lens, num_q_heads=self.num_q_heads, head_dim=self.head_dim,
             page_size=self.page_size, max_pages=max_pages, num_pages=num_pages, dtype=_dtype_name(self.dtype),
             kv_dtype=_dtype_name(self.kv_dtype), scale=self.head_dim ** -0.5 if scale is None else scale,
-            soft_cap=soft_cap, window_left=window_left, profile=self.profile)
+            soft_cap=soft_cap, window_left=window_left, profile=self.profile,
+            # a captured launch keeps its block count: graph-stable plans use every core
+            block_dim=get_profile(self.profile).units if self.graph_stable else None)
         need = {
             "plan": (words.size, torch.int32), "tiling": (tl.TILING_BYTES, torch.uint8),
             "workspace": (max(int(t["workspaceBytes"]) // 4, 1), torch.float32),

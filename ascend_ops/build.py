@@ -1,0 +1,186 @@
+"""Build the operator's library, ``ascend_ops/_lib/libsplitkv_ascend.so`` (``scripts/build_ascend.sh``).
+
+On a machine with CANN and torch_npu::
+
+    python -m ascend_ops.build [--soc Ascend910B2] [--jobs N] [--build-dir build/ascend]
+
+configures ``ascend_ops/csrc/CMakeLists.txt`` with the torch and torch_npu directories and the
+torch C++ ABI, compiles the Ascend C kernels with CANN's ``ascendc_library()`` (bisheng) and the
+binding against torch and torch_npu, and copies the library where :func:`ascend_ops.load_extension`
+looks for it. Every missing piece is reported in a sentence, with exit status 2.
+
+Anywhere with a host C++ compiler and torch::
+
+    python -m ascend_ops.build --offline-check
+
+compiles ``binding.cpp`` against the real torch headers with stand-ins for the NPU-only headers
+(``csrc/offline/``), loads the result in a fresh interpreter after ``ascend_ops.ops`` defined the
+schema, and checks that the dispatcher accepted the C++ kernel for ``PrivateUse1``: a
+signature that disagrees with :data:`ascend_ops.ops.SCHEMA` fails here instead of on a node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parent
+CSRC = PKG / "csrc"
+KERNEL_DIR = PKG / "kernel"
+LIB_DIR = PKG / "_lib"
+LIB_FILE = "libsplitkv_ascend.so"
+DEFAULT_SOC = "Ascend910B2"
+
+
+class BuildError(RuntimeError):
+    """A missing prerequisite or a failed step, said in a sentence."""
+
+
+def cann_home() -> Path:
+    """The CANN toolkit directory (``ASCEND_HOME_PATH``), or ``BuildError`` saying how to get it."""
+    home = os.environ.get("ASCEND_HOME_PATH")
+    if not home:
+        raise BuildError("ASCEND_HOME_PATH is not set: install the CANN toolkit (8.1.RC1 or newer) and source "
+                         "its set_env.sh (CANN's default: /usr/local/Ascend/ascend-toolkit/set_env.sh)")
+    path = Path(home)
+    if not path.is_dir():
+        raise BuildError(f"ASCEND_HOME_PATH={home} is not a directory: source the set_env.sh of an installed CANN toolkit")
+    return path
+
+
+def package_dir(name: str, hint: str) -> Path:
+    """The directory of an installed package, found without importing it."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise BuildError(f"{name} is not installed: {hint}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def torch_abi() -> int:
+    import torch
+
+    return int(torch._C._GLIBCXX_USE_CXX11_ABI)
+
+
+def detect_soc(default: str = DEFAULT_SOC) -> str:
+    """``SPLITKV_ASCEND_SOC``, else the name torch_npu reports for NPU 0 (e.g. ``Ascend910B2``), else ``default``."""
+    env = os.environ.get("SPLITKV_ASCEND_SOC")
+    if env:
+        return env
+    try:
+        import torch_npu  # noqa: F401
+        import torch
+
+        name = torch.npu.get_device_name(0)
+        if name.startswith("Ascend"):
+            return name
+    except Exception:  # noqa: BLE001 - detection is best effort; the default is said in the log
+        pass
+    return default
+
+
+def node_build(soc: str | None = None, build_dir: Path | None = None, jobs: int | None = None,
+               log=print) -> Path:
+    """Configure, compile and install the library; return its path. ``BuildError`` says what is missing."""
+    home = cann_home()
+    if shutil.which("cmake") is None:
+        raise BuildError("cmake is not on PATH (3.16 or newer is needed)")
+    torch_dir = package_dir("torch", "pip install torch (the version torch_npu was built for)")
+    npu_dir = package_dir("torch_npu", "install the torch-npu wheel matching your torch and CANN (docs/npu.md)")
+    if not (npu_dir / "include").is_dir():
+        raise BuildError(f"torch_npu at {npu_dir} has no include/ directory: reinstall the torch-npu wheel")
+    if not list(KERNEL_DIR.glob("*.cpp")):
+        raise BuildError(f"no kernel sources in {KERNEL_DIR}")
+    soc = soc or detect_soc()
+    build_dir = Path(build_dir or Path.cwd() / "build" / "ascend")
+    build_dir.mkdir(parents=True, exist_ok=True)
+    configure = ["cmake", "-S", str(CSRC), "-B", str(build_dir), f"-DSOC_VERSION={soc}",
+                 f"-DASCEND_CANN_PACKAGE_PATH={home}", f"-DTORCH_PATH={torch_dir}", f"-DTORCH_NPU_PATH={npu_dir}",
+                 f"-DTORCH_CXX11_ABI={torch_abi()}", "-DCMAKE_BUILD_TYPE=Release"]
+    compile_ = ["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 4)]
+    for cmd in (configure, compile_):
+        log("+ " + " ".join(cmd))
+        if subprocess.run(cmd).returncode:
+            raise BuildError(f"'{' '.join(cmd[:3])}' failed (see the messages above)")
+    built = sorted(build_dir.rglob(LIB_FILE))
+    if not built:
+        raise BuildError(f"the build finished but produced no {LIB_FILE} under {build_dir}")
+    LIB_DIR.mkdir(exist_ok=True)
+    dest = LIB_DIR / LIB_FILE
+    shutil.copy2(built[0], dest)
+    log(f"built {dest} for {soc}")
+    return dest
+
+
+# --- offline check --------------------------------------------------------------------------
+
+_LOAD_CHECK = """
+import sys, torch
+import ascend_ops.ops as ops
+assert not ops.has_npu_kernel()
+torch.ops.load_library(sys.argv[1])
+assert ops.has_npu_kernel(), "the library registered no PrivateUse1 kernel"
+print("ok: the C++ kernel matches", ops.QUALNAME, "and is registered for PrivateUse1")
+"""
+
+
+def offline_library(out_dir: Path, cxx: str | None = None, log=print) -> Path:
+    """Compile ``binding.cpp`` + the offline stand-ins into a CPU-only library in ``out_dir``."""
+    import torch.utils.cpp_extension as ext
+
+    cxx = cxx or os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
+    if not cxx:
+        raise BuildError("no host C++ compiler (g++ or clang++) on PATH")
+    torch_lib = Path(ext.include_paths()[0]).parent / "lib"
+    out = Path(out_dir) / "libsplitkv_ascend_offline.so"
+    cmd = [cxx, "-std=c++17", "-shared", "-fPIC", "-O0", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
+           f"-D_GLIBCXX_USE_CXX11_ABI={torch_abi()}",
+           *[f"-isystem{p}" for p in ext.include_paths()], f"-I{CSRC / 'offline'}", f"-I{KERNEL_DIR}",
+           str(CSRC / "binding.cpp"), str(CSRC / "offline" / "stub_runtime.cpp"),
+           f"-L{torch_lib}", "-lc10", "-ltorch", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}", "-o", str(out)]
+    log("+ " + " ".join(cmd))
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise BuildError(f"binding.cpp does not compile against the torch headers:\n{r.stderr[-4000:]}")
+    return out
+
+
+def offline_check(out_dir: Path | None = None, log=print) -> str:
+    """Compile the binding offline and load it against the Python schema; return the loader's message."""
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = offline_library(Path(out_dir or tmp), log=log)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PKG.parent), os.environ.get("PYTHONPATH", "")]))
+        r = subprocess.run([sys.executable, "-c", _LOAD_CHECK, str(lib)], capture_output=True, text=True, env=env)
+        if r.returncode:
+            raise BuildError("loading the binding against ascend_ops.ops.SCHEMA failed:\n"
+                             + (r.stderr or r.stdout)[-4000:])
+        return r.stdout.strip()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ascend_ops.build", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--soc", help=f"SoC for the kernels (default: detected, else {DEFAULT_SOC})")
+    ap.add_argument("--build-dir", type=Path, help="cmake build directory (default: ./build/ascend)")
+    ap.add_argument("--jobs", type=int, help="parallel compile jobs")
+    ap.add_argument("--offline-check", action="store_true",
+                    help="no CANN needed: compile binding.cpp with stand-in NPU headers and check it against the schema")
+    args = ap.parse_args(argv)
+    try:
+        if args.offline_check:
+            print(offline_check())
+        else:
+            node_build(args.soc, args.build_dir, args.jobs)
+    except BuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Type-check every Ascend C kernel source against the real CANN headers in CPU-debug mode.
 #
-#   ASCEND_HOME_PATH=<toolkit root, e.g. .../ascend-toolkit/8.1.RC1> scripts/check_ascendc.sh
+#   ASCEND_HOME_PATH=<toolkit root, e.g. .../ascend-toolkit/8.1.RC1> scripts/check_ascendc.sh [file.cpp ...]
 #
-# Compiles ascend_ops/kernel/*.cpp with `g++ -std=c++17 -fsyntax-only` (or $CXX) and the flags
+# Compiles ascend_ops/kernel/*.cpp (or the files given) with `g++ -std=c++17 -fsyntax-only` (or $CXX) and the flags
 # CANN's own CPU-debug build passes for 910B (dav-c220). Passes only when there are no errors and
 # no warnings from our files (warnings inside the CANN headers are ignored: they are -isystem).
 # Exit codes: 0 clean; 1 errors or warnings; 2 ASCEND_HOME_PATH unset or without the headers.
@@ -37,11 +37,13 @@ flags=(-std=c++17 -fsyntax-only -Wall -Wextra
        -I "$kdir")
 
 status=0
-for src in "$kdir"/*.cpp; do
+if [ $# -gt 0 ]; then srcs=("$@"); else srcs=("$kdir"/*.cpp); fi
+for src in "${srcs[@]}"; do
+    sdir="$(cd "$(dirname "$src")" && pwd)"
     out="$("$CXX" "${flags[@]}" "$src" 2>&1)"
     rc=$?
     # diagnostics that point into our kernel folder (errors or warnings)
-    ours="$(printf '%s\n' "$out" | grep -E "^$kdir/[^:]+:[0-9]+:[0-9]+: (error|warning)" || true)"
+    ours="$(printf '%s\n' "$out" | grep -E "^($kdir|$sdir)/[^:]+:[0-9]+:[0-9]+: (error|warning)" || true)"
     if [ $rc -ne 0 ] || [ -n "$ours" ]; then
         echo "FAIL $(basename "$src")"
         printf '%s\n' "$out" | head -60

@@ -108,10 +108,11 @@ private:
         int32_t b, h, split, start, end, row0, qLen, seqLen;
     };
 
-    // k scale, k offset, v scale, v offset rows of KV head h -> quant_ rows 0..3 (float, KR_ stride).
+    // k scale, k offset, v scale, v offset rows of KV head h -> quant_ rows 0..3 (float, KR_ stride;
+    // only the first D_ of each row are ever read).
     __aicore__ inline void LoadQuant(int32_t h) {
         LocalTensor<float> qt = quant_.Get<float>();
-        const uint8_t pad = static_cast<uint8_t>(KR_ - D_);
+        const uint8_t pad = static_cast<uint8_t>(RE_ - D_);
         for (int32_t s = 0; s < 4; s++) {
             DataCopyExtParams cp(1, uint32_t(D_) * sizeof(float), 0, 0, 0);
             DataCopyPadExtParams<float> pp(true, 0, pad, 0.0f);

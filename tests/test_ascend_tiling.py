@@ -1,0 +1,158 @@
+"""Host tiling of the Ascend C kernels (ascend_ops.tiling): plan words, coverage, UB budgets,
+workspace size, and agreement with what the kernels do on the CPU twin."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ascend_ops import tiling as tl
+from splitkv_common.cases import random_inputs
+from splitkv_common.plan import make_plan
+
+HEAD_DIMS = (64, 80, 96, 128, 256)
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def test_header_fields_are_the_struct():
+    assert tl.TILING_BYTES == 4 * len(tl.FIELDS) == 35 * 4
+    assert tl.FIELD_NAMES[0] == "version" and "workspaceBytes" in tl.FIELD_NAMES
+    t = {n: (1.5 if k == "f" else i) for i, (n, k) in enumerate(tl.FIELDS)}
+    assert tl.unpack_tiling(tl.pack_tiling(t)) == t
+
+
+def _decode_items(words: np.ndarray, t: dict) -> np.ndarray:
+    return words[t["itemsOffset"]:t["itemsOffset"] + 5 * t["numItems"]].reshape(-1, 5)
+
+
+def _buffers(seq, *, page, hkv=2, hq=4, d=64, q_lens=None, policy="auto", window=None, graph_stable=False):
+    plan = make_plan(seq, num_kv_heads=hkv, page_size=page, q_lens=q_lens, policy=policy, device="910b2",
+                     num_q_heads=hq, head_dim=d, window_left=window, graph_stable=graph_stable,
+                     min_split_tokens=page)
+    max_pages = max(1, max(-(-s // page) for s in seq))
+    t, _, words = tl.build_buffers(plan, seq_lens=np.asarray(seq, np.int32), num_q_heads=hq, head_dim=d,
+                                   page_size=page, max_pages=max_pages, num_pages=max_pages * len(seq),
+                                   dtype="float16", kv_dtype="float16", scale=0.125, window_left=window)
+    return plan, t, words
+
+
+@settings(max_examples=60, deadline=None)
+@given(seq=st.lists(st.integers(0, 300), min_size=1, max_size=5), page=st.sampled_from([1, 3, 8, 16, 64]),
+       policy=st.sampled_from(["auto", "none", "count:3", "count:7", "size"]),
+       window=st.one_of(st.none(), st.integers(0, 40)), qmax=st.integers(1, 4), gs=st.booleans())
+def test_every_kv_token_covered_exactly_once(seq, page, policy, window, qmax, gs):
+    """Decoded from the words the kernel reads: per (request, KV head) the item ranges tile the
+    visible span (from the page holding its first visible position) with no gap or overlap, and so
+    do the kernel's UB tiles inside each item."""
+    q_lens = [min(qmax, max(1, s)) for s in seq]
+    pol = f"size:{page * 4}" if policy == "size" else policy
+    plan, t, words = _buffers(seq, page=page, q_lens=q_lens, policy=pol, window=window, graph_stable=gs)
+    items = _decode_items(words, t)
+    qsl = words[t["qslOffset"]:t["qslOffset"] + t["batch"] + 1]
+    sl = words[t["seqLensOffset"]:t["seqLensOffset"] + t["batch"]]
+    assert list(sl) == seq and list(np.diff(qsl)) == q_lens
+    for b, s in enumerate(seq):
+        lo = 0 if window is None else max(0, s - q_lens[b] - window)
+        want = np.zeros(s, np.int64)
+        want[(lo // page) * page:] = 1
+        for h in range(2):
+            mine = items[(items[:, 0] == b) & (items[:, 1] == h)]
+            assert len(mine) >= 1  # an empty request still gets its (empty) item
+            cover = np.zeros(s, np.int64)
+            tile_cover = np.zeros(s, np.int64)
+            for _, _, j, a, e in mine:
+                cover[a:e] += 1
+                for p0 in range(a, e, t["tileTokens"]):  # the kernel's tile walk
+                    tile_cover[p0:min(e, p0 + t["tileTokens"])] += 1
+            np.testing.assert_array_equal(cover, want)
+            np.testing.assert_array_equal(tile_cover, want)
+            # partial slots of the request's rows stay inside the workspace
+            for r in range(qsl[b], qsl[b + 1]):
+                slot0 = words[t["rowSlotOffset"] + r]
+                assert slot0 + mine[:, 2].max() < t["numSlots"]
+    pad = items[items[:, 0] < 0]
+    assert (pad[:, 3] == pad[:, 4]).all()
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS + (8, 16, 24, 40, 112, 160, 192))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("rows", [1, 8, 64, 512])
+def test_no_tile_over_the_ub_budget(d, dtype, int8, rows):
+    kv = "int8" if int8 else dtype
+    for cap in (False, True):
+        tt, rc = tl.choose_tiles(d, dtype, kv, rows, cap)
+        assert 1 <= rc <= rows and tt in tl.TILE_CANDIDATES
+        assert sum(tl.split_ub_bytes(d, dtype, kv, tt, rc, cap).values()) <= tl.UB_BYTES
+        if rows <= 8:  # small GQA groups are held whole with tiles of at least 32 tokens
+            assert rc == rows and tt >= 32
+    for splits in (1, 8, 32, 64):
+        assert sum(tl.combine_ub_bytes(d, dtype, 64, splits).values()) <= tl.UB_BYTES
+    assert all(v % 32 == 0 for v in tl.split_ub_bytes(d, dtype, kv, 32, 3, True).values())
+
+
+def test_ub_rule_violations_raise_naming_the_rule():
+    with pytest.raises(ValueError, match="UB budget.*192 KiB|UB budget.*Unified Buffer"):
+        tl.choose_tiles(256, "float16", "int8", 4, True, ub_bytes=16 * 1024)
+    plan = make_plan([5000], num_kv_heads=1, page_size=1, policy="count:2000", device="910b2", max_splits=2000)
+    with pytest.raises(ValueError, match="UB budget: the combine kernel"):
+        tl.build_buffers(plan, seq_lens=[5000], num_q_heads=1, head_dim=256, page_size=1, max_pages=5000,
+                         num_pages=5000, dtype="float32", kv_dtype="float32", scale=1.0)
+    with pytest.raises(ValueError, match="head dim 100"):
+        tl.build_buffers(plan, seq_lens=[5000], num_q_heads=1, head_dim=100, page_size=1, max_pages=5000,
+                         num_pages=5000, dtype="float32", kv_dtype="float32", scale=1.0)
+    with pytest.raises(ValueError, match="kv_dtype"):
+        tl.build_buffers(plan, seq_lens=[5000], num_q_heads=1, head_dim=64, page_size=1, max_pages=5000,
+                         num_pages=5000, dtype="float16", kv_dtype="bfloat16", scale=1.0)
+
+
+def test_workspace_layout():
+    lse_off, total = tl.workspace_bytes(num_slots=7, num_q_heads=4, head_dim=80)
+    assert lse_off == 7 * 4 * 80 * 4 and total == lse_off + 7 * 4 * 8 * 4
+    assert lse_off % 32 == 0
+
+
+# ---- agreement with the kernels on the CPU twin -------------------------------------------------
+sim = pytest.importorskip("ascend_ops.sim_backend")
+needs_twin = pytest.mark.skipif(sim.compiler_missing() is not None, reason=str(sim.compiler_missing()))
+
+
+@needs_twin
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("dtype,kv", [("float32", None), ("float16", None), ("bfloat16", None),
+                                      ("float16", "channel"), ("bfloat16", "head")])
+def test_twin_ub_use_equals_host_budget(d, dtype, kv):
+    """The kernel's own InitBuffer calls (measured by the twin) add up to the host's split budget."""
+    inp = random_inputs(d + 1, [40, 7], num_q_heads=8, num_kv_heads=2, head_dim=d, dtype=dtype, kv_quant=kv,
+                        soft_cap=30.0 if d == 96 else None, q_lens=[2, 1])
+    plan = inp.plan("size:16", device="910b2")
+    ws, peak, til = sim.run_split(inp, plan)
+    assert peak == til.fields["splitUbBytes"] <= tl.UB_BYTES
+
+
+@needs_twin
+@pytest.mark.parametrize("graph_stable", [False, True])
+def test_workspace_size_matches_what_the_kernel_writes(graph_stable):
+    """Every workspace byte of a used slot is written, none past workspaceBytes (guard intact)."""
+    inp = random_inputs(3, [37, 0, 100, 5], num_q_heads=6, num_kv_heads=2, head_dim=80, dtype="float16",
+                        q_lens=[1, 1, 3, 2], page_size=8)
+    plan = inp.plan("size:16", device="910b2", graph_stable=graph_stable, max_splits=8)
+    guard = 4096
+    ws, _, til = sim.run_split(inp, plan, guard_bytes=guard)
+    total = til.workspace_bytes
+    assert total == tl.workspace_bytes(plan.num_slots, 6, 80)[1]
+    assert (ws[total:] == sim.WS_POISON).all(), "the split stage wrote past workspaceBytes"
+    words = ws[:total].view(np.uint32)
+    written = words != 0xFFFFFFFF
+    T, Hq, D = inp.q.shape
+    o = written[: plan.num_slots * Hq * D].reshape(plan.num_slots, Hq, D)
+    lse = written[plan.num_slots * Hq * D:].reshape(plan.num_slots, Hq, 8)
+    used = np.zeros(plan.num_slots, bool)
+    for t in range(T):
+        used[plan.row_slot_start[t]:plan.row_slot_start[t] + plan.row_num_splits[t]] = True
+    assert o[used].all() and lse[used].all()
+    assert not o[~used].any() and not lse[~used].any()
+    if not graph_stable:
+        assert used.all()

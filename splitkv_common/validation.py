@@ -7,6 +7,7 @@ Every error names the argument and the rule it broke. Works on NumPy arrays and 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -153,9 +154,9 @@ def check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_lo
             raise ValueError(f"block_table: entry [{b}, {j}] = {int(bt[b, j])} is out of range [0, {P}) "
                              f"(num_pages of k_cache)")
 
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+    if scale is not None and not (isinstance(scale, numbers.Real) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale: must be a finite positive number, got {scale!r}")
-    if soft_cap is not None and not (isinstance(soft_cap, (int, float)) and math.isfinite(soft_cap) and soft_cap > 0):
+    if soft_cap is not None and not (isinstance(soft_cap, numbers.Real) and math.isfinite(soft_cap) and soft_cap > 0):
         raise ValueError(f"soft_cap: must be None or a finite positive number, got {soft_cap!r}")
     if window_left is not None and not (isinstance(window_left, (int, np.integer)) and window_left >= -1):
         raise ValueError(f"window_left: must be None, -1 (no window) or a non-negative int, got {window_left!r}")

@@ -149,6 +149,16 @@ def runtime_unavailable() -> str | None:
     return npu_unavailable() or extension_unavailable()
 
 
+def resolve_device(device=None) -> torch.device:
+    """``device`` (default: the NPU) as a ``torch.device``; ``RuntimeError`` saying what is missing
+    when it names the NPU and torch does not know it (torch_npu not imported)."""
+    try:
+        return torch.device(device if device is not None else npu_device())
+    except RuntimeError:
+        why = npu_unavailable() or "torch does not know the device"
+        raise RuntimeError(f"{QUALNAME}: cannot use device {str(device or 'npu')!r}: {why}") from None
+
+
 def require_npu_kernel(device: torch.device) -> None:
     """Raise a clear ``RuntimeError`` unless the op can run on ``device``."""
     if device.type == "cpu":
@@ -360,7 +370,7 @@ class AscendDecodeWrapper:
         why = unsupported_reason(self.head_dim, _dtype_name(self.dtype), _dtype_name(self.kv_dtype))
         if why:
             raise ValueError(f"{QUALNAME}: {why}")
-        self.device = torch.device(device if device is not None else npu_device())
+        self.device = resolve_device(device)
         require_npu_kernel(self.device)
         self.profile, self.policy = profile, policy
         self.graph_stable, self.max_splits, self.max_work_items = graph_stable, max_splits, max_work_items

@@ -1,0 +1,225 @@
+"""The Python API of the Ascend operator on a machine without an NPU.
+
+What runs here: the plan/run wrapper on the CPU, where the operator's CPU kernel (its executable
+specification) reads the very ``plan``/``tiling`` buffers the Ascend C kernels would read; the
+errors a user gets without torch_npu, an NPU or the built extension; the harness backends'
+availability. What does not: the C++ NPU kernel and the Ascend C kernels (docs/npu.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from splitkv_common.accuracy import check  # noqa: E402
+from splitkv_common.backends import from_torch, to_torch  # noqa: E402
+from splitkv_common.cases import catalog, get_case  # noqa: E402
+from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
+
+import ascend_ops  # noqa: E402
+from ascend_ops import ops, tiling  # noqa: E402
+from ascend_ops.ops import AscendDecodeWrapper  # noqa: E402
+
+NO_TORCH_NPU = importlib.util.find_spec("torch_npu") is None
+SMALL = [c for c in catalog(("small",))]
+
+
+def cpu_wrapper(inputs, t, **kw) -> AscendDecodeWrapper:
+    return AscendDecodeWrapper(inputs.q.shape[1], inputs.k_cache.shape[2], inputs.q.shape[2],
+                               inputs.k_cache.shape[1], dtype=t["q"].dtype, kv_dtype=t["k_cache"].dtype,
+                               device="cpu", **kw)
+
+
+def run_case(case, **wrapper_kw):
+    inputs = case.build()
+    plan = inputs.plan(case.policy, device="910b2", **case.plan_kwargs)
+    t = to_torch(inputs, "cpu")
+    w = cpu_wrapper(inputs, t, **wrapper_kw)
+    w.set_plan(plan, scale=inputs.scale, soft_cap=inputs.soft_cap, window_left=inputs.window_left)
+    out, lse = w.run(t["q"], t["k_cache"], t["v_cache"], t["block_table"], t["seq_lens"], t["query_start_loc"],
+                     k_scale=t["k_scale"], v_scale=t["v_scale"], k_offset=t["k_offset"], v_offset=t["v_offset"],
+                     validate=True)
+    return inputs, plan, w, out, lse
+
+
+# --- import and "what is missing" ------------------------------------------------------------
+
+def test_import_needs_neither_torch_nor_npu():
+    code = "import sys, ascend_ops; assert 'torch' not in sys.modules; assert callable(ascend_ops.__getattr__)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_tiling_module_reachable_from_the_package():
+    assert ascend_ops.tiling is tiling
+    assert ascend_ops.SCHEMA == ops.SCHEMA
+
+
+@pytest.mark.skipif(not NO_TORCH_NPU, reason="torch_npu is installed here")
+def test_runtime_says_torch_npu_is_missing():
+    why = ascend_ops.runtime_unavailable()
+    assert why and "torch_npu is not installed" in why
+    assert ops.npu_unavailable() == why
+    with pytest.raises(RuntimeError, match="torch_npu is not installed"):
+        ops.load_extension()
+
+
+@pytest.mark.skipif(not NO_TORCH_NPU, reason="torch_npu is installed here")
+def test_wrapper_on_the_npu_says_what_is_missing():
+    with pytest.raises(RuntimeError, match="torch_npu is not installed"):
+        AscendDecodeWrapper(4, 2, 64, 16, dtype=torch.float16)
+
+
+@pytest.mark.skipif(not NO_TORCH_NPU, reason="torch_npu is installed here")
+def test_decode_attention_validates_then_says_what_is_missing():
+    inputs = get_case("basic/vector-v-float16").build()
+    t = to_torch(inputs, "cpu")
+    args = (t["q"], t["k_cache"], t["v_cache"], t["block_table"], t["seq_lens"], t["query_start_loc"])
+    with pytest.raises(RuntimeError, match="q is a CPU tensor.*torch_npu is not installed"):
+        ascend_ops.decode_attention(*args)
+    # invalid arguments get the shared messages first
+    bad_bt = t["block_table"].clone()
+    bad_bt[0, 0] = 10_000
+    with pytest.raises(ValueError, match=r"block_table: entry \[0, 0\] = 10000 is out of range"):
+        ascend_ops.decode_attention(*args[:3], bad_bt, *args[4:])
+    with pytest.raises(ValueError, match="head dim 12 is not supported"):
+        ascend_ops.decode_attention(t["q"][..., :12].contiguous(), t["k_cache"][..., :12].contiguous(),
+                                    t["v_cache"][..., :12].contiguous(), *args[3:])
+    with pytest.raises(TypeError, match="k_cache: dtype must equal q's"):
+        ascend_ops.decode_attention(t["q"], t["k_cache"].float(), t["v_cache"].float(), *args[3:])
+
+
+def test_harness_backends_report_why_they_cannot_run():
+    from ascend_ops.npu_backend import ascend_backend, profile, torch_npu_backend
+
+    assert ascend_backend.name == "ascend" and torch_npu_backend.name == "torch-npu"
+    assert ascend_backend.device == torch_npu_backend.device == profile() == "910b2"
+    if NO_TORCH_NPU:
+        assert "torch_npu is not installed" in ascend_backend.unavailable()
+        assert "torch_npu is not installed" in torch_npu_backend.unavailable()
+    inputs = get_case("head-dim/80").build()
+    assert ascend_backend.unsupported(inputs) is None
+    inputs.q = inputs.q[..., :12]
+    assert "head dim 12" in ascend_backend.unsupported(inputs)
+
+
+def test_entry_points_name_the_backends():
+    text = open(__file__.rsplit("/tests/", 1)[0] + "/pyproject.toml").read()
+    assert 'ascend = "ascend_ops.npu_backend:ascend_backend"' in text
+    assert 'torch-npu = "ascend_ops.npu_backend:torch_npu_backend"' in text
+
+
+# --- the wrapper on the CPU: the same buffers the kernels read ----------------------------------
+
+@pytest.mark.parametrize("case", SMALL, ids=[c.name for c in SMALL])
+def test_wrapper_matches_the_reference(case):
+    inputs, plan, w, out, lse = run_case(case)
+    ref_out, ref_lse = dense_attention(inputs)
+    o, l = from_torch(out, lse)
+    acc = check(o, l, ref_out, ref_lse, plain_attention(inputs), inputs.dtype)
+    assert acc.passed, acc.reason
+    assert out.dtype == w.dtype and lse.dtype == torch.float32
+
+
+def test_plan_words_round_trip():
+    case = get_case("multi-query/gqa-bf16")
+    inputs, plan, w, _, _ = run_case(case)
+    t = tiling.unpack_tiling(w._buffers["tiling"].numpy().tobytes())
+    assert t == w.tiling
+    back, seq_lens, qsl = ops.plan_from_words(w._buffers["plan"].numpy(), t)
+    for name in ("item_request", "item_kv_head", "item_split", "item_kv_start", "item_kv_end",
+                 "row_slot_start", "row_num_splits", "query_start_loc", "num_splits"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(plan, name), err_msg=name)
+    assert back.num_valid_items == plan.num_valid_items and back.num_slots == plan.num_slots
+    np.testing.assert_array_equal(seq_lens, inputs.seq_lens)
+    np.testing.assert_array_equal(qsl, inputs.query_start_loc)
+
+
+def test_workspace_holds_the_partials_in_the_kernel_layout():
+    from splitkv_common.reference import split_attention
+
+    case = get_case("policy/count-3")
+    inputs, plan, w, _, _ = run_case(case)
+    t = w.tiling
+    ws = w._buffers["workspace"]
+    assert ws.numel() * 4 == t["workspaceBytes"] == w.workspace_bytes()
+    S, Hq, D = plan.num_slots, inputs.q.shape[1], inputs.q.shape[2]
+    po = ws[: S * Hq * D].reshape(S, Hq, D)
+    pl = ws[t["lseOffsetBytes"] // 4:].reshape(S, Hq, tiling.LSE_REPEAT)
+    assert torch.equal(pl, pl[..., :1].expand_as(pl)), "each lse fills one 32-byte block"
+    # merging the workspace partials row by row gives the output
+    from splitkv_common.merge import merge_states
+
+    for row in range(plan.num_rows):
+        s0, n = plan.row_slot_start[row], plan.row_num_splits[row]
+        o, l = merge_states(po[s0:s0 + n].numpy(), pl[s0:s0 + n, :, 0].numpy())
+        ref_o, ref_l = split_attention(inputs, plan)
+        np.testing.assert_allclose(o, ref_o[row], atol=1e-5)
+        np.testing.assert_allclose(l, ref_l[row], atol=1e-5)
+
+
+def test_graph_stable_plans_keep_buffers_in_place():
+    case = get_case("basic/unaligned-lengths")
+    inputs = case.build()
+    t = to_torch(inputs, "cpu")
+    w = cpu_wrapper(inputs, t, graph_stable=True, max_splits=8, policy="size:32")
+    lens = inputs.seq_lens.copy()
+    w.plan(lens, query_start_loc=inputs.query_start_loc, scale=inputs.scale,
+           max_pages=t["block_table"].shape[1], num_pages=t["k_cache"].shape[0])
+    ptrs = {k: v.data_ptr() for k, v in w._buffers.items()}
+    block_dim = w.tiling["blockDim"]
+    assert block_dim == 48, "a graph-stable plan launches on every vector core of the profile"
+    for shrink in (0, 5, 17):
+        new = np.maximum(lens - shrink, 0).astype(np.int32)
+        w.plan(new, query_start_loc=inputs.query_start_loc, scale=inputs.scale)
+        assert {k: v.data_ptr() for k, v in w._buffers.items()} == ptrs
+        assert w.tiling["blockDim"] == block_dim and not w._stale
+        inputs.seq_lens = new
+        out, lse = w.run(t["q"], t["k_cache"], t["v_cache"], t["block_table"])
+        ref_out, ref_lse = dense_attention(inputs)
+        o, l = from_torch(out, lse)
+        assert check(o, l, ref_out, ref_lse, plain_attention(inputs), inputs.dtype).passed
+
+
+def test_run_checks_metadata_and_the_plan():
+    case = get_case("basic/vector-v-float16")
+    inputs = case.build()
+    t = to_torch(inputs, "cpu")
+    w = cpu_wrapper(inputs, t)
+    args = (t["q"], t["k_cache"], t["v_cache"], t["block_table"])
+    with pytest.raises(RuntimeError, match="call plan"):
+        w.run(*args)
+    w.plan(inputs.seq_lens)
+    with pytest.raises(TypeError, match="q: dtype must be torch.float16"):
+        w.run(t["q"].float(), *args[1:])
+    with pytest.raises(TypeError, match="block_table: dtype must be int32"):
+        w.run(*args[:3], t["block_table"].long())
+    with pytest.raises(ValueError, match="plan: made for 3 query rows"):
+        w.run(t["q"][:2], *args[1:])
+    with pytest.raises(ValueError, match="must be contiguous"):
+        w.run(t["q"].transpose(0, 1).contiguous().transpose(0, 1), *args[1:])
+    with pytest.raises(ValueError, match="plan: made for other seq_lens"):
+        w.run(*args, seq_lens=(t["seq_lens"] - 1).clamp(min=0), validate=True)
+    with pytest.raises(ValueError, match="AscendDecodeWrapper|head dim 12"):
+        AscendDecodeWrapper(4, 2, 12, 16, device="cpu")
+
+
+def test_run_rebuilds_the_tiling_only_when_constants_change():
+    case = get_case("scores/soft-cap")
+    inputs = case.build()
+    t = to_torch(inputs, "cpu")
+    w = cpu_wrapper(inputs, t)
+    w.plan(inputs.seq_lens, scale=inputs.scale, soft_cap=inputs.soft_cap,
+           max_pages=t["block_table"].shape[1], num_pages=t["k_cache"].shape[0])
+    first = w.tiling
+    out1, _ = w.run(t["q"], t["k_cache"], t["v_cache"], t["block_table"])
+    assert w.tiling is first, "planned constants and pages: run() does no host work"
+    out1 = out1.clone()
+    out2, _ = w.run(t["q"], t["k_cache"], t["v_cache"], t["block_table"], soft_cap=2 * inputs.soft_cap)
+    assert w.tiling is not first and w.tiling["softCap"] == pytest.approx(2 * inputs.soft_cap)
+    assert not torch.equal(out1, out2)

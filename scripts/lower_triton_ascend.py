@@ -1,0 +1,347 @@
+#!/usr/bin/env python3
+"""Lower every Triton kernel variant of ``cuda_ref`` for Ascend 910B, offline, and check it fits.
+
+Runs inside the triton-ascend venv (``scripts/setup_triton_ascend_venv.sh``); no NPU and no CANN
+are needed. For each variant it calls ``triton.compile`` with the target ``npu / Ascend910B3``,
+which runs Triton's front end (TTIR), triton-ascend's adapter (TTIR -> linalg) and
+``bishengir-compile`` (linalg -> HIVM, including Unified Buffer planning). That last tool then
+hands the result to ``hivmc``, which only a CANN toolkit has, so *every* run ends in an error
+here. The verdict is therefore read from the compiler's messages, not its exit code:
+
+* ``ok``: the pipeline reached the CANN-only ``hivmc`` step (memory planning passed);
+* ``ub-overflow``: ``ub overflow, requires N bits while M bits available`` (the tile does not fit
+  the 192 KiB Unified Buffer of a vector core);
+* ``error``: any other compiler error (unsupported construct, verifier failure, ...).
+
+The script exits 1 if any variant is not ``ok``, and writes a JSON report (``--report``).
+``--self-test`` first lowers a stand-in kernel twice: once with a tile that must overflow the
+Unified Buffer and once with one that must fit, so the checker is shown to tell the two apart.
+
+Usage::
+
+    .venv-triton-ascend/bin/python scripts/lower_triton_ascend.py --self-test
+    .venv-triton-ascend/bin/python scripts/lower_triton_ascend.py [--quick] [--jobs 2] [--report FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TARGET_ARCH = os.environ.get("SPLITKV_ASCEND_ARCH", "Ascend910B3")
+
+UB_RE = re.compile(r"ub overflow, requires (\d+) bits while (\d+) bits available")
+UB_SIZE_RE = re.compile(r"UB\s+size\s*=\s*(\d+)\s*bits")
+HIVMC_RE = re.compile(r"hivmc", re.IGNORECASE)
+
+
+# ---------------------------------------------------------------------------------------------
+# Variants: what the planner / wrapper of cuda_ref can select
+# ---------------------------------------------------------------------------------------------
+
+# Head dims, dtypes, GQA group sizes, page sizes and tile sizes the NPU path may select. The tile
+# sizes are the ones ``ascend_ops.triton_npu`` picks (see TILES there); the lowering check is what
+# decides which of them stay in that table.
+HEAD_DIMS = (64, 128, 256)
+Q_DTYPES = ("fp16", "bf16", "fp32")
+GROUPS = (1, 4, 8)
+PAGE_SIZES = (128,)        # vLLM Ascend's only kernel block size; the kernel gathers per token
+BLOCK_MS = (16, 32, 64)    # packed (query row x GQA head) rows per program
+BLOCK_NS = (32, 64, 128)   # KV tokens per inner tile
+
+
+@dataclass
+class Variant:
+    kernel: str
+    constexprs: dict
+    q_dtype: str
+    kv_dtype: str
+
+    @property
+    def name(self) -> str:
+        c = self.constexprs
+        if self.kernel == "split_kv_kernel":
+            return (f"split_kv D{c['HEAD_DIM']} {self.q_dtype}/{self.kv_dtype} G{c['GROUP']} "
+                    f"M{c['BLOCK_M']} N{c['BLOCK_N']}" + (" cap" if c["SOFT_CAP"] else "")
+                    + (" win" if c["HAS_WINDOW"] else ""))
+        if self.kernel == "merge_kernel":
+            return f"merge D{c['HEAD_DIM']} {self.q_dtype} H{c['BLOCK_H']}"
+        return f"{self.kernel} {c}"
+
+
+@dataclass
+class Result:
+    name: str
+    kernel: str
+    verdict: str                 # ok | ub-overflow | error
+    constexprs: dict = field(default_factory=dict)
+    ub_required_bits: int | None = None
+    ub_available_bits: int | None = None
+    ub_used_bits: int | None = None
+    message: str = ""
+    seconds: float = 0.0
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << (int(x) - 1).bit_length()
+
+
+def split_kv_variants(quick: bool = False) -> list[Variant]:
+    out = []
+    dims = (128,) if quick else HEAD_DIMS
+    for d, qd, kvq, g, bm, bn in itertools.product(dims, Q_DTYPES, (False, True), GROUPS, BLOCK_MS, BLOCK_NS):
+        if quick and (g != 4 or qd == "fp32"):
+            continue
+        if kvq and qd == "fp32":
+            continue  # int8 KV is served with 16-bit queries only
+        c = dict(GROUP=g, PAGE=PAGE_SIZES[0], HEAD_DIM=d, BLOCK_D=_next_pow2(d), BLOCK_M=bm, BLOCK_N=bn,
+                 KV_INT8=kvq, HAS_OFFSET=kvq, SOFT_CAP=False, HAS_WINDOW=False,
+                 DOT_IEEE=(qd == "fp32"), UPCAST=(qd == "fp32"), FUSE_MERGE=False)
+        out.append(Variant("split_kv_kernel", c, qd, "int8" if kvq else qd))
+    # the optional features add a few live tiles; check them at the largest tiles of each dim
+    for d in dims:
+        for cap, win in ((True, False), (False, True), (True, True)):
+            c = dict(GROUP=8, PAGE=PAGE_SIZES[0], HEAD_DIM=d, BLOCK_D=_next_pow2(d), BLOCK_M=max(BLOCK_MS),
+                     BLOCK_N=max(BLOCK_NS), KV_INT8=False, HAS_OFFSET=False, SOFT_CAP=cap, HAS_WINDOW=win,
+                     DOT_IEEE=False, UPCAST=False, FUSE_MERGE=False)
+            out.append(Variant("split_kv_kernel", c, "bf16", "bf16"))
+    return out
+
+
+def merge_variants(quick: bool = False) -> list[Variant]:
+    out = []
+    for d, qd, bh in itertools.product((128,) if quick else HEAD_DIMS, Q_DTYPES, (8, 16, 32)):
+        c = dict(HEAD_DIM=d, BLOCK_H=bh, BLOCK_D=_next_pow2(d), SKIP_SINGLE=True)
+        out.append(Variant("merge_kernel", c, qd, qd))
+    return out
+
+
+def split_kv_signature(v: Variant) -> dict:
+    q, kv = v.q_dtype, ("i8" if v.kv_dtype == "int8" else v.kv_dtype)
+    p = lambda t: f"*{t}"  # noqa: E731
+    sig = {
+        "Q": p(q), "K": p(kv), "V": p(kv), "BLOCK_TABLE": p("i32"), "SEQ_LENS": p("i32"), "QUERY_START": p("i32"),
+        "ITEM_REQ": p("i32"), "ITEM_HEAD": p("i32"), "ITEM_SPLIT": p("i32"), "ITEM_START": p("i32"),
+        "ITEM_END": p("i32"), "NUM_SPLITS": p("i32"), "ROW_SLOT": p("i32"),
+        "PART_O": p("fp32"), "PART_LSE": p("fp32"), "OUT": p(q), "OUT_LSE": p("fp32"), "COUNTERS": p("i32"),
+        "K_SCALE": p("fp32"), "V_SCALE": p("fp32"), "K_OFFSET": p("fp32"), "V_OFFSET": p("fp32"),
+        "qk_scale": "fp32", "soft_cap": "fp32", "window_left": "i32",
+    }
+    for s in ("stride_qt", "stride_qh", "stride_kp", "stride_kt", "stride_kh", "stride_vp", "stride_vt",
+              "stride_vh", "stride_bt", "stride_ps", "stride_ph", "stride_ls", "stride_lh", "stride_ot",
+              "stride_oh", "stride_lot", "stride_loh", "stride_sh", "stride_sd", "NUM_KV_HEADS"):
+        sig[s] = "i32"
+    for k in v.constexprs:
+        sig[k] = "constexpr"
+    return sig
+
+
+def merge_signature(v: Variant) -> dict:
+    q = v.q_dtype
+    sig = {"PART_O": "*fp32", "PART_LSE": "*fp32", "OUT": f"*{q}", "OUT_LSE": "*fp32", "ROW_SLOT": "*i32",
+           "ROW_NS": "*i32"}
+    for s in ("stride_ps", "stride_ph", "stride_ls", "stride_lh", "stride_ot", "stride_oh", "stride_lot",
+              "stride_loh", "slot_step", "num_heads"):
+        sig[s] = "i32"
+    for k in v.constexprs:
+        sig[k] = "constexpr"
+    return sig
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiling one variant
+# ---------------------------------------------------------------------------------------------
+
+def _load_kernels(path: pathlib.Path):
+    """Load the kernel file by path (the package's ``__init__`` may import CUDA-only glue)."""
+    spec = importlib.util.spec_from_file_location("splitkv_lowering_kernels", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _patch_arch(target):
+    """triton-ascend asks the NPU runtime (or ``ASCEND_HOME_PATH``) for the chip name; answer it."""
+    from triton.compiler.compiler import make_backend
+
+    backend = make_backend(target)
+
+    class _Utils:
+        def get_arch(self):
+            return TARGET_ARCH
+
+    # the backend module is loaded under a private name (not in sys.modules): its globals are
+    # reachable through any of its functions, e.g. the stage table
+    backend.add_stages.__func__.__globals__["NPUUtils"] = _Utils
+
+
+def _classify(text: str) -> tuple[str, dict]:
+    info = {}
+    m = UB_RE.search(text)
+    if m:
+        info["ub_required_bits"], info["ub_available_bits"] = int(m.group(1)), int(m.group(2))
+        return "ub-overflow", info
+    m = UB_SIZE_RE.search(text)
+    if m:
+        info["ub_used_bits"] = int(m.group(1))
+    # bishengir-compile's own pipeline finished; it failed to start the CANN-only hivmc step
+    if HIVMC_RE.search(text) and re.search(r"(not found|No such file|cannot find|failed to (find|execute|run))",
+                                           text, re.IGNORECASE):
+        return "ok", info
+    return "error", info
+
+
+def _short(text: str, limit: int = 600) -> str:
+    lines = [ln for ln in text.splitlines() if ln.strip() and "[ERROR][Triton]" not in ln
+             and "encounters error" not in ln and "kernel cache is in" not in ln]
+    keep = [ln for ln in lines if re.search(r"error|overflow|unknown|unsupported", ln, re.IGNORECASE)] or lines[-6:]
+    s = "\n".join(keep[:8])
+    return s[:limit]
+
+
+def compile_variant(args: tuple) -> Result:
+    kernel_file, v = args
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource
+
+    target = GPUTarget("npu", TARGET_ARCH, 0)
+    _patch_arch(target)
+    mod = _load_kernels(pathlib.Path(kernel_file))
+    fn = getattr(mod, v.kernel)
+    sig = {"split_kv_kernel": split_kv_signature, "merge_kernel": merge_signature}.get(v.kernel)
+    sig = sig(v) if sig else v.constexprs.pop("__signature__")
+    t0 = time.time()
+    text = ""
+    try:
+        triton.compile(ASTSource(fn, sig, dict(v.constexprs)), target=target)
+        verdict, info = "ok", {}
+        text = "compiled to the end (a CANN toolkit is present)"
+    except subprocess.CalledProcessError as e:
+        text = "\n".join(x.decode(errors="replace") if isinstance(x, bytes) else str(x or "")
+                         for x in (e.stdout, e.stderr))
+        verdict, info = _classify(text)
+    except Exception as e:  # front-end or adapter error: the kernel does not lower
+        text = f"{type(e).__name__}: {e}"
+        verdict, info = "error", {}
+        # some triton-ascend versions wrap the subprocess failure
+        v2, info2 = _classify(text)
+        if v2 != "error":
+            verdict, info = v2, info2
+    c = {k: v2 for k, v2 in v.constexprs.items() if k != "__signature__"}
+    return Result(v.name, v.kernel, verdict, c, message=_short(text) if verdict != "ok" else "",
+                  seconds=round(time.time() - t0, 2), **info)
+
+
+# ---------------------------------------------------------------------------------------------
+# Self-test on a stand-in kernel
+# ---------------------------------------------------------------------------------------------
+
+STANDIN = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def standin_kernel(X, Y, n, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Row-wise softmax of a [ROWS, COLS] fp32 tile: the tile lives in the Unified Buffer."""
+    pid = tl.program_id(0)
+    r = tl.arange(0, ROWS)
+    c = tl.arange(0, COLS)
+    offs = pid * ROWS * COLS + r[:, None] * COLS + c[None, :]
+    x = tl.load(X + offs, mask=offs < n, other=0.0)
+    e = tl.exp(x - tl.max(x, 1)[:, None])
+    tl.store(Y + offs, e / tl.sum(e, 1)[:, None], mask=offs < n)
+'''
+
+
+def self_test(tmp: pathlib.Path) -> bool:
+    f = tmp / "standin_kernels.py"
+    f.write_text(STANDIN)
+    sig = {"X": "*fp32", "Y": "*fp32", "n": "i32", "ROWS": "constexpr", "COLS": "constexpr"}
+    ok = True
+    for rows, want in ((2048, "ub-overflow"), (64, "ok")):
+        v = Variant("standin_kernel", {"ROWS": rows, "COLS": 128, "__signature__": sig}, "fp32", "fp32")
+        r = compile_variant((str(f), v))
+        good = r.verdict == want
+        ok &= good
+        print(f"self-test: {rows}x128 fp32 tile -> {r.verdict} (expected {want})"
+              + (f", requires {r.ub_required_bits} of {r.ub_available_bits} bits" if r.ub_required_bits else "")
+              + ("" if good else f"\n{r.message}"))
+    return ok
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kernels", default=str(REPO / "cuda_ref" / "kernels.py"), help="file holding the kernels")
+    ap.add_argument("--quick", action="store_true", help="head dim 128, G=4, 16-bit only")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--report", default=str(REPO / "reports" / "triton-ascend-lowering.json"))
+    ap.add_argument("--self-test", action="store_true", help="check the checker on a stand-in kernel first")
+    ap.add_argument("--only", default="", help="substring filter on variant names")
+    a = ap.parse_args(argv)
+
+    if shutil.which("bishengir-compile") is None:
+        try:
+            import ascendnpuir
+            os.environ["PATH"] = str(pathlib.Path(ascendnpuir.__file__).parent / "bin") + os.pathsep + os.environ["PATH"]
+        except ImportError:
+            print("bishengir-compile not found: run scripts/setup_triton_ascend_venv.sh and use its python")
+            return 2
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        if not (pathlib.Path(triton.__file__).parent / "backends" / "ascend").exists():
+            raise ImportError("this triton has no Ascend backend")
+    except ImportError as e:
+        print(f"triton-ascend is not importable here ({e}); use the venv of scripts/setup_triton_ascend_venv.sh")
+        return 2
+
+    if a.self_test:
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            if not self_test(pathlib.Path(d)):
+                print("self-test FAILED: the checker cannot tell a fitting tile from an overflowing one")
+                return 1
+
+    variants = split_kv_variants(a.quick) + merge_variants(a.quick)
+    if a.only:
+        variants = [v for v in variants if a.only in v.name]
+    print(f"lowering {len(variants)} variants of {a.kernels} for {TARGET_ARCH} with {a.jobs} jobs")
+    t0 = time.time()
+    with ProcessPoolExecutor(max_workers=max(1, a.jobs)) as ex:
+        results = list(ex.map(compile_variant, [(a.kernels, v) for v in variants]))
+    bad = [r for r in results if r.verdict != "ok"]
+    for r in results:
+        extra = ""
+        if r.ub_required_bits:
+            extra = f" requires {r.ub_required_bits} bits of {r.ub_available_bits}"
+        elif r.ub_used_bits:
+            extra = f" UB {r.ub_used_bits // 8192} KiB"
+        print(f"{r.verdict:12s} {r.name}{extra}")
+        if r.verdict == "error":
+            print("    " + r.message.replace("\n", "\n    "))
+    report = pathlib.Path(a.report)
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(json.dumps({"arch": TARGET_ARCH, "kernels": str(pathlib.Path(a.kernels).name),
+                                  "triton": triton.__version__, "seconds": round(time.time() - t0, 1),
+                                  "results": [asdict(r) for r in results]}, indent=1))
+    print(f"{len(results) - len(bad)}/{len(results)} variants lower for {TARGET_ARCH}; report: {report}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

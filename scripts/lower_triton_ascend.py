@@ -51,15 +51,23 @@ HIVMC_RE = re.compile(r"hivmc", re.IGNORECASE)
 # Variants: what the planner / wrapper of cuda_ref can select
 # ---------------------------------------------------------------------------------------------
 
-# Head dims, dtypes, GQA group sizes, page sizes and tile sizes the NPU path may select. The tile
-# sizes are the ones ``ascend_ops.triton_npu`` picks (see TILES there); the lowering check is what
-# decides which of them stay in that table.
-HEAD_DIMS = (64, 128, 256)
+# The sweep (``--sweep``): the tile grid explored to build the NPU tile table. The default run
+# lowers what the ``triton-npu`` backend can select: its tile table (``ascend_ops.triton_npu``)
+# at every checked head dim, dtype, GQA group and optional feature.
+SWEEP_HEAD_DIMS = (64, 128, 256)
 Q_DTYPES = ("fp16", "bf16", "fp32")
 GROUPS = (1, 4, 8)
 PAGE_SIZES = (128,)        # vLLM Ascend's only kernel block size; the kernel gathers per token
 BLOCK_MS = (16, 32, 64)    # packed (query row x GQA head) rows per program
 BLOCK_NS = (32, 64, 128)   # KV tokens per inner tile
+FEATURES = ((False, False), (True, False), (False, True), (True, True))  # (soft cap, window)
+_DTYPE_NAME = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+
+
+def _npu_tables():
+    sys.path.insert(0, str(REPO))
+    from ascend_ops import triton_npu
+    return triton_npu
 
 
 @dataclass
@@ -98,33 +106,49 @@ def _next_pow2(x: int) -> int:
     return 1 << (int(x) - 1).bit_length()
 
 
+def _split_constexprs(d, qd, kvq, g, bm, bn, cap=False, win=False, page=PAGE_SIZES[0]):
+    return dict(GROUP=g, PAGE=page, HEAD_DIM=d, BLOCK_D=_next_pow2(d), BLOCK_M=bm, BLOCK_N=bn,
+                KV_INT8=kvq, HAS_OFFSET=kvq, SOFT_CAP=cap, HAS_WINDOW=win,
+                DOT_IEEE=(qd == "fp32" or kvq), UPCAST=False, FUSE_MERGE=False)
+
+
 def split_kv_variants(quick: bool = False) -> list[Variant]:
+    """Every split-kernel variant the ``triton-npu`` backend can launch."""
+    tn = _npu_tables()
     out = []
-    dims = (128,) if quick else HEAD_DIMS
-    for d, qd, kvq, g, bm, bn in itertools.product(dims, Q_DTYPES, (False, True), GROUPS, BLOCK_MS, BLOCK_NS):
+    dims = (128,) if quick else tn.CHECKED_HEAD_DIMS
+    for d, qd, g, (cap, win) in itertools.product(dims, Q_DTYPES, GROUPS, FEATURES):
         if quick and (g != 4 or qd == "fp32"):
             continue
+        max_m, bn = tn.npu_tile(d, _DTYPE_NAME[qd])
+        # BLOCK_M is a power of two from 16 up to the table's cap; the largest is the one to check
+        c = _split_constexprs(d, qd, False, g, max_m, bn, cap, win)
+        out.append(Variant("split_kv_kernel", c, qd, qd))
+    return out
+
+
+def sweep_variants() -> list[Variant]:
+    """The exploration grid (tile sizes x int8 KV), not all of which fit."""
+    out = []
+    for d, qd, kvq, g, bm, bn in itertools.product(SWEEP_HEAD_DIMS, Q_DTYPES, (False, True), GROUPS, BLOCK_MS,
+                                                   BLOCK_NS):
         if kvq and qd == "fp32":
             continue  # int8 KV is served with 16-bit queries only
-        c = dict(GROUP=g, PAGE=PAGE_SIZES[0], HEAD_DIM=d, BLOCK_D=_next_pow2(d), BLOCK_M=bm, BLOCK_N=bn,
-                 KV_INT8=kvq, HAS_OFFSET=kvq, SOFT_CAP=False, HAS_WINDOW=False,
-                 DOT_IEEE=(qd == "fp32"), UPCAST=(qd == "fp32"), FUSE_MERGE=False)
-        out.append(Variant("split_kv_kernel", c, qd, "int8" if kvq else qd))
-    # the optional features add a few live tiles; check them at the largest tiles of each dim
-    for d in dims:
-        for cap, win in ((True, False), (False, True), (True, True)):
-            c = dict(GROUP=8, PAGE=PAGE_SIZES[0], HEAD_DIM=d, BLOCK_D=_next_pow2(d), BLOCK_M=max(BLOCK_MS),
-                     BLOCK_N=max(BLOCK_NS), KV_INT8=False, HAS_OFFSET=False, SOFT_CAP=cap, HAS_WINDOW=win,
-                     DOT_IEEE=False, UPCAST=False, FUSE_MERGE=False)
+        out.append(Variant("split_kv_kernel", _split_constexprs(d, qd, kvq, g, bm, bn), qd, "int8" if kvq else qd))
+    for d in SWEEP_HEAD_DIMS:
+        for cap, win in FEATURES[1:]:
+            c = _split_constexprs(d, "bf16", False, 8, max(BLOCK_MS), max(BLOCK_NS), cap, win)
             out.append(Variant("split_kv_kernel", c, "bf16", "bf16"))
     return out
 
 
 def merge_variants(quick: bool = False) -> list[Variant]:
     out = []
-    for d, qd, bh in itertools.product((128,) if quick else HEAD_DIMS, Q_DTYPES, (8, 16, 32)):
-        c = dict(HEAD_DIM=d, BLOCK_H=bh, BLOCK_D=_next_pow2(d), SKIP_SINGLE=True)
-        out.append(Variant("merge_kernel", c, qd, qd))
+    # cuda_ref.launch.launch_merge: BLOCK_H = min(next_pow2(Hq), 4096 // BLOCK_D), a power of two
+    for d, qd in itertools.product((128,) if quick else _npu_tables().CHECKED_HEAD_DIMS, Q_DTYPES):
+        for bh in (2, 8, 4096 // _next_pow2(d)):
+            c = dict(HEAD_DIM=d, BLOCK_H=bh, BLOCK_D=_next_pow2(d), SKIP_SINGLE=True)
+            out.append(Variant("merge_kernel", c, qd, qd))
     return out
 
 
@@ -292,6 +316,8 @@ def main(argv=None) -> int:
     ap.add_argument("--report", default=str(REPO / "reports" / "triton-ascend-lowering.json"))
     ap.add_argument("--self-test", action="store_true", help="check the checker on a stand-in kernel first")
     ap.add_argument("--only", default="", help="substring filter on variant names")
+    ap.add_argument("--sweep", action="store_true",
+                    help="lower the exploration grid (tile sizes, int8 KV) instead of the selectable variants")
     a = ap.parse_args(argv)
 
     if shutil.which("bishengir-compile") is None:
@@ -317,7 +343,7 @@ def main(argv=None) -> int:
                 print("self-test FAILED: the checker cannot tell a fitting tile from an overflowing one")
                 return 1
 
-    variants = split_kv_variants(a.quick) + merge_variants(a.quick)
+    variants = sweep_variants() if a.sweep else split_kv_variants(a.quick) + merge_variants(a.quick)
     if a.only:
         variants = [v for v in variants if a.only in v.name]
     print(f"lowering {len(variants)} variants of {a.kernels} for {TARGET_ARCH} with {a.jobs} jobs")

@@ -1,0 +1,136 @@
+"""Harness backend ``triton-npu``: the Triton kernels of ``cuda_ref`` on an Ascend NPU (triton-ascend).
+
+The same two kernels as the CUDA path (``cuda_ref/kernels.py``: split, then merge), compiled by
+triton-ascend instead of upstream Triton and launched on ``npu`` tensors through torch_npu. What
+changes on the NPU is the launch, never the math:
+
+* **No fused merge.** The fused merge of the CUDA path needs an atomic counter and memory ordering
+  between programs; Ascend AI cores have no barrier across programs, so the merge always runs as
+  the separate second kernel (``fuse_merge=False``).
+* **Tiles sized for the Unified Buffer.** Each vector core has 192 KiB of Unified Buffer; the
+  stage-1 tiles (``BLOCK_M`` packed query rows x ``BLOCK_N`` KV tokens x ``BLOCK_D``) must fit in it.
+  :data:`NPU_TILES` holds the largest tiles that ``scripts/lower_triton_ascend.py`` showed to
+  lower for Ascend910B3 without a UB overflow (results in ``docs/triton-ascend.md``).
+
+Available only where triton-ascend (the ``triton`` package with an ``ascend`` backend), torch_npu
+and an NPU are present; otherwise unavailable with the reason. ``import ascend_ops.triton_npu``
+needs none of them (nor torch).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import pathlib
+
+from splitkv_common.inputs import DecodeInputs
+from splitkv_common.plan import Plan
+from splitkv_common.registry import Backend
+
+# (max head dim, q dtype family) -> (max BLOCK_M, BLOCK_N). "16" is float16 / bfloat16 q and KV.
+# Checked by scripts/lower_triton_ascend.py (every head dim x dtype x GQA group x feature below).
+NPU_TILES = {
+    (64, "16"): (64, 64),
+    (128, "16"): (32, 64),
+    (256, "16"): (32, 32),
+    (64, "32"): (32, 64),
+    (128, "32"): (32, 32),
+    (256, "32"): (16, 32),
+}
+MAX_HEAD_DIM = 256
+# head dims the lowering check covers (BLOCK_D is the next power of two: 96 -> 128)
+CHECKED_HEAD_DIMS = (64, 96, 128, 256)
+
+INT8_REASON = ("int8 KV: the split kernel's per-channel scale load uses a runtime stride, which "
+               "triton-ascend lowers to a gather that overflows the 192 KiB Unified Buffer at every tile "
+               "size (docs/triton-ascend.md); needs the kernel change listed there")
+
+
+def dtype_family(dtype: str) -> str:
+    return "32" if dtype in ("float32", "fp32") else "16"
+
+
+def npu_tile(head_dim: int, dtype: str) -> tuple[int, int]:
+    """``(max BLOCK_M, BLOCK_N)`` of the split kernel on the NPU for this head dim and q dtype."""
+    d = 1 << (max(int(head_dim), 16) - 1).bit_length()
+    for (dmax, fam), tile in sorted(NPU_TILES.items()):
+        if d <= dmax and fam == dtype_family(dtype):
+            return tile
+    raise ValueError(f"head dim {head_dim}: the NPU tile table stops at {MAX_HEAD_DIM}")
+
+
+def packed_rows_npu(max_q_len: int, group: int, max_block_m: int) -> tuple[int, int]:
+    """``(BLOCK_M, row blocks)`` as ``cuda_ref.launch.packed_rows`` but capped at ``max_block_m``."""
+    rows = max(1, int(max_q_len)) * int(group)
+    block_m = min(max_block_m, max(16, 1 << (rows - 1).bit_length()))
+    return block_m, math.ceil(rows / block_m)
+
+
+def triton_ascend_unavailable() -> str | None:
+    """``None`` when the installed ``triton`` is triton-ascend, else why not."""
+    spec = importlib.util.find_spec("triton")
+    if spec is None:
+        return "triton is not installed: install triton-ascend (see docs/triton-ascend.md)"
+    root = pathlib.Path(spec.origin).parent
+    if not (root / "backends" / "ascend").is_dir():
+        return ("the installed triton has no Ascend backend (it is upstream Triton); triton-ascend replaces "
+                "it: pip install triton-ascend (docs/triton-ascend.md)")
+    return None
+
+
+def triton_npu_unavailable() -> str | None:
+    why = triton_ascend_unavailable()
+    if why:
+        return why
+    try:
+        from .ops import npu_unavailable
+    except Exception as e:  # noqa: BLE001 - torch itself missing
+        return f"torch is not usable ({type(e).__name__}: {e})"
+    return npu_unavailable()
+
+
+def triton_npu_unsupported(inputs: DecodeInputs) -> str | None:
+    d = int(inputs.q.shape[-1])
+    if d > MAX_HEAD_DIM:
+        return f"head dim {d}: the NPU tile table (lowering-checked) stops at {MAX_HEAD_DIM}"
+    if inputs.kv_dtype == "int8":
+        return INT8_REASON
+    return None
+
+
+def run_triton_npu(inputs: DecodeInputs, plan: Plan):
+    """Run ``cuda_ref``'s kernels on the NPU with the harness's plan; NumPy ``(out, lse)``."""
+    import dataclasses
+
+    import numpy as np
+    import torch
+
+    from cuda_ref.launch import DevicePlan, KernelConfig, launch_decode
+    from splitkv_common.backends import from_torch, to_torch
+
+    from .ops import npu_device
+
+    t = to_torch(inputs, npu_device())
+    q, k = t["q"], t["k_cache"]
+    T, Hq, D = q.shape
+    group = Hq // k.shape[2]
+    max_m, block_n = npu_tile(D, inputs.dtype)
+    dplan = DevicePlan.from_plan(plan, group, q.device)
+    max_q = int(np.diff(plan.query_start_loc).max(initial=1))
+    block_m, row_blocks = packed_rows_npu(max_q, group, max_m)
+    dplan = dataclasses.replace(dplan, block_m=block_m, row_blocks=row_blocks)
+    out = torch.empty_like(q)
+    lse = torch.empty(T, Hq, dtype=torch.float32, device=q.device)
+    slots = max(plan.num_slots, 1)
+    part_o = torch.empty(slots, Hq, D, dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(slots, Hq, dtype=torch.float32, device=q.device)
+    launch_decode(q, k, t["v_cache"], t["block_table"], t["seq_lens"], t["query_start_loc"], dplan, out, lse,
+                  part_o, part_lse, scale=inputs.scale, soft_cap=inputs.soft_cap, window_left=inputs.window_left,
+                  config=KernelConfig(block_n=block_n, num_warps=1, num_stages=1), fuse_merge=False)
+    return from_torch(out, lse)
+
+
+triton_npu_backend = Backend(
+    "triton-npu", run_triton_npu, unavailable=triton_npu_unavailable, unsupported=triton_npu_unsupported,
+    device="910b2",
+    description="cuda_ref's Triton kernels on an Ascend NPU through triton-ascend (split + separate merge)")

@@ -1,0 +1,215 @@
+"""vLLM Ascend attention metadata -> splitkv plan and call.
+
+What vLLM Ascend hands its attention implementation (``vllm_ascend/attention/attention_v1.py``,
+``AscendMetadata`` and ``AscendAttentionBackendImpl.forward``; version in
+:data:`splitkv_vllm.VLLM_ASCEND_REFERENCE`):
+
+* ``query``: ``[num_tokens, Hq, D]``; ``num_tokens`` may exceed the real tokens (graph padding).
+* ``kv_cache``: ``(key_cache, value_cache)``, each ``[num_blocks, block_size, Hkv, D]``
+  (``get_kv_cache_shape`` is ``(2, num_blocks, block_size, Hkv, D)``); the current tokens are
+  already written by ``reshape_and_cache`` when attention runs.
+* ``attn_metadata.actual_seq_lengths_q``: host list, the cumulative query ends
+  (``query_start_loc[1:]``), including any padding request the runner adds so that the query
+  lengths sum to ``num_tokens``; ``seq_lens`` (host int32 tensor) / ``seq_lens_list``: KV length of
+  each request, current tokens included, padded with 1 for padding requests;
+  ``block_tables``: int32 ``[num_reqs(+pad), max_blocks]`` on the device, padded with zero rows;
+  ``query_start_loc``: the same offsets on the device; ``num_decodes`` / ``num_prefills`` /
+  ``num_decode_tokens``; ``attn_state`` (``DecodeOnly``, ``SpecDecoding``, ``ChunkedPrefill``,
+  ``PrefillNoCache``, ``PrefillCacheHit``); ``causal``.
+* The layer (the impl object): ``num_heads``, ``num_kv_heads``, ``head_size``, ``scale``,
+  ``sliding_window``, ``alibi_slopes``, ``sinks``, ``attn_type``, ``kv_cache_dtype``; vLLM's
+  ``logits_soft_cap`` is an argument of the impl's constructor that vLLM Ascend does not keep.
+
+What is routed (everything else stays on vLLM Ascend's own path): batches where every request
+is a decode (``num_prefills == 0``: one query, or up to ``decode_threshold`` speculative /
+short-extend queries, which our causal-tail rule computes exactly), causal, on layers that are
+plain decoder self-attention without ALiBi, attention sinks or a quantized (C8) KV cache, head dim
+at most 256. Mixed prefill+decode batches stay on vLLM Ascend's single FIA call.
+
+Sliding window: vLLM's ``sliding_window = W`` lets a query at position ``p`` see ``p - W + 1 .. p``
+(FlashAttention's ``window_size = (W - 1, 0)``), which is our ``window_left = W - 1``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from splitkv_common.plan import Plan, make_plan
+
+ROUTED_STATES = ("DecodeOnly", "SpecDecoding", "ChunkedPrefill")
+MAX_HEAD_DIM = 256
+_DECODER = "decoder"
+
+
+def _state_name(state) -> str:
+    return getattr(state, "name", None) or str(state).rsplit(".", 1)[-1]
+
+
+def window_left_from_vllm(sliding_window) -> int | None:
+    """vLLM's ``sliding_window`` (tokens a query sees, itself included) -> our ``window_left``."""
+    if sliding_window is None:
+        return None
+    w = int(sliding_window[0] if isinstance(sliding_window, (tuple, list)) else sliding_window)
+    return None if w <= 0 else w - 1
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """The attention constants of one layer, read from vLLM Ascend's impl object."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    scale: float
+    window_left: int | None
+    soft_cap: float | None
+    layer_unsupported: str | None
+
+    @classmethod
+    def from_impl(cls, impl, soft_cap=None) -> "LayerSpec":
+        why = layer_unsupported(impl, soft_cap)
+        return cls(int(impl.num_heads), int(impl.num_kv_heads), int(impl.head_size), float(impl.scale),
+                   window_left_from_vllm(getattr(impl, "sliding_window", None)),
+                   None if not soft_cap else float(soft_cap), why)
+
+
+def soft_cap_routed() -> bool:
+    return os.environ.get("SPLITKV_VLLM_SOFT_CAP", "0") == "1"
+
+
+def layer_unsupported(impl, soft_cap=None) -> str | None:
+    """``None`` when this layer's decode can run through splitkv, else the reason."""
+    if getattr(impl, "alibi_slopes", None) is not None:
+        return "ALiBi slopes"
+    if getattr(impl, "sinks", None) is not None:
+        return "attention sinks"
+    at = str(getattr(impl, "attn_type", _DECODER)).lower()
+    if _DECODER not in at or "encoder" in at:
+        return f"attention type {getattr(impl, 'attn_type', None)!r} (only decoder self-attention)"
+    kvd = str(getattr(impl, "kv_cache_dtype", "auto"))
+    if kvd not in ("auto", "bfloat16", "float16", "bf16", "fp16", "half"):
+        return f"KV cache dtype {kvd!r} (vLLM Ascend's C8 / quantized caches stay on its path)"
+    if getattr(impl, "enable_c8_quant", False):
+        return "C8 quantized KV cache"
+    if int(impl.head_size) > MAX_HEAD_DIM:
+        return f"head size {impl.head_size} > {MAX_HEAD_DIM}"
+    if int(impl.num_heads) % int(impl.num_kv_heads):
+        return "num_heads is not a multiple of num_kv_heads"
+    if soft_cap and not soft_cap_routed():
+        return ("logits soft cap: vLLM Ascend's own prefill path does not apply it, so decode through splitkv "
+                "would disagree with prefill (SPLITKV_VLLM_SOFT_CAP=1 routes it anyway)")
+    return None
+
+
+def batch_unsupported(meta) -> str | None:
+    """``None`` when this step's metadata is a decode-only batch we compute exactly, else why not."""
+    if meta is None:
+        return "no attention metadata (profile run)"
+    state = _state_name(getattr(meta, "attn_state", None))
+    if state not in ROUTED_STATES:
+        return f"attention state {state}"
+    if int(getattr(meta, "num_prefills", 0) or 0) > 0:
+        return f"mixed batch ({meta.num_prefills} prefill requests)"
+    if not getattr(meta, "causal", True):
+        return "non-causal attention"
+    if getattr(meta, "actual_seq_lengths_q", None) is None or getattr(meta, "block_tables", None) is None:
+        return "metadata without query offsets or block tables"
+    return None
+
+
+@dataclass
+class DecodeBatch:
+    """One decode step in our terms (host lengths, device block table) and its plan."""
+
+    query_start_loc: torch.Tensor   # int32 [B + 1], host
+    seq_lens: torch.Tensor          # int32 [B], host
+    block_table: torch.Tensor       # int32 [B, max_blocks], device
+    plan: Plan
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.query_start_loc[-1])
+
+    @property
+    def num_reqs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+
+def host_lengths(meta) -> tuple[np.ndarray, np.ndarray]:
+    """``(query_start_loc [B + 1], seq_lens [B])`` int32 on the host, padding requests included."""
+    ends = np.asarray(list(meta.actual_seq_lengths_q), np.int64)
+    qsl = np.concatenate([[0], ends]).astype(np.int32)
+    B = ends.shape[0]
+    src = getattr(meta, "seq_lens_list", None)
+    if src is None:
+        src = meta.seq_lens.cpu().tolist()
+    sl = np.asarray(list(src), np.int64)
+    if sl.shape[0] < B:
+        raise ValueError(f"metadata: {sl.shape[0]} sequence lengths for {B} requests")
+    return qsl, sl[:B].astype(np.int32)
+
+
+def plan_options() -> dict:
+    """Planner settings from the environment: ``SPLITKV_VLLM_POLICY`` (auto), ``SPLITKV_ASCEND_PROFILE``."""
+    return dict(policy=os.environ.get("SPLITKV_VLLM_POLICY", "auto"),
+                device=os.environ.get("SPLITKV_ASCEND_PROFILE", "910b2"))
+
+
+def make_batch(meta, *, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, kv_elem_bytes: int = 2,
+               window_left: int | None = None, graph_stable: bool = False, max_splits: int | None = None,
+               max_work_items: int | None = None) -> DecodeBatch:
+    """The :class:`DecodeBatch` of a routed step (see :func:`batch_unsupported`).
+
+    The plan is cached on the metadata object per layer geometry, so the layers of one step share it.
+    """
+    key = (num_q_heads, num_kv_heads, head_dim, page_size, kv_elem_bytes, window_left, graph_stable, max_splits,
+           max_work_items)
+    cache = getattr(meta, "_splitkv_batches", None)
+    if cache is None:
+        cache = {}
+        try:
+            setattr(meta, "_splitkv_batches", cache)
+        except AttributeError:
+            pass
+    if key in cache:
+        return cache[key]
+    qsl, sl = host_lengths(meta)
+    B = sl.shape[0]
+    bt = meta.block_tables[:B]
+    if bt.shape[0] < B:
+        raise ValueError(f"metadata: block_tables has {bt.shape[0]} rows for {B} requests")
+    opts = plan_options()
+    kw = {k: v for k, v in dict(max_splits=max_splits, max_work_items=max_work_items).items() if v is not None}
+    plan = make_plan(sl, num_kv_heads=num_kv_heads, page_size=page_size, query_start_loc=qsl, num_q_heads=num_q_heads,
+                     head_dim=head_dim, kv_elem_bytes=kv_elem_bytes, window_left=window_left,
+                     graph_stable=graph_stable, **opts, **kw)
+    batch = DecodeBatch(torch.from_numpy(qsl), torch.from_numpy(sl),
+                        bt if bt.dtype == torch.int32 else bt.to(torch.int32), plan)
+    cache[key] = batch
+    return batch
+
+
+def forward_decode(layer: LayerSpec, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                   meta, output: torch.Tensor, *, impl: str | None = None) -> torch.Tensor:
+    """Decode attention of a routed step into ``output[:num_tokens]`` (vLLM's buffer); returns ``output``.
+
+    ``query`` ``[num_tokens(+pad), Hq, D]``; ``key_cache``/``value_cache``
+    ``[num_blocks, block_size, Hkv, D]``; ``output`` shaped like ``query`` (or ``[N, Hq * D]``).
+    Rows past the real tokens (graph padding) are left as they are.
+    """
+    from .dispatch import decode_attention
+
+    page = int(key_cache.shape[1])
+    batch = make_batch(meta, num_q_heads=layer.num_heads, num_kv_heads=layer.num_kv_heads, head_dim=layer.head_size,
+                       page_size=page, kv_elem_bytes=key_cache.element_size(), window_left=layer.window_left)
+    n = batch.num_tokens
+    q = query[:n].view(n, layer.num_heads, layer.head_size)
+    out, _ = decode_attention(q, key_cache, value_cache, batch.block_table, batch.seq_lens,
+                              batch.query_start_loc.to(query.device), plan=batch.plan, scale=layer.scale,
+                              soft_cap=layer.soft_cap, window_left=layer.window_left, impl=impl)
+    output.view(-1, layer.num_heads, layer.head_size)[:n].copy_(out)
+    return output

@@ -1,0 +1,114 @@
+"""The vLLM Ascend adapter on CPU: metadata shaped as vLLM Ascend passes it -> our plan and call,
+checked against the float64 NumPy reference through the torch eager path."""
+
+import numpy as np
+import pytest
+import torch
+
+from splitkv_common.reference import dense_attention
+from splitkv_vllm import adapter
+from splitkv_vllm.adapter import LayerSpec, batch_unsupported, forward_decode, make_batch, window_left_from_vllm
+from test_vllm_shapes import AscendAttentionState, Impl, make_step
+
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-4}
+
+
+def _check(step, impl, tol):
+    step.inputs.scale = impl.scale  # the layer's scale is what the reference must use
+    layer = LayerSpec.from_impl(impl)
+    assert layer.layer_unsupported is None
+    assert batch_unsupported(step.meta) is None
+    output = torch.full_like(step.query, -5.0)
+    forward_decode(layer, step.query, step.key_cache, step.value_cache, step.meta, output, impl="torch")
+    ref_out, _ = dense_attention(step.inputs)
+    T = step.inputs.q.shape[0]
+    got = output[:T].float().numpy()
+    assert np.isfinite(got).all()
+    err = np.abs(got - ref_out).max()
+    assert err < tol, err
+    return output
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_plain_decode_matches_reference(dtype):
+    step = make_step([1] * 5, [1, 127, 128, 129, 700], dtype=dtype, seed=1)
+    assert step.meta.attn_state is AscendAttentionState.DecodeOnly
+    _check(step, Impl(8, 64, 64 ** -0.5, 2), TOL[dtype])
+
+
+def test_speculative_rows_causal_tail():
+    # SpecDecoding: 3 queries per request (1 + 2 draft tokens); each sees its own causal prefix
+    step = make_step([3, 3, 2], [5, 300, 131], decode_threshold=3, seed=2, num_heads=4, num_kv_heads=4)
+    assert step.meta.attn_state is AscendAttentionState.SpecDecoding
+    _check(step, Impl(4, 64, 0.1, 4), TOL[torch.float16])
+
+
+def test_graph_padding_rows_untouched():
+    # the runner's dummy request (seq_len 1, block row 0) pads the step to a captured size
+    step = make_step([1, 1, 1], [40, 257, 9], pad_tokens=5, seed=3)
+    assert step.query.shape[0] == 8 and len(step.meta.actual_seq_lengths_q) == 4
+    out = _check(step, Impl(8, 64, 0.125, 2), TOL[torch.float16])
+    # the padding request attends over its one token of block 0: finite, and real rows unaffected
+    assert torch.isfinite(out[3:].float()).all()
+
+
+def test_empty_request_gives_zero_rows():
+    step = make_step([1, 1, 1], [0, 50, 0], seed=4)
+    out = _check(step, Impl(8, 64, 0.125, 2), TOL[torch.float16])
+    assert (out[0] == 0).all() and (out[2] == 0).all()
+
+
+def test_sliding_window_maps_to_window_left():
+    assert window_left_from_vllm(None) is None
+    assert window_left_from_vllm(4096) == 4095
+    W = 100
+    step = make_step([1, 1, 2], [90, 400, 333], decode_threshold=2, seed=5, window_left=W - 1)
+    _check(step, Impl(8, 64, 0.125, 2, sliding_window=W), TOL[torch.float16])
+
+
+def test_graph_stable_plan_keeps_shapes_as_lengths_change():
+    shapes = set()
+    for seed, lens in enumerate(([5, 9, 200], [6, 10, 201], [300, 1, 1000])):
+        step = make_step([1, 1, 1], lens, pad_tokens=1, seed=seed)
+        b = make_batch(step.meta, num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=128, graph_stable=True,
+                       max_splits=8)
+        p = b.plan
+        shapes.add((p.num_items, p.num_slots, p.num_rows))
+        assert p.graph_stable and p.num_valid_items <= p.num_items
+        assert (p.item_request[p.num_valid_items:] == -1).all()
+    assert len(shapes) == 1
+
+
+def test_plan_is_shared_by_layers_of_a_step():
+    step = make_step([1, 1], [10, 20])
+    kw = dict(num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=128)
+    assert make_batch(step.meta, **kw) is make_batch(step.meta, **kw)
+    assert make_batch(step.meta, **kw) is not make_batch(step.meta, window_left=3, **kw)
+
+
+def test_mixed_and_prefill_batches_are_not_routed():
+    mixed = make_step([1, 1, 37], [10, 20, 37], seed=6)
+    assert mixed.meta.num_prefills == 1
+    assert "mixed batch" in batch_unsupported(mixed.meta)
+    mixed.meta.num_prefills = 0
+    mixed.meta.attn_state = AscendAttentionState.PrefillNoCache
+    assert "PrefillNoCache" in batch_unsupported(mixed.meta)
+    assert batch_unsupported(None)
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(alibi_slopes=[0.5]), "ALiBi"), (dict(sinks=torch.zeros(8)), "sinks"),
+    (dict(attn_type="encoder_decoder"), "attention type"), (dict(kv_cache_dtype="int8"), "KV cache dtype"),
+    (dict(enable_c8_quant=True), "C8"), (dict(head_size=512), "head size"),
+])
+def test_unsupported_layers_stay_on_vllm_ascend(change, words):
+    kw = dict(num_heads=8, head_size=64, scale=0.1, num_kv_heads=2) | change
+    assert words in adapter.layer_unsupported(Impl(**kw))
+
+
+def test_soft_cap_needs_opt_in(monkeypatch):
+    impl = Impl(8, 64, 0.1, 2)
+    assert "soft cap" in adapter.layer_unsupported(impl, soft_cap=30.0)
+    monkeypatch.setenv("SPLITKV_VLLM_SOFT_CAP", "1")
+    assert adapter.layer_unsupported(impl, soft_cap=30.0) is None
+    assert LayerSpec.from_impl(impl, soft_cap=30.0).soft_cap == 30.0

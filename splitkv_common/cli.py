@@ -12,8 +12,12 @@ from .devices import PROFILES
 
 
 def _cmd_explain(args) -> int:
-    from .explain import explain, render
+    from .explain import SCORES, explain, render
 
+    if not 1 <= args.splits <= len(SCORES):
+        print(f"error: --splits must be between 1 and {len(SCORES)} (the example has {len(SCORES)} positions), "
+              f"got {args.splits}", file=sys.stderr)
+        return 2
     print(render(explain(2)))
     if args.splits != 2:
         print(f"\n--- {args.splits} splits ---")

@@ -228,6 +228,10 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
             raise ValueError("q_lens: must be >= 0")
         qsl = np.concatenate([[0], np.cumsum(ql)])
     hq = num_q_heads if num_q_heads is not None else num_kv_heads
+    if hq <= 0 or hq % num_kv_heads:
+        raise ValueError(f"num_q_heads: must be a positive multiple of num_kv_heads (GQA), got {hq} and {num_kv_heads}")
+    if head_dim <= 0:
+        raise ValueError(f"head_dim: must be positive, got {head_dim}")
     min_split = prof.min_split_tokens if min_split_tokens is None else int(min_split_tokens)
     cap = prof.max_splits if max_splits is None else int(max_splits)
     if cap <= 0:

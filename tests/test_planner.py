@@ -334,6 +334,9 @@ def test_device_profiles():
     (dict(q_lens=[1]), "q_lens"),
     (dict(q_lens=[1, -1]), "q_lens"),
     (dict(max_splits=0), "max_splits"),
+    (dict(num_q_heads=3), "num_q_heads"),                       # not a multiple of Hkv = 2
+    (dict(num_q_heads=0), "num_q_heads"),
+    (dict(head_dim=0), "head_dim"),
     (dict(policy="size:10"), "split_size"),
     (dict(policy="bogus"), "policy"),
     (dict(device="tpu"), "device"),

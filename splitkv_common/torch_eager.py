@@ -43,6 +43,7 @@ def merge_states(o: torch.Tensor, lse: torch.Tensor, dim: int = 0) -> tuple[torc
     ``-inf`` lse is an empty state. Returns float32 ``(out, lse)`` without the split axis.
     """
     lse = lse.float()
+    dim = dim % lse.dim()  # counted on lse: a negative dim must not land on o's last (D) axis
     empty = torch.isinf(lse)
     lse_m = lse.masked_fill(empty, float("-inf"))
     m = lse_m.amax(dim=dim, keepdim=True)

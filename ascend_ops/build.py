@@ -158,8 +158,8 @@ def offline_check(out_dir: Path | None = None, log=print) -> str:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PKG.parent), os.environ.get("PYTHONPATH", "")]))
         r = subprocess.run([sys.executable, "-c", _LOAD_CHECK, str(lib)], capture_output=True, text=True, env=env)
         if r.returncode:
-            raise BuildError("loading the binding against ascend_ops.ops.SCHEMA failed:\n"
-                             + (r.stderr or r.stdout)[-4000:])
+            msg = "\n".join(x for x in (r.stderr or r.stdout).splitlines() if not x.startswith("frame #"))
+            raise BuildError("loading the binding against ascend_ops.ops.SCHEMA failed:\n" + msg[:4000])
         return r.stdout.strip()
 
 

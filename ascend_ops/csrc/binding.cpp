@@ -113,10 +113,13 @@ void decode_attention_npu(const at::Tensor &q, const at::Tensor &k_cache, const 
     const c10::OptionalDeviceGuard guard(device);
     aclrtStream stream = c10_npu::getCurrentNPUStream().stream(false);
     const uint32_t blocks = static_cast<uint32_t>(block_dim);
-    // kv_quant is read only for int8 KV; any valid device pointer stands in otherwise.
-    void *quant = kv_quant.has_value() ? ptr(*kv_quant) : ptr(workspace);
-    void *q_p = ptr(q), *k_p = ptr(k_cache), *v_p = ptr(v_cache), *bt_p = ptr(block_table);
-    void *plan_p = ptr(plan), *tiling_p = ptr(tiling), *ws_p = ptr(workspace), *out_p = ptr(out), *lse_p = ptr(lse);
+    // Device addresses, named as the kernels' parameters (splitkv_tiling.h) so the launches below
+    // read as the kernel signatures. kvQuant is read only for int8 KV; any valid address otherwise.
+    struct {
+        void *q, *kCache, *vCache, *blockTable, *kvQuant, *plan, *workspace, *tiling, *out, *lse;
+    } gm{ptr(q), ptr(k_cache), ptr(v_cache), ptr(block_table),
+         kv_quant.has_value() ? ptr(*kv_quant) : ptr(workspace),
+         ptr(plan), ptr(workspace), ptr(tiling), ptr(out), ptr(lse)};
     // The queued task holds references so no buffer is freed before the kernels are issued.
     std::vector<at::Tensor> keep{q, k_cache, v_cache, block_table, plan, tiling, workspace, out, lse};
     if (kv_quant.has_value()) {
@@ -124,12 +127,12 @@ void decode_attention_npu(const at::Tensor &q, const at::Tensor &k_cache, const 
     }
     auto launch = [=]() -> int {
         (void)keep;
-        uint32_t rc = ACLRT_LAUNCH_KERNEL(splitkv_split)(blocks, stream, q_p, k_p, v_p, bt_p, quant, plan_p, ws_p,
-                                                         tiling_p);
+        uint32_t rc = ACLRT_LAUNCH_KERNEL(splitkv_split)(blocks, stream, gm.q, gm.kCache, gm.vCache, gm.blockTable,
+                                                         gm.kvQuant, gm.plan, gm.workspace, gm.tiling);
         if (rc != 0) {
             return static_cast<int>(rc);
         }
-        rc = ACLRT_LAUNCH_KERNEL(splitkv_combine)(blocks, stream, ws_p, plan_p, out_p, lse_p, tiling_p);
+        rc = ACLRT_LAUNCH_KERNEL(splitkv_combine)(blocks, stream, gm.workspace, gm.plan, gm.out, gm.lse, gm.tiling);
         return static_cast<int>(rc);
     };
     at_npu::native::OpCommand::RunOpApiV2("SplitKVDecodeAttention", launch);

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# NPU node: plugin off vs on, eager and with aclgraph (piecewise). NOT RUN YET; see docs/vllm-ascend.md.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+model="${1:-Qwen/Qwen2.5-0.5B-Instruct}"
+python -c "import torch_npu, vllm_ascend, ascend_ops; print('ascend op:', ascend_ops.runtime_unavailable() or 'ready')"
+python scripts/vllm_ascend_e2e.py --model "$model" --eager --out reports/vllm-ascend-e2e-eager.json
+python scripts/vllm_ascend_e2e.py --model "$model" --out reports/vllm-ascend-e2e-graph.json

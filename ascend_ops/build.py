@@ -17,6 +17,8 @@ compiles ``binding.cpp`` against the real torch headers with stand-ins for the N
 (``csrc/offline/``), loads the result in a fresh interpreter after ``ascend_ops.ops`` defined the
 schema, and checks that the dispatcher accepted the C++ kernel for ``PrivateUse1``: a
 signature that disagrees with :data:`ascend_ops.ops.SCHEMA` fails here instead of on a node.
+``--torch-npu-headers torch_npu-<ver>-<tag>.whl`` also compiles it against that torch_npu
+release's own headers (read from the wheel file; nothing is installed).
 """
 
 from __future__ import annotations
@@ -141,7 +143,8 @@ def offline_library(out_dir: Path, cxx: str | None = None, log=print) -> Path:
     out = Path(out_dir) / "libsplitkv_ascend_offline.so"
     cmd = [cxx, "-std=c++17", "-shared", "-fPIC", "-O0", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
            f"-D_GLIBCXX_USE_CXX11_ABI={torch_abi()}",
-           *[f"-isystem{p}" for p in ext.include_paths()], f"-I{CSRC / 'offline'}", f"-I{KERNEL_DIR}",
+           *[f"-isystem{p}" for p in ext.include_paths()], f"-I{CSRC / 'offline'}", f"-I{CSRC / 'offline' / 'launch'}",
+           f"-I{KERNEL_DIR}",
            str(CSRC / "binding.cpp"), str(CSRC / "offline" / "stub_runtime.cpp"),
            f"-L{torch_lib}", "-lc10", "-ltorch", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}", "-o", str(out)]
     log("+ " + " ".join(cmd))
@@ -163,6 +166,45 @@ def offline_check(out_dir: Path | None = None, log=print) -> str:
         return r.stdout.strip()
 
 
+def torch_npu_headers_check(wheel_or_include: Path, cxx: str | None = None, log=print) -> str:
+    """Compile ``binding.cpp`` (syntax and types) against a torch_npu release's own headers.
+
+    ``wheel_or_include``: a torch-npu wheel (only its ``torch_npu/include`` is read; nothing is
+    installed or imported) or an extracted ``include`` directory. Only the two generated launch
+    headers still come from ``csrc/offline/launch``. Use the torch_npu release that matches the
+    installed torch.
+    """
+    import zipfile
+
+    import torch.utils.cpp_extension as ext
+
+    cxx = cxx or os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
+    if not cxx:
+        raise BuildError("no host C++ compiler (g++ or clang++) on PATH")
+    src = Path(wheel_or_include)
+    with tempfile.TemporaryDirectory() as tmp:
+        if src.is_file():
+            with zipfile.ZipFile(src) as z:
+                members = [n for n in z.namelist() if n.startswith("torch_npu/include/")]
+                if not members:
+                    raise BuildError(f"{src} holds no torch_npu/include/: not a torch-npu wheel?")
+                z.extractall(tmp, members=members)
+            inc = Path(tmp) / "torch_npu" / "include"
+        else:
+            inc = src
+        if not (inc / "torch_npu" / "csrc" / "framework" / "OpCommand.h").is_file():
+            raise BuildError(f"{inc} has no torch_npu/csrc/framework/OpCommand.h")
+        cmd = [cxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
+               f"-D_GLIBCXX_USE_CXX11_ABI={torch_abi()}", *[f"-isystem{p}" for p in ext.include_paths()],
+               f"-isystem{inc}", f"-isystem{inc / 'third_party' / 'acl' / 'inc'}",
+               f"-I{CSRC / 'offline' / 'launch'}", f"-I{KERNEL_DIR}", str(CSRC / "binding.cpp")]
+        log("+ " + " ".join(cmd))
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            raise BuildError(f"binding.cpp does not compile against the torch_npu headers of {src}:\n{r.stderr[-4000:]}")
+    return f"ok: binding.cpp compiles against the torch_npu headers of {src.name}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ascend_ops.build", description=__doc__.split("\n\n")[0])
     ap.add_argument("--soc", help=f"SoC for the kernels (default: detected, else {DEFAULT_SOC})")
@@ -170,10 +212,14 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, help="parallel compile jobs")
     ap.add_argument("--offline-check", action="store_true",
                     help="no CANN needed: compile binding.cpp with stand-in NPU headers and check it against the schema")
+    ap.add_argument("--torch-npu-headers", type=Path, metavar="WHEEL_OR_DIR",
+                    help="with --offline-check: also compile binding.cpp against this torch-npu wheel's own headers")
     args = ap.parse_args(argv)
     try:
         if args.offline_check:
             print(offline_check())
+            if args.torch_npu_headers:
+                print(torch_npu_headers_check(args.torch_npu_headers))
         else:
             node_build(args.soc, args.build_dir, args.jobs)
     except BuildError as e:

@@ -466,7 +466,7 @@ def test_launches_pass_the_kernel_parameters_in_order(kernel):
     assert args[:2] == ["blocks", "stream"]
     assert [a.removeprefix("gm.") for a in args[2:]] == declared
     # the offline stand-in of the generated launch header: blockDim, stream, one void * per GM_ADDR
-    stub = (OFFLINE / f"aclrtlaunch_{kernel}.h").read_text()
+    stub = (OFFLINE / "launch" / f"aclrtlaunch_{kernel}.h").read_text()
     m = re.search(rf"aclrtlaunch_{kernel}\((.*?)\);", stub, re.S)
     params = [" ".join(p.split()) for p in m.group(1).split(",")]
     assert params[:2] == ["uint32_t blockDim", "aclrtStream stream"]
@@ -524,6 +524,14 @@ def test_a_wrong_cpp_signature_is_refused(tmp_path):
             build.offline_check(tmp_path, log=lambda *a: None)
     finally:
         build.CSRC = orig
+
+
+@pytest.mark.skipif(not os.environ.get("SPLITKV_TORCH_NPU_WHEEL"),
+                    reason="set SPLITKV_TORCH_NPU_WHEEL to a torch-npu wheel matching this torch (docs/npu.md)")
+def test_binding_compiles_against_torch_npu_headers():
+    """binding.cpp against a torch_npu release's own NPUStream.h / OpCommand.h (read from the wheel file)."""
+    msg = build.torch_npu_headers_check(Path(os.environ["SPLITKV_TORCH_NPU_WHEEL"]), log=lambda *a: None)
+    assert msg.startswith("ok")
 
 
 # --- an npu device of plain torch ----------------------------------------------------------------

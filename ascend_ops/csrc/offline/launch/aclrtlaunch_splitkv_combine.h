@@ -1,4 +1,4 @@
-// Offline stand-in (see README.md) for the header ascendc_library() generates from
+// Offline stand-in (see ../README.md) for the header ascendc_library() generates from
 // `extern "C" __global__ __aicore__ void splitkv_combine(GM_ADDR workspace, GM_ADDR plan, GM_ADDR out,
 // GM_ADDR lse, GM_ADDR tiling)`.
 #pragma once

@@ -1,4 +1,4 @@
-// Offline stand-in (see README.md) for the header ascendc_library() generates from
+// Offline stand-in (see ../README.md) for the header ascendc_library() generates from
 // `extern "C" __global__ __aicore__ void splitkv_split(GM_ADDR q, GM_ADDR kCache, GM_ADDR vCache,
 // GM_ADDR blockTable, GM_ADDR kvQuant, GM_ADDR plan, GM_ADDR workspace, GM_ADDR tiling)`:
 // the launch function takes blockDim and the stream, then one void * per GM_ADDR.

@@ -19,6 +19,12 @@ pytestmark = pytest.mark.skipif(not PY.exists(), reason=f"no triton-ascend venv 
                                 "run scripts/setup_triton_ascend_venv.sh")
 
 
+KERNELS = (REPO / "cuda_ref" / "kernels.py").read_text()
+
+
+# Triton 3.2's front end (triton-ascend) rejects chained `A or B or C`; docs/triton-ascend.md, change 1
+@pytest.mark.xfail("UPCAST or KV_INT8 or DOT_IEEE" in KERNELS, strict=True,
+                   reason="cuda_ref/kernels.py still has a chained boolean (docs/triton-ascend.md, kernel change 1)")
 def test_quick_lowering_has_no_ub_overflow(tmp_path):
     r = subprocess.run([str(PY), str(REPO / "scripts" / "lower_triton_ascend.py"), "--self-test", "--quick",
                         "--report", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=600)

@@ -2,13 +2,15 @@
 
 import json
 import re
-import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-SPLITKV = [shutil.which("splitkv")] if shutil.which("splitkv") else [sys.executable, "-m", "splitkv_common.cli"]
+# the console script installed next to this interpreter (not whatever is first on PATH), else the module
+_SCRIPT = Path(sys.executable).with_name("splitkv")
+SPLITKV = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "splitkv_common.cli"]
 
 
 def run(*args, cwd=None):

@@ -378,6 +378,8 @@ class AscendDecodeWrapper:
         self.host_plan: Plan | None = None
         self.tiling: dict | None = None
         self._buffers: dict[str, torch.Tensor] = {}
+        self._staging: dict[str, torch.Tensor] = {}
+        self._staging_events: dict = {}
         self._attn: tuple = (None, None, None)  # (scale, soft_cap, window_left) of the tiling
         self._pages: tuple | None = None  # (max_pages, num_pages) of the tiling
         self._stale = True
@@ -447,9 +449,8 @@ class AscendDecodeWrapper:
                     raise ValueError(f"plan: buffer {name} changed size ({buf.numel()} -> {n}) under a "
                                      "graph-stable plan; give max_work_items / max_splits that bound every batch")
                 self._buffers[name] = torch.zeros(n, dtype=dt, device=self.device)
-        nb = self.device.type != "cpu"
-        self._buffers["plan"].copy_(torch.from_numpy(words), non_blocking=nb)
-        self._buffers["tiling"].copy_(torch.frombuffer(bytearray(tiling_bytes), dtype=torch.uint8), non_blocking=nb)
+        self._upload("plan", words)
+        self._upload("tiling", np.frombuffer(tiling_bytes, np.uint8).copy())
         T = p.num_rows
         for name, shape, dt in (("out", (T, self.num_q_heads, self.head_dim), self.dtype),
                                 ("lse", (T, self.num_q_heads), torch.float32)):
@@ -458,6 +459,31 @@ class AscendDecodeWrapper:
                 self._buffers[name] = torch.empty(shape, dtype=dt, device=self.device)
         self.tiling = t
         self._stale = False
+
+    def _upload(self, name: str, host_array: np.ndarray) -> None:
+        """Copy a host array into a device buffer, ordered on the current stream.
+
+        On an NPU the copy goes through a pinned staging buffer, asynchronously; an event recorded
+        after it guards the staging buffer, so the next ``plan()`` never overwrites bytes a copy has
+        not read yet. Elsewhere (CPU, test backends) it is a plain copy.
+        """
+        src = torch.from_numpy(np.ascontiguousarray(host_array))
+        dst = self._buffers[name]
+        if self.device.type == "cpu" or not _torch_npu_imported():
+            dst.copy_(src)
+            return
+        stage = self._staging.get(name)
+        if stage is None or stage.shape != src.shape:
+            stage = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+            self._staging[name] = stage
+        event = self._staging_events.get(name)
+        if event is not None:
+            event.synchronize()  # the previous copy from this staging buffer has been issued and done
+        stage.copy_(src)
+        dst.copy_(stage, non_blocking=True)
+        event = torch.npu.Event()
+        event.record()
+        self._staging_events[name] = event
 
     def workspace_bytes(self) -> int:
         """Bytes of the kernels' workspace for the current plan (0 before the first run/plan)."""

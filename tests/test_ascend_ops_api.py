@@ -223,3 +223,13 @@ def test_run_rebuilds_the_tiling_only_when_constants_change():
     out2, _ = w.run(t["q"], t["k_cache"], t["v_cache"], t["block_table"], soft_cap=2 * inputs.soft_cap)
     assert w.tiling is not first and w.tiling["softCap"] == pytest.approx(2 * inputs.soft_cap)
     assert not torch.equal(out1, out2)
+
+
+@pytest.mark.parametrize("case", ["int8/per-head", "int8/per-channel-offset", "int8/per-head-offset-fp32"])
+def test_kv_quant_packing_is_the_kernels_layout(case):
+    inputs = get_case(case).build()
+    t = to_torch(inputs, "cpu")
+    packed = ops.pack_kv_quant(t["k_scale"], t["v_scale"], t["k_offset"], t["v_offset"],
+                               num_kv_heads=inputs.k_cache.shape[2], head_dim=inputs.q.shape[2], device="cpu")
+    np.testing.assert_array_equal(packed.numpy(), tiling.kv_quant_array(inputs))
+    assert packed.is_contiguous() and packed.dtype == torch.float32

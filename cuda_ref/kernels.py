@@ -41,11 +41,18 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _load_kv_tile(ptr, tok_off, offs_d, d_ok, tile_mask, scale_ptr, offset_ptr, s_stride_d,
-                  KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr, UPCAST: tl.constexpr):
-    """A ``[BLOCK_N, BLOCK_D]`` tile of K or V at per-token offsets; int8 is dequantized to float32
-    as ``(x - offset) * scale`` (scale and offset per KV head, ``s_stride_d = 0``, or per channel)."""
-    x = tl.load(ptr + tok_off[:, None] + offs_d[None, :], mask=tile_mask, other=0)
+def _load_tile(ptr, page, pos, end, head_off, stride_p, stride_t, offs_d, d_ok, PAGE: tl.constexpr):
+    """Raw ``[BLOCK_N, BLOCK_D]`` tile of K or V: token ``pos`` lives in ``page`` at slot ``pos % PAGE``."""
+    tok = page * stride_p + (pos % PAGE).to(tl.int64) * stride_t + head_off
+    mask = (pos < end)[:, None] & d_ok[None, :]
+    return tl.load(ptr + tok[:, None] + offs_d[None, :], mask=mask, other=0)
+
+
+@triton.jit
+def _dequant(x, scale_ptr, offset_ptr, s_stride_d, offs_d, d_ok,
+             KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr, UPCAST: tl.constexpr):
+    """int8 -> float32 as ``(x - offset) * scale`` (per KV head: ``s_stride_d = 0``; or per channel);
+    float tiles stay as they are (float32 in the interpreter)."""
     if KV_INT8:
         sc = tl.load(scale_ptr + offs_d * s_stride_d, mask=d_ok, other=0.0)
         xf = x.to(tl.float32)
@@ -77,7 +84,7 @@ def split_kv_kernel(
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr, FUSE_MERGE: tl.constexpr,
+    DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr, FUSE_MERGE: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     item = tl.program_id(0)
     mblock = tl.program_id(1)
@@ -121,16 +128,35 @@ def split_kv_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     bt_row = BLOCK_TABLE + b.to(tl.int64) * stride_bt
 
+    # The block-table entries of a tile are loaded one tile ahead, so the K / V gather of a tile never
+    # waits on its own page lookup. With PREFETCH the K / V tiles are also loaded one tile ahead (in
+    # registers: more bytes in flight, more registers); without it a tile's K and V loads are issued
+    # together at the top of the iteration.
+    k_head = h.to(tl.int64) * stride_kh
+    v_head = h.to(tl.int64) * stride_vh
+    pos = start + offs_n
+    page = tl.load(bt_row + pos // PAGE, mask=pos < end, other=0).to(tl.int64)
+    if PREFETCH:
+        k_raw = _load_tile(K, page, pos, end, k_head, stride_kp, stride_kt, offs_d, d_ok, PAGE)
+        v_raw = _load_tile(V, page, pos, end, v_head, stride_vp, stride_vt, offs_d, d_ok, PAGE)
+    pos_next = pos + BLOCK_N
+    page_next = tl.load(bt_row + pos_next // PAGE, mask=pos_next < end, other=0).to(tl.int64)
+
     for n0 in range(start, end, BLOCK_N):
-        # -- gather: logical position -> (page, slot in page) through the block table ----------
-        pos = n0 + offs_n
-        in_range = pos < end
-        page = tl.load(bt_row + pos // PAGE, mask=in_range, other=0).to(tl.int64)
-        slot = (pos % PAGE).to(tl.int64)
-        tile_mask = in_range[:, None] & d_ok[None, :]
-        k = _load_kv_tile(K, page * stride_kp + slot * stride_kt + h * stride_kh, offs_d, d_ok, tile_mask,
-                          k_scale_ptr, k_off_ptr, stride_sd, KV_INT8, HAS_OFFSET, UPCAST)
+        # -- issue the loads: this tile's K / V (or the next one's with PREFETCH), next page ids ---
+        if PREFETCH:
+            k_nxt = _load_tile(K, page_next, pos_next, end, k_head, stride_kp, stride_kt, offs_d, d_ok, PAGE)
+            v_nxt = _load_tile(V, page_next, pos_next, end, v_head, stride_vp, stride_vt, offs_d, d_ok, PAGE)
+            pos_after = pos_next + BLOCK_N
+            page_after = tl.load(bt_row + pos_after // PAGE, mask=pos_after < end, other=0).to(tl.int64)
+        else:
+            k_raw = _load_tile(K, page, pos, end, k_head, stride_kp, stride_kt, offs_d, d_ok, PAGE)
+            v_raw = _load_tile(V, page, pos, end, v_head, stride_vp, stride_vt, offs_d, d_ok, PAGE)
+            page = page_next
+            page_next = tl.load(bt_row + (pos + 2 * BLOCK_N) // PAGE, mask=pos + 2 * BLOCK_N < end,
+                                other=0).to(tl.int64)
         # -- scores (base 2), soft cap, visibility ------------------------------------------
+        k = _dequant(k_raw, k_scale_ptr, k_off_ptr, stride_sd, offs_d, d_ok, KV_INT8, HAS_OFFSET, UPCAST)
         if DOT_IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -140,7 +166,7 @@ def split_kv_kernel(
             s = soft_cap * LOG2E * (1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0))
         else:
             s = s * (qk_scale * LOG2E)
-        visible = in_range[None, :] & (pos[None, :] <= q_pos[:, None])
+        visible = (pos < end)[None, :] & (pos[None, :] <= q_pos[:, None])
         if HAS_WINDOW:
             visible = visible & (pos[None, :] >= q_pos[:, None] - window_left)
         s = tl.where(visible, s, float("-inf"))
@@ -150,14 +176,18 @@ def split_kv_kernel(
         alpha = tl.exp2(m_i - m_ref)
         p = tl.exp2(s - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_kv_tile(V, page * stride_vp + slot * stride_vt + h * stride_vh, offs_d, d_ok, tile_mask,
-                          v_scale_ptr, v_off_ptr, stride_sd, KV_INT8, HAS_OFFSET, UPCAST)
+        v = _dequant(v_raw, v_scale_ptr, v_off_ptr, stride_sd, offs_d, d_ok, KV_INT8, HAS_OFFSET, UPCAST)
         if DOT_IEEE:
             pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
         else:
             pv = tl.dot(p.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
+        # -- rotate the prefetch registers ---------------------------------------------------
+        if PREFETCH:
+            k_raw, v_raw, pos, page_next, pos_next = k_nxt, v_nxt, pos_next, page_after, pos_after
+        else:
+            pos = pos + BLOCK_N
 
     # -- the split's state: o = u / l, lse = m + log l (natural log); empty -> 0, -inf ----------
     empty = l_i == 0.0

@@ -29,21 +29,30 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 2
     merge_warps: int = 4
+    prefetch: bool = False  # K / V tiles loaded one tile ahead in registers
 
     def __str__(self):
-        return f"n{self.block_n}w{self.num_warps}s{self.num_stages}"
+        return f"n{self.block_n}w{self.num_warps}s{self.num_stages}{'p' if self.prefetch else ''}"
 
 
-def default_config(head_dim: int, kv_bytes: int) -> KernelConfig:
-    """Stage-1 configuration by head dim and KV element size (tuned on the H200, docs/perf-notes.md)."""
-    d = triton.next_power_of_2(head_dim)
-    if kv_bytes >= 4:
-        return KernelConfig(block_n=32 if d >= 256 else 64, num_warps=4, num_stages=2)
-    if d >= 256:
-        return KernelConfig(block_n=32, num_warps=4, num_stages=3)
-    if d >= 128:
-        return KernelConfig(block_n=64, num_warps=4, num_stages=3)
-    return KernelConfig(block_n=128, num_warps=4, num_stages=3)
+# Measured overrides, keyed "few" (at most two work items per SM) and "many" (see bench_decode --tune).
+CONFIG_OVERRIDE: dict[str, KernelConfig] = {}
+
+
+def default_config(head_dim: int, kv_bytes: int, num_items: int = 0) -> KernelConfig:
+    """Stage-1 configuration by head dim, KV element size and the plan's work items (H200 tuning,
+    docs/perf-notes.md). Stage 1 keeps two K and two V tiles in registers (the prefetch), so the tile
+    shrinks as the head dim grows; with few work items (at most two per SM) a program gets a larger
+    tile and 8 warps so that more bytes are in flight per SM."""
+    d = max(16, triton.next_power_of_2(head_dim))
+    key = "few" if 0 < num_items <= 2 * 132 else "many"
+    if key in CONFIG_OVERRIDE and head_dim == 128 and kv_bytes == 2:
+        return CONFIG_OVERRIDE[key]
+    elem = min(max(kv_bytes, 2), 4)  # int8 tiles are dequantized to float32 in registers: size as 2 bytes
+    block_n = max(16, min(128, (16 * 1024) // (d * elem)))  # 16 KiB of K per tile
+    if 0 < num_items <= 2 * 132 and block_n <= 64:
+        return KernelConfig(block_n=block_n * 2, num_warps=8, num_stages=1)
+    return KernelConfig(block_n=block_n, num_warps=4, num_stages=1)
 
 
 def packed_rows(max_q_len: int, group: int) -> tuple[int, int]:
@@ -128,7 +137,7 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
     group = Hq // Hkv
     kv_int8 = k_cache.dtype == torch.int8
     dot_ieee = q.dtype == torch.float32 or kv_int8
-    cfg = config or default_config(D, k_cache.element_size() if not kv_int8 else 4)
+    cfg = config or default_config(D, k_cache.element_size() if not kv_int8 else 4, dplan.num_items)
     block_d = max(16, triton.next_power_of_2(D))
     sh, sd = _scale_strides(k_scale)
     dummy = seq_lens
@@ -153,6 +162,7 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
             GROUP=group, PAGE=page, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=dplan.block_m, BLOCK_N=cfg.block_n,
             KV_INT8=kv_int8, HAS_OFFSET=k_offset is not None, SOFT_CAP=soft_cap is not None,
             HAS_WINDOW=window_left is not None, DOT_IEEE=dot_ieee, UPCAST=interpret, FUSE_MERGE=fuse_merge,
+            PREFETCH=cfg.prefetch,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if merge and not fuse_merge and (dplan.max_splits > 1 or dplan.graph_stable) and T:
         launch_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), dplan.view("row_num_splits"),

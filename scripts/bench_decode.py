@@ -81,13 +81,13 @@ class Timer:
 
 def copy_ceiling(timer: Timer, nbytes: int = 2 << 30) -> float:
     """GB/s of a device-to-device copy, counting bytes read plus bytes written."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    src = torch.randn(nbytes // 2, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
     t_end = time.time() + 1.0  # bring the clocks up before the first timing
     while time.time() < t_end:
         dst.copy_(src)
     torch.cuda.synchronize()
-    us = timer(lambda: dst.copy_(src))
+    us = min(timer(lambda: dst.copy_(src), use_graph=False), timer(lambda: dst.copy_(src)))
     del src, dst
     return 2 * nbytes / (us * 1e-6) / 1e9
 
@@ -119,11 +119,27 @@ def split_sizes(ctx: int, max_splits: int = 64) -> list[int]:
     return out
 
 
-def ours(timer, q, k, v, bt, seq, policy, *, config=None, fuse=False, stage1_only=False):
+FUSE = {"few": False, "many": False}
+
+
+def apply_tuning(path):
+    """Use the configurations a --tune run chose (bf16/fp16, D 128)."""
+    import re
+    from cuda_ref import launch
+    with open(path) as f:
+        chosen = json.load(f).get("chosen", {})
+    for key, c in chosen.items():
+        m = re.fullmatch(r"n(\d+)w(\d+)s(\d+)(p?)", c["config"])
+        launch.CONFIG_OVERRIDE[key] = KernelConfig(int(m[1]), int(m[2]), int(m[3]), prefetch=bool(m[4]))
+        FUSE[key] = bool(c["fuse"])
+    return chosen
+
+
+def ours(timer, q, k, v, bt, seq, policy, *, config=None, fuse=None, stage1_only=False):
     B = bt.shape[0]
-    w = DecodeWrapper(q.shape[1], k.shape[2], q.shape[2], PAGE, dtype=q.dtype, policy=policy, fuse_merge=fuse,
-                      config=config)
+    w = DecodeWrapper(q.shape[1], k.shape[2], q.shape[2], PAGE, dtype=q.dtype, policy=policy, config=config)
     plan = w.plan(seq.cpu().numpy())
+    w.fuse_merge = FUSE["few" if plan.num_valid_items <= 2 * 132 else "many"] if fuse is None else fuse
     w.merge = not stage1_only
     qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
     us = timer(lambda: w.run(q, k, v, bt, seq, qsl))
@@ -194,9 +210,9 @@ def kv_bytes(B, ctx, hkv, D, dt):
     return 2 * B * ctx * hkv * D * torch.empty(0, dtype=DTYPES[dt]).element_size()
 
 
-def flex_wanted(B, ctx, hq, hkv, D, dt, spent):
+def flex_wanted(B, ctx, hq, hkv, D, dt, spent, budget=90.0):
     """Flex recompiles for every shape (tens of seconds each): headline configuration only, within a budget."""
-    return (dt == "bf16" and (hq, hkv, D) == (32, 8, 128) and B in (1, 16, 64) and spent < 240
+    return (dt == "bf16" and (hq, hkv, D) == (32, 8, 128) and B in (1, 16, 64) and spent < budget
             and B * ctx <= 64 * 16384)
 
 
@@ -216,8 +232,15 @@ def run_bench(args):
         us, plan, ws = ours(timer, q, k, v, bt, seq, "auto")
         r.update(auto_us=us, auto_plan=str(plan.policy) + f" split={plan.split_tokens or 'none'}",
                  auto_splits=int(plan.max_splits), auto_items=plan.num_valid_items, workspace_bytes=ws)
-        r["auto_stage1_us"] = ours(timer, q, k, v, bt, seq, "auto", stage1_only=True)[0] if plan.max_splits > 1 else us
-        r["merge_share"] = max(0.0, 1 - r["auto_stage1_us"] / us)
+        r["fused_merge"] = FUSE["few" if plan.num_valid_items <= 2 * 132 else "many"] and plan.max_splits > 1
+    # stage 1 alone (separate merge left out) against the same with its merge launch
+    if plan.max_splits > 1:
+        s1 = ours(timer, q, k, v, bt, seq, "auto", fuse=False, stage1_only=True)[0]
+        sep = ours(timer, q, k, v, bt, seq, "auto", fuse=False)[0]
+        r["auto_stage1_us"], r["auto_separate_merge_us"] = s1, sep
+        r["merge_share"] = max(0.0, 1 - s1 / us)
+    else:
+        r["auto_stage1_us"], r["merge_share"] = us, 0.0
         r["none_us"] = ours(timer, q, k, v, bt, seq, "none")[0]
         fixed = {}
         for s in split_sizes(ctx):
@@ -230,7 +253,7 @@ def run_bench(args):
         r["rel_err_vs_sdpa_math"] = check_ours_once(q, k, v, bt, seq, kc, vc)
         del k, v
         t0 = time.time()
-        want_flex = flex_wanted(B, ctx, hq, hkv, D, dt, flex_spent) and not args.no_flex
+        want_flex = flex_wanted(B, ctx, hq, hkv, D, dt, flex_spent, args.flex_budget) and not args.no_flex
         r.update(peers(timer, q, kc, vc, want_flex))
         if want_flex:
             flex_spent += time.time() - t0
@@ -244,6 +267,9 @@ def run_bench(args):
         r["ratio_to_best_peer"] = (r["best_peer_us"] / best_ours) if r["best_peer_us"] else None
         r["auto_vs_best_fixed"] = best_ours / min(r["best_fixed_us"], r["none_us"])
         rows.append(r)
+        if args.partial:
+            with open(args.partial, "w") as f:
+                json.dump(dict(ceiling_gbps=ceiling, rows=rows, meta=meta(args), partial=True), f)
     return dict(ceiling_gbps=ceiling, rows=rows, skipped=[list(p) for p in skipped], flex_seconds=flex_spent,
                 meta=meta(args))
 
@@ -261,7 +287,8 @@ def run_tune(args):
     from tqdm import tqdm
     timer = Timer(args.iters)
     ceiling = copy_ceiling(timer)
-    cfgs = [KernelConfig(bn, nw, ns) for bn, nw, ns in itertools.product((32, 64, 128), (4, 8), (2, 3, 4))]
+    cfgs = [KernelConfig(bn, nw, 1, prefetch=pf) for (bn, nw), pf in itertools.product(
+        ((32, 4), (64, 4), (64, 8), (128, 8), (32, 8)), (False, True))]
     pts = [(1, 4096), (1, 16384), (1, 65536), (1, 131072), (16, 8192), (64, 2048), (128, 1024)]
     rows = []
     for (B, ctx) in tqdm(pts, unit="pt"):
@@ -302,7 +329,20 @@ def run_tune(args):
     ranking.sort()
     for gm, key in ranking[:12]:
         print(f"  {key[0]} fuse={key[1]}: geomean {gm:.3f} x best")
-    return dict(ceiling_gbps=ceiling, rows=rows, ranking=[(g, list(k)) for g, k in ranking], meta=meta(args))
+    # best configuration for few-item plans (batch 1) and many-item plans (batch >= 16)
+    chosen = {}
+    for label, sel in (("few", lambda k: k[0] == 1), ("many", lambda k: k[0] >= 16)):
+        sub = {k: v for k, v in best.items() if sel(k)}
+        cand = []
+        for key, per in score.items():
+            if all(p in per for p in sub):
+                cand.append((float(np.exp(np.mean([np.log(min(per[p]) / sub[p]["us"]) for p in sub]))), key))
+        cand.sort()
+        if cand:
+            chosen[label] = {"config": cand[0][1][0], "fuse": cand[0][1][1], "geomean": cand[0][0]}
+    print("chosen", chosen)
+    return dict(ceiling_gbps=ceiling, rows=rows, ranking=[(g, list(k)) for g, k in ranking], chosen=chosen,
+                meta=meta(args))
 
 
 def fmt(x, nd=1):
@@ -365,6 +405,9 @@ def main(argv=None):
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--max-kv-gb", type=float, default=36.0)
+    ap.add_argument("--configs-from", default=None, help="tune.json of a --tune run: use its chosen configurations")
+    ap.add_argument("--partial", default=None, help="rewrite this JSON after every point")
+    ap.add_argument("--flex-budget", type=float, default=90.0, help="seconds of Flex compiles and timing")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_decode: needs a CUDA GPU", file=sys.stderr)
@@ -375,7 +418,11 @@ def main(argv=None):
         with open(os.path.join(args.out, "tune.json"), "w") as f:
             json.dump(res, f, indent=1)
         return 0
+    if args.configs_from:
+        print("tuned configurations:", apply_tuning(args.configs_from))
     res = run_bench(args)
+    res["tuning"] = {k: str(v) for k, v in __import__("cuda_ref.launch").launch.CONFIG_OVERRIDE.items()}
+    res["fuse"] = FUSE
     with open(os.path.join(args.out, "bench.json"), "w") as f:
         json.dump(res, f, indent=1)
     md = to_markdown(res)

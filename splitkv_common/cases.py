@@ -135,7 +135,10 @@ def _build_catalog() -> list[Case]:
     add(Case("mask/causal-tail-masked-split", _ri(23, [35, 9], q_lens=[4, 2], page_size=4), policy="size:4",
              tags=("mask", "multi-query"), doc="the last split holds positions later rows see and earlier rows do not"))
     add(Case("mask/sliding-window", _ri(24, [100, 30, 5], q_lens=[3, 1, 2], page_size=8, window_left=20),
-             policy="size:8", tags=("mask", "window"), doc="splits partly and wholly outside a row's window"))
+             policy="size:8", tags=("mask", "window"), doc="splits partly outside a row's window"))
+    add(Case("mask/sliding-window-later-rows", _ri(30, [60, 9], q_lens=[12, 2], page_size=4, window_left=3),
+             policy="size:4", tags=("mask", "window", "multi-query"),
+             doc="the first splits lie wholly outside the later rows' windows"))
     add(Case("mask/sliding-window-zero", _ri(25, [50, 3], page_size=8, window_left=0), policy="size:8",
              tags=("mask", "window"), doc="window_left 0: each row sees only its own position"))
     add(Case("scores/very-large", _ri(26, [70, 33], q_scale=60.0), policy="size:16", tags=("scores",),

@@ -52,7 +52,8 @@ def cann_home() -> Path:
                          "its set_env.sh (CANN's default: /usr/local/Ascend/ascend-toolkit/set_env.sh)")
     path = Path(home)
     if not path.is_dir():
-        raise BuildError(f"ASCEND_HOME_PATH={home} is not a directory: source the set_env.sh of an installed CANN toolkit")
+        raise BuildError(f"ASCEND_HOME_PATH={home} is not a directory: "
+                         "source the set_env.sh of an installed CANN toolkit")
     return path
 
 
@@ -201,7 +202,8 @@ def torch_npu_headers_check(wheel_or_include: Path, cxx: str | None = None, log=
         log("+ " + " ".join(cmd))
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
-            raise BuildError(f"binding.cpp does not compile against the torch_npu headers of {src}:\n{r.stderr[-4000:]}")
+            raise BuildError(f"binding.cpp does not compile against the torch_npu headers of {src}:\n"
+                             + r.stderr[-4000:])
     return f"ok: binding.cpp compiles against the torch_npu headers of {src.name}"
 
 
@@ -211,7 +213,7 @@ def main(argv=None) -> int:
     ap.add_argument("--build-dir", type=Path, help="cmake build directory (default: ./build/ascend)")
     ap.add_argument("--jobs", type=int, help="parallel compile jobs")
     ap.add_argument("--offline-check", action="store_true",
-                    help="no CANN needed: compile binding.cpp with stand-in NPU headers and check it against the schema")
+                    help="no CANN needed: compile binding.cpp with stand-in NPU headers, check it against the schema")
     ap.add_argument("--torch-npu-headers", type=Path, metavar="WHEEL_OR_DIR",
                     help="with --offline-check: also compile binding.cpp against this torch-npu wheel's own headers")
     args = ap.parse_args(argv)

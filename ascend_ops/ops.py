@@ -221,7 +221,8 @@ def _check_meta(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, worksp
                                  or tuple(kv_quant.shape) != (4, k_cache.shape[2], q.shape[2])):
         raise ValueError(f"kv_quant: must be float32 [4, Hkv, D], got {kv_quant.dtype} {tuple(kv_quant.shape)}")
     if block_table.dtype != torch.int32 or block_table.dim() != 2:
-        raise TypeError(f"block_table: must be int32 [B, max_pages], got {block_table.dtype} {tuple(block_table.shape)}")
+        raise TypeError(f"block_table: must be int32 [B, max_pages], "
+                        f"got {block_table.dtype} {tuple(block_table.shape)}")
     if plan.dtype != torch.int32 or plan.dim() != 1:
         raise TypeError(f"plan: must be 1-D int32 words, got {plan.dtype} {tuple(plan.shape)}")
     if tiling.dtype != torch.uint8 or tiling.numel() != tl.TILING_BYTES:
@@ -253,13 +254,13 @@ def _cpu_kernel(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, worksp
     quant = {}
     if kv_quant is not None:
         quant = dict(k_scale=kv_quant[0], k_offset=kv_quant[1], v_scale=kv_quant[2], v_offset=kv_quant[3])
-    o, l, (po, pl) = eager(q, k_cache, v_cache, block_table, torch.from_numpy(seq_lens),
+    o, lse_rows, (po, pl) = eager(q, k_cache, v_cache, block_table, torch.from_numpy(seq_lens),
                            torch.from_numpy(qsl), plan=host_plan, scale=float(t["scale"]),
                            soft_cap=float(t["softCap"]) if t["softCap"] > 0 else None,
                            window_left=int(t["windowLeft"]) if t["windowLeft"] >= 0 else None,
                            return_partials=True, **quant)
     out.copy_(o)
-    lse.copy_(l)
+    lse.copy_(lse_rows)
     # the workspace as the split stage leaves it: o [numSlots, Hq, D], then lse [numSlots, Hq, 8]
     ws = workspace.view(-1)
     n_o = po.numel()
@@ -561,7 +562,8 @@ class AscendDecodeWrapper:
             raise ValueError(f"v_cache: shape must equal k_cache's {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
         p = self.host_plan
         if block_table.dim() != 2 or block_table.shape[0] != p.batch_size:
-            raise ValueError(f"plan: made for {p.batch_size} requests, block_table has shape {tuple(block_table.shape)}")
+            raise ValueError(f"plan: made for {p.batch_size} requests, "
+                             f"block_table has shape {tuple(block_table.shape)}")
         if q.shape[0] != p.num_rows:
             raise ValueError(f"plan: made for {p.num_rows} query rows, q has {q.shape[0]}")
 

@@ -120,8 +120,8 @@ def test_entry_points_name_the_backends():
 def test_wrapper_matches_the_reference(case):
     inputs, plan, w, out, lse = run_case(case)
     ref_out, ref_lse = dense_attention(inputs)
-    o, l = from_torch(out, lse)
-    acc = check(o, l, ref_out, ref_lse, plain_attention(inputs), inputs.dtype)
+    o, lse_ = from_torch(out, lse)
+    acc = check(o, lse_, ref_out, ref_lse, plain_attention(inputs), inputs.dtype)
     assert acc.passed, acc.reason
     assert out.dtype == w.dtype and lse.dtype == torch.float32
 
@@ -157,10 +157,10 @@ def test_workspace_holds_the_partials_in_the_kernel_layout():
 
     for row in range(plan.num_rows):
         s0, n = plan.row_slot_start[row], plan.row_num_splits[row]
-        o, l = merge_states(po[s0:s0 + n].numpy(), pl[s0:s0 + n, :, 0].numpy())
+        o, lse_ = merge_states(po[s0:s0 + n].numpy(), pl[s0:s0 + n, :, 0].numpy())
         ref_o, ref_l = split_attention(inputs, plan)
         np.testing.assert_allclose(o, ref_o[row], atol=1e-5)
-        np.testing.assert_allclose(l, ref_l[row], atol=1e-5)
+        np.testing.assert_allclose(lse_, ref_l[row], atol=1e-5)
 
 
 def test_graph_stable_plans_keep_buffers_in_place():
@@ -182,8 +182,8 @@ def test_graph_stable_plans_keep_buffers_in_place():
         inputs.seq_lens = new
         out, lse = w.run(t["q"], t["k_cache"], t["v_cache"], t["block_table"])
         ref_out, ref_lse = dense_attention(inputs)
-        o, l = from_torch(out, lse)
-        assert check(o, l, ref_out, ref_lse, plain_attention(inputs), inputs.dtype).passed
+        o, lse_ = from_torch(out, lse)
+        assert check(o, lse_, ref_out, ref_lse, plain_attention(inputs), inputs.dtype).passed
 
 
 def test_run_checks_metadata_and_the_plan():

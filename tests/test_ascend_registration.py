@@ -103,7 +103,7 @@ def _setup_python_npu():
         res = op(*unwrap(args), **kw)
         ret = op._schema.returns
         if ret and ret[0].alias_info is not None and ret[0].alias_info.is_write:  # in-place / out=
-            for a, v in zip(op._schema.arguments, args):
+            for a, v in zip(op._schema.arguments, args, strict=False):
                 if a.alias_info is not None and a.alias_info.is_write:
                     return v
         return res if to_host else wrap(res)
@@ -217,9 +217,9 @@ def scenario_python_kernel() -> dict:
             assert host_syncs[before:] == [], f"run() read device memory on the host: {host_syncs[before:]}"
             assert calls[n_calls:] == [w.tiling["blockDim"]], calls[n_calls:]
             assert isinstance(out, Dev) and out.device.type == "npu"
-            o, l = out.raw.float().numpy(), lse.raw.numpy()
+            o, lse_ = out.raw.float().numpy(), lse.raw.numpy()
             ref_o, ref_l = dense_attention(inputs)
-            acc = check(o, l, ref_o, ref_l, plain_attention(inputs), inputs.dtype)
+            acc = check(o, lse_, ref_o, ref_l, plain_attention(inputs), inputs.dtype)
             assert acc.passed, (case, acc.reason)
         return "wrapper plan()/run() on npu tensors: PrivateUse1 kernel called, no host sync in run(), results pass"
 

@@ -72,9 +72,9 @@ def _ascend_run(inputs: DecodeInputs, plan: Plan):
     q, k = t["q"], t["k_cache"]
     w = AscendDecodeWrapper(q.shape[1], k.shape[2], q.shape[2], k.shape[1], dtype=q.dtype, kv_dtype=k.dtype,
                             device=q.device, profile=profile())
-    w.set_plan(plan)
+    w.set_plan(plan, seq_lens=inputs.seq_lens, scale=inputs.scale, soft_cap=inputs.soft_cap,
+               window_left=inputs.window_left, max_pages=inputs.block_table.shape[1], num_pages=k.shape[0])
     out, lse = w.run(t["q"], t["k_cache"], t["v_cache"], t["block_table"], t["seq_lens"], t["query_start_loc"],
-                     scale=inputs.scale, soft_cap=inputs.soft_cap, window_left=inputs.window_left,
                      k_scale=t["k_scale"], v_scale=t["v_scale"], k_offset=t["k_offset"], v_offset=t["v_offset"])
     return from_torch(out, lse)
 

@@ -247,6 +247,19 @@ def scenario_python_kernel() -> dict:
             raise AssertionError("missing query_start_loc was accepted")
         return "ascend_ops.decode_attention validates, plans and runs on npu tensors"
 
+    def harness_backends_on_npu():
+        # (the torch-npu backend is stock torch ops on the device: this test backend is too thin for it)
+        from ascend_ops.npu_backend import ascend_backend
+        from splitkv_common.cases import get_case
+        from splitkv_common.harness import PASS, run_case
+
+        names = ("basic/vector-v-bfloat16", "int8/per-channel-offset", "mask/causal-tail-masked-split",
+                 "empty/all-rows", "gqa/12-4", "multi-query/ragged")
+        for name in names:
+            r = run_case(ascend_backend, get_case(name))
+            assert r.status == PASS, (name, r.status, r.message)
+        return f"the ascend harness backend passes {len(names)} cases on npu tensors"
+
     def compile_fullgraph():
         inputs, plan, t, w, _ = _case_tensors("multi-query/gqa-bf16")
         graphs = []
@@ -273,6 +286,7 @@ def scenario_python_kernel() -> dict:
     _check(results, "fake_npu_tensors", fake_npu_tensors)
     _check(results, "wrapper_on_npu", wrapper_on_npu)
     _check(results, "public_api_on_npu", public_api_on_npu)
+    _check(results, "harness_backends_on_npu", harness_backends_on_npu)
     _check(results, "compile_fullgraph", compile_fullgraph)
     return results
 
@@ -550,6 +564,10 @@ def test_wrapper_runs_on_npu_tensors_without_host_sync(python_npu):
 
 def test_decode_attention_on_npu_tensors(python_npu):
     _verdict(python_npu, "public_api_on_npu")
+
+
+def test_harness_backends_on_npu_tensors(python_npu):
+    _verdict(python_npu, "harness_backends_on_npu")
 
 
 def test_torch_compile_fullgraph(python_npu):

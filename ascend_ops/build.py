@@ -105,7 +105,8 @@ def node_build(soc: str | None = None, build_dir: Path | None = None, jobs: int 
     build_dir.mkdir(parents=True, exist_ok=True)
     configure = ["cmake", "-S", str(CSRC), "-B", str(build_dir), f"-DSOC_VERSION={soc}",
                  f"-DASCEND_CANN_PACKAGE_PATH={home}", f"-DTORCH_PATH={torch_dir}", f"-DTORCH_NPU_PATH={npu_dir}",
-                 f"-DTORCH_CXX11_ABI={torch_abi()}", "-DCMAKE_BUILD_TYPE=Release"]
+                 f"-DTORCH_CXX11_ABI={torch_abi()}", "-DCMAKE_BUILD_TYPE=Release",
+                 f"-DSPLITKV_EXTRA_LIBS={os.environ.get('SPLITKV_EXTRA_LIBS', '')}"]
     compile_ = ["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 4)]
     for cmd in (configure, compile_):
         log("+ " + " ".join(cmd))

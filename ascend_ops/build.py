@@ -156,16 +156,21 @@ def offline_library(out_dir: Path, cxx: str | None = None, log=print) -> Path:
     return out
 
 
+def load_check(lib: Path) -> str:
+    """Load ``lib`` in a fresh interpreter after ``ascend_ops.ops`` defined the schema (a mismatch
+    aborts that interpreter, not this one); return its message or raise ``BuildError``."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PKG.parent), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", _LOAD_CHECK, str(lib)], capture_output=True, text=True, env=env)
+    if r.returncode:
+        msg = "\n".join(x for x in (r.stderr or r.stdout).splitlines() if not x.startswith("frame #"))
+        raise BuildError("loading the binding against ascend_ops.ops.SCHEMA failed:\n" + msg[:4000])
+    return r.stdout.strip()
+
+
 def offline_check(out_dir: Path | None = None, log=print) -> str:
     """Compile the binding offline and load it against the Python schema; return the loader's message."""
     with tempfile.TemporaryDirectory() as tmp:
-        lib = offline_library(Path(out_dir or tmp), log=log)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PKG.parent), os.environ.get("PYTHONPATH", "")]))
-        r = subprocess.run([sys.executable, "-c", _LOAD_CHECK, str(lib)], capture_output=True, text=True, env=env)
-        if r.returncode:
-            msg = "\n".join(x for x in (r.stderr or r.stdout).splitlines() if not x.startswith("frame #"))
-            raise BuildError("loading the binding against ascend_ops.ops.SCHEMA failed:\n" + msg[:4000])
-        return r.stdout.strip()
+        return load_check(offline_library(Path(out_dir or tmp), log=log))
 
 
 def torch_npu_headers_check(wheel_or_include: Path, cxx: str | None = None, log=print) -> str:

@@ -233,3 +233,51 @@ def test_kv_quant_packing_is_the_kernels_layout(case):
                                num_kv_heads=inputs.k_cache.shape[2], head_dim=inputs.q.shape[2], device="cpu")
     np.testing.assert_array_equal(packed.numpy(), tiling.kv_quant_array(inputs))
     assert packed.is_contiguous() and packed.dtype == torch.float32
+
+
+# --- the node scripts, on a machine without CANN or an NPU ------------------------------------
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+SCRIPTS = [ROOT / "scripts" / "build_ascend.sh", ROOT / "scripts" / "npu_parity.sh"]
+
+
+def _script(argv, **env_changes):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in env_changes}
+    env.update({k: v for k, v in env_changes.items() if v is not None})
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_shell_scripts_parse(script):
+    import shutil
+
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    if shutil.which("shellcheck"):
+        r = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout
+
+
+def test_build_script_without_cann_says_so():
+    r = _script([str(SCRIPTS[0])], ASCEND_HOME_PATH=None)
+    assert r.returncode == 2
+    assert "ASCEND_HOME_PATH is not set" in r.stderr and "set_env.sh" in r.stderr
+    r = _script([str(SCRIPTS[0])], ASCEND_HOME_PATH="/nonexistent/cann")
+    assert r.returncode == 2 and "is not a directory" in r.stderr
+
+
+@pytest.mark.skipif(not NO_TORCH_NPU, reason="torch_npu is installed here")
+def test_build_script_without_torch_npu_says_so(tmp_path):
+    r = _script([str(SCRIPTS[0])], ASCEND_HOME_PATH=str(tmp_path))
+    assert r.returncode == 2 and "torch_npu is not installed" in r.stderr
+
+
+@pytest.mark.skipif(not NO_TORCH_NPU, reason="torch_npu is installed here")
+def test_node_checks_refuse_to_run_without_an_npu():
+    r = _script([str(SCRIPTS[1])])
+    assert r.returncode == 2
+    assert "backend ascend cannot run here: torch_npu is not installed" in r.stderr
+    assert "backend torch-npu cannot run here" in r.stderr
+    r = _script([sys.executable, str(ROOT / "scripts" / "npu_graph_check.py")])
+    assert r.returncode == 2 and "torch_npu is not installed" in r.stderr

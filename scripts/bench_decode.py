@@ -233,14 +233,14 @@ def run_bench(args):
         r.update(auto_us=us, auto_plan=str(plan.policy) + f" split={plan.split_tokens or 'none'}",
                  auto_splits=int(plan.max_splits), auto_items=plan.num_valid_items, workspace_bytes=ws)
         r["fused_merge"] = FUSE["few" if plan.num_valid_items <= 2 * 132 else "many"] and plan.max_splits > 1
-    # stage 1 alone (separate merge left out) against the same with its merge launch
-    if plan.max_splits > 1:
-        s1 = ours(timer, q, k, v, bt, seq, "auto", fuse=False, stage1_only=True)[0]
-        sep = ours(timer, q, k, v, bt, seq, "auto", fuse=False)[0]
-        r["auto_stage1_us"], r["auto_separate_merge_us"] = s1, sep
-        r["merge_share"] = max(0.0, 1 - s1 / us)
-    else:
-        r["auto_stage1_us"], r["merge_share"] = us, 0.0
+        # stage 1 alone (separate merge left out) against the same with its merge launch
+        if plan.max_splits > 1:
+            s1 = ours(timer, q, k, v, bt, seq, "auto", fuse=False, stage1_only=True)[0]
+            sep = ours(timer, q, k, v, bt, seq, "auto", fuse=False)[0]
+            r["auto_stage1_us"], r["auto_separate_merge_us"] = s1, sep
+            r["merge_share"] = max(0.0, 1 - s1 / us)
+        else:
+            r["auto_stage1_us"], r["merge_share"] = us, 0.0
         r["none_us"] = ours(timer, q, k, v, bt, seq, "none")[0]
         fixed = {}
         for s in split_sizes(ctx):
@@ -287,8 +287,9 @@ def run_tune(args):
     from tqdm import tqdm
     timer = Timer(args.iters)
     ceiling = copy_ceiling(timer)
-    cfgs = [KernelConfig(bn, nw, 1, prefetch=pf) for (bn, nw), pf in itertools.product(
-        ((32, 4), (64, 4), (64, 8), (128, 8), (32, 8)), (False, True))]
+    cfgs = [KernelConfig(bn, nw, ns, prefetch=pf) for bn, nw, ns, pf in (
+        (64, 4, 2, False), (64, 4, 3, False), (128, 8, 2, False), (32, 4, 2, False), (64, 4, 2, True),
+        (128, 8, 2, True))]
     pts = [(1, 4096), (1, 16384), (1, 65536), (1, 131072), (16, 8192), (64, 2048), (128, 1024)]
     rows = []
     for (B, ctx) in tqdm(pts, unit="pt"):

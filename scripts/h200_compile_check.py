@@ -13,7 +13,7 @@ ptrs = {"Q":"*bf16","K":"*bf16","V":"*bf16","BLOCK_TABLE":"*i32","SEQ_LENS":"*i3
  "ITEM_REQ":"*i32","ITEM_HEAD":"*i32","ITEM_SPLIT":"*i32","ITEM_START":"*i32","ITEM_END":"*i32","NUM_SPLITS":"*i32","ROW_SLOT":"*i32",
  "PART_O":"*fp32","PART_LSE":"*fp32","OUT":"*bf16","OUT_LSE":"*fp32","COUNTERS":"*i32","K_SCALE":"*fp32","V_SCALE":"*fp32","K_OFFSET":"*fp32","V_OFFSET":"*fp32",
  "qk_scale":"fp32","soft_cap":"fp32"}
-const = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=64, KV_INT8=False, HAS_OFFSET=False, SOFT_CAP=True, HAS_WINDOW=True, DOT_IEEE=False, UPCAST=False, FUSE_MERGE=True)
+const = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=64, KV_INT8=False, HAS_OFFSET=False, SOFT_CAP=True, HAS_WINDOW=True, DOT_IEEE=False, UPCAST=False, FUSE_MERGE=True, PREFETCH=False)
 for n in names:
     if n in const: sig[n] = "constexpr"
     else: sig[n] = ptrs.get(n, "i32")

@@ -44,9 +44,10 @@ class DeviceProfile:
 
 PROFILES: dict[str, DeviceProfile] = {
     "h200": DeviceProfile(
-        name="h200", units=132, items_per_unit=2, bandwidth_gbps=4200.0, unit_bandwidth_gbps=120.0,
-        item_overhead_us=1.0, launch_us=3.0, min_split_tokens=256, max_splits=64,
-        note="NVIDIA H200 SXM: 132 SMs; copy ceiling ~4.2 TB/s measured"),
+        name="h200", units=132, items_per_unit=2, bandwidth_gbps=4270.0, unit_bandwidth_gbps=20.0,
+        item_overhead_us=6.0, launch_us=3.0, min_split_tokens=256, max_splits=64,
+        note="NVIDIA H200 SXM: 132 SMs; copy ceiling 4.27 TB/s measured; per-item bandwidth and per-wave "
+             "cost fitted to the Triton kernels' split sweeps (docs/perf-notes.md)"),
     "910b2": DeviceProfile(
         name="910b2", units=48, items_per_unit=1, bandwidth_gbps=1500.0, unit_bandwidth_gbps=60.0,
         item_overhead_us=2.0, launch_us=5.0, min_split_tokens=512, max_splits=32, ub_bytes=192 * 1024,

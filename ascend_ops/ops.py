@@ -107,15 +107,11 @@ def has_npu_kernel() -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(QUALNAME, "PrivateUse1")
 
 
-_LOAD_ERROR: str | None = None
-
-
 def load_extension(path: "str | Path | None" = None) -> None:
     """Load the C++ library (its ``PrivateUse1`` kernel); raise ``RuntimeError`` saying what is missing.
 
     torch_npu is imported first (the library links against it). Loading twice is a no-op.
     """
-    global _LOAD_ERROR
     if has_npu_kernel():
         return
     why = torch_npu_unavailable()
@@ -128,8 +124,7 @@ def load_extension(path: "str | Path | None" = None) -> None:
     try:
         torch.ops.load_library(str(lib))
     except Exception as e:  # noqa: BLE001
-        _LOAD_ERROR = f"{type(e).__name__}: {e}"
-        raise RuntimeError(f"{QUALNAME}: loading {lib} failed: {_LOAD_ERROR}") from e
+        raise RuntimeError(f"{QUALNAME}: loading {lib} failed: {type(e).__name__}: {e}") from e
     if not has_npu_kernel():
         raise RuntimeError(f"{QUALNAME}: {lib} loaded but registered no PrivateUse1 kernel for the op")
 
@@ -176,22 +171,24 @@ def require_npu_kernel(device: torch.device) -> None:
 # What the kernels support (checked before any launch)
 # ---------------------------------------------------------------------------------------------
 
-MAX_HEAD_DIM = 256  # splitkv_tiling.h: headDim a multiple of 8, at most 256
-
-
 def unsupported_reason(head_dim: int, dtype: str, kv_dtype: str) -> str | None:
-    """``None`` when the kernels handle this shape and these dtypes, else why not."""
-    if head_dim % 8 or head_dim > MAX_HEAD_DIM:
-        return f"head dim {head_dim}: the Ascend kernels need a multiple of 8 up to {MAX_HEAD_DIM}"
+    """``None`` when the kernels handle this head dim and these dtypes, else why not (tiling's rules)."""
+    from . import tiling as tl
+
+    why = tl.supported_head_dim(int(head_dim))
+    if why:
+        return why
     if dtype not in ("float32", "float16", "bfloat16"):
-        return f"dtype {dtype} is not supported"
+        return f"dtype {dtype}: the Ascend kernels take float32, float16 or bfloat16 q"
     if kv_dtype not in (dtype, "int8"):
-        return f"KV dtype {kv_dtype} with q dtype {dtype} is not supported"
+        return f"KV dtype {kv_dtype}: the Ascend kernels take q's dtype ({dtype}) or int8"
     return None
 
 
 def supported_head_dims() -> range:
-    return range(8, MAX_HEAD_DIM + 1, 8)
+    from . import tiling as tl
+
+    return range(8, tl.MAX_HEAD_DIM + 1, 8)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -339,11 +339,12 @@ class AscendDecodeWrapper:
     lengths and call ``plan()`` again (docs/npu.md, "Plan, run and aclgraph")::
 
         w = AscendDecodeWrapper(32, 8, 128, 128, dtype=torch.bfloat16, graph_stable=True, max_work_items=1024)
-        w.plan(seq_lens_host)
+        w.plan(seq_lens_host, scale=scale, max_pages=block_table.shape[1], num_pages=k_cache.shape[0])
+        w.run(q, k_cache, v_cache, block_table)            # warm-up, eager
         g = torch.npu.NPUGraph()
         with torch.npu.graph(g):
-            out, lse = w.run(q, k_cache, v_cache, block_table, seq_lens)
-        w.plan(new_seq_lens_host); g.replay()
+            out, lse = w.run(q, k_cache, v_cache, block_table)
+        w.plan(new_seq_lens_host, scale=scale); g.replay()
 
     Args:
         num_q_heads, num_kv_heads, head_dim, page_size: the model's shape (``Hq % Hkv == 0``).
@@ -352,7 +353,9 @@ class AscendDecodeWrapper:
         profile: device profile of the planner (``910b2``, ``910b3``...); policy: ``auto``,
             ``none``, ``size:N``, ``count:N``; graph_stable, max_splits, max_work_items,
             min_split_tokens: as :func:`splitkv_common.plan.make_plan`.
-        scale, soft_cap, window_left: the attention's constants, fixed per wrapper (a layer's).
+
+    The attention's constants (``scale``, ``soft_cap``, ``window_left``) and the page counts are
+    part of the tiling: give them to ``plan()`` so that ``run()`` does no host work.
     """
 
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
@@ -454,6 +457,9 @@ class AscendDecodeWrapper:
                                 ("lse", (T, self.num_q_heads), torch.float32)):
             buf = self._buffers.get(name)
             if buf is None or tuple(buf.shape) != shape:
+                if buf is not None and self.graph_stable:
+                    raise ValueError(f"plan: {name} changed shape ({tuple(buf.shape)} -> {shape}) under a "
+                                     "graph-stable plan; a captured graph needs the same query rows every step")
                 self._buffers[name] = torch.empty(shape, dtype=dt, device=self.device)
         self.tiling = t
         self._stale = False

@@ -422,6 +422,11 @@ def test_the_registered_schema_is_the_python_string():
     assert len(registered.returns) == 0
 
 
+def test_docs_state_the_schema():
+    text = " ".join((ROOT / "docs" / "npu.md").read_text().split())
+    assert f"{ops.NAMESPACE}::{ops.SCHEMA}".replace(", ", ",") in text.replace(", ", ",")
+
+
 def _cpp_params(fn: str) -> list[tuple[str, str, bool]]:
     """``[(schema type, name, mutable)]`` of a C++ function in binding.cpp, from its declaration."""
     text = BINDING.read_text()

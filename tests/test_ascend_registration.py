@@ -381,17 +381,44 @@ from ascend_ops import build, ops  # noqa: E402
 HAS_CXX = bool(os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++"))
 
 
-def _run_child(*argv: str) -> dict:
+def _start_child(*argv: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True, env=env, timeout=600)
-    line = [x for x in r.stdout.splitlines() if x.startswith("RESULTS ")]
-    assert line, f"child interpreter failed (exit {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+    return subprocess.Popen([sys.executable, __file__, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+
+
+def _child_results(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate(timeout=600)
+    line = [x for x in out.splitlines() if x.startswith("RESULTS ")]
+    assert line, f"child interpreter failed (exit {proc.returncode}):\n{out[-2000:]}\n{err[-4000:]}"
     return json.loads(line[-1][len("RESULTS "):])
 
 
+def _run_child(*argv: str) -> dict:
+    return _child_results(_start_child(*argv))
+
+
 @pytest.fixture(scope="module")
-def python_npu():
-    return _run_child("python")
+def python_npu_child():
+    """Started early (see the autouse fixture) so it runs while the C++ binding compiles."""
+    proc = _start_child("python")
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _start_python_npu_early(request):
+    wanted = any("python_npu" in item.fixturenames for item in request.session.items
+                 if item.module is request.module)
+    if wanted:
+        request.getfixturevalue("python_npu_child")
+
+
+@pytest.fixture(scope="module")
+def python_npu(python_npu_child):
+    return _child_results(python_npu_child)
 
 
 @pytest.fixture(scope="module")

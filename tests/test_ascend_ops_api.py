@@ -292,3 +292,14 @@ def test_the_npu_path_feeds_the_kernels_the_bytes_the_twin_ran(case):
     assert w._buffers["tiling"].numpy().tobytes() == twin.tiling_bytes
     np.testing.assert_array_equal(w._buffers["plan"].numpy(), twin.plan_words)
     assert w._buffers["workspace"].numel() * 4 == max(twin.workspace_bytes, 4)
+
+
+def test_torch_npu_backend_body_on_the_cpu(monkeypatch):
+    """The torch-npu backend's code path with the device swapped for the CPU (the NPU run is the node's)."""
+    from ascend_ops import npu_backend
+    from splitkv_common.harness import PASS, run_case as harness_run
+
+    monkeypatch.setattr(npu_backend, "_npu_device", lambda: "cpu")
+    for name in ("multi-query/gqa-bf16", "int8/per-channel-offset", "empty/some-rows"):
+        r = harness_run(npu_backend.torch_npu_backend, get_case(name))
+        assert r.status == PASS, (name, r.message)

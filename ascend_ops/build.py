@@ -2,12 +2,15 @@
 
 On a machine with CANN and torch_npu::
 
-    python -m ascend_ops.build [--soc Ascend910B2] [--jobs N] [--build-dir build/ascend]
+    python -m ascend_ops.build [--soc Ascend910B2] [--jobs N] [--build-dir build/ascend] [--route cmake|bisheng]
 
 configures ``ascend_ops/csrc/CMakeLists.txt`` with the torch and torch_npu directories and the
 torch C++ ABI, compiles the Ascend C kernels with CANN's ``ascendc_library()`` (bisheng) and the
 binding against torch and torch_npu, and copies the library where :func:`ascend_ops.load_extension`
-looks for it. Every missing piece is reported in a sentence, with exit status 2.
+looks for it. ``--route bisheng`` instead compiles ``csrc/launch_split.asc`` and
+``csrc/launch_combine.asc`` (each: a kernel source and its ``<<<>>>`` launch function) with
+``bisheng -x asc --npu-arch=dav-2201`` into ``libsplitkv_ascend_kernels.so``, then the binding with
+the host compiler, linked to it. Every missing piece is reported in a sentence, with exit status 2.
 
 Anywhere with a host C++ compiler and torch::
 
@@ -88,12 +91,34 @@ def detect_soc(default: str = DEFAULT_SOC) -> str:
     return default
 
 
+NPU_ARCH = {"Ascend910B": "dav-2201", "Ascend910_93": "dav-2201"}  # SoC name prefix -> bisheng --npu-arch
+KERNELS_LIB_FILE = "libsplitkv_ascend_kernels.so"
+
+
+def npu_arch(soc: str) -> str:
+    """bisheng's ``--npu-arch`` for a SoC name (``Ascend910B2`` -> ``dav-2201``)."""
+    for prefix, arch in NPU_ARCH.items():
+        if soc.startswith(prefix):
+            return arch
+    raise BuildError(f"SoC {soc!r}: the kernels are written for Ascend 910B (dav-2201); known prefixes: "
+                     f"{', '.join(NPU_ARCH)}")
+
+
+def _run(cmd: list[str], log) -> None:
+    log("+ " + " ".join(cmd))
+    if subprocess.run(cmd).returncode:
+        raise BuildError(f"'{' '.join(cmd[:3])}' failed (see the messages above)")
+
+
 def node_build(soc: str | None = None, build_dir: Path | None = None, jobs: int | None = None,
-               log=print) -> Path:
-    """Configure, compile and install the library; return its path. ``BuildError`` says what is missing."""
+               log=print, route: str = "cmake") -> Path:
+    """Compile the kernels and the binding and put the library in the package; return its path.
+
+    ``route``: ``cmake`` (CANN's ``ascendc_library()``, the default) or ``bisheng`` (``bisheng -x
+    asc`` on ``csrc/launch_*.asc``, kernel and ``<<<>>>`` launch in one file each, then the host
+    compiler on ``binding.cpp``). ``BuildError`` says what is missing or which step failed.
+    """
     home = cann_home()
-    if shutil.which("cmake") is None:
-        raise BuildError("cmake is not on PATH (3.16 or newer is needed)")
     torch_dir = package_dir("torch", "pip install torch (the version torch_npu was built for)")
     npu_dir = package_dir("torch_npu", "install the torch-npu wheel matching your torch and CANN (docs/npu.md)")
     if not (npu_dir / "include").is_dir():
@@ -103,23 +128,59 @@ def node_build(soc: str | None = None, build_dir: Path | None = None, jobs: int 
     soc = soc or detect_soc()
     build_dir = Path(build_dir or Path.cwd() / "build" / "ascend")
     build_dir.mkdir(parents=True, exist_ok=True)
-    configure = ["cmake", "-S", str(CSRC), "-B", str(build_dir), f"-DSOC_VERSION={soc}",
-                 f"-DASCEND_CANN_PACKAGE_PATH={home}", f"-DTORCH_PATH={torch_dir}", f"-DTORCH_NPU_PATH={npu_dir}",
-                 f"-DTORCH_CXX11_ABI={torch_abi()}", "-DCMAKE_BUILD_TYPE=Release",
-                 f"-DSPLITKV_EXTRA_LIBS={os.environ.get('SPLITKV_EXTRA_LIBS', '')}"]
-    compile_ = ["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 4)]
-    for cmd in (configure, compile_):
-        log("+ " + " ".join(cmd))
-        if subprocess.run(cmd).returncode:
-            raise BuildError(f"'{' '.join(cmd[:3])}' failed (see the messages above)")
+    if route == "cmake":
+        built = _cmake_build(home, torch_dir, npu_dir, soc, build_dir, jobs, log)
+        extra = []
+    elif route == "bisheng":
+        built, kernels = _bisheng_build(home, torch_dir, npu_dir, soc, build_dir, log)
+        extra = [kernels]
+    else:
+        raise BuildError(f"route {route!r}: expected cmake or bisheng")
+    LIB_DIR.mkdir(exist_ok=True)
+    for lib in extra:
+        shutil.copy2(lib, LIB_DIR / lib.name)
+    dest = LIB_DIR / LIB_FILE
+    shutil.copy2(built, dest)
+    log(f"built {dest} for {soc} ({route} route)")
+    return dest
+
+
+def _cmake_build(home, torch_dir, npu_dir, soc, build_dir, jobs, log) -> Path:
+    if shutil.which("cmake") is None:
+        raise BuildError("cmake is not on PATH (3.16 or newer is needed)")
+    _run(["cmake", "-S", str(CSRC), "-B", str(build_dir), f"-DSOC_VERSION={soc}",
+          f"-DASCEND_CANN_PACKAGE_PATH={home}", f"-DTORCH_PATH={torch_dir}", f"-DTORCH_NPU_PATH={npu_dir}",
+          f"-DTORCH_CXX11_ABI={torch_abi()}", "-DCMAKE_BUILD_TYPE=Release",
+          f"-DSPLITKV_EXTRA_LIBS={os.environ.get('SPLITKV_EXTRA_LIBS', '')}"], log)
+    _run(["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 4)], log)
     built = sorted(build_dir.rglob(LIB_FILE))
     if not built:
         raise BuildError(f"the build finished but produced no {LIB_FILE} under {build_dir}")
-    LIB_DIR.mkdir(exist_ok=True)
-    dest = LIB_DIR / LIB_FILE
-    shutil.copy2(built[0], dest)
-    log(f"built {dest} for {soc}")
-    return dest
+    return built[0]
+
+
+def _bisheng_build(home, torch_dir, npu_dir, soc, build_dir, log) -> tuple[Path, Path]:
+    bisheng = shutil.which("bisheng") or str(home / "compiler" / "ccec_compiler" / "bin" / "bisheng")
+    if not Path(bisheng).is_file():
+        raise BuildError("bisheng not found on PATH nor under $ASCEND_HOME_PATH/compiler/ccec_compiler/bin")
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
+    if not cxx:
+        raise BuildError("no host C++ compiler (g++ or clang++) on PATH")
+    kernels = build_dir / KERNELS_LIB_FILE
+    _run([bisheng, "-x", "asc", f"--npu-arch={npu_arch(soc)}", "-shared", "-fPIC", "-O2", "-std=c++17",
+          f"-I{KERNEL_DIR}", f"-I{CSRC / 'launch'}", f"-I{home / 'include'}",
+          str(CSRC / "launch_split.asc"), str(CSRC / "launch_combine.asc"), "-o", str(kernels)], log)
+    out = build_dir / LIB_FILE
+    torch_inc = torch_dir / "include"
+    libs = [f"-L{build_dir}", f"-L{torch_dir / 'lib'}", f"-L{npu_dir / 'lib'}", f"-L{home / 'lib64'}",
+            "-lsplitkv_ascend_kernels", "-ltorch_npu", "-ltorch", "-ltorch_cpu", "-lc10", "-lascendcl", "-ldl",
+            *[f"-l{x}" for x in os.environ.get("SPLITKV_EXTRA_LIBS", "").split(";") if x]]
+    _run([cxx, "-std=c++17", "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
+          f"-D_GLIBCXX_USE_CXX11_ABI={torch_abi()}", f"-isystem{torch_inc}",
+          f"-isystem{torch_inc / 'torch' / 'csrc' / 'api' / 'include'}", f"-isystem{npu_dir / 'include'}",
+          f"-isystem{home / 'include'}", f"-I{CSRC / 'launch'}", f"-I{KERNEL_DIR}", str(CSRC / "binding.cpp"),
+          *libs, f"-Wl,-rpath,$ORIGIN:{torch_dir / 'lib'}:{npu_dir / 'lib'}", "-o", str(out)], log)
+    return out, kernels
 
 
 # --- offline check --------------------------------------------------------------------------
@@ -145,7 +206,7 @@ def offline_library(out_dir: Path, cxx: str | None = None, log=print) -> Path:
     out = Path(out_dir) / "libsplitkv_ascend_offline.so"
     cmd = [cxx, "-std=c++17", "-shared", "-fPIC", "-O0", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
            f"-D_GLIBCXX_USE_CXX11_ABI={torch_abi()}",
-           *[f"-isystem{p}" for p in ext.include_paths()], f"-I{CSRC / 'offline'}", f"-I{CSRC / 'offline' / 'launch'}",
+           *[f"-isystem{p}" for p in ext.include_paths()], f"-I{CSRC / 'offline'}", f"-I{CSRC / 'launch'}",
            f"-I{KERNEL_DIR}",
            str(CSRC / "binding.cpp"), str(CSRC / "offline" / "stub_runtime.cpp"),
            f"-L{torch_lib}", "-lc10", "-ltorch", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}", "-o", str(out)]
@@ -178,7 +239,7 @@ def torch_npu_headers_check(wheel_or_include: Path, cxx: str | None = None, log=
 
     ``wheel_or_include``: a torch-npu wheel (only its ``torch_npu/include`` is read; nothing is
     installed or imported) or an extracted ``include`` directory. Only the two generated launch
-    headers still come from ``csrc/offline/launch``. Use the torch_npu release that matches the
+    headers' declarations come from ``csrc/launch``. Use the torch_npu release that matches the
     installed torch.
     """
     import zipfile
@@ -204,7 +265,7 @@ def torch_npu_headers_check(wheel_or_include: Path, cxx: str | None = None, log=
         cmd = [cxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
                f"-D_GLIBCXX_USE_CXX11_ABI={torch_abi()}", *[f"-isystem{p}" for p in ext.include_paths()],
                f"-isystem{inc}", f"-isystem{inc / 'third_party' / 'acl' / 'inc'}",
-               f"-I{CSRC / 'offline' / 'launch'}", f"-I{KERNEL_DIR}", str(CSRC / "binding.cpp")]
+               f"-I{CSRC / 'launch'}", f"-I{KERNEL_DIR}", str(CSRC / "binding.cpp")]
         log("+ " + " ".join(cmd))
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
@@ -218,6 +279,8 @@ def main(argv=None) -> int:
     ap.add_argument("--soc", help=f"SoC for the kernels (default: detected, else {DEFAULT_SOC})")
     ap.add_argument("--build-dir", type=Path, help="cmake build directory (default: ./build/ascend)")
     ap.add_argument("--jobs", type=int, help="parallel compile jobs")
+    ap.add_argument("--route", choices=("cmake", "bisheng"), default="cmake",
+                    help="cmake: CANN's ascendc_library() (default); bisheng: bisheng -x asc on csrc/launch_*.asc")
     ap.add_argument("--offline-check", action="store_true",
                     help="no CANN needed: compile binding.cpp with stand-in NPU headers, check it against the schema")
     ap.add_argument("--torch-npu-headers", type=Path, metavar="WHEEL_OR_DIR",
@@ -229,7 +292,7 @@ def main(argv=None) -> int:
             if args.torch_npu_headers:
                 print(torch_npu_headers_check(args.torch_npu_headers))
         else:
-            node_build(args.soc, args.build_dir, args.jobs)
+            node_build(args.soc, args.build_dir, args.jobs, route=args.route)
     except BuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

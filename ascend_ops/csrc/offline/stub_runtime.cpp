@@ -4,6 +4,7 @@
 
 #include "aclrtlaunch_splitkv_combine.h"
 #include "aclrtlaunch_splitkv_split.h"
+#include "torch_npu/csrc/core/npu/NPUStream.h"
 #include "torch_npu/csrc/framework/OpCommand.h"
 
 namespace c10_npu {

@@ -3,7 +3,7 @@
 #pragma once
 #include <c10/core/Device.h>
 
-typedef void *aclrtStream;
+#include "acl/acl_base.h"
 
 namespace c10_npu {
 class NPUStream {

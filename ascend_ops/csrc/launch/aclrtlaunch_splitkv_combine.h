@@ -1,0 +1,16 @@
+// Host launch function of the combine kernel
+//   extern "C" __global__ __aicore__ void splitkv_combine(GM_ADDR workspace, GM_ADDR plan, GM_ADDR out,
+//       GM_ADDR lse, GM_ADDR tiling)
+// blockDim, the stream, then one void * per GM_ADDR; returns 0 on success. This is the signature
+// CANN's ascendc_library() generates (the CMake route uses the generated header, not this one);
+// the bisheng route defines it in ../launch_combine.asc; offline, ../offline/stub_runtime.cpp does.
+#pragma once
+#include <cstdint>
+#include "acl/acl_base.h"
+
+#ifndef ACLRT_LAUNCH_KERNEL
+#define ACLRT_LAUNCH_KERNEL(kernel_func) aclrtlaunch_##kernel_func
+#endif
+
+extern "C" uint32_t aclrtlaunch_splitkv_combine(uint32_t blockDim, aclrtStream stream, void *workspace, void *plan,
+                                                void *out, void *lse, void *tiling);

@@ -4,7 +4,8 @@
 # ascendc_library) and the torch_npu binding (docs/npu.md, "Build").
 #
 #   source <CANN>/set_env.sh          # sets ASCEND_HOME_PATH
-#   scripts/build_ascend.sh [--soc Ascend910B2] [--jobs N] [--build-dir DIR]
+#   scripts/build_ascend.sh [--soc Ascend910B2] [--jobs N] [--build-dir DIR] [--route cmake|bisheng]
+#       cmake (default): CANN's ascendc_library(); bisheng: bisheng -x asc --npu-arch=dav-2201
 #
 #   scripts/build_ascend.sh --offline-check
 #       anywhere with g++ and torch: compile the binding with stand-in NPU headers and check its

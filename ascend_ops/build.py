@@ -219,8 +219,10 @@ def offline_library(out_dir: Path, cxx: str | None = None, log=print) -> Path:
 
 def load_check(lib: Path) -> str:
     """Load ``lib`` in a fresh interpreter after ``ascend_ops.ops`` defined the schema (a mismatch
-    aborts that interpreter, not this one); return its message or raise ``BuildError``."""
+    aborts that interpreter, not this one); return its message or raise ``BuildError``. Meant for
+    the offline and stand-in builds: torch_npu is not imported in that interpreter."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PKG.parent), os.environ.get("PYTHONPATH", "")]))
+    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # stand-in builds: keep a real torch_npu (if any) out
     r = subprocess.run([sys.executable, "-c", _LOAD_CHECK, str(lib)], capture_output=True, text=True, env=env)
     if r.returncode:
         msg = "\n".join(x for x in (r.stderr or r.stdout).splitlines() if not x.startswith("frame #"))

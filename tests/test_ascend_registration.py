@@ -383,7 +383,9 @@ HAS_CXX = bool(os.environ.get("CXX") or shutil.which("g++") or shutil.which("cla
 
 
 def _start_child(*argv: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    # torch_npu, where installed, must not be auto-imported: the child makes its own `npu` device
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     return subprocess.Popen([sys.executable, __file__, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
 

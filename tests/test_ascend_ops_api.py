@@ -303,3 +303,48 @@ def test_torch_npu_backend_body_on_the_cpu(monkeypatch):
     for name in ("multi-query/gqa-bf16", "int8/per-channel-offset", "empty/some-rows"):
         r = harness_run(npu_backend.torch_npu_backend, get_case(name))
         assert r.status == PASS, (name, r.message)
+
+
+def test_graph_check_script_logic_on_the_cpu(monkeypatch):
+    """scripts/npu_graph_check.py's capture/replay loop with the NPU swapped for the CPU and the
+    graph emulated by re-running the captured ``run()`` call (same tensors, plan refreshed in place)."""
+    import importlib.util as iu
+    import types
+
+    spec = iu.spec_from_file_location("npu_graph_check", ROOT / "scripts" / "npu_graph_check.py")
+    gc = iu.module_from_spec(spec)
+    spec.loader.exec_module(gc)
+    import splitkv_common.backends as be
+
+    to_torch_cpu = be.to_torch
+    monkeypatch.setattr(be, "to_torch", lambda inputs, device="cpu": to_torch_cpu(inputs, "cpu"))
+    captured = []
+
+    class CpuWrapper(AscendDecodeWrapper):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **{**k, "device": "cpu"})
+
+        def run(self, *a, **k):
+            captured.append((a, k))
+            return super().run(*a, **k)
+
+    class Graph:
+        def replay(self):
+            a, k = captured[-1]
+            AscendDecodeWrapper.run(wrappers[-1], *a, **k)
+
+    wrappers = []
+    orig_init = CpuWrapper.__init__
+
+    def init(self, *a, **k):
+        orig_init(self, *a, **k)
+        wrappers.append(self)
+
+    monkeypatch.setattr(CpuWrapper, "__init__", init)
+    monkeypatch.setattr(gc.ascend_ops, "AscendDecodeWrapper", CpuWrapper)
+    monkeypatch.setattr(torch, "npu", types.SimpleNamespace(synchronize=lambda: None, NPUGraph=Graph,
+                                                            graph=lambda g: __import__("contextlib").nullcontext()),
+                        raising=False)
+    for name in ("multi-query/gqa-bf16", "int8/per-head", "mask/sliding-window"):
+        r = gc.graph_case(get_case(name), "910b2")
+        assert r["passed"] and len(r["replays"]) == 4, r

@@ -36,7 +36,11 @@ class KernelConfig:
 
 
 # Measured overrides, keyed "few" (at most two work items per SM) and "many" (see bench_decode --tune).
-CONFIG_OVERRIDE: dict[str, KernelConfig] = {}
+# Defaults: the configuration `bench_decode.py --tune` chose on the H200 (docs/perf-notes.md).
+CONFIG_OVERRIDE: dict[str, KernelConfig] = {
+    "few": KernelConfig(block_n=64, num_warps=4, num_stages=2, prefetch=True),
+    "many": KernelConfig(block_n=64, num_warps=4, num_stages=2, prefetch=True),
+}
 
 
 def default_config(head_dim: int, kv_bytes: int, num_items: int = 0) -> KernelConfig:

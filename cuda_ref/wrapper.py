@@ -37,14 +37,15 @@ class DecodeWrapper:
         profile: device profile of the ``auto`` planner; policy: ``auto``, ``none``, ``size:N``, ``count:N``.
         graph_stable: fixed-shape plans for graph replay (``max_splits`` and ``max_work_items`` bound them).
         fuse_merge: merge in stage 1 (the last split to finish merges, with a per-(request, KV head)
-            counter) instead of a second launch.
+            counter) instead of a second launch; default: fused when the plan has at most two work
+            items per SM (where the second launch costs most, measured on the H200).
         config: stage-1 tile / warps / stages (default per head dim, see :mod:`cuda_ref.launch`).
     """
 
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  dtype=torch.bfloat16, kv_dtype=None, device=None, profile: str = "h200", policy: str = "auto",
                  graph_stable: bool = False, max_splits: int | None = None, max_work_items: int | None = None,
-                 min_split_tokens: int | None = None, fuse_merge: bool = False,
+                 min_split_tokens: int | None = None, fuse_merge: bool | None = None,
                  config: KernelConfig | None = None):
         if num_q_heads % num_kv_heads:
             raise ValueError(f"q: Hq % Hkv must be 0 (GQA group size), got Hq={num_q_heads}, Hkv={num_kv_heads}")
@@ -104,7 +105,7 @@ class DecodeWrapper:
         """Bytes of the partial buffers (and merge counters) the current plan needs."""
         if self.host_plan is None:
             return 0
-        extra = self._buffers["counters"].numel() * 4 if self.fuse_merge else 0
+        extra = self._buffers["counters"].numel() * 4 if self._fused() else 0
         return self.host_plan.workspace_bytes(self.num_q_heads, self.head_dim) + extra
 
     # -- device side ---------------------------------------------------------------------------
@@ -134,9 +135,14 @@ class DecodeWrapper:
                       b["part_o"], b["part_lse"], b["counters"],
                       scale=float(scale) if scale is not None else self.head_dim ** -0.5, soft_cap=soft_cap,
                       window_left=window_left, k_scale=k_scale, v_scale=v_scale, k_offset=k_offset,
-                      v_offset=v_offset, config=self.config, fuse_merge=self.fuse_merge, interpret=INTERPRET,
+                      v_offset=v_offset, config=self.config, fuse_merge=self._fused(), interpret=INTERPRET,
                       merge=self.merge)
         return b["out"], b["lse"]
+
+    def _fused(self) -> bool:
+        if self.fuse_merge is not None:
+            return bool(self.fuse_merge)
+        return self.dplan.num_items <= 2 * 132
 
     def _default_qsl(self, T, B, device):
         if T != B:

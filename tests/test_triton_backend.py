@@ -1,0 +1,217 @@
+"""The Triton backend through the Triton interpreter (CPU): catalog parity, merge entry, custom ops,
+plan/run contract, bad inputs. On a machine with a GPU the same tests run on the GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import cuda_ref  # noqa: E402  (selects the interpreter without a GPU: before anything imports triton)
+
+pytest.importorskip("triton")
+from cuda_ref import backend as tb  # noqa: E402
+from cuda_ref import ops  # noqa: E402,F401  (registers torch.ops.splitkv.*)
+from cuda_ref.launch import DevicePlan, KernelConfig  # noqa: E402
+from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
+from splitkv_common import accuracy, cases  # noqa: E402
+from splitkv_common.harness import run_case  # noqa: E402
+from splitkv_common.merge import merge_states as np_merge  # noqa: E402
+from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
+from splitkv_common.registry import Backend, discover  # noqa: E402
+
+DEVICE = "cpu" if cuda_ref.INTERPRET else "cuda"
+SMALL = cases.catalog(("small",))
+
+
+def _judge(inp, out, lse):
+    ro, rl = dense_attention(inp)
+    return accuracy.check(out, lse, ro, rl, plain_attention(inp), inp.dtype)
+
+
+def test_entry_point_names_the_triton_backend():
+    be = discover().get("triton")
+    assert be is not None and be.unavailable() is None
+
+
+@pytest.mark.parametrize("case", SMALL, ids=[c.name for c in SMALL])
+def test_small_catalog_passes(case):
+    res = run_case(tb.triton_backend, case)
+    assert res.status == "pass", res.message
+
+
+FUSED_CASES = cases.catalog(("small",), "seed,policy,mask,empty,multi-query,int8,gqa/5-1")
+
+
+@pytest.mark.parametrize("variant", ["fused", "prefetch-n16", "separate-n32"])
+@pytest.mark.parametrize("case", FUSED_CASES, ids=[c.name for c in FUSED_CASES])
+def test_kernel_variants_pass(case, variant):
+    kw = {"fused": dict(fuse_merge=True),
+          "prefetch-n16": dict(fuse_merge=False, config=KernelConfig(16, 4, 1, prefetch=True)),
+          "separate-n32": dict(fuse_merge=False, config=KernelConfig(32, 4, 1, prefetch=False))}[variant]
+    be = Backend("triton-" + variant, lambda i, p: tb.run(i, p, **kw), tb._unavailable, tb._unsupported, "h200")
+    res = run_case(be, case)
+    assert res.status == "pass", res.message
+
+
+def test_merge_states_op_matches_numpy_merge_with_sentinels():
+    g = torch.Generator().manual_seed(0)
+    o = torch.randn(5, 7, 3, 80, generator=g)
+    lse = torch.randn(5, 7, 3, generator=g) * 10
+    lse[0, 0] = float("-inf")           # one empty state
+    lse[:, 1] = float("inf")            # a row with every state empty (FA2 / vLLM sentinel)
+    lse[2:, 2] = float("-inf")
+    o[:, 1] = float("nan")              # an empty state's o is never read
+    out, out_lse = torch.ops.splitkv.merge_states(o.to(DEVICE), lse.to(DEVICE))
+    ro, rl = np_merge(np.nan_to_num(o.numpy()), lse.numpy())
+    np.testing.assert_allclose(out.cpu().numpy(), ro, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.isneginf(out_lse.cpu().numpy()), np.isneginf(rl))
+    fin = np.isfinite(rl)
+    np.testing.assert_allclose(out_lse.cpu().numpy()[fin], rl[fin], rtol=1e-6, atol=1e-6)
+    assert not torch.isnan(out).any() and (out[1] == 0).all()
+
+
+def _op_args(case_name="multi-query/gqa-bf16", policy="size:32"):
+    inp = cases.get_case(case_name).build()
+    plan = inp.plan(policy)
+    x = tb.to_torch(inp, DEVICE)
+    dp = DevicePlan.from_plan(plan, inp.q.shape[1] // inp.k_cache.shape[2], DEVICE)
+    data, shape = ops.plan_args(dp)
+    return inp, (x["q"], x["k_cache"], x["v_cache"], x["block_table"], x["seq_lens"], x["query_start_loc"], data,
+                 shape, inp.scale)
+
+
+def test_decode_op_is_correct_and_passes_opcheck():
+    inp, args = _op_args()
+    out, lse = torch.ops.splitkv.decode_attention(*args)
+    assert _judge(inp, out.float().cpu().numpy(), lse.cpu().numpy()).passed
+    torch.library.opcheck(torch.ops.splitkv.decode_attention.default, args)
+    o = torch.randn(3, 4, 2, 64)
+    torch.library.opcheck(torch.ops.splitkv.merge_states.default, (o.to(DEVICE), torch.randn(3, 4, 2).to(DEVICE)))
+
+
+def test_torch_compile_traces_the_ops_through_fake_kernels():
+    inp, args = _op_args()
+    f = torch.compile(lambda *a: torch.ops.splitkv.decode_attention(*a)[0].float() * 2, backend="aot_eager",
+                      fullgraph=True)
+    eager = torch.ops.splitkv.decode_attention(*args)[0].float() * 2
+    assert torch.equal(f(*args), eager)
+
+
+def _wrapper_for(inp, **kw):
+    T, Hq, D = inp.q.shape
+    _, page, Hkv, _ = inp.k_cache.shape
+    kvd = "int8" if inp.kv_dtype == "int8" else inp.dtype
+    return DecodeWrapper(Hq, Hkv, D, page, dtype=inp.dtype, kv_dtype=kvd, device=DEVICE, **kw)
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_graph_stable_plan_refreshes_in_place_as_lengths_change(fuse):
+    inp = cases.random_inputs(3, [70, 33, 5, 120], q_lens=[1, 2, 1, 3], num_q_heads=6, num_kv_heads=2,
+                              page_size=8)
+    w = _wrapper_for(inp, policy="size:16", graph_stable=True, max_splits=16, fuse_merge=fuse)
+    x = tb.to_torch(inp, DEVICE)
+    w.plan(inp.seq_lens, query_start_loc=inp.query_start_loc)
+    out, lse = w.run(**x, scale=inp.scale)
+    ptrs = (out.data_ptr(), lse.data_ptr(), w.dplan.data.data_ptr())
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        lens = rng.integers(0, inp.seq_lens + 1).astype(np.int32)
+        w.plan(lens, query_start_loc=inp.query_start_loc)
+        x["seq_lens"].copy_(torch.from_numpy(lens))
+        out.fill_(float("nan"))  # every element must be written again
+        out2, lse2 = w.run(**x, scale=inp.scale)
+        assert (out2.data_ptr(), lse2.data_ptr(), w.dplan.data.data_ptr()) == ptrs
+        new = dataclasses.replace(inp, seq_lens=lens)
+        acc = _judge(new, out2.float().cpu().numpy(), lse2.cpu().numpy())
+        assert acc.passed, acc.reason
+
+
+def test_fixed_split_size_is_bitwise_batch_invariant():
+    target = cases.random_inputs(5, [150], num_q_heads=8, num_kv_heads=2, dtype="bfloat16")
+    got = []
+    for extra_first, extra in (([], []), ([40, 0], [7]), ([], [300, 1, 99])):
+        lens = extra_first + [150] + extra
+        inp = cases.random_inputs(9, lens, num_q_heads=8, num_kv_heads=2, dtype="bfloat16")
+        b = len(extra_first)
+        q, k, v = inp.q.copy(), inp.k_cache.copy(), inp.v_cache.copy()
+        q[b] = target.q[0]
+        n = -(-150 // 16)
+        k[inp.block_table[b, :n]] = target.k_cache[target.block_table[0, :n]]
+        v[inp.block_table[b, :n]] = target.v_cache[target.block_table[0, :n]]
+        inp = dataclasses.replace(inp, q=q, k_cache=k, v_cache=v)
+        out, lse = tb.run(inp, inp.plan("size:32"))
+        got.append((out[b].view(np.uint32).copy(), lse[b].view(np.uint32).copy()))
+    for o, l in got[1:]:
+        np.testing.assert_array_equal(o, got[0][0])
+        np.testing.assert_array_equal(l, got[0][1])
+
+
+# -- bad input: clear errors before any launch ------------------------------------------------------
+
+@pytest.fixture
+def ready():
+    inp = cases.get_case("basic/vector-v-float16").build()
+    w = _wrapper_for(inp, policy="size:32")
+    w.plan(inp.seq_lens)
+    return inp, w, tb.to_torch(inp, DEVICE)
+
+
+def test_wrong_q_dtype_raises(ready):
+    inp, w, x = ready
+    x["q"] = x["q"].float()
+    with pytest.raises(TypeError, match="q: dtype"):
+        w.run(**x)
+
+
+def test_int64_block_table_raises(ready):
+    inp, w, x = ready
+    x["block_table"] = x["block_table"].long()
+    with pytest.raises(TypeError, match="block_table"):
+        w.run(**x)
+
+
+def test_non_contiguous_head_dim_raises(ready):
+    inp, w, x = ready
+    x["q"] = torch.empty(x["q"].shape[:2] + (2 * x["q"].shape[2],), dtype=x["q"].dtype, device=DEVICE)[..., ::2]
+    with pytest.raises(ValueError, match="contiguous"):
+        w.run(**x)
+
+
+def test_tensor_on_another_device_raises(ready):
+    inp, w, x = ready
+    x["seq_lens"] = x["seq_lens"].to("meta")
+    with pytest.raises(ValueError, match="seq_lens: on meta"):
+        w.run(**x)
+
+
+def test_block_table_out_of_range_raises_with_validate(ready):
+    inp, w, x = ready
+    x["block_table"][0, 0] = inp.k_cache.shape[0] + 5
+    with pytest.raises(ValueError, match=r"block_table: entry \[0, 0\]"):
+        w.run(**x, validate=True)
+
+
+def test_plan_for_another_batch_raises(ready):
+    inp, w, x = ready
+    x["seq_lens"] = x["seq_lens"] - 1  # lengths the plan was not made for
+    with pytest.raises(ValueError, match="plan: covers"):
+        w.run(**x, validate=True)
+    w.plan(np.array([5, 6], np.int32))  # two requests: the batch has three
+    with pytest.raises(ValueError, match="plan: made for 2 requests"):
+        w.run(**tb.to_torch(inp, DEVICE))
+
+
+def test_backend_rejects_unsupported_head_dim():
+    inp = cases.random_inputs(0, [10], head_dim=8)
+    assert tb._unsupported(inp) is not None
+    with pytest.raises(ValueError, match="head dim 8"):
+        tb.run(inp, inp.plan("none"))
+
+
+def test_run_before_plan_raises():
+    w = DecodeWrapper(4, 2, 64, 16, dtype="float32", device=DEVICE)
+    with pytest.raises(RuntimeError, match="plan"):
+        w.run(*[torch.zeros(1)] * 5)

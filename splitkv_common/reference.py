@@ -46,28 +46,33 @@ def _scores(q, k, scale, soft_cap, group, dtype=np.float64):
     return s
 
 
+def _request_scores(inp: DecodeInputs, K: np.ndarray, V: np.ndarray, dtype):
+    """For each request with rows and history: ``(r0, r1, s, mask, v)``, its rows ``[r0, r1)``,
+    scores ``s [nq, Hq, n]`` in ``dtype``, visibility ``mask [nq, 1, n]`` and values ``v [n, Hq, D]``."""
+    group = inp.q.shape[1] // inp.k_cache.shape[2]
+    qsl = inp.query_start_loc
+    for b, sl in enumerate(np.asarray(inp.seq_lens, np.int64)):
+        r0, r1, n = int(qsl[b]), int(qsl[b + 1]), int(sl)
+        if r1 == r0 or n == 0:
+            continue
+        k = gather_kv(K, inp.block_table, b, 0, n)
+        v = np.repeat(gather_kv(V, inp.block_table, b, 0, n), group, axis=1)
+        s = _scores(inp.q[r0:r1], k, inp.scale, inp.soft_cap, group, dtype)
+        yield r0, r1, s, visible(n, r1 - r0, np.arange(n), inp.window_left)[:, None, :], v
+
+
 def dense_attention(inp: DecodeInputs) -> tuple[np.ndarray, np.ndarray]:
     """float64 ground truth: ``out [T, Hq, D]`` float64, ``lse [T, Hq]`` float64 (natural log)."""
     T, Hq, D = inp.q.shape
-    group = Hq // inp.k_cache.shape[2]
-    K, V = inp.dequantized_kv()
     out = np.zeros((T, Hq, D))
     lse = np.full((T, Hq), -np.inf)
-    qsl = inp.query_start_loc
-    for b, sl in enumerate(np.asarray(inp.seq_lens, np.int64)):
-        r0, r1 = int(qsl[b]), int(qsl[b + 1])
-        if r1 == r0 or sl == 0:
-            continue
-        k = gather_kv(K, inp.block_table, b, 0, int(sl))
-        v = np.repeat(gather_kv(V, inp.block_table, b, 0, int(sl)), group, axis=1)
-        s = _scores(inp.q[r0:r1], k, inp.scale, inp.soft_cap, group)
-        mask = visible(int(sl), r1 - r0, np.arange(int(sl)), inp.window_left)[:, None, :]
+    for r0, r1, s, mask, v in _request_scores(inp, *inp.dequantized_kv(), np.float64):
         any_vis = mask.any(-1)
         m = np.where(any_vis, np.max(np.where(mask, s, -np.inf), axis=-1), 0.0)
-        p = np.where(mask, np.exp(np.where(mask, s, 0.0) - m[..., None]), 0.0)
-        l = p.sum(-1)
-        out[r0:r1] = np.where(any_vis[..., None], np.einsum("qhn,nhd->qhd", p, v) / np.where(any_vis, l, 1.0)[..., None], 0.0)
-        lse[r0:r1] = np.where(any_vis, m + np.log(np.where(any_vis, l, 1.0)), -np.inf)
+        p = np.where(mask, np.exp(np.where(mask, s, m[..., None]) - m[..., None]), 0.0)
+        l = np.where(any_vis, p.sum(-1), 1.0)
+        out[r0:r1] = np.where(any_vis[..., None], np.einsum("qhn,nhd->qhd", p, v) / l[..., None], 0.0)
+        lse[r0:r1] = np.where(any_vis, m + np.log(l), -np.inf)
     return out, lse
 
 
@@ -136,22 +141,13 @@ def plain_attention(inp: DecodeInputs) -> np.ndarray:
     implementation in that dtype gets, the yardstick of the accuracy rule.
     """
     dt = inp.dtype
-    T, Hq, D = inp.q.shape
-    group = Hq // inp.k_cache.shape[2]
+    out = np.zeros(inp.q.shape, np.float32)
     K, V = (round_to(x.astype(np.float32), dt) for x in inp.dequantized_kv())
-    out = np.zeros((T, Hq, D), np.float32)
-    qsl = inp.query_start_loc
-    for b, sl in enumerate(np.asarray(inp.seq_lens, np.int64)):
-        r0, r1 = int(qsl[b]), int(qsl[b + 1])
-        if r1 == r0 or sl == 0:
-            continue
-        k = gather_kv(K, inp.block_table, b, 0, int(sl))
-        v = np.repeat(gather_kv(V, inp.block_table, b, 0, int(sl)), group, axis=1)
-        s = round_to(_scores(inp.q[r0:r1], k, inp.scale, inp.soft_cap, group, np.float32), dt)
-        mask = visible(int(sl), r1 - r0, np.arange(int(sl)), inp.window_left)[:, None, :]
+    for r0, r1, s, mask, v in _request_scores(inp, K, V, np.float32):
+        s = round_to(s, dt)
         any_vis = mask.any(-1)
         m = np.where(any_vis, np.max(np.where(mask, s, -np.inf), axis=-1), 0.0).astype(np.float32)
-        p = round_to(np.where(mask, np.exp(np.where(mask, s, 0.0) - m[..., None]), 0.0), dt)
+        p = round_to(np.where(mask, np.exp(np.where(mask, s, m[..., None]) - m[..., None]), 0.0), dt)
         l = p.sum(-1, dtype=np.float32)
         o = np.einsum("qhn,nhd->qhd", p, v).astype(np.float32) / np.where(any_vis, l, 1.0)[..., None]
         out[r0:r1] = np.where(any_vis[..., None], round_to(o, dt), 0.0)

@@ -213,3 +213,139 @@ def forward_decode(layer: LayerSpec, query: torch.Tensor, key_cache: torch.Tenso
                               soft_cap=layer.soft_cap, window_left=layer.window_left, impl=impl)
     output.view(-1, layer.num_heads, layer.head_size)[:n].copy_(out)
     return output
+
+
+# ---------------------------------------------------------------------------------------------
+# Full-graph mode: graph-stable buffers refreshed by the metadata builder before each replay
+# ---------------------------------------------------------------------------------------------
+
+GRAPH_MAX_SPLITS_DEFAULT = 8
+
+# (group, num_tokens) -> dispatch.GraphDecoder; group: the metadata builder (one per KV-cache group)
+GRAPH_DECODERS: dict = {}
+
+
+def graph_options() -> dict:
+    """Capacity of the graph-stable plans: ``SPLITKV_VLLM_GRAPH_MAX_SPLITS`` (8) partial slots per query
+    row, ``SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS`` (default ``max_reqs * Hkv * max_splits``, never exceeded)."""
+    def env_int(name, default):
+        text = os.environ.get(name, "").strip()
+        if not text:
+            return default
+        try:
+            v = int(text)
+        except ValueError:
+            raise ValueError(f"{name}: expected a positive integer, got {text!r}") from None
+        if v <= 0:
+            raise ValueError(f"{name}: expected a positive integer, got {v}")
+        return v
+
+    return dict(max_splits=env_int("SPLITKV_VLLM_GRAPH_MAX_SPLITS", GRAPH_MAX_SPLITS_DEFAULT),
+                max_work_items=env_int("SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS", None))
+
+
+def graph_lengths(meta) -> tuple[np.ndarray, np.ndarray]:
+    """Host ``(query_start_loc, seq_lens)`` of a padded step, padding requests given ``seq_len 0``.
+
+    A request is padding when its query rows start at or after ``num_actual_tokens`` (the runner's
+    uniform-decode padding and the dummy request vLLM Ascend appends for FIA); its rows come back
+    ``out = 0``, ``lse = -inf`` and read no KV.
+    """
+    qsl, sl = host_lengths(meta)
+    real = int(getattr(meta, "num_actual_tokens", 0) or 0) or int(qsl[-1])
+    sl = np.where(qsl[:-1] < real, sl, 0).astype(np.int32)
+    return qsl, sl
+
+
+def graph_decoder(group, meta, *, create: bool = False):
+    """The :class:`~splitkv_vllm.dispatch.GraphDecoder` of this group and the step's padded size."""
+    from .dispatch import GraphDecoder
+
+    n = int(meta.actual_seq_lengths_q[-1])
+    dec = GRAPH_DECODERS.get((group, n))
+    if dec is None and create:
+        opts = graph_options()
+        dec = GraphDecoder(num_tokens=n, max_reqs=n + 1, max_splits=opts["max_splits"],
+                           max_work_items=opts["max_work_items"], profile=plan_options()["device"],
+                           policy=plan_options()["policy"])
+        GRAPH_DECODERS[(group, n)] = dec
+    return dec
+
+
+def refresh_graph_step(meta, group) -> None:
+    """The metadata builder's step in full-graph mode (host, before the model runs, so before any replay).
+
+    Marks ``meta`` as built for graph mode by ``group``; if a graph of this padded size has buffers
+    (made by an eager warm-up step before its capture), plans the padded batch and rewrites them in
+    place, ordered on the current stream before the replay that reads them.
+    """
+    try:
+        meta._splitkv_graph_group = group
+    except AttributeError:
+        return
+    if batch_unsupported(meta):
+        return
+    dec = graph_decoder(group, meta)
+    if dec is None:
+        return
+    qsl, sl = graph_lengths(meta)
+    bt = meta.block_tables[:sl.shape[0]]
+    dec.refresh(sl, qsl, bt if bt.dtype == torch.int32 else bt.to(torch.int32))
+    meta._splitkv_graph_decoder = dec
+
+
+def _graph_key(layer: LayerSpec, query, key_cache):
+    from .dispatch import GraphDecoder
+
+    return GraphDecoder.key(num_q_heads=layer.num_heads, num_kv_heads=layer.num_kv_heads, head_dim=layer.head_size,
+                            page_size=int(key_cache.shape[1]), dtype=query.dtype, kv_dtype=key_cache.dtype,
+                            scale=layer.scale, soft_cap=layer.soft_cap, window_left=layer.window_left)
+
+
+def prepare_graph(layer: LayerSpec, query, key_cache, meta) -> None:
+    """Eager step of a graph-mode batch (the warm-up before a capture): make this layer's buffers for
+    the step's padded size if they do not exist yet (host work and copies: never inside a capture)."""
+    group = getattr(meta, "_splitkv_graph_group", None)
+    if group is None or batch_unsupported(meta):
+        return
+    if int(query.shape[0]) != int(meta.actual_seq_lengths_q[-1]):
+        return
+    dec = graph_decoder(group, meta, create=True)
+    key = _graph_key(layer, query, key_cache)
+    if dec.has(key):
+        return
+    qsl, sl = graph_lengths(meta)
+    bt = meta.block_tables[:sl.shape[0]]
+    dec.add(key, k_cache=key_cache, max_pages=int(bt.shape[1]))  # planned at once if the step is refreshed
+    if getattr(meta, "_splitkv_graph_decoder", None) is not dec:
+        dec.refresh(sl, qsl, bt if bt.dtype == torch.int32 else bt.to(torch.int32))
+        meta._splitkv_graph_decoder = dec
+
+
+def graph_unsupported(layer: LayerSpec, query, key_cache, meta) -> str | None:
+    """``None`` when a full-graph capture of this step can run through splitkv, else why not."""
+    dec = getattr(meta, "_splitkv_graph_decoder", None)
+    if getattr(meta, "_splitkv_graph_group", None) is None:
+        return "metadata not built by the splitkv metadata builder"
+    if dec is None:
+        return "no eager warm-up step of this graph size before the capture (no buffers)"
+    if int(query.shape[0]) != dec.num_tokens:
+        return f"query has {query.shape[0]} rows, the graph's plan {dec.num_tokens}"
+    if not dec.has(_graph_key(layer, query, key_cache)):
+        return "no eager warm-up step of this layer before the capture (no buffers)"
+    return None
+
+
+def forward_graph(layer: LayerSpec, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, meta,
+                  output: torch.Tensor) -> torch.Tensor:
+    """Decode of a full-graph step into ``output`` (all ``num_tokens`` rows; padding rows ``0``).
+
+    Only enqueues the kernels on the graph's fixed buffers (see :func:`refresh_graph_step`): no
+    host read, no allocation, so a capture of it replays with each step's refreshed plan.
+    """
+    dec = meta._splitkv_graph_decoder
+    n = dec.num_tokens
+    q = query.view(n, layer.num_heads, layer.head_size)
+    dec.run(_graph_key(layer, query, key_cache), q, key_cache, value_cache,
+            out=output.view(n, layer.num_heads, layer.head_size))
+    return output

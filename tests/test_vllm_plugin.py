@@ -2,7 +2,7 @@
 
 vLLM Ascend is replaced by small fake modules that have the names and call shapes the plugin
 uses (``vllm_ascend.platform.NPUPlatform.get_attn_backend_cls``; ``attention_v1``'s backend,
-impl and state enum), taken from the source noted in ``splitkv_vllm.VLLM_ASCEND_REFERENCE``.
+impl, metadata builder and state enum; ``ascend_forward_context._EXTRA_CTX``), taken from the source noted in ``splitkv_vllm.VLLM_ASCEND_REFERENCE``.
 """
 
 import importlib
@@ -24,7 +24,10 @@ MLA = "vllm_ascend.attention.mla_v1.AscendMLABackend"
 
 
 def _fake_vllm_ascend(monkeypatch):
-    """Install fake ``vllm_ascend`` modules; returns (platform class, attention_v1 module)."""
+    """Install fake ``vllm_ascend`` modules; returns (platform class, attention_v1 module).
+
+    ``vllm_ascend.ascend_forward_context._EXTRA_CTX`` has the two flags the backend reads
+    (``capturing``, ``is_draft_model``)."""
     pkg = types.ModuleType("vllm_ascend")
     pkg.__path__ = []
     pkg.__spec__ = importlib.machinery.ModuleSpec("vllm_ascend", None, is_package=True)
@@ -56,21 +59,39 @@ def _fake_vllm_ascend(monkeypatch):
     class AscendAttentionDCPImpl(AscendAttentionBackendImpl):
         pass
 
+    class AscendAttentionMetadataBuilder:
+        # the parent's build() makes AscendMetadata from vLLM's common metadata; here the stand-in
+        # "common metadata" already is the AscendMetadata (tests/test_vllm_shapes.py)
+        def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+            self.kv_cache_spec, self.layer_names, self.device = kv_cache_spec, layer_names, device
+            self.vllm_config, self.compilation_config = vllm_config, vllm_config.compilation_config
+
+        def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+            return common_attn_metadata
+
     class AscendAttentionBackend:
         impl = AscendAttentionBackendImpl
+        builder = AscendAttentionMetadataBuilder
 
         @staticmethod
         def get_impl_cls():
             return AscendAttentionBackend.impl
 
+        @staticmethod
+        def get_builder_cls():
+            return AscendAttentionBackend.builder
+
     v1.AscendAttentionBackendImpl = AscendAttentionBackendImpl
+    v1.AscendAttentionMetadataBuilder = AscendAttentionMetadataBuilder
     v1.AscendAttentionDCPImpl = AscendAttentionDCPImpl
     v1.AscendAttentionBackend = AscendAttentionBackend
     attn = types.ModuleType("vllm_ascend.attention")
     attn.__path__ = []
     attn.attention_v1 = v1
+    fctx = types.ModuleType("vllm_ascend.ascend_forward_context")
+    fctx._EXTRA_CTX = types.SimpleNamespace(capturing=False, is_draft_model=False)
     for name, mod in (("vllm_ascend", pkg), ("vllm_ascend.platform", plat), ("vllm_ascend.attention", attn),
-                      ("vllm_ascend.attention.attention_v1", v1)):
+                      ("vllm_ascend.attention.attention_v1", v1), ("vllm_ascend.ascend_forward_context", fctx)):
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda n, *a, _f=importlib.util.find_spec: pkg.__spec__ if n == "vllm_ascend" else _f(n, *a))
@@ -188,3 +209,7 @@ def test_backend_keeps_context_parallel_impls(monkeypatch):
     backend = importlib.import_module("splitkv_vllm.backend")
     monkeypatch.setattr(v1.AscendAttentionBackend, "impl", v1.AscendAttentionDCPImpl)
     assert backend.SplitKVAscendAttentionBackend.get_impl_cls() is v1.AscendAttentionDCPImpl
+    assert backend.SplitKVAscendAttentionBackend.get_builder_cls() is backend.SplitKVAscendMetadataBuilder
+    dcp_builder = type("AscendAttentionDCPMetadataBuilder", (v1.AscendAttentionMetadataBuilder,), {})
+    monkeypatch.setattr(v1.AscendAttentionBackend, "builder", dcp_builder)
+    assert backend.SplitKVAscendAttentionBackend.get_builder_cls() is dcp_builder

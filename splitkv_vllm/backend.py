@@ -1,11 +1,13 @@
 """The attention backend vLLM Ascend's platform hands out while the plugin is on.
 
-Subclasses of vLLM Ascend's own GQA backend (``AscendAttentionBackend``) and implementation
-(``AscendAttentionBackendImpl``): the implementation overrides only ``forward_impl`` (what
-``forward`` calls after ``reshape_and_cache`` has written the step's K/V into the cache). A routed
-step (see :mod:`splitkv_vllm.adapter`) runs through splitkv; everything else goes to the parent
-unchanged. PCP/DCP implementations and the MLA/SFA/DSA backends are left alone (the parent's
-``get_impl_cls`` answer is kept whenever it is not the plain implementation).
+Subclasses of vLLM Ascend's own GQA backend (``AscendAttentionBackend``), implementation
+(``AscendAttentionBackendImpl``) and metadata builder (``AscendAttentionMetadataBuilder``): the
+implementation overrides only ``forward_impl`` (what ``forward`` calls after ``reshape_and_cache``
+has written the step's K/V into the cache), the builder only ``build`` (it calls the parent's and,
+in full-graph mode, refreshes the graph buffers). A routed step (see :mod:`splitkv_vllm.adapter`)
+runs through splitkv; everything else goes to the parent unchanged. PCP/DCP implementations and
+builders and the MLA/SFA/DSA backends are left alone (the parent's ``get_impl_cls`` /
+``get_builder_cls`` answer is kept whenever it is not the plain class).
 
 Graphs: in vLLM Ascend's piecewise aclgraph mode attention runs eagerly between the captured
 pieces, so routed steps go through splitkv as in eager mode. In full-graph mode
@@ -15,10 +17,10 @@ pieces, so routed steps go through splitkv as in eager mode. In full-graph mode
 (:class:`splitkv_vllm.dispatch.GraphDecoder`); the capture (``_EXTRA_CTX.capturing``) records our
 kernels on those buffers; and before every later step of that size the builder re-plans the padded
 batch and rewrites the buffers in place (host, on the current stream, before the runner enqueues the
-replay). vLLM Ascend's own ``update_graph_params`` (run after the replay is enqueued, through
-events its captured FIA tasks wait on) has nothing of ours to update. A capture that cannot use the
-buffers (no warm-up, a draft model, a non-uniform batch descriptor, ``SPLITKV_VLLM_IMPL=torch``)
-goes to the parent, as before.
+replay; stream order puts the copies after the previous replay and before this one). vLLM
+Ascend's own ``update_graph_params`` (run after the replay is enqueued, through events its captured
+FIA tasks wait on) has nothing of ours to update. A capture that cannot use the buffers (no warm-up,
+a draft model, a graph of mixed batches, ``SPLITKV_VLLM_IMPL=torch``) goes to the parent, as before.
 
 This module imports vLLM Ascend (and so torch_npu): only the platform loads it, by name.
 """

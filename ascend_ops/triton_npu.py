@@ -20,7 +20,6 @@ needs none of them (nor torch).
 from __future__ import annotations
 
 import importlib.util
-import math
 import pathlib
 
 from splitkv_common.inputs import DecodeInputs
@@ -41,29 +40,19 @@ MAX_HEAD_DIM = 256
 # head dims the lowering check covers (BLOCK_D is the next power of two: 96 -> 128)
 CHECKED_HEAD_DIMS = (64, 96, 128, 256)
 
-INT8_REASON = ("int8 KV: the split kernel's per-channel scale load uses a runtime stride, which "
-               "triton-ascend lowers to a gather that overflows the 192 KiB Unified Buffer at every tile "
-               "size (docs/triton-ascend.md); needs the kernel change listed there")
-
-
 def dtype_family(dtype: str) -> str:
     return "32" if dtype in ("float32", "fp32") else "16"
 
 
-def npu_tile(head_dim: int, dtype: str) -> tuple[int, int]:
-    """``(max BLOCK_M, BLOCK_N)`` of the split kernel on the NPU for this head dim and q dtype."""
+def npu_tile(head_dim: int, dtype: str, kv_dtype: str | None = None) -> tuple[int, int]:
+    """``(max BLOCK_M, BLOCK_N)`` of the split kernel on the NPU for this head dim, q dtype and KV
+    dtype (int8 KV is dequantized to float32 before the dot: it takes the float32 tiles)."""
     d = 1 << (max(int(head_dim), 16) - 1).bit_length()
-    for (dmax, fam), tile in sorted(NPU_TILES.items()):
-        if d <= dmax and fam == dtype_family(dtype):
+    fam = "32" if kv_dtype == "int8" else dtype_family(dtype)
+    for (dmax, f), tile in sorted(NPU_TILES.items()):
+        if d <= dmax and f == fam:
             return tile
     raise ValueError(f"head dim {head_dim}: the NPU tile table stops at {MAX_HEAD_DIM}")
-
-
-def packed_rows_npu(max_q_len: int, group: int, max_block_m: int) -> tuple[int, int]:
-    """``(BLOCK_M, row blocks)`` as ``cuda_ref.launch.packed_rows`` but capped at ``max_block_m``."""
-    rows = max(1, int(max_q_len)) * int(group)
-    block_m = min(max_block_m, max(16, 1 << (rows - 1).bit_length()))
-    return block_m, math.ceil(rows / block_m)
 
 
 def triton_ascend_unavailable() -> str | None:
@@ -93,16 +82,11 @@ def triton_npu_unsupported(inputs: DecodeInputs) -> str | None:
     d = int(inputs.q.shape[-1])
     if d > MAX_HEAD_DIM:
         return f"head dim {d}: the NPU tile table (lowering-checked) stops at {MAX_HEAD_DIM}"
-    if inputs.kv_dtype == "int8":
-        return INT8_REASON
     return None
 
 
 def run_triton_npu(inputs: DecodeInputs, plan: Plan):
     """Run ``cuda_ref``'s kernels on the NPU with the harness's plan; NumPy ``(out, lse)``."""
-    import dataclasses
-
-    import numpy as np
     import torch
 
     from cuda_ref.launch import DevicePlan, KernelConfig, launch_decode
@@ -114,11 +98,8 @@ def run_triton_npu(inputs: DecodeInputs, plan: Plan):
     q, k = t["q"], t["k_cache"]
     T, Hq, D = q.shape
     group = Hq // k.shape[2]
-    max_m, block_n = npu_tile(D, inputs.dtype)
-    dplan = DevicePlan.from_plan(plan, group, q.device)
-    max_q = int(np.diff(plan.query_start_loc).max(initial=1))
-    block_m, row_blocks = packed_rows_npu(max_q, group, max_m)
-    dplan = dataclasses.replace(dplan, block_m=block_m, row_blocks=row_blocks)
+    max_m, block_n = npu_tile(D, inputs.dtype, inputs.kv_dtype)
+    dplan = DevicePlan.from_plan(plan, group, q.device, max_block_m=max_m)
     out = torch.empty_like(q)
     lse = torch.empty(T, Hq, dtype=torch.float32, device=q.device)
     slots = max(plan.num_slots, 1)
@@ -126,6 +107,7 @@ def run_triton_npu(inputs: DecodeInputs, plan: Plan):
     part_lse = torch.empty(slots, Hq, dtype=torch.float32, device=q.device)
     launch_decode(q, k, t["v_cache"], t["block_table"], t["seq_lens"], t["query_start_loc"], dplan, out, lse,
                   part_o, part_lse, scale=inputs.scale, soft_cap=inputs.soft_cap, window_left=inputs.window_left,
+                  k_scale=t["k_scale"], v_scale=t["v_scale"], k_offset=t["k_offset"], v_offset=t["v_offset"],
                   config=KernelConfig(block_n=block_n, num_warps=1, num_stages=1), fuse_merge=False)
     return from_torch(out, lse)
 

@@ -41,25 +41,25 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _load_tile(ptr, page, pos, end, head_off, stride_p, stride_t, offs_d, d_ok, PAGE: tl.constexpr):
-    """Raw ``[BLOCK_N, BLOCK_D]`` tile of K or V: token ``pos`` lives in ``page`` at slot ``pos % PAGE``."""
-    tok = page * stride_p + (pos % PAGE).to(tl.int64) * stride_t + head_off
-    mask = (pos < end)[:, None] & d_ok[None, :]
-    return tl.load(ptr + tok[:, None] + offs_d[None, :], mask=mask, other=0)
+def _load_scale(ptr, offs_d, d_ok, PER_CHANNEL: tl.constexpr):
+    """A KV head's int8 scale (or offset): a contiguous ``[1, BLOCK_D]`` row per channel, or one scalar
+    (broadcast where used) per head (no runtime stride: triton-ascend lowers a strided vector load to a gather)."""
+    if PER_CHANNEL:
+        x = tl.load(ptr + offs_d, mask=d_ok, other=0.0)[None, :]
+    else:
+        x = tl.load(ptr)
+    return x
 
 
 @triton.jit
-def _dequant(x, scale_ptr, offset_ptr, s_stride_d, offs_d, d_ok,
-             KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr, UPCAST: tl.constexpr):
-    """int8 -> float32 as ``(x - offset) * scale`` (per KV head: ``s_stride_d = 0``; or per channel);
-    float tiles stay as they are (float32 in the interpreter)."""
+def _dequant(x, sc, off, KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr, UPCAST: tl.constexpr):
+    """int8 -> float32 as ``(x - offset) * scale`` (``sc``, ``off``: ``[1, BLOCK_D]`` rows loaded once per
+    program); float tiles stay as they are (float32 in the interpreter)."""
     if KV_INT8:
-        sc = tl.load(scale_ptr + offs_d * s_stride_d, mask=d_ok, other=0.0)
         xf = x.to(tl.float32)
         if HAS_OFFSET:
-            off = tl.load(offset_ptr + offs_d * s_stride_d, mask=d_ok, other=0.0)
-            xf = xf - off[None, :]
-        x = xf * sc[None, :]
+            xf = xf - off
+        x = xf * sc
     elif UPCAST:
         x = x.to(tl.float32)
     return x
@@ -79,12 +79,13 @@ def split_kv_kernel(
     stride_bt,
     stride_ps, stride_ph, stride_ls, stride_lh,
     stride_ot, stride_oh, stride_lot, stride_loh,
-    stride_sh, stride_sd,
+    stride_sh,
     NUM_KV_HEADS,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr, FUSE_MERGE: tl.constexpr, PREFETCH: tl.constexpr,
+    DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr, FUSE_MERGE: tl.constexpr,
+    SCALE_PER_CHANNEL: tl.constexpr = False, MERGE_CHUNK: tl.constexpr = 1,
 ):
     item = tl.program_id(0)
     mblock = tl.program_id(1)
@@ -114,49 +115,44 @@ def split_kv_kernel(
     d_ok = offs_d < HEAD_DIM
     q_ptr = Q + t.to(tl.int64)[:, None] * stride_qt + hq[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptr, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    if UPCAST or KV_INT8 or DOT_IEEE:
+    if (UPCAST or KV_INT8) or DOT_IEEE:
         q = q.to(tl.float32)
     q_pos = seq_len - q_len + i  # logical position of each query row: it sees p <= q_pos
 
-    k_scale_ptr = K_SCALE + h * stride_sh
-    v_scale_ptr = V_SCALE + h * stride_sh
-    k_off_ptr = K_OFFSET + h * stride_sh
-    v_off_ptr = V_OFFSET + h * stride_sh
+    # int8 scales / offsets of this KV head, loaded once per program
+    if KV_INT8:
+        k_sc = _load_scale(K_SCALE + h * stride_sh, offs_d, d_ok, SCALE_PER_CHANNEL)
+        v_sc = _load_scale(V_SCALE + h * stride_sh, offs_d, d_ok, SCALE_PER_CHANNEL)
+        if HAS_OFFSET:
+            k_of = _load_scale(K_OFFSET + h * stride_sh, offs_d, d_ok, SCALE_PER_CHANNEL)
+            v_of = _load_scale(V_OFFSET + h * stride_sh, offs_d, d_ok, SCALE_PER_CHANNEL)
+        else:
+            k_of, v_of = 0.0, 0.0
+    else:
+        k_sc, v_sc, k_of, v_of = 1.0, 1.0, 0.0, 0.0
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     bt_row = BLOCK_TABLE + b.to(tl.int64) * stride_bt
+    k_base = K + h.to(tl.int64) * stride_kh
+    v_base = V + h.to(tl.int64) * stride_vh
 
-    # The block-table entries of a tile are loaded one tile ahead, so the K / V gather of a tile never
-    # waits on its own page lookup. With PREFETCH the K / V tiles are also loaded one tile ahead (in
-    # registers: more bytes in flight, more registers); without it a tile's K and V loads are issued
-    # together at the top of the iteration.
-    k_head = h.to(tl.int64) * stride_kh
-    v_head = h.to(tl.int64) * stride_vh
-    pos = start + offs_n
-    page = tl.load(bt_row + pos // PAGE, mask=pos < end, other=0).to(tl.int64)
-    if PREFETCH:
-        k_raw = _load_tile(K, page, pos, end, k_head, stride_kp, stride_kt, offs_d, d_ok, PAGE)
-        v_raw = _load_tile(V, page, pos, end, v_head, stride_vp, stride_vt, offs_d, d_ok, PAGE)
-    pos_next = pos + BLOCK_N
-    page_next = tl.load(bt_row + pos_next // PAGE, mask=pos_next < end, other=0).to(tl.int64)
-
+    # A plain counted loop whose loads are all unconditional (masked) and computed from the loop
+    # index alone: page ids of the tile's tokens, then the K and V gathers through them. Triton's
+    # software pipeliner turns this chain into asynchronous copies ``num_stages`` tiles ahead.
     for n0 in range(start, end, BLOCK_N):
-        # -- issue the loads: this tile's K / V (or the next one's with PREFETCH), next page ids ---
-        if PREFETCH:
-            k_nxt = _load_tile(K, page_next, pos_next, end, k_head, stride_kp, stride_kt, offs_d, d_ok, PAGE)
-            v_nxt = _load_tile(V, page_next, pos_next, end, v_head, stride_vp, stride_vt, offs_d, d_ok, PAGE)
-            pos_after = pos_next + BLOCK_N
-            page_after = tl.load(bt_row + pos_after // PAGE, mask=pos_after < end, other=0).to(tl.int64)
-        else:
-            k_raw = _load_tile(K, page, pos, end, k_head, stride_kp, stride_kt, offs_d, d_ok, PAGE)
-            v_raw = _load_tile(V, page, pos, end, v_head, stride_vp, stride_vt, offs_d, d_ok, PAGE)
-            page = page_next
-            page_next = tl.load(bt_row + (pos + 2 * BLOCK_N) // PAGE, mask=pos + 2 * BLOCK_N < end,
-                                other=0).to(tl.int64)
+        pos = n0 + offs_n
+        kv_ok = pos < end
+        page = tl.load(bt_row + pos // PAGE, mask=kv_ok, other=0).to(tl.int64)
+        slot = (pos % PAGE).to(tl.int64)
+        tile_ok = kv_ok[:, None] & d_ok[None, :]
+        k_raw = tl.load(k_base + (page * stride_kp + slot * stride_kt)[:, None] + offs_d[None, :],
+                        mask=tile_ok, other=0)
+        v_raw = tl.load(v_base + (page * stride_vp + slot * stride_vt)[:, None] + offs_d[None, :],
+                        mask=tile_ok, other=0)
         # -- scores (base 2), soft cap, visibility ------------------------------------------
-        k = _dequant(k_raw, k_scale_ptr, k_off_ptr, stride_sd, offs_d, d_ok, KV_INT8, HAS_OFFSET, UPCAST)
+        k = _dequant(k_raw, k_sc, k_of, KV_INT8, HAS_OFFSET, UPCAST)
         if DOT_IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -166,7 +162,7 @@ def split_kv_kernel(
             s = soft_cap * LOG2E * (1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0))
         else:
             s = s * (qk_scale * LOG2E)
-        visible = (pos < end)[None, :] & (pos[None, :] <= q_pos[:, None])
+        visible = kv_ok[None, :] & (pos[None, :] <= q_pos[:, None])
         if HAS_WINDOW:
             visible = visible & (pos[None, :] >= q_pos[:, None] - window_left)
         s = tl.where(visible, s, float("-inf"))
@@ -176,18 +172,13 @@ def split_kv_kernel(
         alpha = tl.exp2(m_i - m_ref)
         p = tl.exp2(s - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _dequant(v_raw, v_scale_ptr, v_off_ptr, stride_sd, offs_d, d_ok, KV_INT8, HAS_OFFSET, UPCAST)
+        v = _dequant(v_raw, v_sc, v_of, KV_INT8, HAS_OFFSET, UPCAST)
         if DOT_IEEE:
             pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
         else:
             pv = tl.dot(p.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
-        # -- rotate the prefetch registers ---------------------------------------------------
-        if PREFETCH:
-            k_raw, v_raw, pos, page_next, pos_next = k_nxt, v_nxt, pos_next, page_after, pos_after
-        else:
-            pos = pos + BLOCK_N
 
     # -- the split's state: o = u / l, lse = m + log l (natural log); empty -> 0, -inf ----------
     empty = l_i == 0.0
@@ -211,17 +202,8 @@ def split_kv_kernel(
             if done == n_split - 1:
                 tl.debug_barrier()
                 first = tl.load(ROW_SLOT + t, mask=row_ok, other=0).to(tl.int64)
-                mm = tl.full([BLOCK_M], float("-inf"), tl.float32)
-                ll = tl.zeros([BLOCK_M], tl.float32)
-                uu = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-                for j in range(0, n_split):
-                    sid = first + j
-                    lse_j = tl.load(PART_LSE + sid * stride_ls + hq * stride_lh, mask=row_ok,
-                                    other=float("-inf"), cache_modifier=".cg")
-                    o_j = tl.load(PART_O + sid[:, None] * stride_ps + hq[:, None] * stride_ph + offs_d[None, :],
-                                  mask=out_mask, other=0.0, cache_modifier=".cg")
-                    mm, ll, uu = _merge_step(mm, ll, uu, lse_j, o_j)
-                o, lse = _merge_finish(ll, mm, uu)
+                o, lse = _merge_slots(PART_O, PART_LSE, first, 1, n_split, hq, row_ok, offs_d, d_ok,
+                                      stride_ps, stride_ph, stride_ls, stride_lh, MERGE_CHUNK, True)
                 tl.store(OUT + t.to(tl.int64)[:, None] * stride_ot + hq[:, None] * stride_oh + offs_d[None, :],
                          o.to(OUT.dtype.element_ty), mask=out_mask)
                 tl.store(OUT_LSE + t * stride_lot + hq * stride_loh, lse, mask=row_ok)
@@ -229,20 +211,47 @@ def split_kv_kernel(
 
 
 @triton.jit
-def _merge_step(m, l, u, lse_j, o_j):
-    """Fold one state (natural-log ``lse_j``, ``o_j``) into the running (max, weight sum, weighted sum)."""
-    empty = (lse_j == float("inf")) | (lse_j == float("-inf"))
-    lse_j = tl.where(empty, float("-inf"), lse_j)
-    o_j = tl.where(empty[:, None], 0.0, o_j)
-    m_new = tl.maximum(m, lse_j)
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    a = tl.exp(m - m_ref)
-    w = tl.exp(lse_j - m_ref)
-    return m_new, l * a + w, u * a[:, None] + w[:, None] * o_j
-
-
-@triton.jit
-def _merge_finish(l, m, u):
+def _merge_slots(PART_O, PART_LSE, first, slot_step, n, heads, rows_ok, offs_d, d_ok,
+                 stride_ps, stride_ph, stride_ls, stride_lh, CHUNK: tl.constexpr, BYPASS_L1: tl.constexpr):
+    """Merge the states in slots ``first + j * slot_step`` (``j < n``) of each row (``heads``: its head
+    index): ``m = max lse``, ``w = exp(lse - m)``, ``out = sum w o / sum w``, ``lse = m + log sum w``;
+    ``lse = +-inf`` is empty. ``CHUNK`` splits are loaded per step as one ``[CHUNK, rows, BLOCK_D]``
+    tile, so their loads are in flight together. Returns ``(o [rows, BLOCK_D], lse [rows])``."""
+    offs_l = tl.arange(0, 32)
+    m = tl.full(rows_ok.shape, float("-inf"), tl.float32)
+    for j0 in range(0, n, 32):  # pass 1: the max of the finite lse, 32 splits at a time
+        j_ok = (j0 + offs_l) < n
+        sid = first[None, :] + (j0 + offs_l)[:, None] * slot_step
+        ok = j_ok[:, None] & rows_ok[None, :]
+        if BYPASS_L1:
+            lse = tl.load(PART_LSE + sid * stride_ls + heads[None, :] * stride_lh, mask=ok, other=float("-inf"),
+                          cache_modifier=".cg")
+        else:
+            lse = tl.load(PART_LSE + sid * stride_ls + heads[None, :] * stride_lh, mask=ok, other=float("-inf"))
+        lse = tl.where(lse == float("inf"), float("-inf"), lse.to(tl.float32))
+        m = tl.maximum(m, tl.max(lse, 0))
+    m_ref = tl.where(m == float("-inf"), 0.0, m)
+    offs_j = tl.arange(0, CHUNK)
+    l = tl.zeros(rows_ok.shape, tl.float32)
+    u = tl.zeros([rows_ok.shape[0], offs_d.shape[0]], tl.float32)
+    for j0 in range(0, n, CHUNK):  # pass 2: the weighted sum
+        j_ok = (j0 + offs_j) < n
+        sid = first[None, :] + (j0 + offs_j)[:, None] * slot_step
+        ok = j_ok[:, None] & rows_ok[None, :]
+        o_ptr = PART_O + sid[:, :, None] * stride_ps + heads[None, :, None] * stride_ph + offs_d[None, None, :]
+        o_ok = ok[:, :, None] & d_ok[None, None, :]
+        if BYPASS_L1:
+            lse = tl.load(PART_LSE + sid * stride_ls + heads[None, :] * stride_lh, mask=ok, other=float("-inf"),
+                          cache_modifier=".cg")
+            o_j = tl.load(o_ptr, mask=o_ok, other=0.0, cache_modifier=".cg")
+        else:
+            lse = tl.load(PART_LSE + sid * stride_ls + heads[None, :] * stride_lh, mask=ok, other=float("-inf"))
+            o_j = tl.load(o_ptr, mask=o_ok, other=0.0)
+        lse = lse.to(tl.float32)
+        empty = (lse == float("inf")) | (lse == float("-inf"))
+        w = tl.where(empty, 0.0, tl.exp(lse - m_ref[None, :]))
+        l += tl.sum(w, 0)
+        u += tl.sum(w[:, :, None] * tl.where(empty[:, :, None], 0.0, o_j.to(tl.float32)), 0)
     empty = l == 0.0
     l_safe = tl.where(empty, 1.0, l)
     o = tl.where(empty[:, None], 0.0, u / l_safe[:, None])
@@ -257,8 +266,10 @@ def merge_kernel(
     stride_ot, stride_oh, stride_lot, stride_loh,
     slot_step, num_heads,
     HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SKIP_SINGLE: tl.constexpr,
+    CHUNK: tl.constexpr = 1,
 ):
-    """Row ``t`` merges slots ``row_slot[t] + j * slot_step`` for ``j < row_ns[t]``."""
+    """Row ``t`` merges slots ``row_slot[t] + j * slot_step`` for ``j < row_ns[t]``; one program per
+    (row, block of ``BLOCK_H`` heads), ``CHUNK`` splits loaded at a time."""
     t = tl.program_id(0)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -266,17 +277,11 @@ def merge_kernel(
     if SKIP_SINGLE and n == 1:  # stage 1 wrote this row directly
         return
     h_ok = offs_h < num_heads
-    mask = h_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
-    first = tl.load(ROW_SLOT + t).to(tl.int64)
-    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_H], tl.float32)
-    u = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    for j in range(0, n):
-        sid = first + j * slot_step
-        lse_j = tl.load(PART_LSE + sid * stride_ls + offs_h * stride_lh, mask=h_ok, other=float("-inf"))
-        o_j = tl.load(PART_O + sid * stride_ps + offs_h[:, None] * stride_ph + offs_d[None, :], mask=mask, other=0.0)
-        m, l, u = _merge_step(m, l, u, lse_j.to(tl.float32), o_j.to(tl.float32))
-    o, lse = _merge_finish(l, m, u)
+    d_ok = offs_d < HEAD_DIM
+    first = tl.zeros_like(offs_h).to(tl.int64) + tl.load(ROW_SLOT + t).to(tl.int64)
+    o, lse = _merge_slots(PART_O, PART_LSE, first, slot_step, n, offs_h, h_ok, offs_d, d_ok,
+                          stride_ps, stride_ph, stride_ls, stride_lh, CHUNK, False)
+    mask = h_ok[:, None] & d_ok[None, :]
     tl.store(OUT + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :],
              o.to(OUT.dtype.element_ty), mask=mask)
     tl.store(OUT_LSE + t * stride_lot + offs_h * stride_loh, lse, mask=h_ok)

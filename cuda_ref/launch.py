@@ -23,48 +23,50 @@ _FIELDS = ("item_request", "item_kv_head", "item_split", "item_kv_start", "item_
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Tile and launch shape of stage 1: ``block_n`` KV tokens per tile, warps, pipeline stages."""
+    """Tile and launch shape of stage 1: ``block_n`` KV tokens per tile, warps, software-pipeline
+    stages (``num_stages`` >= 2 turns the tile loads into asynchronous copies that many tiles ahead)."""
 
     block_n: int = 64
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int = 3
     merge_warps: int = 4
-    prefetch: bool = False  # K / V tiles loaded one tile ahead in registers
 
     def __str__(self):
-        return f"n{self.block_n}w{self.num_warps}s{self.num_stages}{'p' if self.prefetch else ''}"
+        return f"n{self.block_n}w{self.num_warps}s{self.num_stages}"
 
 
-# Measured overrides, keyed "few" (at most two work items per SM) and "many" (see bench_decode --tune).
-# Defaults: the configuration `bench_decode.py --tune` chose on the H200 (docs/perf-notes.md).
-CONFIG_OVERRIDE: dict[str, KernelConfig] = {
-    "few": KernelConfig(block_n=64, num_warps=4, num_stages=2, prefetch=True),
-    "many": KernelConfig(block_n=64, num_warps=4, num_stages=2, prefetch=True),
-}
+# Measured overrides (``bench_decode.py --configs-from``), keyed "few" (at most two work items per
+# SM) and "many"; empty: :func:`default_config`'s rule.
+CONFIG_OVERRIDE: dict[str, KernelConfig] = {}
 
 
 def default_config(head_dim: int, kv_bytes: int, num_items: int = 0) -> KernelConfig:
-    """Stage-1 configuration by head dim, KV element size and the plan's work items (H200 tuning,
-    docs/perf-notes.md). Stage 1 keeps two K and two V tiles in registers (the prefetch), so the tile
-    shrinks as the head dim grows; with few work items (at most two per SM) a program gets a larger
-    tile and 8 warps so that more bytes are in flight per SM."""
+    """Stage-1 configuration by head dim and KV element size (int8 counts as 4: it is dequantized
+    to float32 before the dot). Each pipeline stage holds one K and one V tile in shared memory,
+    ``2 * block_n * BLOCK_D * kv_bytes``; the tile is sized for 16 KiB of K so that three stages
+    (96 KiB) leave room for two programs per SM."""
     d = max(16, triton.next_power_of_2(head_dim))
     key = "few" if 0 < num_items <= 2 * 132 else "many"
     if key in CONFIG_OVERRIDE and head_dim == 128 and kv_bytes == 2:
         return CONFIG_OVERRIDE[key]
-    elem = min(max(kv_bytes, 2), 4)  # int8 tiles are dequantized to float32 in registers: size as 2 bytes
-    block_n = max(16, min(128, (16 * 1024) // (d * elem)))  # 16 KiB of K per tile
-    if 0 < num_items <= 2 * 132 and block_n <= 64:
-        return KernelConfig(block_n=block_n * 2, num_warps=8, num_stages=1)
-    return KernelConfig(block_n=block_n, num_warps=4, num_stages=1)
+    elem = min(max(kv_bytes, 2), 4)
+    block_n = max(16, min(64, (16 * 1024) // (d * elem)))
+    return KernelConfig(block_n=block_n, num_warps=4, num_stages=3 if d * elem <= 512 else 2)
 
 
-def packed_rows(max_q_len: int, group: int) -> tuple[int, int]:
+def packed_rows(max_q_len: int, group: int, max_block_m: int = 64) -> tuple[int, int]:
     """``(BLOCK_M, row blocks)``: a work item packs ``q_len * group`` query rows into tiles of
-    ``BLOCK_M`` (16 to 64, the ``tl.dot`` minimum to a register-friendly maximum)."""
+    ``BLOCK_M``, from 16 (the ``tl.dot`` minimum) up to ``max_block_m`` (64 on CUDA; the NPU's
+    Unified Buffer needs smaller caps, ``ascend_ops.triton_npu.npu_tile``)."""
     rows = max(1, int(max_q_len)) * int(group)
-    block_m = min(64, max(16, triton.next_power_of_2(rows)))
+    block_m = min(int(max_block_m), max(16, triton.next_power_of_2(rows)))
     return block_m, triton.cdiv(rows, block_m)
+
+
+def merge_chunk(rows: int, block_d: int) -> int:
+    """Splits merged per step: a ``[chunk, rows, BLOCK_D]`` float32 tile of about 8K elements. A
+    function of the shapes alone (never of the plan), so a row's result is batch-invariant."""
+    return max(1, min(32, 8192 // (rows * block_d)))
 
 
 @dataclass
@@ -100,11 +102,13 @@ class DevicePlan:
         return self.data[off:off + sizes[k]]
 
     @classmethod
-    def from_plan(cls, plan: Plan, group: int, device, out: "DevicePlan | None" = None) -> "DevicePlan":
-        """Copy ``plan`` to ``device``; with ``out`` of the same shapes, refresh its buffer in place."""
+    def from_plan(cls, plan: Plan, group: int, device, out: "DevicePlan | None" = None,
+                  max_block_m: int = 64) -> "DevicePlan":
+        """Copy ``plan`` to ``device``; with ``out`` of the same shapes, refresh its buffer in place.
+        ``max_block_m`` caps the packed query rows per program (:func:`packed_rows`)."""
         host = torch.from_numpy(cls.pack(plan))
         max_q = int(np.diff(plan.query_start_loc).max(initial=1))
-        block_m, row_blocks = packed_rows(max_q, group)
+        block_m, row_blocks = packed_rows(max_q, group, max_block_m)
         if out is not None:
             if out.data.numel() != host.numel() or (out.num_items, out.batch_size, out.num_rows) != (
                     plan.num_items, plan.batch_size, plan.num_rows):
@@ -119,10 +123,14 @@ class DevicePlan:
                    plan.max_splits, block_m, row_blocks, plan.graph_stable)
 
 
-def _scale_strides(scale: "torch.Tensor | None") -> tuple[int, int]:
+def _scale_layout(scale: "torch.Tensor | None") -> tuple[int, bool]:
+    """``(stride between KV heads, per channel)`` of an int8 scale ``[Hkv]`` or ``[Hkv, D]``
+    (the channel axis contiguous, as the wrapper checks)."""
     if scale is None:
-        return 0, 0
-    return (1, 0) if scale.dim() == 1 else (scale.stride(0), scale.stride(1))
+        return 0, False
+    if scale.dim() == 2 and scale.stride(1) != 1:
+        raise ValueError(f"k_scale: the channel axis must be contiguous, got strides {scale.stride()}")
+    return scale.stride(0), scale.dim() == 2
 
 
 def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan,
@@ -143,7 +151,7 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
     dot_ieee = q.dtype == torch.float32 or kv_int8
     cfg = config or default_config(D, k_cache.element_size() if not kv_int8 else 4, dplan.num_items)
     block_d = max(16, triton.next_power_of_2(D))
-    sh, sd = _scale_strides(k_scale)
+    sh, per_channel = _scale_layout(k_scale)
     dummy = seq_lens
     if dplan.num_items and T:
         grid = (dplan.num_items, dplan.row_blocks)
@@ -162,11 +170,11 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
             block_table.stride(0),
             part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
             out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-            sh, sd, Hkv,
+            sh, Hkv,
             GROUP=group, PAGE=page, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=dplan.block_m, BLOCK_N=cfg.block_n,
             KV_INT8=kv_int8, HAS_OFFSET=k_offset is not None, SOFT_CAP=soft_cap is not None,
             HAS_WINDOW=window_left is not None, DOT_IEEE=dot_ieee, UPCAST=interpret, FUSE_MERGE=fuse_merge,
-            PREFETCH=cfg.prefetch,
+            SCALE_PER_CHANNEL=per_channel, MERGE_CHUNK=merge_chunk(dplan.block_m, block_d),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if merge and not fuse_merge and (dplan.max_splits > 1 or dplan.graph_stable) and T:
         launch_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), dplan.view("row_num_splits"),
@@ -183,10 +191,10 @@ def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, 
     if T == 0 or H == 0:
         return
     block_d = triton.next_power_of_2(D)
-    block_h = min(triton.next_power_of_2(H), max(1, 4096 // block_d))
+    block_h = min(triton.next_power_of_2(H), max(1, 512 // block_d))
     kernels.merge_kernel[(T, triton.cdiv(H, block_h))](
         part_o, part_lse, out, lse, row_slot_start, row_num_splits,
         part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
         slot_step, H, HEAD_DIM=D, BLOCK_H=block_h, BLOCK_D=block_d, SKIP_SINGLE=skip_single,
-        num_warps=num_warps)
+        CHUNK=merge_chunk(block_h, block_d), num_warps=num_warps)

@@ -119,7 +119,7 @@ def split_sizes(ctx: int, max_splits: int = 64) -> list[int]:
     return out
 
 
-FUSE = {"few": False, "many": False}
+FUSE = {"few": None, "many": None}  # None: the wrapper's default
 
 
 def apply_tuning(path):
@@ -129,8 +129,8 @@ def apply_tuning(path):
     with open(path) as f:
         chosen = json.load(f).get("chosen", {})
     for key, c in chosen.items():
-        m = re.fullmatch(r"n(\d+)w(\d+)s(\d+)(p?)", c["config"])
-        launch.CONFIG_OVERRIDE[key] = KernelConfig(int(m[1]), int(m[2]), int(m[3]), prefetch=bool(m[4]))
+        m = re.fullmatch(r"n(\d+)w(\d+)s(\d+)", c["config"])
+        launch.CONFIG_OVERRIDE[key] = KernelConfig(int(m[1]), int(m[2]), int(m[3]))
         FUSE[key] = bool(c["fuse"])
     return chosen
 
@@ -232,7 +232,9 @@ def run_bench(args):
         us, plan, ws = ours(timer, q, k, v, bt, seq, "auto")
         r.update(auto_us=us, auto_plan=str(plan.policy) + f" split={plan.split_tokens or 'none'}",
                  auto_splits=int(plan.max_splits), auto_items=plan.num_valid_items, workspace_bytes=ws)
-        r["fused_merge"] = FUSE["few" if plan.num_valid_items <= 2 * 132 else "many"] and plan.max_splits > 1
+        fuse = FUSE["few" if plan.num_valid_items <= 2 * 132 else "many"]
+        fuse = plan.num_valid_items <= 2 * 132 if fuse is None else fuse  # DecodeWrapper's default
+        r["fused_merge"] = bool(fuse) and plan.max_splits > 1
         # stage 1 alone (separate merge left out) against the same with its merge launch
         if plan.max_splits > 1:
             s1 = ours(timer, q, k, v, bt, seq, "auto", fuse=False, stage1_only=True)[0]
@@ -287,9 +289,8 @@ def run_tune(args):
     from tqdm import tqdm
     timer = Timer(args.iters)
     ceiling = copy_ceiling(timer)
-    cfgs = [KernelConfig(bn, nw, ns, prefetch=pf) for bn, nw, ns, pf in (
-        (64, 4, 2, False), (64, 4, 3, False), (128, 8, 2, False), (32, 4, 2, False), (64, 4, 2, True),
-        (128, 8, 2, True))]
+    cfgs = [KernelConfig(bn, nw, ns) for bn, nw, ns in (
+        (64, 4, 3), (64, 4, 5), (64, 4, 7), (32, 4, 5), (32, 4, 7), (64, 8, 5))]
     pts = [(1, 4096), (1, 16384), (1, 65536), (1, 131072), (16, 8192), (64, 2048), (128, 1024)]
     rows = []
     for (B, ctx) in tqdm(pts, unit="pt"):

@@ -1,42 +1,139 @@
 #!/usr/bin/env python3
-"""Compile the Triton kernels for sm_90 (H100/H200) on a machine without a GPU: catches compile
-errors the interpreter does not, and reports shared memory per variant (Triton's bundled ptxas)."""
+"""Compile the Triton kernels for sm_90 (H100/H200) on a machine without a GPU.
+
+Catches compile errors the interpreter does not, and reports for each stage-1 variant what decides
+its speed before any device time is spent: whether Triton's software pipeliner turned the tile
+loads into asynchronous copies (``async_copy_global_to_local`` in the TTGIR, ``cp.async`` in the
+PTX), the shared memory, and ptxas's registers and spills (Triton's bundled ptxas, ``-v``).
+
+    python scripts/h200_compile_check.py                 # the table
+    python scripts/h200_compile_check.py --dump DIR      # also the TTGIR / PTX of each variant
+    python scripts/h200_compile_check.py --strict        # exit 1 if a float-KV variant is not
+                                                         # pipelined or any variant spills
+"""
+import argparse
 import os
-os.environ.pop("TRITON_INTERPRET", None)
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
 os.environ["TRITON_INTERPRET"] = "0"
-import triton, triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-import cuda_ref.kernels as K
-sig = {}
-import inspect
-fn = K.split_kv_kernel
-names = fn.arg_names
-ptrs = {"Q":"*bf16","K":"*bf16","V":"*bf16","BLOCK_TABLE":"*i32","SEQ_LENS":"*i32","QUERY_START":"*i32",
- "ITEM_REQ":"*i32","ITEM_HEAD":"*i32","ITEM_SPLIT":"*i32","ITEM_START":"*i32","ITEM_END":"*i32","NUM_SPLITS":"*i32","ROW_SLOT":"*i32",
- "PART_O":"*fp32","PART_LSE":"*fp32","OUT":"*bf16","OUT_LSE":"*fp32","COUNTERS":"*i32","K_SCALE":"*fp32","V_SCALE":"*fp32","K_OFFSET":"*fp32","V_OFFSET":"*fp32",
- "qk_scale":"fp32","soft_cap":"fp32"}
-const = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=64, KV_INT8=False, HAS_OFFSET=False, SOFT_CAP=True, HAS_WINDOW=True, DOT_IEEE=False, UPCAST=False, FUSE_MERGE=True, PREFETCH=False)
-for n in names:
-    if n in const: sig[n] = "constexpr"
-    else: sig[n] = ptrs.get(n, "i32")
-src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in const.items()})
-k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
-print("ok", k.metadata.shared, k.n_regs if hasattr(k,'n_regs') else '')
-print(k.asm.keys())
-import itertools
-for dt, int8, ieee, fuse, D in [("bf16",False,False,False,128),("fp16",False,False,True,256),("fp32",False,True,False,64),("bf16",True,True,True,96),("bf16",False,False,False,64)]:
-    p = dict(ptrs); 
-    for n in ("Q","OUT"): p[n]="*"+dt
-    for n in ("K","V"): p[n]="*i8" if int8 else "*"+dt
-    c = dict(const, KV_INT8=int8, HAS_OFFSET=int8, DOT_IEEE=ieee, FUSE_MERGE=fuse, HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D))
-    sg = {n: ("constexpr" if n in c else p.get(n, "i32")) for n in names}
-    kk = triton.compile(ASTSource(fn, sg, constexprs={(names.index(k),): v for k, v in c.items()}), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
-    print(dt, int8, ieee, fuse, D, "smem", kk.metadata.shared, "regs", kk.n_regs if hasattr(kk, "n_regs") else "?")
-m = K.merge_kernel
-mn = m.arg_names
-mc = dict(HEAD_DIM=128, BLOCK_H=32, BLOCK_D=128, SKIP_SINGLE=True)
-mp = {"PART_O":"*fp32","PART_LSE":"*fp32","OUT":"*bf16","OUT_LSE":"*fp32","ROW_SLOT":"*i32","ROW_NS":"*i32"}
-sg = {n: ("constexpr" if n in mc else mp.get(n, "i32")) for n in mn}
-triton.compile(ASTSource(m, sg, constexprs={(mn.index(k),): v for k, v in mc.items()}), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-print("merge ok")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+import cuda_ref.kernels as K  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+PTRS = {"Q": "bf16", "K": "bf16", "V": "bf16", "OUT": "bf16", "PART_O": "fp32", "PART_LSE": "fp32",
+        "OUT_LSE": "fp32", "K_SCALE": "fp32", "V_SCALE": "fp32", "K_OFFSET": "fp32", "V_OFFSET": "fp32"}
+I32_PTRS = ("BLOCK_TABLE", "SEQ_LENS", "QUERY_START", "ITEM_REQ", "ITEM_HEAD", "ITEM_SPLIT", "ITEM_START",
+            "ITEM_END", "NUM_SPLITS", "ROW_SLOT", "COUNTERS")
+
+ALIGNED_INTS = ("stride_qt", "stride_qh", "stride_kp", "stride_kt", "stride_kh", "stride_vp", "stride_vt",
+                "stride_vh", "stride_ps", "stride_ph", "stride_ls", "stride_ot", "stride_oh", "stride_lot")
+BASE = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=64, KV_INT8=False,
+            HAS_OFFSET=False, SOFT_CAP=False, HAS_WINDOW=False, DOT_IEEE=False, UPCAST=False,
+            FUSE_MERGE=False, SCALE_PER_CHANNEL=False, MERGE_CHUNK=4)
+
+
+def variants():
+    """(name, q dtype, kv dtype, constexprs, num_warps, num_stages)."""
+    v = []
+    for bn, nw, ns in ((64, 4, 3), (64, 4, 2), (32, 4, 3), (64, 8, 3), (128, 4, 2)):
+        v.append((f"bf16 D128 M16 n{bn}w{nw}s{ns}", "bf16", "bf16", dict(BASE, BLOCK_N=bn), nw, ns))
+    v.append(("bf16 D128 M16 fused n64w4s3", "bf16", "bf16", dict(BASE, FUSE_MERGE=True), 4, 3))
+    v.append(("bf16 D128 M64 (multi-query) n64w4s3", "bf16", "bf16", dict(BASE, BLOCK_M=64, MERGE_CHUNK=1), 4, 3))
+    v.append(("bf16 D128 cap+window n64w4s3", "bf16", "bf16", dict(BASE, SOFT_CAP=True, HAS_WINDOW=True), 4, 3))
+    v.append(("fp16 D256 n32w4s2", "fp16", "fp16", dict(BASE, HEAD_DIM=256, BLOCK_D=256, BLOCK_N=32,
+                                                         MERGE_CHUNK=2), 4, 2))
+    v.append(("bf16 D64 n64w4s3", "bf16", "bf16", dict(BASE, HEAD_DIM=64, BLOCK_D=64, MERGE_CHUNK=8), 4, 3))
+    v.append(("fp32 D128 n32w4s2", "fp32", "fp32", dict(BASE, DOT_IEEE=True, BLOCK_N=32), 4, 2))
+    v.append(("bf16/int8 D96 per-channel n32w4s2", "bf16", "i8", dict(BASE, HEAD_DIM=96, KV_INT8=True,
+                                                                      HAS_OFFSET=True, DOT_IEEE=True,
+                                                                      SCALE_PER_CHANNEL=True, BLOCK_N=32), 4, 2))
+    return v
+
+
+def compile_split(qdt, kvdt, const, nw, ns):
+    fn = K.split_kv_kernel
+    sig = {}
+    for n in fn.arg_names:
+        if n in const:
+            sig[n] = "constexpr"
+        elif n in I32_PTRS:
+            sig[n] = "*i32"
+        elif n in PTRS:
+            t = PTRS[n]
+            sig[n] = "*" + (qdt if n in ("Q", "OUT") else kvdt if n in ("K", "V") else t)
+        elif n in ("qk_scale", "soft_cap"):
+            sig[n] = "fp32"
+        else:
+            sig[n] = "i32"
+    # what a launch specializes: pointers 16-byte aligned, and the strides of the benchmark's
+    # tensors (head dim 128, page 16: all multiples of 16) divisible by 16
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n].startswith("*") or n in ALIGNED_INTS}
+    return triton.compile(ASTSource(fn, sig, constexprs=dict(const), attrs=attrs), target=TARGET,
+                          options={"num_warps": nw, "num_stages": ns})
+
+
+def ptxas_report(ptx: str) -> tuple[int, int, int]:
+    """(registers, spill stores, spill loads) from ptxas -v on the kernel's PTX."""
+    ptxas = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as d:
+        p = pathlib.Path(d) / "k.ptx"
+        p.write_text(ptx)
+        r = subprocess.run([str(ptxas), "-v", "-arch=sm_90a", str(p), "-o", str(pathlib.Path(d) / "k.cubin")],
+                           capture_output=True, text=True)
+    text = r.stdout + r.stderr
+    regs = int(m.group(1)) if (m := re.search(r"Used (\d+) registers", text)) else -1
+    st = int(m.group(1)) if (m := re.search(r"(\d+) bytes spill stores", text)) else -1
+    ld = int(m.group(1)) if (m := re.search(r"(\d+) bytes spill loads", text)) else -1
+    return regs, st, ld
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dump", default=None, help="write each variant's TTGIR and PTX here")
+    ap.add_argument("--strict", action="store_true")
+    ap.add_argument("--only", default="")
+    a = ap.parse_args(argv)
+    bad = []
+    print(f"{'variant':40s} {'async copies':>12s} {'cp.async':>8s} {'smem KiB':>8s} {'regs':>5s} {'spill st/ld':>12s}")
+    for name, qdt, kvdt, const, nw, ns in variants():
+        if a.only and a.only not in name:
+            continue
+        k = compile_split(qdt, kvdt, const, nw, ns)
+        ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
+        n_async = ttgir.count("async_copy_global_to_local")
+        n_cp = len(re.findall(r"cp\.async\.(?:ca|cg)", ptx))
+        regs, st, ld = ptxas_report(ptx)
+        print(f"{name:40s} {n_async:12d} {n_cp:8d} {k.metadata.shared / 1024:8.1f} {regs:5d} {st:6d}/{ld:<5d}")
+        if a.dump:
+            d = pathlib.Path(a.dump)
+            d.mkdir(parents=True, exist_ok=True)
+            stem = re.sub(r"[^A-Za-z0-9]+", "_", name)
+            (d / f"{stem}.ttgir").write_text(ttgir)
+            (d / f"{stem}.ptx").write_text(ptx)
+        if st > 0 or ld > 0 or (not const["KV_INT8"] and ns >= 2 and n_async == 0):
+            bad.append(name)
+    mc = dict(HEAD_DIM=128, BLOCK_H=4, BLOCK_D=128, SKIP_SINGLE=True, CHUNK=16)
+    m = K.merge_kernel
+    mp = {"PART_O": "*fp32", "PART_LSE": "*fp32", "OUT": "*bf16", "OUT_LSE": "*fp32", "ROW_SLOT": "*i32",
+          "ROW_NS": "*i32"}
+    sg = {n: ("constexpr" if n in mc else mp.get(n, "i32")) for n in m.arg_names}
+    mk = triton.compile(ASTSource(m, sg, constexprs=dict(mc)), target=TARGET, options={"num_warps": 4})
+    regs, st, ld = ptxas_report(mk.asm["ptx"])
+    print(f"{'merge D128 H4 chunk16 w4':40s} {'-':>12s} {'-':>8s} {mk.metadata.shared / 1024:8.1f} {regs:5d} {st:6d}/{ld:<5d}")
+    if bad:
+        print("not pipelined or spilling:", ", ".join(bad))
+    return 1 if (a.strict and bad) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -83,7 +83,8 @@ class Variant:
         if self.kernel == "split_kv_kernel":
             return (f"split_kv D{c['HEAD_DIM']} {self.q_dtype}/{self.kv_dtype} G{c['GROUP']} "
                     f"M{c['BLOCK_M']} N{c['BLOCK_N']}" + (" cap" if c["SOFT_CAP"] else "")
-                    + (" win" if c["HAS_WINDOW"] else ""))
+                    + (" win" if c["HAS_WINDOW"] else "")
+                    + ((" per-channel" if c.get("SCALE_PER_CHANNEL") else " per-head") if c["KV_INT8"] else ""))
         if self.kernel == "merge_kernel":
             return f"merge D{c['HEAD_DIM']} {self.q_dtype} H{c['BLOCK_H']}"
         return f"{self.kernel} {c}"
@@ -106,10 +107,11 @@ def _next_pow2(x: int) -> int:
     return 1 << (int(x) - 1).bit_length()
 
 
-def _split_constexprs(d, qd, kvq, g, bm, bn, cap=False, win=False, page=PAGE_SIZES[0]):
+def _split_constexprs(d, qd, kvq, g, bm, bn, cap=False, win=False, page=PAGE_SIZES[0], per_channel=True):
     return dict(GROUP=g, PAGE=page, HEAD_DIM=d, BLOCK_D=_next_pow2(d), BLOCK_M=bm, BLOCK_N=bn,
                 KV_INT8=kvq, HAS_OFFSET=kvq, SOFT_CAP=cap, HAS_WINDOW=win,
-                DOT_IEEE=(qd == "fp32" or kvq), UPCAST=False, FUSE_MERGE=False)
+                DOT_IEEE=(qd == "fp32" or kvq), UPCAST=False, FUSE_MERGE=False,
+                SCALE_PER_CHANNEL=bool(kvq and per_channel), MERGE_CHUNK=1)
 
 
 def split_kv_variants(quick: bool = False) -> list[Variant]:
@@ -124,6 +126,16 @@ def split_kv_variants(quick: bool = False) -> list[Variant]:
         # BLOCK_M is a power of two from 16 up to the table's cap; the largest is the one to check
         c = _split_constexprs(d, qd, False, g, max_m, bn, cap, win)
         out.append(Variant("split_kv_kernel", c, qd, qd))
+    # int8 KV (16-bit q; dequantized to float32 before the dot): scale per channel with offset, and
+    # per head without, with and without both features
+    for d, qd, g, (cap, win), per_channel in itertools.product(dims, ("fp16", "bf16"), GROUPS,
+                                                                (FEATURES[0], FEATURES[3]), (True, False)):
+        if quick and g != 4:
+            continue
+        max_m, bn = tn.npu_tile(d, _DTYPE_NAME[qd], "int8")
+        c = _split_constexprs(d, qd, True, g, max_m, bn, cap, win, per_channel=per_channel)
+        c["HAS_OFFSET"] = per_channel
+        out.append(Variant("split_kv_kernel", c, qd, "int8"))
     return out
 
 
@@ -144,10 +156,11 @@ def sweep_variants() -> list[Variant]:
 
 def merge_variants(quick: bool = False) -> list[Variant]:
     out = []
-    # cuda_ref.launch.launch_merge: BLOCK_H = min(next_pow2(Hq), 4096 // BLOCK_D), a power of two
+    # cuda_ref.launch.launch_merge: BLOCK_H = min(next_pow2(Hq), 512 // BLOCK_D), a power of two
     for d, qd in itertools.product((128,) if quick else _npu_tables().CHECKED_HEAD_DIMS, Q_DTYPES):
-        for bh in (2, 8, 4096 // _next_pow2(d)):
-            c = dict(HEAD_DIM=d, BLOCK_H=bh, BLOCK_D=_next_pow2(d), SKIP_SINGLE=True)
+        for bh in sorted({1, 2, 512 // _next_pow2(d)}):
+            c = dict(HEAD_DIM=d, BLOCK_H=bh, BLOCK_D=_next_pow2(d), SKIP_SINGLE=True,
+                     CHUNK=max(1, min(32, 8192 // (bh * _next_pow2(d)))))  # cuda_ref.launch.merge_chunk
             out.append(Variant("merge_kernel", c, qd, qd))
     return out
 
@@ -165,7 +178,7 @@ def split_kv_signature(v: Variant) -> dict:
     }
     for s in ("stride_qt", "stride_qh", "stride_kp", "stride_kt", "stride_kh", "stride_vp", "stride_vt",
               "stride_vh", "stride_bt", "stride_ps", "stride_ph", "stride_ls", "stride_lh", "stride_ot",
-              "stride_oh", "stride_lot", "stride_loh", "stride_sh", "stride_sd", "NUM_KV_HEADS"):
+              "stride_oh", "stride_lot", "stride_loh", "stride_sh", "NUM_KV_HEADS"):
         sig[s] = "i32"
     for k in v.constexprs:
         sig[k] = "constexpr"

@@ -45,12 +45,12 @@ def test_small_catalog_passes(case):
 FUSED_CASES = cases.catalog(("small",), "seed,policy,mask,empty,multi-query,int8,gqa/5-1")
 
 
-@pytest.mark.parametrize("variant", ["fused", "prefetch-n16", "separate-n32"])
+@pytest.mark.parametrize("variant", ["fused", "fused-n16", "separate-n32"])
 @pytest.mark.parametrize("case", FUSED_CASES, ids=[c.name for c in FUSED_CASES])
 def test_kernel_variants_pass(case, variant):
     kw = {"fused": dict(fuse_merge=True),
-          "prefetch-n16": dict(fuse_merge=False, config=KernelConfig(16, 4, 1, prefetch=True)),
-          "separate-n32": dict(fuse_merge=False, config=KernelConfig(32, 4, 1, prefetch=False))}[variant]
+          "fused-n16": dict(fuse_merge=True, config=KernelConfig(16, 4, 1)),
+          "separate-n32": dict(fuse_merge=False, config=KernelConfig(32, 4, 2))}[variant]
     be = Backend("triton-" + variant, lambda i, p: tb.run(i, p, **kw), tb._unavailable, tb._unsupported, "h200")
     res = run_case(be, case)
     assert res.status == "pass", res.message

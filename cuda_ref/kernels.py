@@ -85,7 +85,7 @@ def split_kv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
     DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr, FUSE_MERGE: tl.constexpr,
-    SCALE_PER_CHANNEL: tl.constexpr = False, MERGE_CHUNK: tl.constexpr = 1,
+    SCALE_PER_CHANNEL: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 16, MERGE_CHUNK: tl.constexpr = 1,
 ):
     item = tl.program_id(0)
     mblock = tl.program_id(1)
@@ -201,12 +201,19 @@ def split_kv_kernel(
             done = tl.atomic_add(counter, 1, sem="acq_rel")
             if done == n_split - 1:
                 tl.debug_barrier()
-                first = tl.load(ROW_SLOT + t, mask=row_ok, other=0).to(tl.int64)
-                o, lse = _merge_slots(PART_O, PART_LSE, first, 1, n_split, hq, row_ok, offs_d, d_ok,
-                                      stride_ps, stride_ph, stride_ls, stride_lh, MERGE_CHUNK, True)
-                tl.store(OUT + t.to(tl.int64)[:, None] * stride_ot + hq[:, None] * stride_oh + offs_d[None, :],
-                         o.to(OUT.dtype.element_ty), mask=out_mask)
-                tl.store(OUT_LSE + t * stride_lot + hq * stride_loh, lse, mask=row_ok)
+                # the block's valid rows, MERGE_ROWS at a time (a GQA group's worth: one step for decode)
+                n_rows = tl.minimum(q_len * GROUP - mblock * BLOCK_M, BLOCK_M)
+                for rr in range(0, n_rows, MERGE_ROWS):
+                    r_m = mblock * BLOCK_M + rr + tl.arange(0, MERGE_ROWS)
+                    r_ok = (r_m // GROUP < q_len) & (rr + tl.arange(0, MERGE_ROWS) < BLOCK_M)
+                    r_t = r0 + r_m // GROUP
+                    r_h = h * GROUP + r_m % GROUP
+                    first = tl.load(ROW_SLOT + r_t, mask=r_ok, other=0).to(tl.int64)
+                    o_m, lse_m = _merge_slots(PART_O, PART_LSE, first, 1, n_split, r_h, r_ok, offs_d, d_ok,
+                                              stride_ps, stride_ph, stride_ls, stride_lh, MERGE_CHUNK, True)
+                    tl.store(OUT + r_t.to(tl.int64)[:, None] * stride_ot + r_h[:, None] * stride_oh
+                             + offs_d[None, :], o_m.to(OUT.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])
+                    tl.store(OUT_LSE + r_t * stride_lot + r_h * stride_loh, lse_m, mask=r_ok)
                 tl.atomic_xchg(counter, 0)
 
 
@@ -215,8 +222,12 @@ def _merge_slots(PART_O, PART_LSE, first, slot_step, n, heads, rows_ok, offs_d, 
                  stride_ps, stride_ph, stride_ls, stride_lh, CHUNK: tl.constexpr, BYPASS_L1: tl.constexpr):
     """Merge the states in slots ``first + j * slot_step`` (``j < n``) of each row (``heads``: its head
     index): ``m = max lse``, ``w = exp(lse - m)``, ``out = sum w o / sum w``, ``lse = m + log sum w``;
-    ``lse = +-inf`` is empty. ``CHUNK`` splits are loaded per step as one ``[CHUNK, rows, BLOCK_D]``
-    tile, so their loads are in flight together. Returns ``(o [rows, BLOCK_D], lse [rows])``."""
+    ``lse = +-inf`` is empty. Returns ``(o [rows, BLOCK_D], lse [rows])``.
+
+    ``CHUNK`` splits are loaded at a time as one ``[CHUNK, rows, BLOCK_D]`` tile (their loads are in
+    flight together), but the sums run in slot order, one split after the other (each split is
+    taken out of the tile exactly, by a masked sum of zeros): the result does not depend on
+    ``CHUNK``, the tile shape or the warps, so the fused and the separate merge agree bitwise."""
     offs_l = tl.arange(0, 32)
     m = tl.full(rows_ok.shape, float("-inf"), tl.float32)
     for j0 in range(0, n, 32):  # pass 1: the max of the finite lse, 32 splits at a time
@@ -234,7 +245,7 @@ def _merge_slots(PART_O, PART_LSE, first, slot_step, n, heads, rows_ok, offs_d, 
     offs_j = tl.arange(0, CHUNK)
     l = tl.zeros(rows_ok.shape, tl.float32)
     u = tl.zeros([rows_ok.shape[0], offs_d.shape[0]], tl.float32)
-    for j0 in range(0, n, CHUNK):  # pass 2: the weighted sum
+    for j0 in range(0, n, CHUNK):  # pass 2: the weighted sum, in slot order
         j_ok = (j0 + offs_j) < n
         sid = first[None, :] + (j0 + offs_j)[:, None] * slot_step
         ok = j_ok[:, None] & rows_ok[None, :]
@@ -243,15 +254,20 @@ def _merge_slots(PART_O, PART_LSE, first, slot_step, n, heads, rows_ok, offs_d, 
         if BYPASS_L1:
             lse = tl.load(PART_LSE + sid * stride_ls + heads[None, :] * stride_lh, mask=ok, other=float("-inf"),
                           cache_modifier=".cg")
-            o_j = tl.load(o_ptr, mask=o_ok, other=0.0, cache_modifier=".cg")
+            o_c = tl.load(o_ptr, mask=o_ok, other=0.0, cache_modifier=".cg")
         else:
             lse = tl.load(PART_LSE + sid * stride_ls + heads[None, :] * stride_lh, mask=ok, other=float("-inf"))
-            o_j = tl.load(o_ptr, mask=o_ok, other=0.0)
+            o_c = tl.load(o_ptr, mask=o_ok, other=0.0)
         lse = lse.to(tl.float32)
         empty = (lse == float("inf")) | (lse == float("-inf"))
-        w = tl.where(empty, 0.0, tl.exp(lse - m_ref[None, :]))
-        l += tl.sum(w, 0)
-        u += tl.sum(w[:, :, None] * tl.where(empty[:, :, None], 0.0, o_j.to(tl.float32)), 0)
+        w_c = tl.where(empty, 0.0, tl.exp(lse - m_ref[None, :]))
+        o_c = tl.where(empty[:, :, None], 0.0, o_c.to(tl.float32))
+        for jj in tl.static_range(CHUNK):
+            pick = offs_j == jj
+            w = tl.sum(tl.where(pick[:, None], w_c, 0.0), 0)
+            o_j = tl.sum(tl.where(pick[:, None, None], o_c, 0.0), 0)
+            l = l + w
+            u = u + w[:, None] * o_j
     empty = l == 0.0
     l_safe = tl.where(empty, 1.0, l)
     o = tl.where(empty[:, None], 0.0, u / l_safe[:, None])

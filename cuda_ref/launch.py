@@ -41,17 +41,23 @@ CONFIG_OVERRIDE: dict[str, KernelConfig] = {}
 
 
 def default_config(head_dim: int, kv_bytes: int, num_items: int = 0) -> KernelConfig:
-    """Stage-1 configuration by head dim and KV element size (int8 counts as 4: it is dequantized
-    to float32 before the dot). Each pipeline stage holds one K and one V tile in shared memory,
-    ``2 * block_n * BLOCK_D * kv_bytes``; the tile is sized for 16 KiB of K so that three stages
-    (96 KiB) leave room for two programs per SM."""
+    """Stage-1 configuration by head dim, KV element size and the plan's work items.
+
+    The tile holds 16 KiB of K at 2 bytes an element (int8 counts as 4: it is dequantized to
+    float32 before the dot), at most 64 tokens; 4 warps (8 for float32 tiles). Triton's pipeliner keeps the page ids two
+    stages ahead of the K / V copies, so ``num_stages`` 5 gives two K / V buffers in shared memory
+    (one tile in flight while the other is computed) and 7 gives three: plans of at most two work
+    items per SM get the deeper pipeline (each program must keep more bytes in flight), larger
+    plans 5 (more programs per SM). Only ``num_stages`` depends on the plan: the tile and the warps,
+    which decide the order of the sums, do not, so results stay batch-invariant."""
     d = max(16, triton.next_power_of_2(head_dim))
     key = "few" if 0 < num_items <= 2 * 132 else "many"
     if key in CONFIG_OVERRIDE and head_dim == 128 and kv_bytes == 2:
         return CONFIG_OVERRIDE[key]
     elem = min(max(kv_bytes, 2), 4)
     block_n = max(16, min(64, (16 * 1024) // (d * elem)))
-    return KernelConfig(block_n=block_n, num_warps=4, num_stages=3 if d * elem <= 512 else 2)
+    # float32 tiles (fp32 KV, int8 dequantized) with 4 warps spill registers (ptxas, sm_90); 8 do not for fp32
+    return KernelConfig(block_n=block_n, num_warps=8 if elem == 4 else 4, num_stages=7 if key == "few" else 5)
 
 
 def packed_rows(max_q_len: int, group: int, max_block_m: int = 64) -> tuple[int, int]:
@@ -64,9 +70,9 @@ def packed_rows(max_q_len: int, group: int, max_block_m: int = 64) -> tuple[int,
 
 
 def merge_chunk(rows: int, block_d: int) -> int:
-    """Splits merged per step: a ``[chunk, rows, BLOCK_D]`` float32 tile of about 8K elements. A
-    function of the shapes alone (never of the plan), so a row's result is batch-invariant."""
-    return max(1, min(32, 8192 // (rows * block_d)))
+    """Splits loaded per step of the merge: a ``[chunk, rows, BLOCK_D]`` float32 tile of 4K
+    elements (32 registers a thread at 4 warps). The merge sums in slot order whatever the chunk."""
+    return max(1, min(32, 4096 // (rows * block_d)))
 
 
 @dataclass
@@ -153,6 +159,7 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
     block_d = max(16, triton.next_power_of_2(D))
     sh, per_channel = _scale_layout(k_scale)
     dummy = seq_lens
+    merge_rows = min(dplan.block_m, triton.next_power_of_2(group))  # rows per step of the fused merge
     if dplan.num_items and T:
         grid = (dplan.num_items, dplan.row_blocks)
         kernels.split_kv_kernel[grid](
@@ -174,7 +181,8 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
             GROUP=group, PAGE=page, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=dplan.block_m, BLOCK_N=cfg.block_n,
             KV_INT8=kv_int8, HAS_OFFSET=k_offset is not None, SOFT_CAP=soft_cap is not None,
             HAS_WINDOW=window_left is not None, DOT_IEEE=dot_ieee, UPCAST=interpret, FUSE_MERGE=fuse_merge,
-            SCALE_PER_CHANNEL=per_channel, MERGE_CHUNK=merge_chunk(dplan.block_m, block_d),
+            SCALE_PER_CHANNEL=per_channel, MERGE_ROWS=merge_rows,
+            MERGE_CHUNK=merge_chunk(merge_rows, block_d),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if merge and not fuse_merge and (dplan.max_splits > 1 or dplan.graph_stable) and T:
         launch_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), dplan.view("row_num_splits"),

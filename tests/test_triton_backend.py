@@ -149,6 +149,18 @@ def test_fixed_split_size_is_bitwise_batch_invariant():
         np.testing.assert_array_equal(l, got[0][1])
 
 
+def test_fused_and_separate_merge_agree_bitwise():
+    # the merge sums splits in slot order whatever its chunking, tile shape or launch (kernels._merge_slots)
+    inp = cases.random_inputs(3, [700, 45, 0, 333], q_lens=[1, 2, 1, 1], num_q_heads=8, num_kv_heads=2,
+                              head_dim=64, dtype="bfloat16")
+    plan = inp.plan("size:16")
+    assert plan.max_splits > 32  # more splits than one chunk of the max pass
+    fused = tb.run(inp, plan, fuse_merge=True)
+    separate = tb.run(inp, plan, fuse_merge=False)
+    for a, b in zip(fused, separate):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 # -- bad input: clear errors before any launch ------------------------------------------------------
 
 @pytest.fixture

@@ -218,56 +218,46 @@ def split_kv_kernel(
 
 
 @triton.jit
+def _merge_step(m, l, u, lse_j, o_j):
+    """Fold one state (natural-log ``lse_j``, ``o_j``) into the running (max, weight sum, weighted sum)."""
+    empty = (lse_j == float("inf")) | (lse_j == float("-inf"))
+    lse_j = tl.where(empty, float("-inf"), lse_j)
+    o_j = tl.where(empty[:, None], 0.0, o_j)
+    m_new = tl.maximum(m, lse_j)
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    a = tl.exp(m - m_ref)
+    w = tl.exp(lse_j - m_ref)
+    return m_new, l * a + w, u * a[:, None] + w[:, None] * o_j
+
+
+@triton.jit
 def _merge_slots(PART_O, PART_LSE, first, slot_step, n, heads, rows_ok, offs_d, d_ok,
                  stride_ps, stride_ph, stride_ls, stride_lh, CHUNK: tl.constexpr, BYPASS_L1: tl.constexpr):
     """Merge the states in slots ``first + j * slot_step`` (``j < n``) of each row (``heads``: its head
-    index): ``m = max lse``, ``w = exp(lse - m)``, ``out = sum w o / sum w``, ``lse = m + log sum w``;
-    ``lse = +-inf`` is empty. Returns ``(o [rows, BLOCK_D], lse [rows])``.
+    index), in slot order, with a running max: ``m = max lse``, ``w = exp(lse - m)``,
+    ``out = sum w o / sum w``, ``lse = m + log sum w``; ``lse = +-inf`` is empty. Returns
+    ``(o [rows, BLOCK_D], lse [rows])``.
 
-    ``CHUNK`` splits are loaded at a time as one ``[CHUNK, rows, BLOCK_D]`` tile (their loads are in
-    flight together), but the sums run in slot order, one split after the other (each split is
-    taken out of the tile exactly, by a masked sum of zeros): the result does not depend on
-    ``CHUNK``, the tile shape or the warps, so the fused and the separate merge agree bitwise."""
-    offs_l = tl.arange(0, 32)
+    The slot loop is unrolled ``CHUNK`` times so that the chunk's loads are independent of each
+    other's results and can be issued together; a slot past ``n`` reads as empty and leaves the
+    state bit for bit as it was, so the result does not depend on ``CHUNK``: the fused and the
+    separate merge agree bitwise."""
     m = tl.full(rows_ok.shape, float("-inf"), tl.float32)
-    for j0 in range(0, n, 32):  # pass 1: the max of the finite lse, 32 splits at a time
-        j_ok = (j0 + offs_l) < n
-        sid = first[None, :] + (j0 + offs_l)[:, None] * slot_step
-        ok = j_ok[:, None] & rows_ok[None, :]
-        if BYPASS_L1:
-            lse = tl.load(PART_LSE + sid * stride_ls + heads[None, :] * stride_lh, mask=ok, other=float("-inf"),
-                          cache_modifier=".cg")
-        else:
-            lse = tl.load(PART_LSE + sid * stride_ls + heads[None, :] * stride_lh, mask=ok, other=float("-inf"))
-        lse = tl.where(lse == float("inf"), float("-inf"), lse.to(tl.float32))
-        m = tl.maximum(m, tl.max(lse, 0))
-    m_ref = tl.where(m == float("-inf"), 0.0, m)
-    offs_j = tl.arange(0, CHUNK)
     l = tl.zeros(rows_ok.shape, tl.float32)
     u = tl.zeros([rows_ok.shape[0], offs_d.shape[0]], tl.float32)
-    for j0 in range(0, n, CHUNK):  # pass 2: the weighted sum, in slot order
-        j_ok = (j0 + offs_j) < n
-        sid = first[None, :] + (j0 + offs_j)[:, None] * slot_step
-        ok = j_ok[:, None] & rows_ok[None, :]
-        o_ptr = PART_O + sid[:, :, None] * stride_ps + heads[None, :, None] * stride_ph + offs_d[None, None, :]
-        o_ok = ok[:, :, None] & d_ok[None, None, :]
-        if BYPASS_L1:
-            lse = tl.load(PART_LSE + sid * stride_ls + heads[None, :] * stride_lh, mask=ok, other=float("-inf"),
-                          cache_modifier=".cg")
-            o_c = tl.load(o_ptr, mask=o_ok, other=0.0, cache_modifier=".cg")
-        else:
-            lse = tl.load(PART_LSE + sid * stride_ls + heads[None, :] * stride_lh, mask=ok, other=float("-inf"))
-            o_c = tl.load(o_ptr, mask=o_ok, other=0.0)
-        lse = lse.to(tl.float32)
-        empty = (lse == float("inf")) | (lse == float("-inf"))
-        w_c = tl.where(empty, 0.0, tl.exp(lse - m_ref[None, :]))
-        o_c = tl.where(empty[:, :, None], 0.0, o_c.to(tl.float32))
+    for j0 in range(0, n, CHUNK):
         for jj in tl.static_range(CHUNK):
-            pick = offs_j == jj
-            w = tl.sum(tl.where(pick[:, None], w_c, 0.0), 0)
-            o_j = tl.sum(tl.where(pick[:, None, None], o_c, 0.0), 0)
-            l = l + w
-            u = u + w[:, None] * o_j
+            ok = rows_ok & (j0 + jj < n)
+            sid = first + (j0 + jj) * slot_step
+            lse_ptr = PART_LSE + sid * stride_ls + heads * stride_lh
+            o_ptr = PART_O + sid[:, None] * stride_ps + heads[:, None] * stride_ph + offs_d[None, :]
+            if BYPASS_L1:
+                lse_j = tl.load(lse_ptr, mask=ok, other=float("-inf"), cache_modifier=".cg")
+                o_j = tl.load(o_ptr, mask=ok[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")
+            else:
+                lse_j = tl.load(lse_ptr, mask=ok, other=float("-inf"))
+                o_j = tl.load(o_ptr, mask=ok[:, None] & d_ok[None, :], other=0.0)
+            m, l, u = _merge_step(m, l, u, lse_j.to(tl.float32), o_j.to(tl.float32))
     empty = l == 0.0
     l_safe = tl.where(empty, 1.0, l)
     o = tl.where(empty[:, None], 0.0, u / l_safe[:, None])

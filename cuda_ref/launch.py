@@ -40,24 +40,34 @@ class KernelConfig:
 CONFIG_OVERRIDE: dict[str, KernelConfig] = {}
 
 
-def default_config(head_dim: int, kv_bytes: int, num_items: int = 0) -> KernelConfig:
-    """Stage-1 configuration by head dim, KV element size and the plan's work items.
+def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invariant: bool = True) -> KernelConfig:
+    """Stage-1 configuration by head dim, KV element size and the plan (H200 measurements,
+    docs/perf-notes.md).
 
     The tile holds 16 KiB of K at 2 bytes an element (int8 counts as 4: it is dequantized to
-    float32 before the dot), at most 64 tokens; 4 warps (8 for float32 tiles). Triton's pipeliner keeps the page ids two
-    stages ahead of the K / V copies, so ``num_stages`` 5 gives two K / V buffers in shared memory
-    (one tile in flight while the other is computed) and 7 gives three: plans of at most two work
-    items per SM get the deeper pipeline (each program must keep more bytes in flight), larger
-    plans 5 (more programs per SM). Only ``num_stages`` depends on the plan: the tile and the warps,
-    which decide the order of the sums, do not, so results stay batch-invariant."""
+    float32 before the dot), at most 64 tokens; 4 warps (8 for float32 tiles, which spill with 4).
+    Triton's pipeliner keeps the page ids two stages ahead of the K / V copies: ``num_stages`` 5
+    gives two K / V buffers in shared memory (one tile in flight while the other is computed), 7
+    gives three. Plans of at most two work items per SM ("few") take 5.
+
+    Plans of more items ("many"): with ``batch_invariant`` (fixed split size or no split, whose
+    results must not depend on the rest of the batch) only ``num_stages`` changes, to 7: the tile
+    and the warps decide the order of the sums and stay as they are. Otherwise (``auto``,
+    ``count:N``) the 16-bit D-128 tile halves to 32 tokens with 5 stages (more programs per SM:
+    measured 137 against 146-175 µs at B64 x 2k); other head dims and dtypes were not measured and
+    keep the batch-invariant choice."""
     d = max(16, triton.next_power_of_2(head_dim))
     key = "few" if 0 < num_items <= 2 * 132 else "many"
     if key in CONFIG_OVERRIDE and head_dim == 128 and kv_bytes == 2:
         return CONFIG_OVERRIDE[key]
     elem = min(max(kv_bytes, 2), 4)
     block_n = max(16, min(64, (16 * 1024) // (d * elem)))
-    # float32 tiles (fp32 KV, int8 dequantized) with 4 warps spill registers (ptxas, sm_90); 8 do not for fp32
-    return KernelConfig(block_n=block_n, num_warps=8 if elem == 4 else 4, num_stages=7 if key == "few" else 5)
+    warps = 8 if elem == 4 else 4
+    if key == "few":
+        return KernelConfig(block_n=block_n, num_warps=warps, num_stages=5)
+    if not batch_invariant and d == 128 and elem == 2:
+        return KernelConfig(block_n=block_n // 2, num_warps=warps, num_stages=5)
+    return KernelConfig(block_n=block_n, num_warps=warps, num_stages=7)
 
 
 def packed_rows(max_q_len: int, group: int, max_block_m: int = 64) -> tuple[int, int]:
@@ -70,9 +80,10 @@ def packed_rows(max_q_len: int, group: int, max_block_m: int = 64) -> tuple[int,
 
 
 def merge_chunk(rows: int, block_d: int) -> int:
-    """Splits loaded per step of the merge: a ``[chunk, rows, BLOCK_D]`` float32 tile of 4K
-    elements (32 registers a thread at 4 warps). The merge sums in slot order whatever the chunk."""
-    return max(1, min(32, 4096 // (rows * block_d)))
+    """Slots per unrolled step of the merge loop: the chunk's ``[rows, BLOCK_D]`` float32 loads are
+    in flight together (about 2K elements, 16 registers a thread at 4 warps). The merge sums in
+    slot order whatever the chunk."""
+    return max(1, min(16, 2048 // (rows * block_d)))
 
 
 @dataclass
@@ -142,20 +153,24 @@ def _scale_layout(scale: "torch.Tensor | None") -> tuple[int, bool]:
 def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan,
                   out, lse, part_o, part_lse, counters=None, *, scale: float, soft_cap=None, window_left=None,
                   k_scale=None, v_scale=None, k_offset=None, v_offset=None, config: KernelConfig | None = None,
-                  fuse_merge: bool = False, interpret: bool = False, merge: bool = True) -> None:
+                  fuse_merge: bool = False, interpret: bool = False, merge: bool = True,
+                  batch_invariant: bool = True) -> None:
     """Stage 1 (and stage 2 unless fused) into the caller's buffers. No allocation, no host sync.
 
     Shapes: ``q [T, Hq, D]``, ``k_cache``/``v_cache [P, page, Hkv, D]`` (last dim contiguous),
     ``out [T, Hq, D]`` (q's dtype), ``lse [T, Hq]`` float32, ``part_o [>= num_slots, Hq, D]`` and
     ``part_lse [>= num_slots, Hq]`` float32, ``counters`` int32 ``[>= B * Hkv * row_blocks]``
     zeroed once (only with ``fuse_merge``). ``merge=False`` leaves stage 2 out (timing only).
+    ``batch_invariant=False`` lets the default configuration depend on the plan's size (plans of
+    the ``auto`` and ``count:N`` policies, see :func:`default_config`).
     """
     T, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
     group = Hq // Hkv
     kv_int8 = k_cache.dtype == torch.int8
     dot_ieee = q.dtype == torch.float32 or kv_int8
-    cfg = config or default_config(D, k_cache.element_size() if not kv_int8 else 4, dplan.num_items)
+    cfg = config or default_config(D, k_cache.element_size() if not kv_int8 else 4, dplan.num_items,
+                                   batch_invariant)
     block_d = max(16, triton.next_power_of_2(D))
     sh, per_channel = _scale_layout(k_scale)
     dummy = seq_lens
@@ -199,7 +214,7 @@ def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, 
     if T == 0 or H == 0:
         return
     block_d = triton.next_power_of_2(D)
-    block_h = min(triton.next_power_of_2(H), max(1, 512 // block_d))
+    block_h = min(triton.next_power_of_2(H), max(1, 256 // block_d))
     kernels.merge_kernel[(T, triton.cdiv(H, block_h))](
         part_o, part_lse, out, lse, row_slot_start, row_num_splits,
         part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),

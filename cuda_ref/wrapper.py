@@ -37,9 +37,11 @@ class DecodeWrapper:
         profile: device profile of the ``auto`` planner; policy: ``auto``, ``none``, ``size:N``, ``count:N``.
         graph_stable: fixed-shape plans for graph replay (``max_splits`` and ``max_work_items`` bound them).
         fuse_merge: merge in stage 1 (the last split to finish merges, with a per-(request, KV head)
-            counter) instead of a second launch; default: fused when the plan has at most two work
-            items per SM (where the second launch costs most, measured on the H200).
-        config: stage-1 tile / warps / stages (default per head dim, see :mod:`cuda_ref.launch`).
+            counter) instead of a second launch; default: the second launch (measured faster on the
+            H200 at every batch-1 point, docs/perf-notes.md). Both give bitwise the same result.
+        config: stage-1 tile / warps / stages (default by head dim and plan, see
+            :func:`cuda_ref.launch.default_config`; fixed-size and no-split plans keep their
+            batch invariance).
     """
 
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
@@ -136,13 +138,11 @@ class DecodeWrapper:
                       scale=float(scale) if scale is not None else self.head_dim ** -0.5, soft_cap=soft_cap,
                       window_left=window_left, k_scale=k_scale, v_scale=v_scale, k_offset=k_offset,
                       v_offset=v_offset, config=self.config, fuse_merge=self._fused(), interpret=INTERPRET,
-                      merge=self.merge)
+                      merge=self.merge, batch_invariant=self.host_plan.policy.kind in ("fixed_size", "none"))
         return b["out"], b["lse"]
 
     def _fused(self) -> bool:
-        if self.fuse_merge is not None:
-            return bool(self.fuse_merge)
-        return self.dplan.num_items <= 2 * 132
+        return bool(self.fuse_merge)
 
     def _default_qsl(self, T, B, device):
         if T != B:

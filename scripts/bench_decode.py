@@ -233,7 +233,7 @@ def run_bench(args):
         r.update(auto_us=us, auto_plan=str(plan.policy) + f" split={plan.split_tokens or 'none'}",
                  auto_splits=int(plan.max_splits), auto_items=plan.num_valid_items, workspace_bytes=ws)
         fuse = FUSE["few" if plan.num_valid_items <= 2 * 132 else "many"]
-        fuse = plan.num_valid_items <= 2 * 132 if fuse is None else fuse  # DecodeWrapper's default
+        fuse = bool(fuse)  # None: DecodeWrapper's default, the separate merge
         r["fused_merge"] = bool(fuse) and plan.max_splits > 1
         # stage 1 alone (separate merge left out) against the same with its merge launch
         if plan.max_splits > 1:

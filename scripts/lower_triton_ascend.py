@@ -111,7 +111,7 @@ def _split_constexprs(d, qd, kvq, g, bm, bn, cap=False, win=False, page=PAGE_SIZ
     return dict(GROUP=g, PAGE=page, HEAD_DIM=d, BLOCK_D=_next_pow2(d), BLOCK_M=bm, BLOCK_N=bn,
                 KV_INT8=kvq, HAS_OFFSET=kvq, SOFT_CAP=cap, HAS_WINDOW=win,
                 DOT_IEEE=(qd == "fp32" or kvq), UPCAST=False, FUSE_MERGE=False,
-                SCALE_PER_CHANNEL=bool(kvq and per_channel), MERGE_CHUNK=1)
+                SCALE_PER_CHANNEL=bool(kvq and per_channel), MERGE_ROWS=min(bm, _next_pow2(g)), MERGE_CHUNK=1)
 
 
 def split_kv_variants(quick: bool = False) -> list[Variant]:
@@ -156,11 +156,11 @@ def sweep_variants() -> list[Variant]:
 
 def merge_variants(quick: bool = False) -> list[Variant]:
     out = []
-    # cuda_ref.launch.launch_merge: BLOCK_H = min(next_pow2(Hq), 512 // BLOCK_D), a power of two
+    # cuda_ref.launch.launch_merge: BLOCK_H = min(next_pow2(Hq), 256 // BLOCK_D), a power of two
     for d, qd in itertools.product((128,) if quick else _npu_tables().CHECKED_HEAD_DIMS, Q_DTYPES):
-        for bh in sorted({1, 2, 512 // _next_pow2(d)}):
+        for bh in sorted({1, 2, 4, max(1, 256 // _next_pow2(d))}):
             c = dict(HEAD_DIM=d, BLOCK_H=bh, BLOCK_D=_next_pow2(d), SKIP_SINGLE=True,
-                     CHUNK=max(1, min(32, 8192 // (bh * _next_pow2(d)))))  # cuda_ref.launch.merge_chunk
+                     CHUNK=max(1, min(16, 2048 // (bh * _next_pow2(d)))))  # cuda_ref.launch.merge_chunk
             out.append(Variant("merge_kernel", c, qd, qd))
     return out
 

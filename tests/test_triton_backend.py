@@ -161,6 +161,13 @@ def test_fused_and_separate_merge_agree_bitwise():
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+def test_default_config_keeps_tile_and_warps_for_batch_invariant_plans():
+    from cuda_ref.launch import default_config
+    for d, kv_bytes in ((64, 2), (128, 2), (256, 2), (128, 4), (96, 4)):
+        few, many = default_config(d, kv_bytes, 10, True), default_config(d, kv_bytes, 100_000, True)
+        assert (few.block_n, few.num_warps) == (many.block_n, many.num_warps)
+
+
 # -- bad input: clear errors before any launch ------------------------------------------------------
 
 @pytest.fixture

@@ -25,7 +25,13 @@ Two kernels, each readable top to bottom:
   partial states in slot order with the exact rule of ``splitkv_common.merge``
   (``m = max lse``, ``w = exp(lse - m)``, ``out = sum w o / sum w``, ``lse = m + log sum w``).
   ``lse = +inf`` on input is read as empty. Rows with a single split are skipped when stage 1 wrote
-  them directly.
+  them directly. The fused merge and this kernel share :func:`_merge_slots` and agree bitwise.
+
+The KV loop of stage 1 is a plain counted loop whose loads depend on the loop index alone, so
+Triton's software pipeliner turns them into asynchronous copies ``num_stages`` deep on sm_80+
+(``scripts/h200_compile_check.py`` shows it). The same file lowers for Ascend through
+triton-ascend (``docs/triton-ascend.md``): no chained boolean operators, no runtime-strided vector
+loads, every constexpr passed explicitly.
 
 All scores are kept in base 2 inside the loop (``exp2`` is the fast instruction); lse is converted to
 natural log when stored.

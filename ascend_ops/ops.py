@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from splitkv_common.devices import get_profile
-from splitkv_common.plan import Plan, make_plan
+from splitkv_common.plan import Plan, PlanSpec
 from splitkv_common.validation import check_decode_args, host, normalize_window
 
 NAMESPACE = "splitkv_ascend"
@@ -386,18 +386,18 @@ class AscendDecodeWrapper:
         self._stale = True
 
     # -- host side ---------------------------------------------------------------------------
+    def plan_spec(self) -> PlanSpec:
+        """The planning settings of this wrapper (shared with every backend's wrapper)."""
+        return PlanSpec(self.num_q_heads, self.num_kv_heads, self.head_dim, self.page_size,
+                        kv_elem_bytes=torch.empty(0, dtype=self.kv_dtype).element_size(), policy=self.policy,
+                        device=self.profile, graph_stable=self.graph_stable, max_splits=self.max_splits,
+                        max_work_items=self.max_work_items, min_split_tokens=self.min_split_tokens)
+
     def plan(self, seq_lens, q_lens=None, query_start_loc=None, window_left=None, *, scale=None,
              soft_cap=None, max_pages: int | None = None, num_pages: int | None = None) -> Plan:
         """Plan a batch from host lengths and prepare the device buffers (may allocate)."""
-        kv_bytes = torch.empty(0, dtype=self.kv_dtype).element_size()
-        kw = dict(min_split_tokens=self.min_split_tokens, max_splits=self.max_splits,
-                  graph_stable=self.graph_stable, max_work_items=self.max_work_items)
-        p = make_plan(host(seq_lens), num_kv_heads=self.num_kv_heads, page_size=self.page_size,
-                      q_lens=None if q_lens is None else host(q_lens),
-                      query_start_loc=None if query_start_loc is None else host(query_start_loc),
-                      policy=self.policy, device=self.profile, num_q_heads=self.num_q_heads, head_dim=self.head_dim,
-                      kv_elem_bytes=kv_bytes, window_left=normalize_window(window_left),
-                      **{k: v for k, v in kw.items() if v is not None})
+        p = self.plan_spec().make(host(seq_lens), None if q_lens is None else host(q_lens),
+                                  None if query_start_loc is None else host(query_start_loc), window_left)
         self.set_plan(p, seq_lens=host(seq_lens), scale=scale, soft_cap=soft_cap, window_left=window_left,
                       max_pages=max_pages, num_pages=num_pages)
         return p

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from splitkv_common.plan import Plan, make_plan
+from splitkv_common.plan import Plan, PlanSpec
 from splitkv_common.validation import check_decode_args, normalize_window
 
 from . import INTERPRET
@@ -66,17 +66,17 @@ class DecodeWrapper:
         self._buffers: dict[str, torch.Tensor] = {}
 
     # -- host side -----------------------------------------------------------------------------
+    def plan_spec(self) -> PlanSpec:
+        """The planning settings of this wrapper (shared with every backend's wrapper)."""
+        return PlanSpec(self.num_q_heads, self.num_kv_heads, self.head_dim, self.page_size,
+                        kv_elem_bytes=torch.empty(0, dtype=self.kv_dtype).element_size(), policy=self.policy,
+                        device=self.profile, graph_stable=self.graph_stable, max_splits=self.max_splits,
+                        max_work_items=self.max_work_items, min_split_tokens=self.min_split_tokens)
+
     def plan(self, seq_lens, q_lens=None, query_start_loc=None, window_left=None) -> Plan:
         """Make the shared plan for a batch (host arrays) and copy it to the device."""
-        kv_bytes = torch.empty(0, dtype=self.kv_dtype).element_size()
-        kw = dict(min_split_tokens=self.min_split_tokens, max_splits=self.max_splits,
-                  graph_stable=self.graph_stable, max_work_items=self.max_work_items)
-        plan = make_plan(_host(seq_lens), num_kv_heads=self.num_kv_heads, page_size=self.page_size,
-                         q_lens=None if q_lens is None else _host(q_lens),
-                         query_start_loc=None if query_start_loc is None else _host(query_start_loc),
-                         policy=self.policy, device=self.profile, num_q_heads=self.num_q_heads,
-                         head_dim=self.head_dim, kv_elem_bytes=kv_bytes, window_left=normalize_window(window_left),
-                         **{k: v for k, v in kw.items() if v is not None})
+        plan = self.plan_spec().make(_host(seq_lens), None if q_lens is None else _host(q_lens),
+                                     None if query_start_loc is None else _host(query_start_loc), window_left)
         self.set_plan(plan)
         return plan
 

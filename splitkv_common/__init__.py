@@ -12,14 +12,14 @@
 from .devices import PROFILES, DeviceProfile, get_profile
 from .inputs import DecodeInputs
 from .merge import merge_pair, merge_rows, merge_states
-from .plan import Plan, SplitPolicy, make_plan
+from .plan import Plan, PlanSpec, SplitPolicy, make_plan
 from .states import (canonical_lse, ifa_to_state, lse_from_base2, lse_to_base2, mlu_to_state, state_to_ifa,
                      state_to_mlu)
 from .validation import check_decode_args
 
 __all__ = [
     "PROFILES", "DeviceProfile", "get_profile", "DecodeInputs", "merge_pair", "merge_rows", "merge_states",
-    "Plan", "SplitPolicy", "make_plan", "canonical_lse", "ifa_to_state", "lse_from_base2", "lse_to_base2",
+    "Plan", "PlanSpec", "SplitPolicy", "make_plan", "canonical_lse", "ifa_to_state", "lse_from_base2", "lse_to_base2",
     "mlu_to_state", "state_to_ifa", "state_to_mlu", "check_decode_args",
 ]
 __version__ = "0.1.0"

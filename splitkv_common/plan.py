@@ -336,3 +336,41 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
         row_num_splits=row_ns.astype(np.int32), num_slots=int(num_slots), num_kv_heads=int(num_kv_heads),
         page_size=int(page_size), policy=pol, split_tokens=int(split), graph_stable=bool(graph_stable),
         reason=reason, estimates_us=est)
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """The planning settings a backend's ``plan()`` / ``run()`` wrapper fixes at construction.
+
+    One layer's shapes (``num_q_heads``, ``num_kv_heads``, ``head_dim``, ``page_size``, KV element
+    bytes) and the split settings (``policy``, the device profile, graph stability and the caps);
+    :meth:`make` plans a batch with them. Every wrapper plans through this, so they all cut a batch
+    the same way for the same settings.
+    """
+
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    kv_elem_bytes: int = 2
+    policy: str = "auto"
+    device: str = "h200"
+    graph_stable: bool = False
+    max_splits: int | None = None
+    max_work_items: int | None = None
+    min_split_tokens: int | None = None
+
+    def make(self, seq_lens, q_lens=None, query_start_loc=None, window_left: int | None = None) -> Plan:
+        """Plan a batch: ``seq_lens [B]`` and optional ``q_lens [B]`` / ``query_start_loc [B + 1]``
+        (host arrays); ``window_left`` None or ``-1`` for no window."""
+        from .validation import normalize_window
+
+        caps = dict(min_split_tokens=self.min_split_tokens, max_splits=self.max_splits,
+                    max_work_items=self.max_work_items)
+        return make_plan(np.asarray(seq_lens), num_kv_heads=self.num_kv_heads, page_size=self.page_size,
+                         q_lens=None if q_lens is None else np.asarray(q_lens),
+                         query_start_loc=None if query_start_loc is None else np.asarray(query_start_loc),
+                         policy=self.policy, device=self.device, num_q_heads=self.num_q_heads,
+                         head_dim=self.head_dim, kv_elem_bytes=self.kv_elem_bytes,
+                         window_left=normalize_window(window_left), graph_stable=self.graph_stable,
+                         **{k: v for k, v in caps.items() if v is not None})

@@ -186,19 +186,12 @@ class GraphDecoder:
         return sl_p, qsl_p
 
     def _plan_for(self, w) -> Plan:
-        from splitkv_common.plan import make_plan
-
-        c = w._splitkv_const
-        kv_bytes = torch.empty(0, dtype=w.kv_dtype).element_size()
-        pk = (w.num_kv_heads, w.page_size, w.num_q_heads, w.head_dim, kv_bytes, c["window_left"])
-        if pk not in self.plans:
+        window_left = w._splitkv_const["window_left"]
+        key = (w.plan_spec(), window_left)
+        if key not in self.plans:
             sl, qsl = self._lengths
-            kw = {} if self.max_work_items is None else dict(max_work_items=self.max_work_items)
-            self.plans[pk] = make_plan(sl, num_kv_heads=w.num_kv_heads, page_size=w.page_size, query_start_loc=qsl,
-                                       policy=self.policy, device=self.profile, num_q_heads=w.num_q_heads,
-                                       head_dim=w.head_dim, kv_elem_bytes=kv_bytes, window_left=c["window_left"],
-                                       graph_stable=True, max_splits=self.max_splits, **kw)
-        return self.plans[pk]
+            self.plans[key] = w.plan_spec().make(sl, query_start_loc=qsl, window_left=window_left)
+        return self.plans[key]
 
     def _set(self, key, w) -> None:
         c = w._splitkv_const

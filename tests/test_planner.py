@@ -375,3 +375,21 @@ def test_kv_split_count_is_math_ceil_of_span():
     for L in (1, 31, 32, 33, 1000):
         p = make_plan([L], num_kv_heads=1, page_size=1, policy="size:32")
         assert p.num_splits[0] == math.ceil(L / 32)
+
+
+def test_plan_spec_plans_as_make_plan_does():
+    """The wrappers' PlanSpec gives the plan make_plan gives for the same settings."""
+    from splitkv_common.plan import PlanSpec
+
+    spec = PlanSpec(8, 2, 64, 16, kv_elem_bytes=1, policy="size:32", device="910b2", graph_stable=True,
+                    max_splits=4)
+    seq = np.array([100, 0, 37])
+    got = spec.make(seq, q_lens=[1, 1, 3], window_left=-1)
+    want = make_plan(seq, num_kv_heads=2, page_size=16, q_lens=[1, 1, 3], policy="size:32", device="910b2",
+                     num_q_heads=8, head_dim=64, kv_elem_bytes=1, graph_stable=True, max_splits=4)
+    for f in ("item_request", "item_kv_head", "item_split", "item_kv_start", "item_kv_end", "row_slot_start",
+              "row_num_splits", "num_splits"):
+        np.testing.assert_array_equal(getattr(got, f), getattr(want, f))
+    assert got.num_slots == want.num_slots and got.graph_stable
+    assert hash(spec) == hash(PlanSpec(8, 2, 64, 16, kv_elem_bytes=1, policy="size:32", device="910b2",
+                                       graph_stable=True, max_splits=4))

@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_decode import PAGE, Timer, contiguous_kv, copy_ceiling, kv_bytes, make_point  # noqa: E402
+from bench_decode import PAGE, Timer, contiguous_kv, copy_ceiling, kv_bytes, make_point, peers  # noqa: E402
 from cuda_ref.launch import KernelConfig  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 
@@ -50,24 +50,6 @@ def run_ours(timer, mod, q, k, v, bt, seq, policy="auto", config=None, fuse=None
         err = float((out[:sub].float() - ref).norm() / ref.norm())
     us = timer(lambda: w.run(q, k, v, bt, seq, qsl))
     return us, plan, w._fused(), err
-
-
-def sdpa(timer, q, kc, vc):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    F = torch.nn.functional
-    q4 = q[:, :, None, :]
-    res = {}
-    for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
-        def f(be=be):
-            with sdpa_kernel([be]):
-                return F.scaled_dot_product_attention(q4, kc, vc, enable_gqa=True)
-        try:
-            f()
-            res[name] = timer(f)
-        except Exception as e:  # noqa: BLE001
-            res[name] = None
-            res[name + "_error"] = str(e)[:100]
-    return res
 
 
 def main(argv=None):
@@ -121,7 +103,7 @@ def main(argv=None):
                                                                                 ref=ref)
             r["baseline_v1cfg_us"] = run_ours(timer, base_mod, q, k, v, bt, seq, fuse=False,
                                               config=base_cfg(64, 4, 2, prefetch=False))[0]
-        r.update(sdpa(timer, q, kc, vc))
+        r.update({k.replace("sdpa_", ""): v for k, v in peers(timer, q, kc, vc, want_flex=False).items()})
         ok = [(vv["us"], kk) for kk, vv in r["variants"].items() if "us" in vv]
         r["best_variant"] = min(ok) if ok else None
         r["pct_ceiling"] = 100 * nbytes / (r["default_us"] * 1e-6) / 1e9 / res["ceiling_gbps"]

@@ -8,7 +8,7 @@ authoritatively and is a placeholder to be measured on a node.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,8 @@ PROFILES: dict[str, DeviceProfile] = {
         unit_bandwidth_gbps=10.0, item_overhead_us=20.0, launch_us=50.0, min_split_tokens=1024,
         max_splits=16, note="generic CPU: one work item per core"),
 }
-PROFILES["910b4"] = PROFILES["910b3"].__class__(**{**PROFILES["910b3"].__dict__, "name": "910b4"})
-PROFILES["910b1"] = PROFILES["910b2"].__class__(**{**PROFILES["910b2"].__dict__, "name": "910b1"})
+PROFILES["910b4"] = replace(PROFILES["910b3"], name="910b4")
+PROFILES["910b1"] = replace(PROFILES["910b2"], name="910b1")
 
 
 def get_profile(device: str | DeviceProfile) -> DeviceProfile:

@@ -10,6 +10,7 @@ import numpy as np
 
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.plan import Plan
+from splitkv_common.backends import to_torch  # noqa: F401  (also this module's API)
 from splitkv_common.registry import Backend
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
@@ -33,23 +34,6 @@ def _unsupported(inputs: DecodeInputs) -> str | None:
     if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
         return f"head dim {d} outside [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}] (the register tile holds one head)"
     return None
-
-
-def to_torch(inputs: DecodeInputs, device) -> dict:
-    """The case's arrays as torch tensors of their real dtypes on ``device`` (lossless)."""
-    import torch
-    from .wrapper import TORCH_DTYPES
-    dt = TORCH_DTYPES[inputs.dtype]
-
-    def t(x, dtype):
-        return None if x is None else torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=dtype)
-
-    kv_dt = torch.int8 if inputs.kv_dtype == "int8" else dt
-    return dict(q=t(inputs.q, dt), k_cache=t(inputs.k_cache, kv_dt), v_cache=t(inputs.v_cache, kv_dt),
-                block_table=t(inputs.block_table, torch.int32), seq_lens=t(inputs.seq_lens, torch.int32),
-                query_start_loc=t(inputs.query_start_loc, torch.int32),
-                k_scale=t(inputs.k_scale, torch.float32), v_scale=t(inputs.v_scale, torch.float32),
-                k_offset=t(inputs.k_offset, torch.float32), v_offset=t(inputs.v_offset, torch.float32))
 
 
 def run(inputs: DecodeInputs, plan: Plan, **wrapper_kw) -> tuple[np.ndarray, np.ndarray]:

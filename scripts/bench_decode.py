@@ -88,7 +88,6 @@ def copy_ceiling(timer: Timer, nbytes: int = 2 << 30) -> float:
         dst.copy_(src)
     torch.cuda.synchronize()
     us = min(timer(lambda: dst.copy_(src), use_graph=False), timer(lambda: dst.copy_(src)))
-    del src, dst
     return 2 * nbytes / (us * 1e-6) / 1e9
 
 

@@ -28,7 +28,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_decode import PAGE, Timer, contiguous_kv, copy_ceiling, kv_bytes, make_point, peers  # noqa: E402
 from cuda_ref.launch import KernelConfig  # noqa: E402
-from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 
 POINTS = {"B1x4k": (1, 4096), "B1x16k": (1, 16384), "B1x64k": (1, 65536), "B1x128k": (1, 131072),
           "B16x8k": (16, 8192), "B64x2k": (64, 2048), "B128x1k": (128, 1024)}

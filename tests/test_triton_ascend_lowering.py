@@ -7,7 +7,6 @@ checker's self-test. The full run is ``.venv-triton-ascend/bin/python scripts/lo
 import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
 

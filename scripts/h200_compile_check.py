@@ -2,7 +2,7 @@
 """Compile the Triton kernels for sm_90 (H100/H200) on a machine without a GPU.
 
 Catches compile errors the interpreter does not, and reports for each stage-1 variant what decides
-its speed before any device time is spent: whether Triton's software pipeliner turned the tile
+its speed before any GPU time is spent: whether Triton's software pipeliner turned the tile
 loads into asynchronous copies (``async_copy_global_to_local`` in the TTGIR, ``cp.async`` in the
 PTX), the shared memory, and ptxas's registers and spills (Triton's bundled ptxas, ``-v``).
 

@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from .accuracy import Accuracy, check
 from .cases import Case
@@ -84,6 +83,29 @@ class ParityReport:
             f.write(text)
 
 
+class _NoBar:
+    def set_postfix_str(self, *_):
+        pass
+
+    def update(self, *_):
+        pass
+
+    def close(self):
+        pass
+
+
+def _progress(total: int, enabled: bool):
+    """A tqdm progress bar when tqdm is installed (``splitkv[progress]``), else nothing: NumPy stays
+    the only hard dependency."""
+    if enabled:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            return _NoBar()
+        return tqdm(total=total, unit="run", desc="parity")
+    return _NoBar()
+
+
 def run_case(backend: Backend, case: Case, reference=None) -> CaseResult:
     """Run one case on one (available) backend and judge it."""
     inputs = case.build()
@@ -119,7 +141,7 @@ def run_parity(backends: list[Backend], cases: list[Case], progress: bool = True
             report.unavailable[b.name] = why
         else:
             ready.append(b)
-    bar = tqdm(total=len(cases) * len(ready), disable=not progress or not ready, unit="run", desc="parity")
+    bar = _progress(len(cases) * len(ready), enabled=progress and bool(ready))
     for case in cases:
         inputs = case.build()
         inputs.validate()

@@ -299,3 +299,24 @@ def test_shipped_backend_passes_the_full_catalog(name):
     report = run_parity([get_backend(name)], catalog(("small", "full")), progress=False)
     bad = [(r.case, r.status, r.message) for r in report.results if r.status != PASS]
     assert not bad and report.ok
+
+
+def test_numpy_is_the_only_hard_dependency():
+    """With torch and tqdm made unimportable, splitkv_common still plans, runs the NumPy backend and
+    reports (no progress bar)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "for m in ('torch', 'tqdm', 'triton'): sys.modules[m] = None\n"
+        "from splitkv_common.cases import catalog\n"
+        "from splitkv_common.backends import numpy_backend, torch_backend\n"
+        "from splitkv_common.harness import run_parity\n"
+        "r = run_parity([numpy_backend, torch_backend], catalog(pattern='seed'), progress=True)\n"
+        "assert r.ok, r.to_markdown()\n"
+        "assert 'torch' in r.unavailable, r.unavailable\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr

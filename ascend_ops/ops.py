@@ -35,7 +35,7 @@ import torch
 
 from splitkv_common.devices import get_profile
 from splitkv_common.plan import Plan, PlanSpec
-from splitkv_common.validation import check_decode_args, host, normalize_window
+from splitkv_common.validation import check_decode_args, check_gqa, host, normalize_window
 
 NAMESPACE = "splitkv_ascend"
 OP_NAME = "decode_attention"
@@ -362,8 +362,7 @@ class AscendDecodeWrapper:
                  dtype=torch.bfloat16, kv_dtype=None, device=None, profile: str = "910b2", policy: str = "auto",
                  graph_stable: bool = False, max_splits: int | None = None, max_work_items: int | None = None,
                  min_split_tokens: int | None = None):
-        if num_q_heads % num_kv_heads:
-            raise ValueError(f"q: Hq % Hkv must be 0 (GQA group size), got Hq={num_q_heads}, Hkv={num_kv_heads}")
+        check_gqa(num_q_heads, num_kv_heads)
         self.num_q_heads, self.num_kv_heads = int(num_q_heads), int(num_kv_heads)
         self.head_dim, self.page_size = int(head_dim), int(page_size)
         self.dtype = TORCH_DTYPES.get(dtype, dtype)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from splitkv_common.plan import Plan, PlanSpec
-from splitkv_common.validation import check_decode_args, normalize_window
+from splitkv_common.validation import check_decode_args, check_gqa, normalize_window
 
 from . import INTERPRET
 from .launch import DevicePlan, KernelConfig, launch_decode
@@ -49,8 +49,7 @@ class DecodeWrapper:
                  graph_stable: bool = False, max_splits: int | None = None, max_work_items: int | None = None,
                  min_split_tokens: int | None = None, fuse_merge: bool | None = None,
                  config: KernelConfig | None = None):
-        if num_q_heads % num_kv_heads:
-            raise ValueError(f"q: Hq % Hkv must be 0 (GQA group size), got Hq={num_q_heads}, Hkv={num_kv_heads}")
+        check_gqa(num_q_heads, num_kv_heads)
         self.num_q_heads, self.num_kv_heads = int(num_q_heads), int(num_kv_heads)
         self.head_dim, self.page_size = int(head_dim), int(page_size)
         self.dtype = TORCH_DTYPES.get(dtype, dtype)

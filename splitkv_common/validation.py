@@ -37,6 +37,12 @@ class DecodeDims:
         return self.num_q_heads // self.num_kv_heads
 
 
+def check_gqa(num_q_heads: int, num_kv_heads: int) -> None:
+    """The GQA rule: query head ``h`` reads KV head ``h // (Hq / Hkv)``, so ``Hq % Hkv == 0``."""
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"q: Hq % Hkv must be 0 (GQA group size), got Hq={num_q_heads}, Hkv={num_kv_heads}")
+
+
 def host(x) -> np.ndarray:
     """A NumPy copy of an array or tensor (torch tensors are moved to the CPU)."""
     if hasattr(x, "detach"):
@@ -81,8 +87,7 @@ def check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_lo
         raise ValueError(f"q, k_cache: head dim, heads and page size must be positive (q {qs}, k_cache {ks})")
     if Dk != D:
         raise ValueError(f"k_cache: head dim {Dk} must equal q's head dim {D}")
-    if Hq % Hkv:
-        raise ValueError(f"q: Hq % Hkv must be 0 (GQA group size), got Hq={Hq}, Hkv={Hkv}")
+    check_gqa(Hq, Hkv)
     if supported_head_dims is not None and D not in supported_head_dims:
         raise ValueError(f"q: head dim {D} is not supported{who}; supported: {sorted(supported_head_dims)}")
 

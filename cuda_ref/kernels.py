@@ -42,6 +42,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+try:  # programmatic dependent launch (sm_90+); absent from older Triton and from triton-ascend
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - only reached where the constexpr flags below stay False
+    gdc_launch_dependents = gdc_wait = None
+
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -92,7 +97,10 @@ def split_kv_kernel(
     KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
     DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr, FUSE_MERGE: tl.constexpr,
     SCALE_PER_CHANNEL: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 16, MERGE_CHUNK: tl.constexpr = 1,
+    LAUNCH_DEPENDENTS: tl.constexpr = False,
 ):
+    if LAUNCH_DEPENDENTS:  # let the merge launch now: it waits for this grid in gdc_wait
+        gdc_launch_dependents()
     item = tl.program_id(0)
     mblock = tl.program_id(1)
     b = tl.load(ITEM_REQ + item)
@@ -278,10 +286,14 @@ def merge_kernel(
     stride_ot, stride_oh, stride_lot, stride_loh,
     slot_step, num_heads,
     HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SKIP_SINGLE: tl.constexpr,
-    CHUNK: tl.constexpr = 1,
+    CHUNK: tl.constexpr = 1, WAIT_PRIMARY: tl.constexpr = False,
 ):
     """Row ``t`` merges slots ``row_slot[t] + j * slot_step`` for ``j < row_ns[t]``; one program per
-    (row, block of ``BLOCK_H`` heads), ``CHUNK`` splits loaded at a time."""
+    (row, block of ``BLOCK_H`` heads), ``CHUNK`` splits loaded at a time. With ``WAIT_PRIMARY``
+    (a programmatic dependent launch after stage 1) it first waits until stage 1 has finished and
+    its writes are visible."""
+    if WAIT_PRIMARY:
+        gdc_wait()
     t = tl.program_id(0)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)

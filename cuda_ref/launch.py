@@ -6,6 +6,7 @@ take every buffer from the caller, so a CUDA graph can capture them.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,6 +69,21 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     if not batch_invariant and d == 128 and elem == 2:
         return KernelConfig(block_n=block_n // 2, num_warps=warps, num_stages=5)
     return KernelConfig(block_n=block_n, num_warps=warps, num_stages=7)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_traits(device: torch.device) -> tuple[int, bool]:
+    """``(multiprocessors, programmatic dependent launch usable)`` of a device; ``(0, False)`` off CUDA."""
+    if device.type != "cuda":
+        return 0, False
+    props = torch.cuda.get_device_properties(device)
+    return props.multi_processor_count, props.major >= 9 and kernels.gdc_wait is not None
+
+
+def pdl_available(device) -> bool:
+    """Whether the merge can follow stage 1 by programmatic dependent launch (sm_90+, a Triton with
+    grid dependency control): its launch then overlaps stage 1's tail instead of following it."""
+    return _device_traits(torch.device(device))[1]
 
 
 def packed_rows(max_q_len: int, group: int, max_block_m: int = 64) -> tuple[int, int]:
@@ -154,7 +170,7 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
                   out, lse, part_o, part_lse, counters=None, *, scale: float, soft_cap=None, window_left=None,
                   k_scale=None, v_scale=None, k_offset=None, v_offset=None, config: KernelConfig | None = None,
                   fuse_merge: bool = False, interpret: bool = False, merge: bool = True,
-                  batch_invariant: bool = True) -> None:
+                  batch_invariant: bool = True, pdl: bool | None = None) -> None:
     """Stage 1 (and stage 2 unless fused) into the caller's buffers. No allocation, no host sync.
 
     Shapes: ``q [T, Hq, D]``, ``k_cache``/``v_cache [P, page, Hkv, D]`` (last dim contiguous),
@@ -162,7 +178,11 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
     ``part_lse [>= num_slots, Hq]`` float32, ``counters`` int32 ``[>= B * Hkv * row_blocks]``
     zeroed once (only with ``fuse_merge``). ``merge=False`` leaves stage 2 out (timing only).
     ``batch_invariant=False`` lets the default configuration depend on the plan's size (plans of
-    the ``auto`` and ``count:N`` policies, see :func:`default_config`).
+    the ``auto`` and ``count:N`` policies, see :func:`default_config`). ``pdl``: launch the separate
+    merge by programmatic dependent launch (default: where :func:`pdl_available`); when every
+    stage-1 program fits on the GPU at once (at most two per multiprocessor) stage 1 also lets the
+    merge launch as soon as it starts, so the merge's launch is hidden behind stage 1's work.
+    Neither changes any arithmetic.
     """
     T, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
@@ -175,6 +195,9 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
     sh, per_channel = _scale_layout(k_scale)
     dummy = seq_lens
     merge_rows = min(dplan.block_m, triton.next_power_of_2(group))  # rows per step of the fused merge
+    with_merge = merge and not fuse_merge and (dplan.max_splits > 1 or dplan.graph_stable) and T > 0
+    sms, can_pdl = _device_traits(q.device)
+    pdl = with_merge and not interpret and (can_pdl if pdl is None else bool(pdl))
     if dplan.num_items and T:
         grid = (dplan.num_items, dplan.row_blocks)
         kernels.split_kv_kernel[grid](
@@ -198,26 +221,41 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
             HAS_WINDOW=window_left is not None, DOT_IEEE=dot_ieee, UPCAST=interpret, FUSE_MERGE=fuse_merge,
             SCALE_PER_CHANNEL=per_channel, MERGE_ROWS=merge_rows,
             MERGE_CHUNK=merge_chunk(merge_rows, block_d),
+            LAUNCH_DEPENDENTS=pdl and dplan.num_items * dplan.row_blocks <= 2 * sms,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if merge and not fuse_merge and (dplan.max_splits > 1 or dplan.graph_stable) and T:
+    if with_merge:
         launch_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), dplan.view("row_num_splits"),
-                     skip_single=True, num_warps=cfg.merge_warps)
+                     skip_single=True, num_warps=cfg.merge_warps, pdl=pdl)
+
+
+def merge_heads(T: int, H: int, block_d: int, sms: int) -> int:
+    """Heads per merge program: up to 256 // ``block_d`` (a [heads, D] float32 tile of 256 columns),
+    halved while the ``T`` rows would leave multiprocessors idle (batch 1: one head per program, so
+    that 32 heads give 32 programs instead of 16). Each (row, head) is merged on its own, so the
+    choice changes no result."""
+    block_h = min(triton.next_power_of_2(H), max(1, 256 // block_d))
+    while block_h > 1 and T * triton.cdiv(H, block_h) < sms:
+        block_h //= 2
+    return block_h
 
 
 def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,
-                 skip_single: bool = False, num_warps: int = 4) -> None:
+                 skip_single: bool = False, num_warps: int = 4, pdl: bool = False) -> None:
     """Merge kernel: row ``t`` of ``out [T, H, D]`` / ``lse [T, H]`` from slots
     ``row_slot_start[t] + j * slot_step``, ``j < row_num_splits[t]``, of ``part_o [S, H, D]`` /
-    ``part_lse [S, H]``. With ``skip_single`` rows of one split are left as they are."""
+    ``part_lse [S, H]``. With ``skip_single`` rows of one split are left as they are. ``pdl``: the
+    launch follows the previous kernel on the stream by programmatic dependent launch (the kernel
+    waits for it before reading anything)."""
     T = out.shape[0]
     H, D = part_o.shape[1], part_o.shape[2]
     if T == 0 or H == 0:
         return
     block_d = triton.next_power_of_2(D)
-    block_h = min(triton.next_power_of_2(H), max(1, 256 // block_d))
+    block_h = merge_heads(T, H, block_d, _device_traits(out.device)[0])
+    extra = dict(launch_pdl=True) if pdl else {}
     kernels.merge_kernel[(T, triton.cdiv(H, block_h))](
         part_o, part_lse, out, lse, row_slot_start, row_num_splits,
         part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
         slot_step, H, HEAD_DIM=D, BLOCK_H=block_h, BLOCK_D=block_d, SKIP_SINGLE=skip_single,
-        CHUNK=merge_chunk(block_h, block_d), num_warps=num_warps)
+        CHUNK=merge_chunk(block_h, block_d), WAIT_PRIMARY=pdl, num_warps=num_warps, **extra)

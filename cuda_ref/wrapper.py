@@ -60,6 +60,7 @@ class DecodeWrapper:
         self.min_split_tokens = min_split_tokens
         self.fuse_merge, self.config = fuse_merge, config
         self.merge = True  # False leaves the merge launch out (benchmarks time stage 1 alone)
+        self.pdl: bool | None = None  # merge by programmatic dependent launch; None: where available
         self.host_plan: Plan | None = None
         self.dplan: DevicePlan | None = None
         self._buffers: dict[str, torch.Tensor] = {}
@@ -137,7 +138,8 @@ class DecodeWrapper:
                       scale=float(scale) if scale is not None else self.head_dim ** -0.5, soft_cap=soft_cap,
                       window_left=window_left, k_scale=k_scale, v_scale=v_scale, k_offset=k_offset,
                       v_offset=v_offset, config=self.config, fuse_merge=self._fused(), interpret=INTERPRET,
-                      merge=self.merge, batch_invariant=self.host_plan.policy.kind in ("fixed_size", "none"))
+                      merge=self.merge, batch_invariant=self.host_plan.policy.kind in ("fixed_size", "none"),
+                      pdl=self.pdl)
         return b["out"], b["lse"]
 
     def _fused(self) -> bool:

@@ -45,11 +45,25 @@ FLUSH_BYTES = 256 << 20
 
 
 class Timer:
-    """Median time (µs) of CUDA-graph replays, each after an L2 flush."""
+    """Median time (µs) of CUDA-graph replays, each after an L2 flush.
 
-    def __init__(self, iters: int = 20, warmup: int = 3):
-        self.iters, self.warmup = iters, warmup
-        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    ``flush``: ``"read"`` (default) reads a buffer larger than the L2 before each replay, leaving
+    the L2 full of clean lines of other data, as in a model where the previous layer read its own
+    KV and weights; ``"write"`` zeroes that buffer instead (``triton.testing.do_bench``'s flush),
+    leaving the L2 full of dirty lines that the timed kernel must first write back, up to the L2's
+    size in extra traffic (measured in docs/perf-notes.md); ``"none"`` flushes nothing (hot L2)."""
+
+    def __init__(self, iters: int = 20, warmup: int = 3, flush: str = "read"):
+        if flush not in ("read", "write", "none"):
+            raise ValueError(f"flush: must be 'read', 'write' or 'none', got {flush!r}")
+        self.iters, self.warmup, self.flush_mode = iters, warmup, flush
+        self.flush = torch.zeros(FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
+
+    def _flush(self):
+        if self.flush_mode == "read":
+            self.flush.sum()
+        elif self.flush_mode == "write":
+            self.flush.zero_()
 
     def graph(self, fn):
         s = torch.cuda.Stream()
@@ -71,7 +85,7 @@ class Timer:
             run()
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(self.iters)]
         for a, b in ev:
-            self.flush.zero_()
+            self._flush()
             a.record()
             run()
             b.record()
@@ -217,7 +231,7 @@ def flex_wanted(B, ctx, hq, hkv, D, dt, spent, budget=90.0):
 
 def run_bench(args):
     from tqdm import tqdm
-    timer = Timer(args.iters)
+    timer = Timer(args.iters, flush=args.flush)
     ceiling = copy_ceiling(timer)
     pts = [p for p in sweep_points(args) if kv_bytes(p[0], p[1], p[3], p[4], p[5]) <= args.max_kv_gb * 1e9]
     skipped = [p for p in sweep_points(args) if p not in pts]
@@ -279,14 +293,14 @@ def meta(args):
     import triton
     return dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(), python=platform.python_version(),
-                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), iters=args.iters,
+                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), iters=args.iters, flush=args.flush,
                 sms=torch.cuda.get_device_properties(0).multi_processor_count)
 
 
 def run_tune(args):
     """Stage-1 configurations x split sizes x fused/separate merge at a few headline points."""
     from tqdm import tqdm
-    timer = Timer(args.iters)
+    timer = Timer(args.iters, flush=args.flush)
     ceiling = copy_ceiling(timer)
     cfgs = [KernelConfig(bn, nw, ns) for bn, nw, ns in (
         (64, 4, 3), (64, 4, 5), (64, 4, 7), (32, 4, 5), (32, 4, 7), (64, 8, 5))]
@@ -354,7 +368,8 @@ def to_markdown(res) -> str:
     m = res["meta"]
     lines = [f"Machine: {m['gpu']} ({m['sms']} SMs); torch {m['torch']}, triton {m['triton']}, CUDA {m['cuda']}, "
              f"cuDNN {m['cudnn']}; {m['date']}. Copy ceiling {res['ceiling_gbps']:.0f} GB/s (read + write). "
-             f"Times are medians of {m['iters']} CUDA-graph replays, each after an L2 flush.", "",
+             f"Times are medians of {m['iters']} CUDA-graph replays, each after an L2 flush "
+             f"({m.get('flush', 'write')}: see the method in docs/benchmarks.md).", "",
              "| B | ctx | Hq/Hkv | D | dtype | auto µs | plan | none µs | best fixed µs (size) | cuDNN µs | flash µs | "
              "Flex µs | GB/s | % ceiling | best peer / ours | auto / best fixed | merge share | workspace KiB |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -405,6 +420,8 @@ def main(argv=None):
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--flush", default="read", choices=("read", "write", "none"),
+                    help="L2 flush before each timed replay (see Timer)")
     ap.add_argument("--max-kv-gb", type=float, default=36.0)
     ap.add_argument("--configs-from", default=None, help="tune.json of a --tune run: use its chosen configurations")
     ap.add_argument("--partial", default=None, help="rewrite this JSON after every point")

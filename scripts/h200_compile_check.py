@@ -47,6 +47,7 @@ def variants():
     for bn, nw, ns in ((64, 4, 3), (64, 4, 5), (64, 4, 7), (32, 4, 5), (32, 4, 7), (64, 8, 5), (64, 8, 7)):
         v.append((f"bf16 D128 M16 n{bn}w{nw}s{ns}", "bf16", "bf16", dict(BASE, BLOCK_N=bn), nw, ns))
     v.append(("bf16 D128 M16 fused n64w4s5", "bf16", "bf16", dict(BASE, FUSE_MERGE=True), 4, 5))
+    v.append(("bf16 D128 M16 PDL trigger n64w4s5", "bf16", "bf16", dict(BASE, LAUNCH_DEPENDENTS=True), 4, 5))
     v.append(("bf16 D128 M64 (multi-query) n64w4s5", "bf16", "bf16", dict(BASE, BLOCK_M=64), 4, 5))
     v.append(("bf16 D128 cap+window n64w4s5", "bf16", "bf16", dict(BASE, SOFT_CAP=True, HAS_WINDOW=True), 4, 5))
     v.append(("fp16 D256 n32w4s5", "fp16", "fp16", dict(BASE, HEAD_DIM=256, BLOCK_D=256, BLOCK_N=32,
@@ -122,14 +123,19 @@ def main(argv=None):
             (d / f"{stem}.ptx").write_text(ptx)
         if st > 0 or ld > 0 or (not const["KV_INT8"] and ns >= 2 and n_async == 0):
             bad.append(name)
-    mc = dict(HEAD_DIM=128, BLOCK_H=2, BLOCK_D=128, SKIP_SINGLE=True, CHUNK=8)
     m = K.merge_kernel
     mp = {"PART_O": "*fp32", "PART_LSE": "*fp32", "OUT": "*bf16", "OUT_LSE": "*fp32", "ROW_SLOT": "*i32",
           "ROW_NS": "*i32"}
-    sg = {n: ("constexpr" if n in mc else mp.get(n, "i32")) for n in m.arg_names}
-    mk = triton.compile(ASTSource(m, sg, constexprs=dict(mc)), target=TARGET, options={"num_warps": 4})
-    regs, st, ld = ptxas_report(mk.asm["ptx"])
-    print(f"{'merge D128 H2 chunk8 w4':40s} {'-':>12s} {'-':>8s} {mk.metadata.shared / 1024:8.1f} {regs:5d} {st:6d}/{ld:<5d}")
+    for bh, chunk, pdl in ((2, 8, False), (1, 16, True)):
+        mc = dict(HEAD_DIM=128, BLOCK_H=bh, BLOCK_D=128, SKIP_SINGLE=True, CHUNK=chunk, WAIT_PRIMARY=pdl)
+        sg = {n: ("constexpr" if n in mc else mp.get(n, "i32")) for n in m.arg_names}
+        mk = triton.compile(ASTSource(m, sg, constexprs=dict(mc)), target=TARGET,
+                            options={"num_warps": 4, "launch_pdl": pdl})
+        regs, st, ld = ptxas_report(mk.asm["ptx"])
+        name = f"merge D128 H{bh} chunk{chunk} w4{' PDL' if pdl else ''}"
+        print(f"{name:40s} {'-':>12s} {'-':>8s} {mk.metadata.shared / 1024:8.1f} {regs:5d} {st:6d}/{ld:<5d}")
+        if pdl and "griddepcontrol.wait" not in mk.asm["ptx"]:
+            bad.append(name + " (no griddepcontrol.wait)")
     if bad:
         print("not pipelined or spilling:", ", ".join(bad))
     return 1 if (a.strict and bad) else 0

@@ -161,6 +161,22 @@ def test_fused_and_separate_merge_agree_bitwise():
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+def test_merge_heads_per_program_changes_no_bit(monkeypatch):
+    # the merge takes fewer heads per program when the batch has few rows (launch.merge_heads); a
+    # row's result must not depend on that choice, or batch invariance would break
+    from cuda_ref import launch
+    assert launch.merge_heads(1, 32, 128, 132) == 1 and launch.merge_heads(64, 32, 128, 132) == 2
+    inp = cases.random_inputs(4, [300, 77, 0], num_q_heads=8, num_kv_heads=2, dtype="bfloat16")
+    plan = inp.plan("size:16")
+    results = []
+    for sms in (0, 10_000):  # 0: the widest head block; many multiprocessors: one head per program
+        monkeypatch.setattr(launch, "_device_traits", lambda device, sms=sms: (sms, False))
+        results.append(tb.run(inp, plan))
+    assert launch.merge_heads(3, 8, 128, 0) > launch.merge_heads(3, 8, 128, 10_000)
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 def test_default_config_keeps_tile_and_warps_for_batch_invariant_plans():
     from cuda_ref.launch import default_config
     for d, kv_bytes in ((64, 2), (128, 2), (256, 2), (128, 4), (96, 4)):

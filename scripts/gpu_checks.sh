@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Checks and timings of the Triton kernels on one CUDA GPU (the H200 runs of docs/perf-notes.md),
+# step by step into OUTDIR; every step runs even if an earlier one failed, the exit status says
+# whether all passed.
+#
+#   scripts/gpu_checks.sh OUTDIR perf ncu check bench
+#
+#   perf   scripts/h200_perf_check.py: variants at the key points under both L2 flushes
+#   ncu    Nsight Compute: each kernel's own duration and DRAM bytes at batch 1 x 16k
+#   check  correctness in parallel processes: the whole catalog through the harness (separate and
+#          fused merge), every case in CUDA-graph replay with new lengths, bitwise batch invariance,
+#          compute-sanitizer memcheck on a representative subset
+#   bench  scripts/bench_decode.py: the full sweep (JSON, markdown table, PNG)
+set -u
+out=${1:?usage: gpu_checks.sh OUTDIR STEP...}
+shift
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1 || export PYTHONPATH=$PWD
+status=0
+memcheck_cases="seed/worked-example,mask/sliding-window,int8/per-channel-offset,empty/some-rows,multi-query/ragged,head-dim/96,policy/count-7,paging/page-size-1"
+
+for step in "$@"; do
+  start=$(date +%s)
+  case $step in
+    perf)
+      python3 scripts/h200_perf_check.py --out "$out/perf" --iters 15 2>&1 | tee "$out/perf.log" || status=1 ;;
+    ncu)
+      ncu --clock-control none --cache-control all -k 'regex:split_kv|merge|sdpa|flash|fmha|cudnn' \
+          --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
+          python3 scripts/h200_perf_check.py --eager-once B1x16k >"$out/ncu.csv" 2>"$out/ncu.err" || status=1
+      tail -n 30 "$out/ncu.csv" ;;
+    check)
+      mkdir -p "$out/check"
+      pids=()
+      for i in 0 1 2 3 4 5 6 7; do
+        python3 scripts/h200_check.py --out "$out/check" --shard "$i/8" --no-invariance >"$out/check/shard_$i.log" 2>&1 &
+        pids+=($!)
+      done
+      python3 scripts/h200_check.py --out "$out/check" --no-parity --no-graph >"$out/check/invariance.log" 2>&1 &
+      pids+=($!)
+      compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/h200_check.py --out "$out/check/mc" \
+          --quick --cases "$memcheck_cases" >"$out/check/memcheck.log" 2>&1 &
+      pids+=($!)
+      for p in "${pids[@]}"; do wait "$p" || status=1; done
+      grep -h -E "FAIL|ERROR|ok=|bitwise|passed|Exit|errors" "$out"/check/*.log | sort | uniq -c | head -60 ;;
+    bench)
+      python3 scripts/bench_decode.py --out "$out/bench" --iters 12 --partial "$out/bench/partial.json" 2>&1 \
+          | tee "$out/bench.log" | grep -v '%|' || status=1 ;;
+    *) echo "unknown step $step" >&2; status=2 ;;
+  esac
+  echo "== $step done in $(( $(date +%s) - start )) s (status so far $status)"
+done
+exit $status

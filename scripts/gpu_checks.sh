@@ -24,7 +24,8 @@ for step in "$@"; do
   start=$(date +%s)
   case $step in
     perf)
-      python3 scripts/h200_perf_check.py --out "$out/perf" --iters 15 2>&1 | tee "$out/perf.log" || status=1 ;;
+      python3 scripts/h200_perf_check.py --out "$out/perf" --iters 15 \
+          --points B1x16k,B1x128k,B64x2k,B1x64k,B128x1k,B16x8k,B1x4k 2>&1 | tee "$out/perf.log" || status=1 ;;
     ncu)
       ncu --clock-control none --cache-control all -k 'regex:split_kv|merge|sdpa|flash|fmha|cudnn' \
           --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \

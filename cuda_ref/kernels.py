@@ -18,14 +18,15 @@ Two kernels, each readable top to bottom:
   reference ``m`` so ``exp(-inf - -inf)`` is never computed.
 
   With ``FUSE_MERGE`` the program that finishes last among the splits of a (request, KV head, row
-  block) merges them in slot order (so the result does not depend on which program is last) and
+  block) merges them, reading the slots in a fixed order (so the result does not depend on which
+  program is last), and
   resets its counter to zero, leaving the counters ready for the next launch or graph replay.
 
-* :func:`merge_kernel` (stage 2): one program per (output row, block of heads); merges the row's
-  partial states in slot order with the exact rule of ``splitkv_common.merge``
-  (``m = max lse``, ``w = exp(lse - m)``, ``out = sum w o / sum w``, ``lse = m + log sum w``).
-  ``lse = +inf`` on input is read as empty. Rows with a single split are skipped when stage 1 wrote
-  them directly. The fused merge and this kernel share :func:`_merge_slots` and agree bitwise.
+* :func:`merge_kernel` (stage 2): one program per (output row, head); merges the row's partial
+  states with the exact rule of ``splitkv_common.merge`` (``m = max lse``, ``w = exp(lse - m)``,
+  ``out = sum w o / sum w``, ``lse = m + log sum w``), up to ``CHUNK`` splits per round trip to
+  memory. ``lse = +inf`` on input is read as empty. Rows with a single split are skipped when
+  stage 1 wrote them directly. The fused merge and this kernel share :func:`_merge_row`.
 
 The KV loop of stage 1 is a plain counted loop whose loads depend on the loop index alone, so
 Triton's software pipeliner turns them into asynchronous copies ``num_stages`` deep on sm_80+
@@ -96,7 +97,7 @@ def split_kv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
     DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr, FUSE_MERGE: tl.constexpr,
-    SCALE_PER_CHANNEL: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 16, MERGE_CHUNK: tl.constexpr = 1,
+    SCALE_PER_CHANNEL: tl.constexpr = False, MERGE_CHUNK: tl.constexpr = 16,
     LAUNCH_DEPENDENTS: tl.constexpr = False,
 ):
     if LAUNCH_DEPENDENTS:  # let the merge launch now: it waits for this grid in gdc_wait
@@ -209,73 +210,68 @@ def split_kv_kernel(
         tl.store(PART_O + slot_id[:, None] * stride_ps + hq[:, None] * stride_ph + offs_d[None, :], o, mask=out_mask)
         tl.store(PART_LSE + slot_id * stride_ls + hq * stride_lh, lse, mask=row_ok)
         if FUSE_MERGE:
-            # the last of the request's splits to finish merges them (in slot order)
+            # the last of the request's splits to finish merges them
             tl.debug_barrier()
             counter = COUNTERS + (b * NUM_KV_HEADS + h) * tl.num_programs(1) + mblock
             done = tl.atomic_add(counter, 1, sem="acq_rel")
             if done == n_split - 1:
                 tl.debug_barrier()
-                # the block's valid rows, MERGE_ROWS at a time (a GQA group's worth: one step for decode)
+                # the block's valid rows, one (query row, head) at a time
                 n_rows = tl.minimum(q_len * GROUP - mblock * BLOCK_M, BLOCK_M)
-                for rr in range(0, n_rows, MERGE_ROWS):
-                    r_m = mblock * BLOCK_M + rr + tl.arange(0, MERGE_ROWS)
-                    r_ok = (r_m // GROUP < q_len) & (rr + tl.arange(0, MERGE_ROWS) < BLOCK_M)
+                for rr in range(0, n_rows):
+                    r_m = mblock * BLOCK_M + rr
                     r_t = r0 + r_m // GROUP
                     r_h = h * GROUP + r_m % GROUP
-                    first = tl.load(ROW_SLOT + r_t, mask=r_ok, other=0).to(tl.int64)
-                    o_m, lse_m = _merge_slots(PART_O, PART_LSE, first, 1, n_split, r_h, r_ok, offs_d, d_ok,
-                                              stride_ps, stride_ph, stride_ls, stride_lh, MERGE_CHUNK, True)
-                    tl.store(OUT + r_t.to(tl.int64)[:, None] * stride_ot + r_h[:, None] * stride_oh
-                             + offs_d[None, :], o_m.to(OUT.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])
-                    tl.store(OUT_LSE + r_t * stride_lot + r_h * stride_loh, lse_m, mask=r_ok)
+                    first = tl.load(ROW_SLOT + r_t).to(tl.int64)
+                    o_m, lse_m = _merge_row(PART_O, PART_LSE, first, 1, n_split, r_h, offs_d, d_ok,
+                                            stride_ps, stride_ph, stride_ls, stride_lh, MERGE_CHUNK, True)
+                    tl.store(OUT + r_t.to(tl.int64) * stride_ot + r_h * stride_oh + offs_d,
+                             o_m.to(OUT.dtype.element_ty), mask=d_ok)
+                    tl.store(OUT_LSE + r_t * stride_lot + r_h * stride_loh, lse_m)
                 tl.atomic_xchg(counter, 0)
 
 
 @triton.jit
-def _merge_step(m, l, u, lse_j, o_j):
-    """Fold one state (natural-log ``lse_j``, ``o_j``) into the running (max, weight sum, weighted sum)."""
-    empty = (lse_j == float("inf")) | (lse_j == float("-inf"))
-    lse_j = tl.where(empty, float("-inf"), lse_j)
-    o_j = tl.where(empty[:, None], 0.0, o_j)
-    m_new = tl.maximum(m, lse_j)
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    a = tl.exp(m - m_ref)
-    w = tl.exp(lse_j - m_ref)
-    return m_new, l * a + w, u * a[:, None] + w[:, None] * o_j
+def _merge_row(PART_O, PART_LSE, first, slot_step, n, head, offs_d, d_ok,
+               stride_ps, stride_ph, stride_ls, stride_lh, CHUNK: tl.constexpr, BYPASS_L1: tl.constexpr):
+    """Merge the states in slots ``first + j * slot_step`` (``j < n``) of one (row, head):
+    ``m = max lse``, ``w = exp(lse - m)``, ``out = sum w o / sum w``, ``lse = m + log sum w``
+    (natural log); ``lse = +-inf`` is empty. Returns ``(o [BLOCK_D], lse)``.
 
-
-@triton.jit
-def _merge_slots(PART_O, PART_LSE, first, slot_step, n, heads, rows_ok, offs_d, d_ok,
-                 stride_ps, stride_ph, stride_ls, stride_lh, CHUNK: tl.constexpr, BYPASS_L1: tl.constexpr):
-    """Merge the states in slots ``first + j * slot_step`` (``j < n``) of each row (``heads``: its head
-    index), in slot order, with a running max: ``m = max lse``, ``w = exp(lse - m)``,
-    ``out = sum w o / sum w``, ``lse = m + log sum w``; ``lse = +-inf`` is empty. Returns
-    ``(o [rows, BLOCK_D], lse [rows])``.
-
-    The slot loop is unrolled ``CHUNK`` times so that the chunk's loads are independent of each
-    other's results and can be issued together; a slot past ``n`` reads as empty and leaves the
-    state bit for bit as it was, so the result does not depend on ``CHUNK``: the fused and the
-    separate merge agree bitwise."""
-    m = tl.full(rows_ok.shape, float("-inf"), tl.float32)
-    l = tl.zeros(rows_ok.shape, tl.float32)
-    u = tl.zeros([rows_ok.shape[0], offs_d.shape[0]], tl.float32)
+    ``CHUNK`` slots are loaded as one ``[CHUNK, BLOCK_D]`` tile, so a row of up to ``CHUNK`` splits
+    costs one round trip to memory; longer rows take one step per chunk with a running max. The
+    sums are tree reductions over the tile, whose order depends only on ``CHUNK``, ``BLOCK_D``
+    and the warps: for a given chunk the result is the same bits whatever else is in the batch."""
+    offs_c = tl.arange(0, CHUNK)
+    m = tl.full([], float("-inf"), tl.float32)
+    l = tl.full([], 0.0, tl.float32)
+    u = tl.zeros(offs_d.shape, tl.float32)
     for j0 in range(0, n, CHUNK):
-        for jj in tl.static_range(CHUNK):
-            ok = rows_ok & (j0 + jj < n)
-            sid = first + (j0 + jj) * slot_step
-            lse_ptr = PART_LSE + sid * stride_ls + heads * stride_lh
-            o_ptr = PART_O + sid[:, None] * stride_ps + heads[:, None] * stride_ph + offs_d[None, :]
-            if BYPASS_L1:
-                lse_j = tl.load(lse_ptr, mask=ok, other=float("-inf"), cache_modifier=".cg")
-                o_j = tl.load(o_ptr, mask=ok[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")
-            else:
-                lse_j = tl.load(lse_ptr, mask=ok, other=float("-inf"))
-                o_j = tl.load(o_ptr, mask=ok[:, None] & d_ok[None, :], other=0.0)
-            m, l, u = _merge_step(m, l, u, lse_j.to(tl.float32), o_j.to(tl.float32))
-    empty = l == 0.0
-    l_safe = tl.where(empty, 1.0, l)
-    o = tl.where(empty[:, None], 0.0, u / l_safe[:, None])
-    lse = tl.where(empty, float("-inf"), m + tl.log(l_safe))
+        ok = j0 + offs_c < n
+        sid = first + (j0 + offs_c).to(tl.int64) * slot_step
+        lse_ptr = PART_LSE + sid * stride_ls + head * stride_lh
+        o_ptr = PART_O + sid[:, None] * stride_ps + head * stride_ph + offs_d[None, :]
+        if BYPASS_L1:  # the fused merge reads what other programs of the same launch wrote
+            lse_j = tl.load(lse_ptr, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            o_j = tl.load(o_ptr, mask=ok[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")
+        else:
+            lse_j = tl.load(lse_ptr, mask=ok, other=float("-inf"))
+            o_j = tl.load(o_ptr, mask=ok[:, None] & d_ok[None, :], other=0.0)
+        lse_j = lse_j.to(tl.float32)
+        empty = (lse_j == float("inf")) | (lse_j == float("-inf"))
+        lse_j = tl.where(empty, float("-inf"), lse_j)
+        o_j = tl.where(empty[:, None], 0.0, o_j.to(tl.float32))
+        m_new = tl.maximum(m, tl.max(lse_j, 0))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # never exp(-inf - -inf)
+        a = tl.exp(m - m_ref)
+        w = tl.exp(lse_j - m_ref)
+        l = l * a + tl.sum(w, 0)
+        u = u * a + tl.sum(w[:, None] * o_j, 0)
+        m = m_new
+    empty_row = l == 0.0
+    l_safe = tl.where(empty_row, 1.0, l)
+    o = tl.where(empty_row, 0.0, u / l_safe)
+    lse = tl.where(empty_row, float("-inf"), m + tl.log(l_safe))
     return o, lse
 
 
@@ -284,28 +280,26 @@ def merge_kernel(
     PART_O, PART_LSE, OUT, OUT_LSE, ROW_SLOT, ROW_NS,
     stride_ps, stride_ph, stride_ls, stride_lh,
     stride_ot, stride_oh, stride_lot, stride_loh,
-    slot_step, num_heads,
-    HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SKIP_SINGLE: tl.constexpr,
-    CHUNK: tl.constexpr = 1, WAIT_PRIMARY: tl.constexpr = False,
+    slot_step,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SKIP_SINGLE: tl.constexpr,
+    CHUNK: tl.constexpr = 16, WAIT_PRIMARY: tl.constexpr = False,
 ):
-    """Row ``t`` merges slots ``row_slot[t] + j * slot_step`` for ``j < row_ns[t]``; one program per
-    (row, block of ``BLOCK_H`` heads), ``CHUNK`` splits loaded at a time. With ``WAIT_PRIMARY``
-    (a programmatic dependent launch after stage 1) it first waits until stage 1 has finished and
-    its writes are visible."""
-    if WAIT_PRIMARY:
-        gdc_wait()
+    """Row ``t``, head ``h`` merges slots ``row_slot[t] + j * slot_step`` for ``j < row_ns[t]``; one
+    program per (row, head), ``CHUNK`` splits loaded at a time. With ``WAIT_PRIMARY`` (a
+    programmatic dependent launch after stage 1) it reads the plan, then waits until stage 1 has
+    finished and its writes are visible."""
     t = tl.program_id(0)
-    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    # the row's plan entries come from the host, not from stage 1: read them before the wait
     n = tl.load(ROW_NS + t)
     if SKIP_SINGLE and n == 1:  # stage 1 wrote this row directly
         return
-    h_ok = offs_h < num_heads
-    d_ok = offs_d < HEAD_DIM
-    first = tl.zeros_like(offs_h).to(tl.int64) + tl.load(ROW_SLOT + t).to(tl.int64)
-    o, lse = _merge_slots(PART_O, PART_LSE, first, slot_step, n, offs_h, h_ok, offs_d, d_ok,
-                          stride_ps, stride_ph, stride_ls, stride_lh, CHUNK, False)
-    mask = h_ok[:, None] & d_ok[None, :]
-    tl.store(OUT + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :],
-             o.to(OUT.dtype.element_ty), mask=mask)
-    tl.store(OUT_LSE + t * stride_lot + offs_h * stride_loh, lse, mask=h_ok)
+    first = tl.load(ROW_SLOT + t).to(tl.int64)
+    if WAIT_PRIMARY:
+        gdc_wait()
+    o, lse = _merge_row(PART_O, PART_LSE, first, slot_step, n, h, offs_d, d_ok,
+                        stride_ps, stride_ph, stride_ls, stride_lh, CHUNK, False)
+    tl.store(OUT + t.to(tl.int64) * stride_ot + h * stride_oh + offs_d, o.to(OUT.dtype.element_ty), mask=d_ok)
+    tl.store(OUT_LSE + t * stride_lot + h * stride_loh, lse)

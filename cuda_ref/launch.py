@@ -95,11 +95,12 @@ def packed_rows(max_q_len: int, group: int, max_block_m: int = 64) -> tuple[int,
     return block_m, triton.cdiv(rows, block_m)
 
 
-def merge_chunk(rows: int, block_d: int) -> int:
-    """Slots per unrolled step of the merge loop: the chunk's ``[rows, BLOCK_D]`` float32 loads are
-    in flight together (about 2K elements, 16 registers a thread at 4 warps). The merge sums in
-    slot order whatever the chunk."""
-    return max(1, min(16, 2048 // (rows * block_d)))
+def merge_chunk(block_d: int) -> int:
+    """Slots the merge loads as one ``[CHUNK, BLOCK_D]`` float32 tile: 4K elements (32 registers a
+    thread at 4 warps), at most 32 (the ``auto`` plan's most splits at batch 1), so such a row is
+    merged after one round trip to memory. Depends on the head dim alone: a row's result does not
+    depend on the rest of the batch."""
+    return max(1, min(32, 4096 // block_d))
 
 
 @dataclass
@@ -194,7 +195,6 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
     block_d = max(16, triton.next_power_of_2(D))
     sh, per_channel = _scale_layout(k_scale)
     dummy = seq_lens
-    merge_rows = min(dplan.block_m, triton.next_power_of_2(group))  # rows per step of the fused merge
     with_merge = merge and not fuse_merge and (dplan.max_splits > 1 or dplan.graph_stable) and T > 0
     sms, can_pdl = _device_traits(q.device)
     pdl = with_merge and not interpret and (can_pdl if pdl is None else bool(pdl))
@@ -219,8 +219,7 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
             GROUP=group, PAGE=page, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=dplan.block_m, BLOCK_N=cfg.block_n,
             KV_INT8=kv_int8, HAS_OFFSET=k_offset is not None, SOFT_CAP=soft_cap is not None,
             HAS_WINDOW=window_left is not None, DOT_IEEE=dot_ieee, UPCAST=interpret, FUSE_MERGE=fuse_merge,
-            SCALE_PER_CHANNEL=per_channel, MERGE_ROWS=merge_rows,
-            MERGE_CHUNK=merge_chunk(merge_rows, block_d),
+            SCALE_PER_CHANNEL=per_channel, MERGE_CHUNK=merge_chunk(block_d),
             LAUNCH_DEPENDENTS=pdl and dplan.num_items * dplan.row_blocks <= 2 * sms,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if with_merge:
@@ -228,34 +227,22 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
                      skip_single=True, num_warps=cfg.merge_warps, pdl=pdl)
 
 
-def merge_heads(T: int, H: int, block_d: int, sms: int) -> int:
-    """Heads per merge program: up to 256 // ``block_d`` (a [heads, D] float32 tile of 256 columns),
-    halved while the ``T`` rows would leave multiprocessors idle (batch 1: one head per program, so
-    that 32 heads give 32 programs instead of 16). Each (row, head) is merged on its own, so the
-    choice changes no result."""
-    block_h = min(triton.next_power_of_2(H), max(1, 256 // block_d))
-    while block_h > 1 and T * triton.cdiv(H, block_h) < sms:
-        block_h //= 2
-    return block_h
-
-
 def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,
                  skip_single: bool = False, num_warps: int = 4, pdl: bool = False) -> None:
     """Merge kernel: row ``t`` of ``out [T, H, D]`` / ``lse [T, H]`` from slots
     ``row_slot_start[t] + j * slot_step``, ``j < row_num_splits[t]``, of ``part_o [S, H, D]`` /
-    ``part_lse [S, H]``. With ``skip_single`` rows of one split are left as they are. ``pdl``: the
-    launch follows the previous kernel on the stream by programmatic dependent launch (the kernel
-    waits for it before reading anything)."""
+    ``part_lse [S, H]``, one program per (row, head). With ``skip_single`` rows of one split are
+    left as they are. ``pdl``: the launch follows the previous kernel on the stream by programmatic
+    dependent launch (the kernel waits for it before reading the partial states)."""
     T = out.shape[0]
     H, D = part_o.shape[1], part_o.shape[2]
     if T == 0 or H == 0:
         return
     block_d = triton.next_power_of_2(D)
-    block_h = merge_heads(T, H, block_d, _device_traits(out.device)[0])
     extra = dict(launch_pdl=True) if pdl else {}
-    kernels.merge_kernel[(T, triton.cdiv(H, block_h))](
+    kernels.merge_kernel[(T, H)](
         part_o, part_lse, out, lse, row_slot_start, row_num_splits,
         part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-        slot_step, H, HEAD_DIM=D, BLOCK_H=block_h, BLOCK_D=block_d, SKIP_SINGLE=skip_single,
-        CHUNK=merge_chunk(block_h, block_d), WAIT_PRIMARY=pdl, num_warps=num_warps, **extra)
+        slot_step, HEAD_DIM=D, BLOCK_D=block_d, SKIP_SINGLE=skip_single,
+        CHUNK=merge_chunk(block_d), WAIT_PRIMARY=pdl, num_warps=num_warps, **extra)

@@ -53,10 +53,10 @@ class Timer:
     leaving the L2 full of dirty lines that the timed kernel must first write back, up to the L2's
     size in extra traffic (measured in docs/perf-notes.md); ``"none"`` flushes nothing (hot L2)."""
 
-    def __init__(self, iters: int = 20, warmup: int = 3, flush: str = "read"):
+    def __init__(self, iters: int = 20, warmup_s: float = 0.01, flush: str = "read"):
         if flush not in ("read", "write", "none"):
             raise ValueError(f"flush: must be 'read', 'write' or 'none', got {flush!r}")
-        self.iters, self.warmup, self.flush_mode = iters, warmup, flush
+        self.iters, self.warmup_s, self.flush_mode = iters, warmup_s, flush
         self.flush = torch.zeros(FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
 
     def _flush(self):
@@ -81,8 +81,15 @@ class Timer:
 
     def __call__(self, fn, use_graph: bool = True) -> float:
         run = self.graph(fn) if use_graph else fn
-        for _ in range(self.warmup):
+        # keep the GPU busy for warmup_s first: after host-side work the clocks are down, and a
+        # fixed count of warm-up calls left the first implementation timed at a point up to 15%
+        # slow (docs/perf-notes.md)
+        t_end, n = time.perf_counter() + self.warmup_s, 0
+        while n < 3 or time.perf_counter() < t_end:
             run()
+            n += 1
+            if n % 8 == 0:
+                torch.cuda.synchronize()
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(self.iters)]
         for a, b in ev:
             self._flush()
@@ -232,6 +239,7 @@ def flex_wanted(B, ctx, hq, hkv, D, dt, spent, budget=90.0):
 def run_bench(args):
     from tqdm import tqdm
     timer = Timer(args.iters, flush=args.flush)
+    other = Timer(args.iters, flush=args.also_flush) if args.also_flush else None
     ceiling = copy_ceiling(timer)
     pts = [p for p in sweep_points(args) if kv_bytes(p[0], p[1], p[3], p[4], p[5]) <= args.max_kv_gb * 1e9]
     skipped = [p for p in sweep_points(args) if p not in pts]
@@ -256,6 +264,8 @@ def run_bench(args):
             r["merge_share"] = max(0.0, 1 - s1 / us)
         else:
             r["auto_stage1_us"], r["merge_share"] = us, 0.0
+        if other is not None:  # the auto plan under the other flush method too
+            r["other_flush"] = dict(method=args.also_flush, auto_us=ours(other, q, k, v, bt, seq, "auto")[0])
         r["none_us"] = ours(timer, q, k, v, bt, seq, "none")[0]
         fixed = {}
         for s in split_sizes(ctx):
@@ -272,6 +282,8 @@ def run_bench(args):
         r.update(peers(timer, q, kc, vc, want_flex))
         if want_flex:
             flex_spent += time.time() - t0
+        if other is not None:  # the SDPA peers under the other flush method too
+            r["other_flush"].update({n: t for n, t in peers(other, q, kc, vc, False).items() if n.startswith("sdpa")})
         del kc, vc, q, bt, seq
         torch.cuda.empty_cache()
         peer_t = [r[n] for n in ("sdpa_cudnn", "sdpa_flash", "flex") if r.get(n)]
@@ -294,6 +306,7 @@ def meta(args):
     return dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(), python=platform.python_version(),
                 date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), iters=args.iters, flush=args.flush,
+                also_flush=getattr(args, "also_flush", None),
                 sms=torch.cuda.get_device_properties(0).multi_processor_count)
 
 
@@ -366,20 +379,26 @@ def fmt(x, nd=1):
 
 def to_markdown(res) -> str:
     m = res["meta"]
+    other = m.get("also_flush")
     lines = [f"Machine: {m['gpu']} ({m['sms']} SMs); torch {m['torch']}, triton {m['triton']}, CUDA {m['cuda']}, "
              f"cuDNN {m['cudnn']}; {m['date']}. Copy ceiling {res['ceiling_gbps']:.0f} GB/s (read + write). "
              f"Times are medians of {m['iters']} CUDA-graph replays, each after an L2 flush "
              f"({m.get('flush', 'write')}: see the method in docs/benchmarks.md).", "",
              "| B | ctx | Hq/Hkv | D | dtype | auto µs | plan | none µs | best fixed µs (size) | cuDNN µs | flash µs | "
-             "Flex µs | GB/s | % ceiling | best peer / ours | auto / best fixed | merge share | workspace KiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Flex µs | GB/s | % ceiling | best peer / ours | auto / best fixed | merge share | workspace KiB |"
+             + (" auto / cuDNN µs, other flush |" if other else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if other else "")]
     for r in res["rows"]:
+        o = r.get("other_flush", {})
         lines.append(
             f"| {r['B']} | {r['ctx']} | {r['hq']}/{r['hkv']} | {r['D']} | {r['dtype']} | {fmt(r['auto_us'])} | "
             f"{r['auto_splits']} splits | {fmt(r['none_us'])} | {fmt(r['best_fixed_us'])} ({r['best_fixed_size']}) | "
             f"{fmt(r.get('sdpa_cudnn'))} | {fmt(r.get('sdpa_flash'))} | {fmt(r.get('flex'))} | {r['gbps']:.0f} | "
             f"{r['pct_ceiling']:.0f} | {fmt(r['ratio_to_best_peer'], 2)} | {r['auto_vs_best_fixed']:.3f} | "
-            f"{100 * r['merge_share']:.0f}% | {r['workspace_bytes'] / 1024:.0f} |")
+            f"{100 * r['merge_share']:.0f}% | {r['workspace_bytes'] / 1024:.0f} |"
+            + (f" {fmt(o.get('auto_us'))} / {fmt(o.get('sdpa_cudnn'))} |" if other else ""))
+    if other:
+        lines += ["", f"Other flush: {other} (see docs/benchmarks.md, method)."]
     if res.get("skipped"):
         lines += ["", "Skipped (KV over the size limit of the run): " +
                   ", ".join(f"B{p[0]}/ctx{p[1]}/{p[2]}-{p[3]}/D{p[4]}/{p[5]}" for p in res["skipped"])]
@@ -422,6 +441,8 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--flush", default="read", choices=("read", "write", "none"),
                     help="L2 flush before each timed replay (see Timer)")
+    ap.add_argument("--also-flush", default=None, choices=("read", "write", "none"),
+                    help="time the auto plan and the SDPA peers under this flush method as well")
     ap.add_argument("--max-kv-gb", type=float, default=36.0)
     ap.add_argument("--configs-from", default=None, help="tune.json of a --tune run: use its chosen configurations")
     ap.add_argument("--partial", default=None, help="rewrite this JSON after every point")

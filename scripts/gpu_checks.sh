@@ -6,7 +6,7 @@
 #   scripts/gpu_checks.sh OUTDIR perf ncu check bench
 #
 #   perf   scripts/h200_perf_check.py: variants at the key points under both L2 flushes
-#   ncu    Nsight Compute: each kernel's own duration and DRAM bytes at batch 1 x 16k
+#   ncu    Nsight Compute: each kernel's own duration and DRAM bytes at B1 x 16k and B64 x 2k
 #   check  correctness in parallel processes: the whole catalog through the harness (separate and
 #          fused merge), every case in CUDA-graph replay with new lengths, bitwise batch invariance,
 #          compute-sanitizer memcheck on a representative subset
@@ -29,7 +29,7 @@ for step in "$@"; do
     ncu)
       ncu --clock-control none --cache-control all -k 'regex:split_kv|merge|sdpa|flash|fmha|cudnn' \
           --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
-          python3 scripts/h200_perf_check.py --eager-once B1x16k >"$out/ncu.csv" 2>"$out/ncu.err" || status=1
+          python3 scripts/h200_perf_check.py --eager-once B1x16k,B64x2k >"$out/ncu.csv" 2>"$out/ncu.err" || status=1
       tail -n 30 "$out/ncu.csv" ;;
     check)
       mkdir -p "$out/check"

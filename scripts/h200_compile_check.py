@@ -38,7 +38,7 @@ ALIGNED_INTS = ("stride_qt", "stride_qh", "stride_kp", "stride_kt", "stride_kh",
                 "stride_vh", "stride_ps", "stride_ph", "stride_ls", "stride_ot", "stride_oh", "stride_lot")
 BASE = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=64, KV_INT8=False,
             HAS_OFFSET=False, SOFT_CAP=False, HAS_WINDOW=False, DOT_IEEE=False, UPCAST=False,
-            FUSE_MERGE=False, SCALE_PER_CHANNEL=False, MERGE_ROWS=4, MERGE_CHUNK=4)
+            FUSE_MERGE=False, SCALE_PER_CHANNEL=False, MERGE_CHUNK=32)
 
 
 def variants():
@@ -51,8 +51,8 @@ def variants():
     v.append(("bf16 D128 M64 (multi-query) n64w4s5", "bf16", "bf16", dict(BASE, BLOCK_M=64), 4, 5))
     v.append(("bf16 D128 cap+window n64w4s5", "bf16", "bf16", dict(BASE, SOFT_CAP=True, HAS_WINDOW=True), 4, 5))
     v.append(("fp16 D256 n32w4s5", "fp16", "fp16", dict(BASE, HEAD_DIM=256, BLOCK_D=256, BLOCK_N=32,
-                                                         MERGE_CHUNK=2), 4, 5))
-    v.append(("bf16 D64 n64w4s5", "bf16", "bf16", dict(BASE, HEAD_DIM=64, BLOCK_D=64, MERGE_CHUNK=8), 4, 5))
+                                                         MERGE_CHUNK=16), 4, 5))
+    v.append(("bf16 D64 n64w4s5", "bf16", "bf16", dict(BASE, HEAD_DIM=64, BLOCK_D=64), 4, 5))
     v.append(("fp32 D128 n32w8s5", "fp32", "fp32", dict(BASE, DOT_IEEE=True, BLOCK_N=32), 8, 5))
     v.append(("bf16/int8 D96 per-channel n32w8s5", "bf16", "i8", dict(BASE, HEAD_DIM=96, KV_INT8=True,
                                                                       HAS_OFFSET=True, DOT_IEEE=True,
@@ -126,13 +126,13 @@ def main(argv=None):
     m = K.merge_kernel
     mp = {"PART_O": "*fp32", "PART_LSE": "*fp32", "OUT": "*bf16", "OUT_LSE": "*fp32", "ROW_SLOT": "*i32",
           "ROW_NS": "*i32"}
-    for bh, chunk, pdl in ((2, 8, False), (1, 16, True)):
-        mc = dict(HEAD_DIM=128, BLOCK_H=bh, BLOCK_D=128, SKIP_SINGLE=True, CHUNK=chunk, WAIT_PRIMARY=pdl)
+    for d, chunk, pdl in ((128, 32, False), (128, 32, True), (256, 16, True)):
+        mc = dict(HEAD_DIM=d, BLOCK_D=d, SKIP_SINGLE=True, CHUNK=chunk, WAIT_PRIMARY=pdl)
         sg = {n: ("constexpr" if n in mc else mp.get(n, "i32")) for n in m.arg_names}
         mk = triton.compile(ASTSource(m, sg, constexprs=dict(mc)), target=TARGET,
                             options={"num_warps": 4, "launch_pdl": pdl})
         regs, st, ld = ptxas_report(mk.asm["ptx"])
-        name = f"merge D128 H{bh} chunk{chunk} w4{' PDL' if pdl else ''}"
+        name = f"merge D{d} chunk{chunk} w4{' PDL' if pdl else ''}"
         print(f"{name:40s} {'-':>12s} {'-':>8s} {mk.metadata.shared / 1024:8.1f} {regs:5d} {st:6d}/{ld:<5d}")
         if pdl and "griddepcontrol.wait" not in mk.asm["ptx"]:
             bad.append(name + " (no griddepcontrol.wait)")

@@ -34,7 +34,8 @@ from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 POINTS = {"B1x4k": (1, 4096), "B1x16k": (1, 16384), "B1x64k": (1, 65536), "B1x128k": (1, 131072),
           "B16x8k": (16, 8192), "B64x2k": (64, 2048), "B128x1k": (128, 1024)}
 GRID = [KernelConfig(64, 4, 3), KernelConfig(64, 4, 5), KernelConfig(64, 4, 7), KernelConfig(32, 4, 5),
-        KernelConfig(32, 4, 7), KernelConfig(64, 8, 5), KernelConfig(64, 8, 7), KernelConfig(128, 8, 5)]
+        KernelConfig(32, 4, 7), KernelConfig(64, 8, 5), KernelConfig(64, 8, 7), KernelConfig(128, 8, 5),
+        KernelConfig(32, 4, 4), KernelConfig(32, 2, 5), KernelConfig(16, 4, 7)]
 
 
 def make_runner(q, k, v, bt, seq, policy="auto", config=None, fuse=None, merge=True, pdl=None):
@@ -63,6 +64,9 @@ def variants(ctx, B):
             if 4 <= ctx // s <= 64:
                 v[f"size:{s}"] = dict(policy=f"size:{s}")
                 v[f"size:{s} plain merge launch"] = dict(policy=f"size:{s}", pdl=False)
+    else:
+        for s in (ctx // 2, ctx // 4):
+            v[f"size:{s}"] = dict(policy=f"size:{s}")
     for cfg in GRID:
         v[str(cfg)] = dict(config=cfg)
     return v
@@ -96,13 +100,18 @@ def measure_point(name, timers, ceiling):
     return r
 
 
-def eager_once(name):
-    """One eager call of each implementation at a point (for a profiler such as ncu)."""
+def eager_once(names):
+    """One eager call of each implementation at each point (for a profiler such as ncu)."""
+    for name in names.split(","):
+        _eager_once(name)
+
+
+def _eager_once(name):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     B, ctx = POINTS[name]
     q, k, v, bt, seq = make_point(B, ctx, 32, 8, 128, torch.bfloat16)
     kc, vc = contiguous_kv(k, bt, B, ctx), contiguous_kv(v, bt, B, ctx)
-    for kw in (dict(pdl=False), dict(policy="size:1024", pdl=False), dict(fuse=True)):
+    for kw in (dict(pdl=False), dict(), dict(fuse=True)):
         run = make_runner(q, k, v, bt, seq, **kw)[0]
         run()
     for be in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
@@ -117,7 +126,7 @@ def main(argv=None):
     ap.add_argument("--points", default=",".join(POINTS))
     ap.add_argument("--flush", default="read,write", help="comma-separated flush methods (bench_decode.Timer)")
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--eager-once", default=None, metavar="POINT")
+    ap.add_argument("--eager-once", default=None, metavar="POINTS")
     a = ap.parse_args(argv)
     if a.eager_once:
         eager_once(a.eager_once)

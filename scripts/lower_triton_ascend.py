@@ -86,7 +86,7 @@ class Variant:
                     + (" win" if c["HAS_WINDOW"] else "")
                     + ((" per-channel" if c.get("SCALE_PER_CHANNEL") else " per-head") if c["KV_INT8"] else ""))
         if self.kernel == "merge_kernel":
-            return f"merge D{c['HEAD_DIM']} {self.q_dtype} H{c['BLOCK_H']}"
+            return f"merge D{c['HEAD_DIM']} {self.q_dtype} chunk{c['CHUNK']}"
         return f"{self.kernel} {c}"
 
 
@@ -111,7 +111,8 @@ def _split_constexprs(d, qd, kvq, g, bm, bn, cap=False, win=False, page=PAGE_SIZ
     return dict(GROUP=g, PAGE=page, HEAD_DIM=d, BLOCK_D=_next_pow2(d), BLOCK_M=bm, BLOCK_N=bn,
                 KV_INT8=kvq, HAS_OFFSET=kvq, SOFT_CAP=cap, HAS_WINDOW=win,
                 DOT_IEEE=(qd == "fp32" or kvq), UPCAST=False, FUSE_MERGE=False,
-                SCALE_PER_CHANNEL=bool(kvq and per_channel), MERGE_ROWS=min(bm, _next_pow2(g)), MERGE_CHUNK=1)
+                SCALE_PER_CHANNEL=bool(kvq and per_channel), MERGE_CHUNK=16,
+                LAUNCH_DEPENDENTS=False)
 
 
 def split_kv_variants(quick: bool = False) -> list[Variant]:
@@ -156,12 +157,11 @@ def sweep_variants() -> list[Variant]:
 
 def merge_variants(quick: bool = False) -> list[Variant]:
     out = []
-    # cuda_ref.launch.launch_merge: BLOCK_H = min(next_pow2(Hq), 256 // BLOCK_D), a power of two
+    # cuda_ref.launch.launch_merge: one program per (row, head), CHUNK = cuda_ref.launch.merge_chunk
     for d, qd in itertools.product((128,) if quick else _npu_tables().CHECKED_HEAD_DIMS, Q_DTYPES):
-        for bh in sorted({1, 2, 4, max(1, 256 // _next_pow2(d))}):
-            c = dict(HEAD_DIM=d, BLOCK_H=bh, BLOCK_D=_next_pow2(d), SKIP_SINGLE=True,
-                     CHUNK=max(1, min(16, 2048 // (bh * _next_pow2(d)))))  # cuda_ref.launch.merge_chunk
-            out.append(Variant("merge_kernel", c, qd, qd))
+        c = dict(HEAD_DIM=d, BLOCK_D=_next_pow2(d), SKIP_SINGLE=True, CHUNK=max(1, min(32, 4096 // _next_pow2(d))),
+                 WAIT_PRIMARY=False)
+        out.append(Variant("merge_kernel", c, qd, qd))
     return out
 
 
@@ -190,7 +190,7 @@ def merge_signature(v: Variant) -> dict:
     sig = {"PART_O": "*fp32", "PART_LSE": "*fp32", "OUT": f"*{q}", "OUT_LSE": "*fp32", "ROW_SLOT": "*i32",
            "ROW_NS": "*i32"}
     for s in ("stride_ps", "stride_ph", "stride_ls", "stride_lh", "stride_ot", "stride_oh", "stride_lot",
-              "stride_loh", "slot_step", "num_heads"):
+              "stride_loh", "slot_step"):
         sig[s] = "i32"
     for k in v.constexprs:
         sig[k] = "constexpr"

@@ -36,11 +36,6 @@ class KernelConfig:
         return f"n{self.block_n}w{self.num_warps}s{self.num_stages}"
 
 
-# Measured overrides (``bench_decode.py --configs-from``), keyed "few" (at most two work items per
-# SM) and "many"; empty: :func:`default_config`'s rule.
-CONFIG_OVERRIDE: dict[str, KernelConfig] = {}
-
-
 def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invariant: bool = True) -> KernelConfig:
     """Stage-1 configuration by head dim, KV element size and the plan (H200 measurements,
     docs/perf-notes.md).
@@ -59,8 +54,6 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     keep the batch-invariant choice."""
     d = max(16, triton.next_power_of_2(head_dim))
     key = "few" if 0 < num_items <= 2 * 132 else "many"
-    if key in CONFIG_OVERRIDE and head_dim == 128 and kv_bytes == 2:
-        return CONFIG_OVERRIDE[key]
     elem = min(max(kv_bytes, 2), 4)
     block_n = max(16, min(64, (16 * 1024) // (d * elem)))
     warps = 8 if elem == 4 else 4

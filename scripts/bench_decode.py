@@ -17,13 +17,12 @@ Outputs (``--out DIR``): ``bench.json`` (every number), ``bench.md`` (the table)
 
     python scripts/bench_decode.py --out results            # the full sweep
     python scripts/bench_decode.py --quick --out results     # a few points
-    python scripts/bench_decode.py --tune --out results      # kernel configurations at a few points
+    python scripts/h200_perf_check.py --out results          # kernel variants at the key points
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -36,7 +35,6 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from cuda_ref.launch import KernelConfig  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 
 PAGE = 16
@@ -139,27 +137,10 @@ def split_sizes(ctx: int, max_splits: int = 64) -> list[int]:
     return out
 
 
-FUSE = {"few": None, "many": None}  # None: the wrapper's default
-
-
-def apply_tuning(path):
-    """Use the configurations a --tune run chose (bf16/fp16, D 128)."""
-    import re
-    from cuda_ref import launch
-    with open(path) as f:
-        chosen = json.load(f).get("chosen", {})
-    for key, c in chosen.items():
-        m = re.fullmatch(r"n(\d+)w(\d+)s(\d+)", c["config"])
-        launch.CONFIG_OVERRIDE[key] = KernelConfig(int(m[1]), int(m[2]), int(m[3]))
-        FUSE[key] = bool(c["fuse"])
-    return chosen
-
-
-def ours(timer, q, k, v, bt, seq, policy, *, config=None, fuse=None, stage1_only=False):
+def ours(timer, q, k, v, bt, seq, policy, *, stage1_only=False):
     B = bt.shape[0]
-    w = DecodeWrapper(q.shape[1], k.shape[2], q.shape[2], PAGE, dtype=q.dtype, policy=policy, config=config)
+    w = DecodeWrapper(q.shape[1], k.shape[2], q.shape[2], PAGE, dtype=q.dtype, policy=policy)
     plan = w.plan(seq.cpu().numpy())
-    w.fuse_merge = FUSE["few" if plan.num_valid_items <= 2 * 132 else "many"] if fuse is None else fuse
     w.merge = not stage1_only
     qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
     us = timer(lambda: w.run(q, k, v, bt, seq, qsl))
@@ -253,14 +234,10 @@ def run_bench(args):
         us, plan, ws = ours(timer, q, k, v, bt, seq, "auto")
         r.update(auto_us=us, auto_plan=str(plan.policy) + f" split={plan.split_tokens or 'none'}",
                  auto_splits=int(plan.max_splits), auto_items=plan.num_valid_items, workspace_bytes=ws)
-        fuse = FUSE["few" if plan.num_valid_items <= 2 * 132 else "many"]
-        fuse = bool(fuse)  # None: DecodeWrapper's default, the separate merge
-        r["fused_merge"] = bool(fuse) and plan.max_splits > 1
-        # stage 1 alone (separate merge left out) against the same with its merge launch
+        # stage 1 alone (merge launch left out): the share of time in the merge
         if plan.max_splits > 1:
-            s1 = ours(timer, q, k, v, bt, seq, "auto", fuse=False, stage1_only=True)[0]
-            sep = ours(timer, q, k, v, bt, seq, "auto", fuse=False)[0]
-            r["auto_stage1_us"], r["auto_separate_merge_us"] = s1, sep
+            s1 = ours(timer, q, k, v, bt, seq, "auto", stage1_only=True)[0]
+            r["auto_stage1_us"] = s1
             r["merge_share"] = max(0.0, 1 - s1 / us)
         else:
             r["auto_stage1_us"], r["merge_share"] = us, 0.0
@@ -308,69 +285,6 @@ def meta(args):
                 date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), iters=args.iters, flush=args.flush,
                 also_flush=getattr(args, "also_flush", None),
                 sms=torch.cuda.get_device_properties(0).multi_processor_count)
-
-
-def run_tune(args):
-    """Stage-1 configurations x split sizes x fused/separate merge at a few headline points."""
-    from tqdm import tqdm
-    timer = Timer(args.iters, flush=args.flush)
-    ceiling = copy_ceiling(timer)
-    cfgs = [KernelConfig(bn, nw, ns) for bn, nw, ns in (
-        (64, 4, 3), (64, 4, 5), (64, 4, 7), (32, 4, 5), (32, 4, 7), (64, 8, 5))]
-    pts = [(1, 4096), (1, 16384), (1, 65536), (1, 131072), (16, 8192), (64, 2048), (128, 1024)]
-    rows = []
-    for (B, ctx) in tqdm(pts, unit="pt"):
-        q, k, v, bt, seq = make_point(B, ctx, 32, 8, 128, torch.bfloat16)
-        nbytes = kv_bytes(B, ctx, 8, 128, "bf16")
-        for cfg, fuse in itertools.product(cfgs, (False, True)):
-            for pol in ["none"] + [f"size:{s}" for s in split_sizes(ctx)]:
-                if fuse and pol == "none":
-                    continue
-                try:
-                    us = ours(timer, q, k, v, bt, seq, pol, config=cfg, fuse=fuse)[0]
-                except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
-                    rows.append(dict(B=B, ctx=ctx, cfg=str(cfg), fuse=fuse, policy=pol, error=str(e)[:100]))
-                    continue
-                rows.append(dict(B=B, ctx=ctx, cfg=str(cfg), fuse=fuse, policy=pol, us=us,
-                                 pct=100 * nbytes / (us * 1e-6) / 1e9 / ceiling))
-        del q, k, v, bt, seq
-        torch.cuda.empty_cache()
-    best = {}
-    for r in rows:
-        if "us" in r:
-            key = (r["B"], r["ctx"])
-            if key not in best or r["us"] < best[key]["us"]:
-                best[key] = r
-    print(f"copy ceiling {ceiling:.0f} GB/s")
-    for key, r in sorted(best.items()):
-        print(f"B{key[0]} ctx{key[1]}: best {r['us']:.1f} us ({r['pct']:.0f}%) cfg {r['cfg']} fuse {r['fuse']} {r['policy']}")
-    # per config: geometric mean over points of (time / best time at that point)
-    score = {}
-    for r in rows:
-        if "us" in r:
-            score.setdefault((r["cfg"], r["fuse"]), {}).setdefault((r["B"], r["ctx"]), []).append(r["us"])
-    ranking = []
-    for key, per in score.items():
-        if len(per) == len(best):
-            ratios = [min(v) / best[p]["us"] for p, v in per.items()]
-            ranking.append((float(np.exp(np.mean(np.log(ratios)))), key))
-    ranking.sort()
-    for gm, key in ranking[:12]:
-        print(f"  {key[0]} fuse={key[1]}: geomean {gm:.3f} x best")
-    # best configuration for few-item plans (batch 1) and many-item plans (batch >= 16)
-    chosen = {}
-    for label, sel in (("few", lambda k: k[0] == 1), ("many", lambda k: k[0] >= 16)):
-        sub = {k: v for k, v in best.items() if sel(k)}
-        cand = []
-        for key, per in score.items():
-            if all(p in per for p in sub):
-                cand.append((float(np.exp(np.mean([np.log(min(per[p]) / sub[p]["us"]) for p in sub]))), key))
-        cand.sort()
-        if cand:
-            chosen[label] = {"config": cand[0][1][0], "fuse": cand[0][1][1], "geomean": cand[0][0]}
-    print("chosen", chosen)
-    return dict(ceiling_gbps=ceiling, rows=rows, ranking=[(g, list(k)) for g, k in ranking], chosen=chosen,
-                meta=meta(args))
 
 
 def fmt(x, nd=1):
@@ -436,7 +350,6 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--tune", action="store_true")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--flush", default="read", choices=("read", "write", "none"),
@@ -444,7 +357,6 @@ def main(argv=None):
     ap.add_argument("--also-flush", default=None, choices=("read", "write", "none"),
                     help="time the auto plan and the SDPA peers under this flush method as well")
     ap.add_argument("--max-kv-gb", type=float, default=36.0)
-    ap.add_argument("--configs-from", default=None, help="tune.json of a --tune run: use its chosen configurations")
     ap.add_argument("--partial", default=None, help="rewrite this JSON after every point")
     ap.add_argument("--flex-budget", type=float, default=90.0, help="seconds of Flex compiles and timing")
     args = ap.parse_args(argv)
@@ -452,16 +364,7 @@ def main(argv=None):
         print("bench_decode: needs a CUDA GPU", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
-    if args.tune:
-        res = run_tune(args)
-        with open(os.path.join(args.out, "tune.json"), "w") as f:
-            json.dump(res, f, indent=1)
-        return 0
-    if args.configs_from:
-        print("tuned configurations:", apply_tuning(args.configs_from))
     res = run_bench(args)
-    res["tuning"] = {k: str(v) for k, v in __import__("cuda_ref.launch").launch.CONFIG_OVERRIDE.items()}
-    res["fuse"] = FUSE
     with open(os.path.join(args.out, "bench.json"), "w") as f:
         json.dump(res, f, indent=1)
     md = to_markdown(res)

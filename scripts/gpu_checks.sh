@@ -46,7 +46,8 @@ for step in "$@"; do
       for p in "${pids[@]}"; do wait "$p" || status=1; done
       grep -h -E "FAIL|ERROR|ok=|bitwise|passed|Exit|errors" "$out"/check/*.log | sort | uniq -c | head -60 ;;
     bench)
-      python3 scripts/bench_decode.py --out "$out/bench" --iters 12 --partial "$out/bench/partial.json" 2>&1 \
+      python3 scripts/bench_decode.py --out "$out/bench" --iters 12 --also-flush write \
+          --partial "$out/bench/partial.json" 2>&1 \
           | tee "$out/bench.log" | grep -v '%|' || status=1 ;;
     *) echo "unknown step $step" >&2; status=2 ;;
   esac

@@ -98,25 +98,29 @@ def split_kv_kernel(
     KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
     DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr, FUSE_MERGE: tl.constexpr,
     SCALE_PER_CHANNEL: tl.constexpr = False, MERGE_CHUNK: tl.constexpr = 16,
-    LAUNCH_DEPENDENTS: tl.constexpr = False,
+    LAUNCH_DEPENDENTS: tl.constexpr = False, MULTI_ROW_BLOCKS: tl.constexpr = True,
 ):
     if LAUNCH_DEPENDENTS:  # let the merge launch now: it waits for this grid in gdc_wait
         gdc_launch_dependents()
     item = tl.program_id(0)
     mblock = tl.program_id(1)
+    # No branch on a loaded value before the KV loop: the work item's fields, then the request's,
+    # then the first tiles' page ids are each one round trip to memory, not one per branch.
     b = tl.load(ITEM_REQ + item)
-    if b < 0:  # padding item of a graph-stable plan
-        return
     h = tl.load(ITEM_HEAD + item)
     split = tl.load(ITEM_SPLIT + item)
     start = tl.load(ITEM_START + item)
     end = tl.load(ITEM_END + item)
+    valid = b >= 0  # False: a padding item of a graph-stable plan, which reads and writes nothing
+    b = tl.maximum(b, 0)
+    end = tl.where(valid, end, start)
     seq_len = tl.load(SEQ_LENS + b)
     r0 = tl.load(QUERY_START + b)
-    q_len = tl.load(QUERY_START + b + 1) - r0
+    q_len = tl.where(valid, tl.load(QUERY_START + b + 1) - r0, 0)
     n_split = tl.load(NUM_SPLITS + b)
-    if mblock * BLOCK_M >= q_len * GROUP:  # this request has fewer packed rows than the grid
-        return
+    if MULTI_ROW_BLOCKS:  # a request may have fewer packed rows than the grid (one query row: never)
+        if mblock * BLOCK_M >= q_len * GROUP:
+            return
 
     # -- packed query rows: m -> (query row i, head g of the group) --------------------------
     offs_m = mblock * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -210,25 +214,26 @@ def split_kv_kernel(
         tl.store(PART_O + slot_id[:, None] * stride_ps + hq[:, None] * stride_ph + offs_d[None, :], o, mask=out_mask)
         tl.store(PART_LSE + slot_id * stride_ls + hq * stride_lh, lse, mask=row_ok)
         if FUSE_MERGE:
-            # the last of the request's splits to finish merges them
-            tl.debug_barrier()
-            counter = COUNTERS + (b * NUM_KV_HEADS + h) * tl.num_programs(1) + mblock
-            done = tl.atomic_add(counter, 1, sem="acq_rel")
-            if done == n_split - 1:
+            if q_len > 0:  # not for padding items (nor requests without query rows)
+                # the last of the request's splits to finish merges them
                 tl.debug_barrier()
-                # the block's valid rows, one (query row, head) at a time
-                n_rows = tl.minimum(q_len * GROUP - mblock * BLOCK_M, BLOCK_M)
-                for rr in range(0, n_rows):
-                    r_m = mblock * BLOCK_M + rr
-                    r_t = r0 + r_m // GROUP
-                    r_h = h * GROUP + r_m % GROUP
-                    first = tl.load(ROW_SLOT + r_t).to(tl.int64)
-                    o_m, lse_m = _merge_row(PART_O, PART_LSE, first, 1, n_split, r_h, offs_d, d_ok,
-                                            stride_ps, stride_ph, stride_ls, stride_lh, MERGE_CHUNK, True)
-                    tl.store(OUT + r_t.to(tl.int64) * stride_ot + r_h * stride_oh + offs_d,
-                             o_m.to(OUT.dtype.element_ty), mask=d_ok)
-                    tl.store(OUT_LSE + r_t * stride_lot + r_h * stride_loh, lse_m)
-                tl.atomic_xchg(counter, 0)
+                counter = COUNTERS + (b * NUM_KV_HEADS + h) * tl.num_programs(1) + mblock
+                done = tl.atomic_add(counter, 1, sem="acq_rel")
+                if done == n_split - 1:
+                    tl.debug_barrier()
+                    # the block's valid rows, one (query row, head) at a time
+                    n_rows = tl.minimum(q_len * GROUP - mblock * BLOCK_M, BLOCK_M)
+                    for rr in range(0, n_rows):
+                        r_m = mblock * BLOCK_M + rr
+                        r_t = r0 + r_m // GROUP
+                        r_h = h * GROUP + r_m % GROUP
+                        first = tl.load(ROW_SLOT + r_t).to(tl.int64)
+                        o_m, lse_m = _merge_row(PART_O, PART_LSE, first, 1, n_split, r_h, offs_d, d_ok,
+                                                stride_ps, stride_ph, stride_ls, stride_lh, MERGE_CHUNK, True)
+                        tl.store(OUT + r_t.to(tl.int64) * stride_ot + r_h * stride_oh + offs_d,
+                                 o_m.to(OUT.dtype.element_ty), mask=d_ok)
+                        tl.store(OUT_LSE + r_t * stride_lot + r_h * stride_loh, lse_m)
+                    tl.atomic_xchg(counter, 0)
 
 
 @triton.jit

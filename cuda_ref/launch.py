@@ -214,6 +214,7 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
             HAS_WINDOW=window_left is not None, DOT_IEEE=dot_ieee, UPCAST=interpret, FUSE_MERGE=fuse_merge,
             SCALE_PER_CHANNEL=per_channel, MERGE_CHUNK=merge_chunk(block_d),
             LAUNCH_DEPENDENTS=pdl and dplan.num_items * dplan.row_blocks <= 2 * sms,
+            MULTI_ROW_BLOCKS=dplan.row_blocks > 1,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if with_merge:
         launch_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), dplan.view("row_num_splits"),

@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_decode import PAGE, Timer, contiguous_kv, copy_ceiling, kv_bytes, make_point, peers  # noqa: E402
+from bench_decode import PAGE, Timer, contiguous_kv, copy_ceiling, kv_bytes, make_point, sdpa_peers  # noqa: E402
 from cuda_ref.launch import KernelConfig  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 
@@ -92,7 +92,7 @@ def measure_point(name, timers, ceiling):
         except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: a result
             r["err"][vname] = f"{type(e).__name__}: {str(e)[:100]}"
     for fl, timer in timers.items():
-        r["us"][fl].update({kk.replace("sdpa_", ""): vv for kk, vv in peers(timer, q, kc, vc, want_flex=False).items()
+        r["us"][fl].update({kk.replace("sdpa_", ""): vv for kk, vv in sdpa_peers(timer, q, kc, vc).items()
                             if not kk.endswith("_error")})
     del q, k, v, bt, seq, kc, vc
     torch.cuda.empty_cache()
@@ -154,7 +154,8 @@ def main(argv=None):
 
 def summary(res) -> str:
     c = res["ceiling_gbps"]
-    lines = [f"{res['gpu']}, torch {res['torch']}, triton {res['triton']}, {res['date']}, copy ceiling {c:.0f} GB/s",
+    lines = [f"{res['gpu']}, torch {res['torch']}, triton {res['triton']}, {res['date']}, "
+             f"copy ceiling {c:.0f} GB/s",
              "", "| point | flush | splits | ours µs | % ceil | stage 1 µs | merge share | plain launch µs | fused µs | "
              "best variant µs | cuDNN µs | flash µs | best peer / ours | err |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

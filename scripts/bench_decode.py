@@ -354,9 +354,13 @@ def plot(res, path):
         ax.set_title(f"batch {B}")
         ax.set_xlabel("context (tokens)")
     axes[0][0].set_ylabel("KV read GB/s")
-    axes[0][-1].legend(fontsize=7)
+    handles = {}
+    for ax in axes[0]:  # one legend for all panels (Flex runs at some batches only)
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles), fontsize=8)
     fig.suptitle(f"Decode attention, bf16, Hq 32 / Hkv 8, D 128, page 16 — {res['meta']['gpu']}")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=110)
 
 

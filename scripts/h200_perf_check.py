@@ -5,7 +5,7 @@ run on a CUDA GPU, under each L2-flush method of the timer (see docs/perf-notes.
 For each point (bf16, Hq 32 / Hkv 8, D 128, page 16, one query per request) and each flush method:
 the default (``auto`` plan, separate merge by programmatic dependent launch where the GPU has it),
 the same with a plain merge launch, with the merge fused into stage 1, stage 1 alone (for the merge
-share), fixed split sizes, a grid of stage-1 configurations, and PyTorch SDPA with the cuDNN and
+share), the same cache laid out head-major within each page ("HND"), fixed split sizes, a grid of stage-1 configurations, and PyTorch SDPA with the cuDNN and
 flash backends on a contiguous copy. Every configuration's output is checked against SDPA's math
 backend. Method as ``bench_decode.py``: CUDA-graph replay after an L2 flush, median.
 
@@ -58,7 +58,8 @@ def rel_err(run, ref) -> float:
 def variants(ctx, B):
     """name -> make_runner keyword arguments."""
     v = {"default": {}, "plain merge launch": dict(pdl=False), "fused merge": dict(fuse=True),
-         "stage 1 alone": dict(merge=False), "no split": dict(policy="none")}
+         "stage 1 alone": dict(merge=False), "no split": dict(policy="none"),
+         "HND cache": dict(layout="HND"), "HND cache, stage 1 alone": dict(layout="HND", merge=False)}
     if B == 1:
         for s in (512, 1024, 2048, 4096, 8192, 16384, 32768):
             if 4 <= ctx // s <= 64:
@@ -80,10 +81,15 @@ def measure_point(name, timers, ceiling):
     sub = min(B, 4)
     ref = torch.nn.functional.scaled_dot_product_attention(
         q[:sub, :, None].float(), kc[:sub].float(), vc[:sub].float(), enable_gqa=True)[:, :, 0]
+    # the same cache with each page's heads apart ([P, Hkv, page, D] in memory, FlashInfer's "HND"),
+    # seen through a [P, page, Hkv, D] view: a head's page is one contiguous block
+    kh, vh = (x.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for x in (k, v))
     r = dict(point=name, B=B, ctx=ctx, kv_bytes=nbytes, us={}, err={}, splits={})
     for vname, kw in variants(ctx, B).items():
         try:
-            run, plan, _ = make_runner(q, k, v, bt, seq, **kw)
+            kw = dict(kw)
+            kk, vv = (kh, vh) if kw.pop("layout", "NHD") == "HND" else (k, v)
+            run, plan, _ = make_runner(q, kk, vv, bt, seq, **kw)
             if kw.get("merge", True):
                 r["err"][vname] = rel_err(run, ref)
             r["splits"][vname] = int(plan.max_splits)
@@ -94,7 +100,7 @@ def measure_point(name, timers, ceiling):
     for fl, timer in timers.items():
         r["us"][fl].update({kk.replace("sdpa_", ""): vv for kk, vv in sdpa_peers(timer, q, kc, vc).items()
                             if not kk.endswith("_error")})
-    del q, k, v, bt, seq, kc, vc
+    del q, k, v, bt, seq, kc, vc, kh, vh
     torch.cuda.empty_cache()
     r["pct_ceiling"] = {fl: 100 * nbytes / (u["default"] * 1e-6) / 1e9 / ceiling for fl, u in r["us"].items()}
     return r

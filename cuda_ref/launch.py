@@ -25,12 +25,15 @@ _FIELDS = ("item_request", "item_kv_head", "item_split", "item_kv_start", "item_
 @dataclass(frozen=True)
 class KernelConfig:
     """Tile and launch shape of stage 1: ``block_n`` KV tokens per tile, warps, software-pipeline
-    stages (``num_stages`` >= 2 turns the tile loads into asynchronous copies that many tiles ahead)."""
+    stages (``num_stages`` >= 2 turns the tile loads into asynchronous copies that many tiles ahead);
+    ``merge_warps``: warps of the separate merge (one warp reduces a row's ``[CHUNK, D]`` tile with
+    shuffles alone, no shared memory or barriers: measured fastest of 1, 2, 4 and 8 on the H200 at
+    every point tried, e.g. B1 x 16k 26.6 against 28.0 µs with 4; docs/perf-notes.md)."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
-    merge_warps: int = 4
+    merge_warps: int = 1
 
     def __str__(self):
         return f"n{self.block_n}w{self.num_warps}s{self.num_stages}"
@@ -222,7 +225,7 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
 
 
 def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,
-                 skip_single: bool = False, num_warps: int = 4, pdl: bool = False) -> None:
+                 skip_single: bool = False, num_warps: int = 1, pdl: bool = False) -> None:
     """Merge kernel: row ``t`` of ``out [T, H, D]`` / ``lse [T, H]`` from slots
     ``row_slot_start[t] + j * slot_step``, ``j < row_num_splits[t]``, of ``part_o [S, H, D]`` /
     ``part_lse [S, H]``, one program per (row, head). With ``skip_single`` rows of one split are

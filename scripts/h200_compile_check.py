@@ -132,9 +132,9 @@ def main(argv=None):
         mc = dict(HEAD_DIM=d, BLOCK_D=d, SKIP_SINGLE=True, CHUNK=chunk, WAIT_PRIMARY=pdl)
         sg = {n: ("constexpr" if n in mc else mp.get(n, "i32")) for n in m.arg_names}
         mk = triton.compile(ASTSource(m, sg, constexprs=dict(mc)), target=TARGET,
-                            options={"num_warps": 4, "launch_pdl": pdl})
+                            options={"num_warps": 1, "launch_pdl": pdl})  # KernelConfig.merge_warps
         regs, st, ld = ptxas_report(mk.asm["ptx"])
-        name = f"merge D{d} chunk{chunk} w4{' PDL' if pdl else ''}"
+        name = f"merge D{d} chunk{chunk} w1{' PDL' if pdl else ''}"
         print(f"{name:40s} {'-':>12s} {'-':>8s} {mk.metadata.shared / 1024:8.1f} {regs:5d} {st:6d}/{ld:<5d}")
         if pdl and "griddepcontrol.wait" not in mk.asm["ptx"]:
             bad.append(name + " (no griddepcontrol.wait)")

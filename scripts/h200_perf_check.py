@@ -16,6 +16,7 @@ backend. Method as ``bench_decode.py``: CUDA-graph replay after an L2 flush, med
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -28,22 +29,26 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_decode import PAGE, Timer, contiguous_kv, copy_ceiling, kv_bytes, make_point, sdpa_peers  # noqa: E402
-from cuda_ref.launch import KernelConfig  # noqa: E402
+from cuda_ref.launch import KernelConfig, default_config  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 
-POINTS = {"B1x4k": (1, 4096), "B1x16k": (1, 16384), "B1x64k": (1, 65536), "B1x128k": (1, 131072),
+POINTS = {"B1x1k": (1, 1024), "B16x1k": (16, 1024), "B1x4k": (1, 4096), "B1x16k": (1, 16384), "B1x64k": (1, 65536), "B1x128k": (1, 131072),
           "B16x8k": (16, 8192), "B64x2k": (64, 2048), "B128x1k": (128, 1024)}
 GRID = [KernelConfig(64, 4, 3), KernelConfig(64, 4, 5), KernelConfig(64, 4, 7), KernelConfig(32, 4, 5),
         KernelConfig(32, 4, 7), KernelConfig(64, 8, 5), KernelConfig(64, 8, 7), KernelConfig(128, 8, 5),
         KernelConfig(32, 4, 4), KernelConfig(32, 2, 5), KernelConfig(16, 4, 7)]
 
 
-def make_runner(q, k, v, bt, seq, policy="auto", config=None, fuse=None, merge=True, pdl=None):
+def make_runner(q, k, v, bt, seq, policy="auto", config=None, fuse=None, merge=True, pdl=None, merge_warps=None):
     """``(run, plan, wrapper)``: ``run()`` launches our kernels for the point (planned once here)."""
     B = bt.shape[0]
     w = DecodeWrapper(q.shape[1], k.shape[2], q.shape[2], PAGE, dtype=q.dtype, policy=policy, config=config,
                       fuse_merge=fuse)
     plan = w.plan(seq.cpu().numpy())
+    if merge_warps is not None:  # the default stage-1 configuration with another merge width
+        w.config = dataclasses.replace(default_config(q.shape[2], k.element_size(), plan.num_items,
+                                                      plan.policy.kind in ("fixed_size", "none")),
+                                       merge_warps=merge_warps)
     w.merge, w.pdl = merge, pdl
     qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
     return (lambda: w.run(q, k, v, bt, seq, qsl)), plan, w
@@ -60,6 +65,8 @@ def variants(ctx, B):
     v = {"default": {}, "plain merge launch": dict(pdl=False), "fused merge": dict(fuse=True),
          "stage 1 alone": dict(merge=False), "no split": dict(policy="none"),
          "HND cache": dict(layout="HND"), "HND cache, stage 1 alone": dict(layout="HND", merge=False)}
+    for w in (1, 2, 8):  # warps of the merge kernel (the stage-1 configuration as by default)
+        v[f"merge {w} warps"] = dict(merge_warps=w)
     if B == 1:
         for s in (512, 1024, 2048, 4096, 8192, 16384, 32768):
             if 4 <= ctx // s <= 64:

@@ -19,8 +19,8 @@ Two kernels, each readable top to bottom:
 
   With ``FUSE_MERGE`` the program that finishes last among the splits of a (request, KV head, row
   block) merges them, reading the slots in a fixed order (so the result does not depend on which
-  program is last), and
-  resets its counter to zero, leaving the counters ready for the next launch or graph replay.
+  program is last), and resets its counter to zero, leaving the counters ready for the next launch
+  or graph replay.
 
 * :func:`merge_kernel` (stage 2): one program per (output row, head); merges the row's partial
   states with the exact rule of ``splitkv_common.merge`` (``m = max lse``, ``w = exp(lse - m)``,

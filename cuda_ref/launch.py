@@ -76,12 +76,6 @@ def _device_traits(device: torch.device) -> tuple[int, bool]:
     return props.multi_processor_count, props.major >= 9 and kernels.gdc_wait is not None
 
 
-def pdl_available(device) -> bool:
-    """Whether the merge can follow stage 1 by programmatic dependent launch (sm_90+, a Triton with
-    grid dependency control): its launch then overlaps stage 1's tail instead of following it."""
-    return _device_traits(torch.device(device))[1]
-
-
 def packed_rows(max_q_len: int, group: int, max_block_m: int = 64) -> tuple[int, int]:
     """``(BLOCK_M, row blocks)``: a work item packs ``q_len * group`` query rows into tiles of
     ``BLOCK_M``, from 16 (the ``tl.dot`` minimum) up to ``max_block_m`` (64 on CUDA; the NPU's
@@ -92,10 +86,10 @@ def packed_rows(max_q_len: int, group: int, max_block_m: int = 64) -> tuple[int,
 
 
 def merge_chunk(block_d: int) -> int:
-    """Slots the merge loads as one ``[CHUNK, BLOCK_D]`` float32 tile: 4K elements (32 registers a
-    thread at 4 warps), at most 32 (the ``auto`` plan's most splits at batch 1), so such a row is
-    merged after one round trip to memory. Depends on the head dim alone: a row's result does not
-    depend on the rest of the batch."""
+    """Slots the merge loads as one ``[CHUNK, BLOCK_D]`` float32 tile: 4K elements (128 registers a
+    thread for the merge's one warp), at most 32 (the ``auto`` plan's most splits at batch 1), so
+    such a row is merged after one round trip to memory. Depends on the head dim alone: a row's
+    result does not depend on the rest of the batch."""
     return max(1, min(32, 4096 // block_d))
 
 
@@ -176,7 +170,7 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
     zeroed once (only with ``fuse_merge``). ``merge=False`` leaves stage 2 out (timing only).
     ``batch_invariant=False`` lets the default configuration depend on the plan's size (plans of
     the ``auto`` and ``count:N`` policies, see :func:`default_config`). ``pdl``: launch the separate
-    merge by programmatic dependent launch (default: where :func:`pdl_available`); when every
+    merge by programmatic dependent launch (default: on sm_90+ with a Triton that has it); when every
     stage-1 program fits on the GPU at once (at most two per multiprocessor) stage 1 also lets the
     merge launch as soon as it starts, so the merge's launch is hidden behind stage 1's work.
     Neither changes any arithmetic.

@@ -23,6 +23,7 @@ Outputs (``--out DIR``): ``bench.json`` (every number), ``bench.md`` (the table)
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -179,16 +180,16 @@ def sdpa_peers(timer, q, kc, vc) -> dict:
     return res
 
 
-_FLEX = []
+@functools.lru_cache(maxsize=None)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+    return torch.compile(flex_attention)
 
 
 def flex_peer(timer, q, kc, vc) -> dict:
     """Compiled Flex attention on the contiguous copy (recompiles for every shape: slow)."""
     try:
-        from torch.nn.attention.flex_attention import flex_attention
-        if not _FLEX:
-            _FLEX.append(torch.compile(flex_attention))
-        fx, q4 = _FLEX[0], q[:, :, None, :]
+        fx, q4 = _compiled_flex(), q[:, :, None, :]
         fx(q4, kc, vc, enable_gqa=True)
         return {"flex": timer(lambda: fx(q4, kc, vc, enable_gqa=True))}
     except Exception as e:  # noqa: BLE001

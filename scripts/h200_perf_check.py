@@ -64,7 +64,10 @@ def variants(ctx, B):
     """name -> make_runner keyword arguments."""
     v = {"default": {}, "plain merge launch": dict(pdl=False), "fused merge": dict(fuse=True),
          "stage 1 alone": dict(merge=False), "no split": dict(policy="none"),
-         "HND cache": dict(layout="HND"), "HND cache, stage 1 alone": dict(layout="HND", merge=False)}
+         "HND cache": dict(layout="HND"), "HND cache, stage 1 alone": dict(layout="HND", merge=False),
+         "pages in order": dict(layout="NHD in order"),
+         "pages in order, stage 1 alone": dict(layout="NHD in order", merge=False),
+         "HND cache, pages in order, stage 1 alone": dict(layout="HND in order", merge=False)}
     for w in (1, 2, 8):  # warps of the merge kernel (the stage-1 configuration as by default)
         v[f"merge {w} warps"] = dict(merge_warps=w)
     if B == 1:
@@ -89,14 +92,20 @@ def measure_point(name, timers, ceiling):
     ref = torch.nn.functional.scaled_dot_product_attention(
         q[:sub, :, None].float(), kc[:sub].float(), vc[:sub].float(), enable_gqa=True)[:, :, 0]
     # the same cache with each page's heads apart ([P, Hkv, page, D] in memory, FlashInfer's "HND"),
-    # seen through a [P, page, Hkv, D] view: a head's page is one contiguous block
-    kh, vh = (x.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for x in (k, v))
+    # seen through a [P, page, Hkv, D] view: a head's page is one contiguous block; and both layouts
+    # with the pages stored in logical order (block table 0, 1, 2, ...: each head's KV one stream)
+    hnd = lambda x: x.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)  # noqa: E731
+    order = bt.reshape(-1).long()
+    ks, vs = k[order], v[order]
+    in_order = torch.arange(order.numel(), dtype=torch.int32, device="cuda").view_as(bt)
+    caches = {"NHD": (k, v, bt), "HND": (hnd(k), hnd(v), bt), "NHD in order": (ks, vs, in_order),
+              "HND in order": (hnd(ks), hnd(vs), in_order)}
     r = dict(point=name, B=B, ctx=ctx, kv_bytes=nbytes, us={}, err={}, splits={})
     for vname, kw in variants(ctx, B).items():
         try:
             kw = dict(kw)
-            kk, vv = (kh, vh) if kw.pop("layout", "NHD") == "HND" else (k, v)
-            run, plan, _ = make_runner(q, kk, vv, bt, seq, **kw)
+            kk, vv, bb = caches[kw.pop("layout", "NHD")]
+            run, plan, _ = make_runner(q, kk, vv, bb, seq, **kw)
             if kw.get("merge", True):
                 r["err"][vname] = rel_err(run, ref)
             r["splits"][vname] = int(plan.max_splits)
@@ -107,7 +116,7 @@ def measure_point(name, timers, ceiling):
     for fl, timer in timers.items():
         r["us"][fl].update({kk.replace("sdpa_", ""): vv for kk, vv in sdpa_peers(timer, q, kc, vc).items()
                             if not kk.endswith("_error")})
-    del q, k, v, bt, seq, kc, vc, kh, vh
+    del q, k, v, bt, seq, kc, vc, caches, ks, vs
     torch.cuda.empty_cache()
     r["pct_ceiling"] = {fl: 100 * nbytes / (u["default"] * 1e-6) / 1e9 / ceiling for fl, u in r["us"].items()}
     return r

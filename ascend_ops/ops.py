@@ -35,7 +35,7 @@ import torch
 
 from splitkv_common.devices import get_profile
 from splitkv_common.plan import Plan, PlanSpec
-from splitkv_common.validation import check_decode_args, check_gqa, host, normalize_window
+from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, host, normalize_window
 
 NAMESPACE = "splitkv_ascend"
 OP_NAME = "decode_attention"
@@ -537,19 +537,9 @@ class AscendDecodeWrapper:
         """Metadata checks (no host sync): devices, dtypes, shapes, contiguity, and the plan."""
         named = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, k_scale=k_scale,
                      v_scale=v_scale, k_offset=k_offset, v_offset=v_offset)
-        for name, x in named.items():
-            if x is None:
-                continue
-            if not isinstance(x, torch.Tensor):
-                raise TypeError(f"{name}: expected a torch tensor, got {type(x).__name__}")
-            if x.device.type != self.device.type:
-                raise ValueError(f"{name}: on {x.device}, expected {self.device} (the wrapper's device)")
-        if q.dtype != self.dtype:
-            raise TypeError(f"q: dtype must be {self.dtype} (the wrapper's dtype), got {q.dtype}")
-        if k_cache.dtype != self.kv_dtype or v_cache.dtype != self.kv_dtype:
-            raise TypeError(f"k_cache, v_cache: dtype must be {self.kv_dtype}, got {k_cache.dtype}, {v_cache.dtype}")
-        if (self.kv_dtype == torch.int8) != (k_scale is not None and v_scale is not None):
-            raise ValueError("k_scale, v_scale: required with an int8 KV cache and only then")
+        check_wrapper_tensors(named, tensor_type=torch.Tensor, dtype=self.dtype, kv_dtype=self.kv_dtype,
+                              int8_kv=self.kv_dtype == torch.int8, device=self.device,
+                              on_device=lambda d: d.type == self.device.type)
         if block_table.dtype != torch.int32:
             raise TypeError(f"block_table: dtype must be int32 for the ascend backend, got {block_table.dtype}")
         for name in ("q", "k_cache", "v_cache", "block_table"):

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from splitkv_common.plan import Plan, PlanSpec
-from splitkv_common.validation import check_decode_args, check_gqa, normalize_window
+from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, normalize_window
 
 from . import INTERPRET
 from .launch import DevicePlan, KernelConfig, launch_decode
@@ -161,19 +161,9 @@ class DecodeWrapper:
         named = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
                      query_start_loc=query_start_loc, k_scale=k_scale, v_scale=v_scale, k_offset=k_offset,
                      v_offset=v_offset)
-        for name, x in named.items():
-            if x is None:
-                continue
-            if not isinstance(x, torch.Tensor):
-                raise TypeError(f"{name}: expected a torch tensor, got {type(x).__name__}")
-            if x.device != self.device and not (x.device.type == self.device.type == "cuda"):
-                raise ValueError(f"{name}: on {x.device}, expected {self.device} (the wrapper's device)")
-        if q.dtype != self.dtype:
-            raise TypeError(f"q: dtype must be {self.dtype} (the wrapper's dtype), got {q.dtype}")
-        if k_cache.dtype != self.kv_dtype or v_cache.dtype != self.kv_dtype:
-            raise TypeError(f"k_cache, v_cache: dtype must be {self.kv_dtype}, got {k_cache.dtype}, {v_cache.dtype}")
-        if (k_cache.dtype == torch.int8) != (k_scale is not None and v_scale is not None):
-            raise ValueError("k_scale, v_scale: required with an int8 KV cache and only then")
+        check_wrapper_tensors(named, tensor_type=torch.Tensor, dtype=self.dtype, kv_dtype=self.kv_dtype,
+                              int8_kv=self.kv_dtype == torch.int8, device=self.device,
+                              on_device=lambda d: d == self.device or d.type == self.device.type == "cuda")
         for name in ("block_table", "seq_lens", "query_start_loc"):
             if named[name].dtype != torch.int32:
                 raise TypeError(f"{name}: dtype must be int32 for the triton backend, got {named[name].dtype}")

@@ -43,6 +43,28 @@ def check_gqa(num_q_heads: int, num_kv_heads: int) -> None:
         raise ValueError(f"q: Hq % Hkv must be 0 (GQA group size), got Hq={num_q_heads}, Hkv={num_kv_heads}")
 
 
+def check_wrapper_tensors(named: dict, *, tensor_type, dtype, kv_dtype, int8_kv: bool, device, on_device) -> None:
+    """The metadata checks every backend's wrapper makes before a launch (no host sync): each given
+    argument of ``named`` (name -> tensor or None) is a ``tensor_type`` (``torch.Tensor``; passed in,
+    so this module needs no torch) for which ``on_device(x.device)`` holds, ``q`` has the wrapper's
+    ``dtype``, ``k_cache`` / ``v_cache`` its ``kv_dtype``, and ``k_scale`` / ``v_scale`` are given
+    exactly when the cache is int8 (``int8_kv``)."""
+    for name, x in named.items():
+        if x is None:
+            continue
+        if not isinstance(x, tensor_type):
+            raise TypeError(f"{name}: expected a torch tensor, got {type(x).__name__}")
+        if not on_device(x.device):
+            raise ValueError(f"{name}: on {x.device}, expected {device} (the wrapper's device)")
+    q, k_cache, v_cache = named["q"], named["k_cache"], named["v_cache"]
+    if q.dtype != dtype:
+        raise TypeError(f"q: dtype must be {dtype} (the wrapper's dtype), got {q.dtype}")
+    if k_cache.dtype != kv_dtype or v_cache.dtype != kv_dtype:
+        raise TypeError(f"k_cache, v_cache: dtype must be {kv_dtype}, got {k_cache.dtype}, {v_cache.dtype}")
+    if int8_kv != (named.get("k_scale") is not None and named.get("v_scale") is not None):
+        raise ValueError("k_scale, v_scale: required with an int8 KV cache and only then")
+
+
 def host(x) -> np.ndarray:
     """A NumPy copy of an array or tensor (torch tensors are moved to the CPU)."""
     if hasattr(x, "detach"):

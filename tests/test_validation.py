@@ -200,3 +200,26 @@ def test_normalize_window():
     assert normalize_window(-1) is None
     assert normalize_window(0) == 0
     assert normalize_window(np.int64(12)) == 12
+
+
+def test_wrapper_tensor_checks_name_the_argument():
+    from types import SimpleNamespace as T
+
+    from splitkv_common.validation import check_wrapper_tensors
+
+    def named(**kw):
+        base = dict(q=T(device="dev", dtype="bf16"), k_cache=T(device="dev", dtype="bf16"),
+                    v_cache=T(device="dev", dtype="bf16"), k_scale=None, v_scale=None)
+        return {**base, **kw}
+
+    kw = dict(tensor_type=T, dtype="bf16", kv_dtype="bf16", int8_kv=False, device="dev",
+              on_device=lambda d: d == "dev")
+    check_wrapper_tensors(named(), **kw)
+    for bad, err, words in ((dict(q=np.zeros(3)), TypeError, "q: expected a torch tensor"),
+                            (dict(v_cache=T(device="other", dtype="bf16")), ValueError, "v_cache: on other"),
+                            (dict(q=T(device="dev", dtype="fp16")), TypeError, "q: dtype must be bf16"),
+                            (dict(k_cache=T(device="dev", dtype="i8")), TypeError, "k_cache, v_cache: dtype"),
+                            (dict(k_scale=T(device="dev", dtype="f32"), v_scale=T(device="dev", dtype="f32")),
+                             ValueError, "k_scale, v_scale: required with an int8")):
+        with pytest.raises(err, match=words):
+            check_wrapper_tensors(named(**bad), **kw)

@@ -15,7 +15,7 @@
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-PYTHON="${PYTHON:-python3}"
+source scripts/lib/python.sh
 
 offline=0
 for arg in "$@"; do
@@ -33,13 +33,6 @@ if [[ "$offline" == 0 ]]; then
         exit 2
     fi
 fi
-if ! command -v "$PYTHON" >/dev/null 2>&1; then
-    echo "error: $PYTHON not found (set PYTHON to the interpreter that has torch and torch_npu)" >&2
-    exit 2
-fi
-if ! "$PYTHON" -c "import torch" >/dev/null 2>&1; then
-    echo "error: '$PYTHON -c \"import torch\"' fails: install torch (and, for a node build, the matching torch-npu)" >&2
-    exit 2
-fi
+need_module torch "install torch (and, for a node build, the torch-npu wheel matching it and CANN)"
 
 exec "$PYTHON" -m ascend_ops.build "$@"

@@ -12,7 +12,7 @@
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-PYTHON="${PYTHON:-python3}"
+source scripts/lib/python.sh
 
 cases=""
 size="small"
@@ -28,7 +28,9 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
+need_module splitkv_common "install this package (scripts/setup_env.sh, or pip install -e '.[npu]' on a node)"
 if [[ "$allow_unavailable" == 0 ]]; then
+    need_module torch "install torch and the torch-npu wheel matching it and CANN (docs/npu.md)"
     if ! "$PYTHON" - <<'PY'
 import sys
 from ascend_ops.npu_backend import ascend_backend, torch_npu_backend

@@ -2,7 +2,10 @@
 # NPU node: plugin off vs on, eager and with aclgraph (piecewise). NOT RUN YET; see docs/vllm-ascend.md.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/lib/python.sh
+need_module torch_npu "run on an NPU node with CANN and the matching torch-npu (docs/vllm-ascend.md)"
+need_module vllm_ascend "install vLLM Ascend first (docs/vllm-ascend.md)"
 model="${1:-Qwen/Qwen2.5-0.5B-Instruct}"
-python -c "import torch_npu, vllm_ascend, ascend_ops; print('ascend op:', ascend_ops.runtime_unavailable() or 'ready')"
-python scripts/vllm_ascend_e2e.py --model "$model" --eager --out reports/vllm-ascend-e2e-eager.json
-python scripts/vllm_ascend_e2e.py --model "$model" --out reports/vllm-ascend-e2e-graph.json
+"$PYTHON" -c "import torch_npu, vllm_ascend, ascend_ops; print('ascend op:', ascend_ops.runtime_unavailable() or 'ready')"
+"$PYTHON" scripts/vllm_ascend_e2e.py --model "$model" --eager --out reports/vllm-ascend-e2e-eager.json
+"$PYTHON" scripts/vllm_ascend_e2e.py --model "$model" --out reports/vllm-ascend-e2e-graph.json

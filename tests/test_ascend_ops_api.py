@@ -245,6 +245,7 @@ def _script(argv, **env_changes):
     import os
 
     env = {k: v for k, v in os.environ.items() if k not in env_changes}
+    env["PYTHON"] = sys.executable  # the scripts run the interpreter running this test
     env.update({k: v for k, v in env_changes.items() if v is not None})
     return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
 

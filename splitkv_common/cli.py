@@ -1,14 +1,26 @@
-"""The ``splitkv`` command: ``explain``, ``plan``, ``parity`` and ``backends``."""
+"""The ``splitkv`` command: ``explain``, ``plan``, ``parity`` and ``backends``.
+
+Every subcommand that prints results takes ``--json`` (one JSON document on stdout); output piped
+into ``head`` ends quietly; progress bars show only on a terminal (``--no-progress`` turns them off
+there too).
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import sys
 
 import numpy as np
 
+from . import __version__
 from .devices import PROFILES
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=1, default=float))
 
 
 def _cmd_explain(args) -> int:
@@ -18,6 +30,9 @@ def _cmd_explain(args) -> int:
         print(f"error: --splits must be between 1 and {len(SCORES)} (the example has {len(SCORES)} positions), "
               f"got {args.splits}", file=sys.stderr)
         return 2
+    if args.json:
+        _print_json({str(n): dataclasses.asdict(explain(n)) for n in sorted({2, args.splits})})
+        return 0
     print(render(explain(2)))
     if args.splits != 2:
         print(f"\n--- {args.splits} splits ---")
@@ -70,7 +85,11 @@ def _cmd_plan(args) -> int:
         "estimates_us": {str(k): v for k, v in plan.estimates_us.items()},
     }
     if args.json:
-        print(json.dumps(info, indent=1))
+        if args.items:
+            n = plan.num_items
+            info["items"] = np.stack([plan.item_request[:n], plan.item_kv_head[:n], plan.item_split[:n],
+                                      plan.item_kv_start[:n], plan.item_kv_end[:n]], axis=1).tolist()
+        _print_json(info)
         return 0
     print(plan.describe())
     print(f"workspace: {info['workspace_bytes']} bytes (float32 partial o and lse)")
@@ -88,12 +107,17 @@ def _cmd_plan(args) -> int:
 
 
 def _cmd_backends(args) -> int:
-    from .registry import discover
+    from .registry import discover, unavailable_reason
 
-    for name, b in sorted(discover().items()):
-        why = b.unavailable()
-        print(f"{name:<12} {'available' if not why else 'unavailable: ' + why}"
-              + (f"  ({b.description})" if b.description else ""))
+    rows = [{"name": name, "available": why is None, "reason": why, "device": b.device,
+             "description": b.description}
+            for name, b in sorted(discover().items()) for why in [unavailable_reason(b)]]
+    if args.json:
+        _print_json(rows)
+        return 0
+    for r in rows:
+        print(f"{r['name']:<12} {'available' if r['available'] else 'unavailable: ' + r['reason']}"
+              + (f"  ({r['description']})" if r["description"] else ""))
     return 0
 
 
@@ -114,28 +138,38 @@ def _cmd_parity(args) -> int:
         print(f"error: no case matches --cases {args.cases!r} (size {args.size})", file=sys.stderr)
         return 2
     if args.list:
+        if args.json:
+            _print_json([{"name": c.name, "size": c.size, "policy": c.policy, "doc": c.doc} for c in cases])
+            return 0
         for c in cases:
             print(f"{c.name:<40} {c.size:<6} {c.policy:<10} {c.doc}")
         return 0
-    report = run_parity([known[n] for n in names], cases, progress=not args.quiet)
-    print(report.to_markdown())
+    report = run_parity([known[n] for n in names], cases, progress=_progress_wanted(args))
+    print(report.to_json() if args.json else report.to_markdown())
     for path in args.report or ():
         report.write(path)
-        print(f"report written to {path}")
+        print(f"report written to {path}", file=sys.stderr if args.json else sys.stdout)
     if not report.results:
         print("error: no backend could run (see 'unavailable' above)", file=sys.stderr)
         return 1
     return 0 if report.ok else 1
 
 
+def _progress_wanted(args) -> bool:
+    """Progress bars only on a terminal, and not with --no-progress."""
+    return not args.no_progress and sys.stderr.isatty()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="splitkv", description="Split-KV decode attention: reference, planner and parity harness.")
+    p.add_argument("--version", action="version", version=f"splitkv {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     e = sub.add_parser("explain", help="the seed's worked example (4.9 vs 3.976) with the real merge code",
                        description="Reproduce the worked example: scores [0, ln2, ln3, ln4], V = [1, 2, 4, 8]. "
                                    "Prints each block's (m, l, u), the exact merge and the naive average.")
     e.add_argument("--splits", type=int, default=2, help="also show the merge for N blocks (1-4; default 2)")
+    e.add_argument("--json", action="store_true", help="print JSON (keyed by the number of blocks)")
     e.set_defaults(func=_cmd_explain)
 
     pl = sub.add_parser("plan", help="plan a decode batch and say why",
@@ -167,17 +201,28 @@ def build_parser() -> argparse.ArgumentParser:
                     help="small (CI), full (long contexts, production heads) or all")
     pa.add_argument("--report", action="append", help="write the report to FILE.md or FILE.json (repeatable)")
     pa.add_argument("--list", action="store_true", help="list the selected cases and exit")
-    pa.add_argument("--quiet", action="store_true", help="no progress bar")
+    pa.add_argument("--no-progress", "--quiet", dest="no_progress", action="store_true",
+                    help="no progress bar (the default when stderr is not a terminal)")
+    pa.add_argument("--json", action="store_true", help="print the report as JSON instead of Markdown")
     pa.set_defaults(func=_cmd_parity)
 
     b = sub.add_parser("backends", help="list backends and whether they can run here")
+    b.add_argument("--json", action="store_true", help="print JSON")
     b.set_defaults(func=_cmd_backends)
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        code = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader (e.g. `head`) stopped reading: end quietly, and keep Python's exit-time flush
+        # of stdout from raising again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    return code
 
 
 if __name__ == "__main__":

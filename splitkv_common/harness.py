@@ -17,8 +17,9 @@ import numpy as np
 
 from .accuracy import Accuracy, check
 from .cases import Case
+from .provenance import provenance, provenance_markdown
 from .reference import dense_attention, plain_attention
-from .registry import Backend
+from .registry import Backend, unavailable_reason
 
 PASS, FAIL, ERROR, UNSUPPORTED = "pass", "fail", "error", "unsupported"
 
@@ -45,6 +46,7 @@ class CaseResult:
 class ParityReport:
     results: list[CaseResult] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)
+    provenance: dict = field(default_factory=dict)  # splitkv_common.provenance: date, commit, versions, device
 
     @property
     def ok(self) -> bool:
@@ -59,7 +61,10 @@ class ParityReport:
         return out
 
     def to_markdown(self) -> str:
-        lines = ["# splitkv parity report", "", "| backend | pass | fail | error | unsupported |", "|---|---|---|---|---|"]
+        lines = ["# splitkv parity report", ""]
+        if self.provenance:
+            lines += provenance_markdown(self.provenance)
+        lines += ["| backend | pass | fail | error | unsupported |", "|---|---|---|---|---|"]
         for b, c in self.counts().items():
             lines.append(f"| {b} | {c[PASS]} | {c[FAIL]} | {c[ERROR]} | {c[UNSUPPORTED]} |")
         for b, why in self.unavailable.items():
@@ -74,7 +79,7 @@ class ParityReport:
         return "\n".join(lines) + "\n"
 
     def to_json(self) -> str:
-        return json.dumps({"ok": self.ok, "counts": self.counts(), "unavailable": self.unavailable,
+        return json.dumps({"provenance": self.provenance, "ok": self.ok, "counts": self.counts(), "unavailable": self.unavailable,
                            "results": [r.as_dict() for r in self.results]}, indent=1, default=float)
 
     def write(self, path: str) -> None:
@@ -133,10 +138,10 @@ def run_case(backend: Backend, case: Case, reference=None) -> CaseResult:
 
 def run_parity(backends: list[Backend], cases: list[Case], progress: bool = True) -> ParityReport:
     """Run every case on every available backend (see module docstring)."""
-    report = ParityReport()
+    report = ParityReport(provenance=provenance())
     ready = []
     for b in backends:
-        why = b.unavailable()
+        why = unavailable_reason(b)
         if why:
             report.unavailable[b.name] = why
         else:

@@ -55,6 +55,21 @@ class Backend:
 
 _REGISTERED: dict[str, Backend] = {}
 
+# A missing optional module, and the extra that installs it.
+_EXTRAS = {"torch": "torch", "triton": "triton", "torch_npu": "npu", "tqdm": "progress"}
+
+
+def unavailable_reason(backend: Backend) -> str | None:
+    """``backend.unavailable()``, with a missing optional dependency turned into the reason (an
+    availability check may import torch, Triton or torch_npu; a NumPy-only install has none)."""
+    try:
+        return backend.unavailable()
+    except ImportError as e:
+        name = (e.name or "").split(".")[0]
+        if name in _EXTRAS:
+            return f"{name} is not installed (pip install 'splitkv[{_EXTRAS[name]}]')"
+        return f"{type(e).__name__}: {e}"
+
 
 def register(backend: Backend) -> Backend:
     """Add (or replace) a backend by name; returns it."""

@@ -165,3 +165,59 @@ def test_help(cmd):
 def test_no_command_exits_2():
     r = run()
     assert r.returncode == 2 and "usage" in r.stderr
+
+
+# --- manners: version, pipes, progress, JSON everywhere -----------------------------------------
+
+
+def test_version_is_the_package_version():
+    import splitkv_common
+
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"splitkv {splitkv_common.__version__}"
+
+
+@pytest.mark.parametrize("args", [("plan", "--batch", "64", "--seq-lens", "2048", "--device", "910b2", "--items"),
+                                  ("explain", "--splits", "4")])
+def test_output_piped_into_head_ends_quietly(args):
+    cmd = " ".join(SPLITKV + list(args)) + " | head -3"
+    r = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert len(r.stdout.splitlines()) == 3
+    assert r.stderr == "" and r.returncode == 0, r.stderr
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(tmp_path):
+    # subprocess pipes are not terminals: no bar, whatever tqdm being installed
+    r = run("parity", "--backend", "numpy", "--cases", "seed/*")
+    assert r.returncode == 0 and "parity:" not in r.stderr and "run/s" not in r.stderr, r.stderr
+    assert run("parity", "--backend", "numpy", "--cases", "seed/*", "--no-progress").returncode == 0
+
+
+def test_json_on_every_subcommand_that_prints_results():
+    ex = json.loads(run("explain", "--splits", "3", "--json").stdout)
+    assert set(ex) == {"2", "3"} and abs(ex["2"]["merged_out"] - 4.9) < 1e-6
+    assert abs(ex["2"]["naive_average"] - 3.976) < 1e-3 and len(ex["3"]["blocks"]) == 3
+    pl = json.loads(run("plan", "--seq-lens", "100,0", "--page-size", "16", "--policy", "size:32",
+                        "--items", "--json").stdout)
+    assert pl["num_splits"][0] == 4 and len(pl["items"]) == pl["work_items_with_padding"]
+    assert all(e - s <= 32 for _, _, _, s, e in pl["items"])
+    be = {b["name"]: b for b in json.loads(run("backends", "--json").stdout)}
+    assert be["numpy"]["available"] and be["numpy"]["reason"] is None
+    assert all(b["available"] or b["reason"] for b in be.values())
+    pa = json.loads(run("parity", "--backend", "numpy", "--cases", "seed/*", "--json").stdout)
+    assert pa["ok"] and pa["counts"]["numpy"]["pass"] >= 1 and pa["provenance"]["numpy"]
+    listed = json.loads(run("parity", "--cases", "seed/*", "--list", "--json").stdout)
+    assert listed and all(c["name"].startswith("seed/") for c in listed)
+
+
+def test_reports_say_where_they_came_from(tmp_path):
+    md, js = tmp_path / "r.md", tmp_path / "r.json"
+    r = run("parity", "--backend", "numpy", "--cases", "seed/*", "--report", str(md), "--report", str(js))
+    assert r.returncode == 0, r.stderr
+    prov = json.loads(js.read_text())["provenance"]
+    assert prov["command"].endswith(f"parity --backend numpy --cases 'seed/*' --report {md} --report {js}")
+    assert prov["python"] == f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
+    assert re.fullmatch(r"[0-9a-f]{40}", prov["git"]["commit"]) and isinstance(prov["git"]["dirty"], bool)
+    assert prov["date"].startswith("20") and prov["device"]
+    text = md.read_text()
+    assert f"- commit: {prov['git']['commit']}" in text and "- device: " in text and "- command: `" in text

@@ -295,7 +295,9 @@ def run_bench(args):
 
 def meta(args):
     import triton
-    return dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+    from splitkv_common.provenance import provenance
+
+    return dict(provenance=provenance(), gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(), python=platform.python_version(),
                 date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), iters=args.iters, flush=args.flush,
                 also_flush=getattr(args, "also_flush", None),
@@ -307,14 +309,17 @@ def fmt(x, nd=1):
 
 
 def to_markdown(res) -> str:
+    from splitkv_common.provenance import provenance_markdown
+
     m = res["meta"]
     other = m.get("also_flush")
-    lines = [f"Machine: {m['gpu']} ({m['sms']} SMs); torch {m['torch']}, triton {m['triton']}, CUDA {m['cuda']}, "
-             f"cuDNN {m['cudnn']}; {m['date']}. Copy ceiling {res['ceiling_gbps']:.0f} GB/s (read + write). "
-             f"Times are medians of {m['iters']} CUDA-graph replays, each after an L2 flush "
-             f"({m.get('flush', 'write')}: see the method in docs/benchmarks.md).", "",
-             "| B | ctx | Hq/Hkv | D | dtype | auto µs | plan | none µs | best fixed µs (size) | cuDNN µs | flash µs | "
-             "Flex µs | GB/s | % ceiling | best peer / ours | auto / best fixed | merge share | workspace KiB |"
+    lines = provenance_markdown(m["provenance"]) if "provenance" in m else []
+    lines += [f"Machine: {m['gpu']} ({m['sms']} SMs); torch {m['torch']}, triton {m['triton']}, CUDA {m['cuda']}, "
+              f"cuDNN {m['cudnn']}; {m['date']}. Copy ceiling {res['ceiling_gbps']:.0f} GB/s (read + write). "
+              f"Times are medians of {m['iters']} CUDA-graph replays, each after an L2 flush "
+              f"({m.get('flush', 'write')}: see the method in docs/benchmarks.md).", "",
+              "| B | ctx | Hq/Hkv | D | dtype | auto µs | plan | none µs | best fixed µs (size) | cuDNN µs | flash µs | "
+              "Flex µs | GB/s | % ceiling | best peer / ours | auto / best fixed | merge share | workspace KiB |"
              + (" auto / cuDNN µs, other flush |" if other else ""),
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if other else "")]
     for r in res["rows"]:

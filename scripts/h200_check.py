@@ -31,6 +31,7 @@ from cuda_ref import backend as tb  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 from splitkv_common import accuracy, cases  # noqa: E402
 from splitkv_common.harness import run_parity  # noqa: E402
+from splitkv_common.provenance import provenance  # noqa: E402
 from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
 from splitkv_common.registry import Backend  # noqa: E402
 
@@ -162,7 +163,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     sizes = ("small",) if args.quick else ("small", "full")
     t0 = time.time()
-    summary = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (interpreter)",
+    summary = {"provenance": provenance(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (interpreter)",
                "torch": torch.__version__}
     ok = True
     if not args.no_parity:

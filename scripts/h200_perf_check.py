@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_decode import PAGE, Timer, contiguous_kv, copy_ceiling, kv_bytes, make_point, sdpa_peers  # noqa: E402
 from cuda_ref.launch import KernelConfig, default_config  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
+from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
 
 POINTS = {"B1x1k": (1, 1024), "B16x1k": (16, 1024), "B1x4k": (1, 4096), "B1x16k": (1, 16384), "B1x64k": (1, 65536), "B1x128k": (1, 131072),
           "B16x8k": (16, 8192), "B64x2k": (64, 2048), "B128x1k": (128, 1024)}
@@ -155,7 +156,7 @@ def main(argv=None):
         return 0
     os.makedirs(a.out, exist_ok=True)
     timers = {fl: Timer(a.iters, flush=fl) for fl in a.flush.split(",")}
-    res = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+    res = dict(provenance=provenance(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                triton=importlib.import_module("triton").__version__,
                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                ceiling_gbps=copy_ceiling(next(iter(timers.values()))), points=[])
@@ -176,11 +177,12 @@ def main(argv=None):
 
 def summary(res) -> str:
     c = res["ceiling_gbps"]
-    lines = [f"{res['gpu']}, torch {res['torch']}, triton {res['triton']}, {res['date']}, "
-             f"copy ceiling {c:.0f} GB/s",
-             "", "| point | flush | splits | ours µs | % ceil | stage 1 µs | merge share | plain launch µs | fused µs | "
-             "best variant µs | cuDNN µs | flash µs | best peer / ours | err |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = provenance_markdown(res["provenance"]) if "provenance" in res else []
+    lines += [f"{res['gpu']}, torch {res['torch']}, triton {res['triton']}, {res['date']}, "
+              f"copy ceiling {c:.0f} GB/s",
+              "", "| point | flush | splits | ours µs | % ceil | stage 1 µs | merge share | plain launch µs | fused µs | "
+              "best variant µs | cuDNN µs | flash µs | best peer / ours | err |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     nan = float("nan")
     for r in res["points"]:
         for fl, u in r["us"].items():

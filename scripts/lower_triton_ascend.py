@@ -375,7 +375,10 @@ def main(argv=None) -> int:
             print("    " + r.message.replace("\n", "\n    "))
     report = pathlib.Path(a.report)
     report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text(json.dumps({"arch": TARGET_ARCH, "kernels": str(pathlib.Path(a.kernels).name),
+    sys.path.insert(0, str(REPO))
+    from splitkv_common.provenance import provenance
+
+    report.write_text(json.dumps({"provenance": provenance(probe_optional=False), "arch": TARGET_ARCH, "kernels": str(pathlib.Path(a.kernels).name),
                                   "triton": triton.__version__, "seconds": round(time.time() - t0, 1),
                                   "results": [asdict(r) for r in results]}, indent=1))
     print(f"{len(results) - len(bad)}/{len(results)} variants lower for {TARGET_ARCH}; report: {report}")

@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import ascend_ops  # noqa: E402
 from splitkv_common import accuracy, cases  # noqa: E402
 from splitkv_common.devices import get_profile  # noqa: E402
+from splitkv_common.provenance import provenance  # noqa: E402
 from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
 
 
@@ -132,7 +133,7 @@ def main(argv=None) -> int:
         print(f"error: the Ascend operator cannot run here: {why}", file=sys.stderr)
         return 2
     sizes = {"small": ("small",), "full": ("full",), "all": ("small", "full")}[args.size]
-    report = {"graph": [], "bench": None}
+    report = {"provenance": provenance(), "graph": [], "bench": None}
     for case in cases.catalog(sizes, args.cases):
         why = ascend_ops.ops.unsupported_reason(case.build().q.shape[-1], case.build().dtype, case.build().kv_dtype)
         if why:

@@ -104,7 +104,9 @@ def main() -> int:
         print(f"plugin state wrong: off={off['plugin']}, on={on['plugin']}")
         return 1
     cmp = compare(off, on, args.logprob_tol)
-    summary = {"model": args.model, "dtype": args.dtype, "eager": args.eager, "tokens": cmp,
+    from splitkv_common.provenance import provenance
+
+    summary = {"provenance": provenance(), "model": args.model, "dtype": args.dtype, "eager": args.eager, "tokens": cmp,
                "decode_tokens_per_s": {"off": off["decode_tokens_per_s"], "on": on["decode_tokens_per_s"]}}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:

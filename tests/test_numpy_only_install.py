@@ -70,3 +70,8 @@ def test_parity_numpy_and_all_backends(numpy_only_venv):
     r = _run(numpy_only_venv, "parity", "--cases", "seed/*")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr
     assert "| torch | unavailable: torch is not installed" in r.stdout
+    # the report's provenance: no torch, and an installed copy is not a git checkout
+    r = _run(numpy_only_venv, "parity", "--backend", "numpy", "--cases", "seed/*", "--json")
+    prov = json.loads(r.stdout)["provenance"]
+    assert prov["torch"] is None and prov["triton"] is None and prov["numpy"]
+    assert prov["git"] == {"commit": None, "dirty": None}

@@ -32,9 +32,12 @@ import sys
 import time
 
 import numpy as np
-import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from splitkv_common.optional import require  # noqa: E402
+
+torch = require("torch", "scripts/bench_decode.py")
+require("triton", "scripts/bench_decode.py")
 
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 

@@ -23,9 +23,12 @@ import time
 from functools import partial
 
 import numpy as np
-import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from splitkv_common.optional import require  # noqa: E402
+
+torch = require("torch", "scripts/h200_check.py")
+require("triton", "scripts/h200_check.py")
 
 from cuda_ref import backend as tb  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402

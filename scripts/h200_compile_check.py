@@ -22,7 +22,9 @@ import tempfile
 os.environ["TRITON_INTERPRET"] = "0"
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-import triton  # noqa: E402
+from splitkv_common.optional import require  # noqa: E402
+
+triton = require("triton", "scripts/h200_compile_check.py")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 

@@ -23,9 +23,10 @@ import os
 import sys
 import time
 
-import torch
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from splitkv_common.optional import require  # noqa: E402
+
+torch = require("torch", "scripts/h200_perf_check.py")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_decode import PAGE, Timer, contiguous_kv, copy_ceiling, kv_bytes, make_point, sdpa_peers  # noqa: E402

@@ -28,8 +28,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import ascend_ops  # noqa: E402
 from splitkv_common import accuracy, cases  # noqa: E402
 from splitkv_common.devices import get_profile  # noqa: E402
+from splitkv_common.optional import require  # noqa: E402
 from splitkv_common.provenance import provenance  # noqa: E402
 from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
+
+require("torch", "scripts/npu_graph_check.py")
 
 
 def shrink_steps(seq_lens: np.ndarray, page: int) -> list[np.ndarray]:

@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from .inputs import DecodeInputs
+from .optional import missing_reason
 from .plan import Plan
 
 ENTRY_POINT_GROUP = "splitkv.backends"
@@ -55,8 +56,6 @@ class Backend:
 
 _REGISTERED: dict[str, Backend] = {}
 
-# A missing optional module, and the extra that installs it.
-_EXTRAS = {"torch": "torch", "triton": "triton", "torch_npu": "npu", "tqdm": "progress"}
 
 
 def unavailable_reason(backend: Backend) -> str | None:
@@ -65,10 +64,7 @@ def unavailable_reason(backend: Backend) -> str | None:
     try:
         return backend.unavailable()
     except ImportError as e:
-        name = (e.name or "").split(".")[0]
-        if name in _EXTRAS:
-            return f"{name} is not installed (pip install 'splitkv[{_EXTRAS[name]}]')"
-        return f"{type(e).__name__}: {e}"
+        return missing_reason(e)
 
 
 def register(backend: Backend) -> Backend:

@@ -75,3 +75,13 @@ def test_parity_numpy_and_all_backends(numpy_only_venv):
     prov = json.loads(r.stdout)["provenance"]
     assert prov["torch"] is None and prov["triton"] is None and prov["numpy"]
     assert prov["git"] == {"commit": None, "dirty": None}
+
+
+@pytest.mark.parametrize("script", ["bench_decode.py", "h200_check.py", "h200_perf_check.py", "h200_compile_check.py",
+                                    "npu_graph_check.py"])
+def test_scripts_that_need_torch_say_so_in_one_line(numpy_only_venv, script):
+    r = subprocess.run([str(numpy_only_venv / "bin" / "python"), str(ROOT / "scripts" / script), "--help"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "not installed" in lines[0], r.stderr

@@ -19,7 +19,7 @@ import importlib
 
 _FROM_OPS = ("decode_attention", "AscendDecodeWrapper", "load_extension", "runtime_unavailable",
              "npu_unavailable", "SCHEMA", "QUALNAME")
-_SUBMODULES = ("ops", "tiling", "npu_backend", "sim_backend", "cann_fia", "triton_npu", "build")
+_SUBMODULES = ("ops", "tiling", "npu_backend", "sim_backend", "cann_fia", "build")
 
 __all__ = list(_FROM_OPS) + list(_SUBMODULES)
 

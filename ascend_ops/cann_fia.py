@@ -43,6 +43,7 @@ import re
 import numpy as np
 
 from splitkv_common.inputs import DecodeInputs
+from splitkv_common.npu_probe import npu_device, npu_unavailable
 from splitkv_common.plan import Plan
 from splitkv_common.registry import Backend
 
@@ -310,14 +311,12 @@ def run_cann_fia(inputs: DecodeInputs, plan: Plan):
     """The harness's ``run``: FIA plans its own split, so ``plan`` is not used."""
     import torch_npu
 
-    from .ops import npu_device
-
     return run_with(torch_npu.npu_fused_infer_attention_score, inputs, npu_device())
 
 
 def cann_fia_unavailable() -> str | None:
     try:
-        from .ops import npu_unavailable
+        import torch  # noqa: F401
     except Exception as e:  # noqa: BLE001
         return f"torch is not usable ({type(e).__name__}: {e})"
     why = npu_unavailable()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 from splitkv_common.inputs import DecodeInputs
+from splitkv_common.npu_probe import npu_device, npu_unavailable
 from splitkv_common.plan import Plan
 from splitkv_common.registry import Backend
 
@@ -29,23 +30,11 @@ def profile() -> str:
     return os.environ.get("SPLITKV_ASCEND_PROFILE", DEFAULT_PROFILE)
 
 
-def _npu_device() -> str:
-    from .ops import npu_device
-
-    return npu_device()
-
-
-def _torch_npu_unavailable() -> str | None:
-    from .ops import npu_unavailable
-
-    return npu_unavailable()
-
-
 def _torch_npu_run(inputs: DecodeInputs, plan: Plan):
     from splitkv_common.backends import from_torch, to_torch
     from splitkv_common.torch_eager import decode_attention
 
-    t = to_torch(inputs, _npu_device())
+    t = to_torch(inputs, npu_device())
     out, lse = decode_attention(**t, plan=plan, scale=inputs.scale, soft_cap=inputs.soft_cap,
                                 window_left=inputs.window_left)
     return from_torch(out, lse)
@@ -68,7 +57,7 @@ def _ascend_run(inputs: DecodeInputs, plan: Plan):
 
     from .ops import AscendDecodeWrapper
 
-    t = to_torch(inputs, _npu_device())
+    t = to_torch(inputs, npu_device())
     q, k = t["q"], t["k_cache"]
     w = AscendDecodeWrapper(q.shape[1], k.shape[2], q.shape[2], k.shape[1], dtype=q.dtype, kv_dtype=k.dtype,
                             device=q.device, profile=profile())
@@ -80,7 +69,7 @@ def _ascend_run(inputs: DecodeInputs, plan: Plan):
 
 
 torch_npu_backend = Backend(
-    "torch-npu", _torch_npu_run, unavailable=_torch_npu_unavailable, device=profile(),
+    "torch-npu", _torch_npu_run, unavailable=npu_unavailable, device=profile(),
     description="plain PyTorch eager split-then-merge on an Ascend NPU (torch_npu, no custom kernel)")
 
 ascend_backend = Backend(

@@ -26,7 +26,6 @@ Python API (the same as :mod:`cuda_ref`'s): :class:`AscendDecodeWrapper` (``plan
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -34,6 +33,7 @@ import numpy as np
 import torch
 
 from splitkv_common.devices import get_profile
+from splitkv_common.npu_probe import npu_device, npu_unavailable, torch_npu_imported, torch_npu_unavailable
 from splitkv_common.plan import Plan, PlanSpec
 from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, host, normalize_window
 
@@ -57,44 +57,6 @@ TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32":
 # ---------------------------------------------------------------------------------------------
 # Runtime: what is missing, in words
 # ---------------------------------------------------------------------------------------------
-
-def npu_device() -> str:
-    """The torch device type of Ascend NPUs (``npu``, once torch_npu is imported)."""
-    return torch._C._get_privateuse1_backend_name() if _torch_npu_imported() else "npu"
-
-
-def _torch_npu_imported() -> bool:
-    import sys
-
-    return "torch_npu" in sys.modules
-
-
-def torch_npu_unavailable() -> str | None:
-    """``None`` when torch_npu imports, else why not."""
-    if importlib.util.find_spec("torch_npu") is None:
-        return ("torch_npu is not installed: install the torch-npu wheel matching this torch "
-                f"({torch.__version__.split('+')[0]}) on a machine with CANN (see docs/npu.md)")
-    try:
-        import torch_npu  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - any import failure is reported as it is
-        return (f"torch_npu is installed but does not import ({type(e).__name__}: {e}); source CANN's "
-                "set_env.sh first (docs/npu.md)")
-    return None
-
-
-def npu_unavailable() -> str | None:
-    """``None`` when an NPU is usable through torch_npu, else why not."""
-    why = torch_npu_unavailable()
-    if why:
-        return why
-    try:
-        n = torch.npu.device_count()
-    except Exception as e:  # noqa: BLE001
-        return f"torch_npu imports but cannot query devices ({type(e).__name__}: {e})"
-    if n == 0:
-        return "torch_npu imports but no NPU device is visible (check npu-smi info and ASCEND_RT_VISIBLE_DEVICES)"
-    return None
-
 
 def library_path() -> Path:
     """The extension library to load: ``SPLITKV_ASCEND_LIB`` or ``ascend_ops/_lib/libsplitkv_ascend.so``."""
@@ -472,7 +434,7 @@ class AscendDecodeWrapper:
         """
         src = torch.from_numpy(np.ascontiguousarray(host_array))
         dst = self._buffers[name]
-        if self.device.type == "cpu" or not _torch_npu_imported():
+        if self.device.type == "cpu" or not torch_npu_imported():
             dst.copy_(src)
             return
         stage = self._staging.get(name)

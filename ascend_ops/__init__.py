@@ -5,6 +5,8 @@
 * ``torch.ops.splitkv_ascend.decode_attention``: the operator (:mod:`ascend_ops.ops`); its NPU
   kernel is the C++ extension in ``csrc/`` built by ``scripts/build_ascend.sh`` on a machine with
   CANN and torch_npu.
+* :mod:`ascend_ops.support`: what the kernels take (dtypes, head dims) and the default device
+  profile, in one place.
 * :mod:`ascend_ops.tiling`: the kernels' tiling and plan buffers, from the shared plan.
 * Harness backends ``ascend`` and ``torch-npu`` (:mod:`ascend_ops.npu_backend`).
 
@@ -19,7 +21,7 @@ import importlib
 
 _FROM_OPS = ("decode_attention", "AscendDecodeWrapper", "load_extension", "runtime_unavailable",
              "npu_unavailable", "SCHEMA", "QUALNAME")
-_SUBMODULES = ("ops", "tiling", "npu_backend", "sim_backend", "cann_fia", "build")
+_SUBMODULES = ("ops", "support", "tiling", "npu_backend", "sim_backend", "cann_fia", "build")
 
 __all__ = list(_FROM_OPS) + list(_SUBMODULES)
 

@@ -47,6 +47,8 @@ from splitkv_common.npu_probe import npu_device, npu_unavailable
 from splitkv_common.plan import Plan
 from splitkv_common.registry import Backend
 
+from .support import DEFAULT_PROFILE
+
 FIA_SCHEMA_SOURCE = "Ascend/op-plugin @ 517f2e7d (2026-08-21), op_plugin/config/op_plugin_functions.yaml"
 FIA_SCHEMA = (
     "npu_fused_infer_attention_score(Tensor query, Tensor key, Tensor value, *, Tensor? pse_shift=None, "
@@ -330,5 +332,5 @@ def cann_fia_unavailable() -> str | None:
 
 
 cann_fia_backend = Backend(
-    "cann-fia", run_cann_fia, unavailable=cann_fia_unavailable, unsupported=fia_unsupported, device="910b2",
+    "cann-fia", run_cann_fia, unavailable=cann_fia_unavailable, unsupported=fia_unsupported, device=DEFAULT_PROFILE,
     description="CANN FusedInferAttentionScore through torch_npu (vLLM Ascend's decode op), converted to ours")

@@ -8,26 +8,19 @@
   extension built by ``scripts/build_ascend.sh``), through :class:`ascend_ops.AscendDecodeWrapper`
   with the harness's plan.
 
-Both plan for the ``910b2`` profile unless ``SPLITKV_ASCEND_PROFILE`` names another
-(``910b3``, ``910b4``...). Without torch_npu, an NPU or the built extension they are
+Both plan for :data:`ascend_ops.support.DEFAULT_PROFILE` (``910b2``) unless
+``SPLITKV_ASCEND_PROFILE`` names another (``910b3``, ``910b4``...; :func:`ascend_ops.support.profile`). Without torch_npu, an NPU or the built extension they are
 *unavailable*, with the reason in words (``splitkv backends`` lists it).
 """
 
 from __future__ import annotations
-
-import os
 
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.npu_probe import npu_device, npu_unavailable
 from splitkv_common.plan import Plan
 from splitkv_common.registry import Backend
 
-DEFAULT_PROFILE = "910b2"
-
-
-def profile() -> str:
-    """The device profile the harness plans NPU backends for (``SPLITKV_ASCEND_PROFILE``)."""
-    return os.environ.get("SPLITKV_ASCEND_PROFILE", DEFAULT_PROFILE)
+from .support import profile, unsupported_reason
 
 
 def _torch_npu_run(inputs: DecodeInputs, plan: Plan):
@@ -47,8 +40,6 @@ def _ascend_unavailable() -> str | None:
 
 
 def _ascend_unsupported(inputs: DecodeInputs) -> str | None:
-    from .ops import unsupported_reason
-
     return unsupported_reason(head_dim=int(inputs.q.shape[-1]), dtype=inputs.dtype, kv_dtype=inputs.kv_dtype)
 
 

@@ -37,6 +37,8 @@ from splitkv_common.npu_probe import npu_device, npu_unavailable, torch_npu_impo
 from splitkv_common.plan import Plan, PlanSpec
 from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, host, normalize_window
 
+from .support import DEFAULT_PROFILE, KV_QUANT_DTYPE, Q_DTYPES, supported_head_dims, unsupported_reason
+
 NAMESPACE = "splitkv_ascend"
 OP_NAME = "decode_attention"
 QUALNAME = f"{NAMESPACE}::{OP_NAME}"
@@ -52,6 +54,7 @@ LIBRARY_FILE = "libsplitkv_ascend.so"
 LIBRARY_DIR = Path(__file__).resolve().parent / "_lib"
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "int8": torch.int8}
+_Q_TORCH_DTYPES = tuple(TORCH_DTYPES[n] for n in Q_DTYPES)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,30 +133,6 @@ def require_npu_kernel(device: torch.device) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# What the kernels support (checked before any launch)
-# ---------------------------------------------------------------------------------------------
-
-def unsupported_reason(head_dim: int, dtype: str, kv_dtype: str) -> str | None:
-    """``None`` when the kernels handle this head dim and these dtypes, else why not (tiling's rules)."""
-    from . import tiling as tl
-
-    why = tl.supported_head_dim(int(head_dim))
-    if why:
-        return why
-    if dtype not in ("float32", "float16", "bfloat16"):
-        return f"dtype {dtype}: the Ascend kernels take float32, float16 or bfloat16 q"
-    if kv_dtype not in (dtype, "int8"):
-        return f"KV dtype {kv_dtype}: the Ascend kernels take q's dtype ({dtype}) or int8"
-    return None
-
-
-def supported_head_dims() -> range:
-    from . import tiling as tl
-
-    return range(8, tl.MAX_HEAD_DIM + 1, 8)
-
-
-# ---------------------------------------------------------------------------------------------
 # The operator: definition, fake kernel, CPU kernel
 # ---------------------------------------------------------------------------------------------
 
@@ -170,9 +149,9 @@ def _check_meta(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, worksp
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape or k_cache.shape[3] != q.shape[2]:
         raise ValueError(f"k_cache, v_cache: must be [num_pages, page_size, Hkv, {q.shape[2]}], "
                          f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    if q.dtype not in _Q_TORCH_DTYPES:
         raise TypeError(f"q: dtype must be float32, float16 or bfloat16, got {q.dtype}")
-    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (q.dtype, torch.int8):
+    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (q.dtype, TORCH_DTYPES[KV_QUANT_DTYPE]):
         raise TypeError(f"k_cache, v_cache: dtype must be q's or int8, got {k_cache.dtype}, {v_cache.dtype}")
     if k_cache.dtype == torch.int8 and kv_quant is None:
         raise ValueError("kv_quant: required with an int8 KV cache")
@@ -312,16 +291,17 @@ class AscendDecodeWrapper:
         num_q_heads, num_kv_heads, head_dim, page_size: the model's shape (``Hq % Hkv == 0``).
         dtype: q's and the output's dtype; kv_dtype: the cache's (default ``dtype``; or int8).
         device: ``npu`` (default: the current NPU) or ``cpu`` (the op's CPU kernel, for tests).
-        profile: device profile of the planner (``910b2``, ``910b3``...); policy: ``auto``,
-            ``none``, ``size:N``, ``count:N``; graph_stable, max_splits, max_work_items,
-            min_split_tokens: as :func:`splitkv_common.plan.make_plan`.
+        profile: device profile of the planner (default :data:`~ascend_ops.support.DEFAULT_PROFILE`,
+            ``910b2``; or ``910b3``...); policy: ``auto``, ``none``, ``size:N``, ``count:N``;
+            graph_stable, max_splits, max_work_items, min_split_tokens: as
+            :func:`splitkv_common.plan.make_plan`.
 
     The attention's constants (``scale``, ``soft_cap``, ``window_left``) and the page counts are
     part of the tiling: give them to ``plan()`` so that ``run()`` does no host work.
     """
 
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
-                 dtype=torch.bfloat16, kv_dtype=None, device=None, profile: str = "910b2", policy: str = "auto",
+                 dtype=torch.bfloat16, kv_dtype=None, device=None, profile: str = DEFAULT_PROFILE, policy: str = "auto",
                  graph_stable: bool = False, max_splits: int | None = None, max_work_items: int | None = None,
                  min_split_tokens: int | None = None):
         check_gqa(num_q_heads, num_kv_heads)
@@ -546,7 +526,7 @@ def check_plan_matches(plan: Plan, planned_seq_lens: np.ndarray, seq_lens=None, 
 def decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, *, scale=None,
                      soft_cap=None, window_left=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
                      plan: Plan | None = None, policy: str = "auto", out=None, lse=None,
-                     profile: str = "910b2") -> tuple[torch.Tensor, torch.Tensor]:
+                     profile: str = DEFAULT_PROFILE) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-KV decode attention on an Ascend NPU: ``(out [T, Hq, D] in q's dtype, lse [T, Hq] float32)``.
 
     Shapes and semantics are ``docs/conventions.md``'s (the same call as ``cuda_ref``): ``q [T, Hq, D]``;

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ascend_ops.support import DEFAULT_PROFILE
 from splitkv_common.plan import Plan
 
 logger = logging.getLogger("splitkv_vllm")
@@ -127,7 +128,7 @@ class GraphDecoder:
     max_reqs: int
     max_splits: int
     max_work_items: int | None = None
-    profile: str = "910b2"
+    profile: str = DEFAULT_PROFILE
     policy: str = "auto"
     wrappers: dict = field(default_factory=dict)
     block_table: torch.Tensor | None = None

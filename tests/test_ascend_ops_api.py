@@ -95,7 +95,8 @@ def test_decode_attention_validates_then_says_what_is_missing():
 
 
 def test_harness_backends_report_why_they_cannot_run():
-    from ascend_ops.npu_backend import ascend_backend, profile, torch_npu_backend
+    from ascend_ops.npu_backend import ascend_backend, torch_npu_backend
+    from ascend_ops.support import profile
 
     assert ascend_backend.name == "ascend" and torch_npu_backend.name == "torch-npu"
     assert ascend_backend.device == torch_npu_backend.device == profile() == "910b2"

@@ -9,8 +9,9 @@
   with the harness's plan.
 
 Both plan for :data:`ascend_ops.support.DEFAULT_PROFILE` (``910b2``) unless
-``SPLITKV_ASCEND_PROFILE`` names another (``910b3``, ``910b4``...; :func:`ascend_ops.support.profile`). Without torch_npu, an NPU or the built extension they are
-*unavailable*, with the reason in words (``splitkv backends`` lists it).
+``SPLITKV_ASCEND_PROFILE`` names another (``910b3``, ``910b4``...; :func:`ascend_ops.support.profile`).
+Without torch_npu, an NPU or the built extension they are *unavailable*, with the reason in words
+(``splitkv backends`` lists it).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _torch_npu_run(inputs: DecodeInputs, plan: Plan):
 
 
 def _ascend_unavailable() -> str | None:
-    from .ops import runtime_unavailable
+    from .runtime import runtime_unavailable
 
     return runtime_unavailable()
 
@@ -46,7 +47,7 @@ def _ascend_unsupported(inputs: DecodeInputs) -> str | None:
 def _ascend_run(inputs: DecodeInputs, plan: Plan):
     from splitkv_common.backends import from_torch, to_torch
 
-    from .ops import AscendDecodeWrapper
+    from .wrapper import AscendDecodeWrapper
 
     t = to_torch(inputs, npu_device())
     q, k = t["q"], t["k_cache"]

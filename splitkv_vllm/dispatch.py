@@ -49,12 +49,12 @@ def requested_impl() -> str:
 def ascend_unavailable(device: torch.device) -> str | None:
     """``None`` when the Ascend operator can run on ``device``, else why not."""
     try:
-        from ascend_ops import ops
+        from ascend_ops import runtime
     except Exception as e:  # noqa: BLE001
         return f"ascend_ops does not import ({type(e).__name__}: {e})"
     if device.type == "cpu":
         return None  # the operator's CPU kernel
-    return ops.runtime_unavailable()
+    return runtime.runtime_unavailable()
 
 
 def choose_impl(device: torch.device) -> str:

@@ -23,8 +23,8 @@ from splitkv_common.cases import catalog, get_case  # noqa: E402
 from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
 
 import ascend_ops  # noqa: E402
-from ascend_ops import ops, tiling  # noqa: E402
-from ascend_ops.ops import AscendDecodeWrapper  # noqa: E402
+from ascend_ops import ops, runtime, tiling  # noqa: E402
+from ascend_ops.wrapper import AscendDecodeWrapper  # noqa: E402
 
 NO_TORCH_NPU = importlib.util.find_spec("torch_npu") is None
 SMALL = [c for c in catalog(("small",))]
@@ -64,9 +64,9 @@ def test_tiling_module_reachable_from_the_package():
 def test_runtime_says_torch_npu_is_missing():
     why = ascend_ops.runtime_unavailable()
     assert why and "torch_npu is not installed" in why
-    assert ops.npu_unavailable() == why
+    assert runtime.npu_unavailable() == why
     with pytest.raises(RuntimeError, match="torch_npu is not installed"):
-        ops.load_extension()
+        runtime.load_extension()
 
 
 @pytest.mark.skipif(not NO_TORCH_NPU, reason="torch_npu is installed here")

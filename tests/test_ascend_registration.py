@@ -121,7 +121,7 @@ def _setup_python_npu():
 def _case_tensors(name: str, device: str = "cpu"):
     import torch
 
-    from ascend_ops.ops import AscendDecodeWrapper
+    from ascend_ops.wrapper import AscendDecodeWrapper
     from splitkv_common.backends import to_torch
     from splitkv_common.cases import get_case
 
@@ -160,6 +160,7 @@ def scenario_python_kernel() -> dict:
 
     import ascend_ops
     from ascend_ops import ops
+    from ascend_ops.wrapper import AscendDecodeWrapper
 
     results: dict = {}
     op = torch.ops.splitkv_ascend.decode_attention.default
@@ -206,8 +207,8 @@ def scenario_python_kernel() -> dict:
             inputs, plan, t, w_cpu, _ = _case_tensors(case)
             tn = {k: (v.to("npu") if v is not None else None) for k, v in t.items()}
             assert isinstance(tn["q"], Dev) and tn["q"].device.type == "npu"
-            w = ops.AscendDecodeWrapper(w_cpu.num_q_heads, w_cpu.num_kv_heads, w_cpu.head_dim, w_cpu.page_size,
-                                        dtype=w_cpu.dtype, kv_dtype=w_cpu.kv_dtype)
+            w = AscendDecodeWrapper(w_cpu.num_q_heads, w_cpu.num_kv_heads, w_cpu.head_dim, w_cpu.page_size,
+                                    dtype=w_cpu.dtype, kv_dtype=w_cpu.kv_dtype)
             assert w.device.type == "npu"
             w.set_plan(plan, scale=inputs.scale, soft_cap=inputs.soft_cap, window_left=inputs.window_left,
                        max_pages=t["block_table"].shape[1], num_pages=t["k_cache"].shape[0])
@@ -299,15 +300,15 @@ def scenario_cpp_kernel(lib_path: str) -> dict:
 
     import torch
 
-    from ascend_ops import ops
+    from ascend_ops import runtime
 
     results: dict = {}
     op = torch.ops.splitkv_ascend.decode_attention.default
 
     def load():
-        assert not ops.has_npu_kernel()
+        assert not runtime.has_npu_kernel()
         torch.ops.load_library(lib_path)  # the dispatcher checks the C++ signature against ops.SCHEMA
-        assert ops.has_npu_kernel()
+        assert runtime.has_npu_kernel()
         return "loaded after the Python schema; PrivateUse1 kernel registered"
 
     counter = []

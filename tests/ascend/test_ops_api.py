@@ -238,7 +238,7 @@ def test_kv_quant_packing_is_the_kernels_layout(case):
 
 # --- the node scripts, on a machine without CANN or an NPU ------------------------------------
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 SCRIPTS = [ROOT / "scripts" / "build_ascend.sh", ROOT / "scripts" / "npu_parity.sh"]
 
 

@@ -188,9 +188,10 @@ def _bisheng_build(home, torch_dir, npu_dir, soc, build_dir, log) -> tuple[Path,
 _LOAD_CHECK = """
 import sys, torch
 import ascend_ops.ops as ops
-assert not ops.has_npu_kernel()
+import ascend_ops.runtime as runtime
+assert not runtime.has_npu_kernel()
 torch.ops.load_library(sys.argv[1])
-assert ops.has_npu_kernel(), "the library registered no PrivateUse1 kernel"
+assert runtime.has_npu_kernel(), "the library registered no PrivateUse1 kernel"
 print("ok: the C++ kernel matches", ops.QUALNAME, "and is registered for PrivateUse1")
 """
 

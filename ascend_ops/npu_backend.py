@@ -8,67 +8,48 @@
   extension built by ``scripts/build_ascend.sh``), through :class:`ascend_ops.AscendDecodeWrapper`
   with the harness's plan.
 
-Both plan for the ``910b2`` profile unless ``SPLITKV_ASCEND_PROFILE`` names another
-(``910b3``, ``910b4``...). Without torch_npu, an NPU or the built extension they are
-*unavailable*, with the reason in words (``splitkv backends`` lists it).
+Both plan for :data:`ascend_ops.support.DEFAULT_PROFILE` (``910b2``) unless
+``SPLITKV_ASCEND_PROFILE`` names another (``910b3``, ``910b4``...; :func:`ascend_ops.support.profile`).
+Without torch_npu, an NPU or the built extension they are *unavailable*, with the reason in words
+(``splitkv backends`` lists it).
 """
 
 from __future__ import annotations
 
-import os
-
 from splitkv_common.inputs import DecodeInputs
+from splitkv_common.npu_probe import npu_device, npu_unavailable
 from splitkv_common.plan import Plan
 from splitkv_common.registry import Backend
 
-DEFAULT_PROFILE = "910b2"
-
-
-def profile() -> str:
-    """The device profile the harness plans NPU backends for (``SPLITKV_ASCEND_PROFILE``)."""
-    return os.environ.get("SPLITKV_ASCEND_PROFILE", DEFAULT_PROFILE)
-
-
-def _npu_device() -> str:
-    from .ops import npu_device
-
-    return npu_device()
-
-
-def _torch_npu_unavailable() -> str | None:
-    from .ops import npu_unavailable
-
-    return npu_unavailable()
+from .support import profile, unsupported_reason
 
 
 def _torch_npu_run(inputs: DecodeInputs, plan: Plan):
     from splitkv_common.backends import from_torch, to_torch
     from splitkv_common.torch_eager import decode_attention
 
-    t = to_torch(inputs, _npu_device())
+    t = to_torch(inputs, npu_device())
     out, lse = decode_attention(**t, plan=plan, scale=inputs.scale, soft_cap=inputs.soft_cap,
                                 window_left=inputs.window_left)
     return from_torch(out, lse)
 
 
 def _ascend_unavailable() -> str | None:
-    from .ops import runtime_unavailable
+    from .runtime import runtime_unavailable
 
     return runtime_unavailable()
 
 
 def _ascend_unsupported(inputs: DecodeInputs) -> str | None:
-    from .ops import unsupported_reason
-
     return unsupported_reason(head_dim=int(inputs.q.shape[-1]), dtype=inputs.dtype, kv_dtype=inputs.kv_dtype)
 
 
 def _ascend_run(inputs: DecodeInputs, plan: Plan):
     from splitkv_common.backends import from_torch, to_torch
 
-    from .ops import AscendDecodeWrapper
+    from .wrapper import AscendDecodeWrapper
 
-    t = to_torch(inputs, _npu_device())
+    t = to_torch(inputs, npu_device())
     q, k = t["q"], t["k_cache"]
     w = AscendDecodeWrapper(q.shape[1], k.shape[2], q.shape[2], k.shape[1], dtype=q.dtype, kv_dtype=k.dtype,
                             device=q.device, profile=profile())
@@ -80,7 +61,7 @@ def _ascend_run(inputs: DecodeInputs, plan: Plan):
 
 
 torch_npu_backend = Backend(
-    "torch-npu", _torch_npu_run, unavailable=_torch_npu_unavailable, device=profile(),
+    "torch-npu", _torch_npu_run, unavailable=npu_unavailable, device=profile(),
     description="plain PyTorch eager split-then-merge on an Ascend NPU (torch_npu, no custom kernel)")
 
 ascend_backend = Backend(

@@ -28,13 +28,14 @@ from splitkv_common.plan import Plan
 from splitkv_common.registry import Backend
 
 from . import tiling as tl
+from .support import DEFAULT_PROFILE, unsupported_reason
 
 HERE = Path(__file__).parent
 KERNEL_DIR = HERE / "kernel"
 SIM_DIR = HERE / "sim"
 CXX = os.environ.get("CXX", "g++")
 CXXFLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror"]
-PROFILE = "910b2"
+PROFILE = DEFAULT_PROFILE
 
 
 class SimViolation(RuntimeError):
@@ -172,12 +173,7 @@ def _unavailable() -> str | None:
 
 
 def _unsupported(inputs: DecodeInputs) -> str | None:
-    why = tl.supported_head_dim(inputs.q.shape[2])
-    if why:
-        return why
-    if inputs.dtype not in ("float32", "float16", "bfloat16"):
-        return f"dtype {inputs.dtype}: not taken by the Ascend kernels"
-    return None
+    return unsupported_reason(int(inputs.q.shape[2]), inputs.dtype, inputs.kv_dtype)
 
 
 sim_backend = Backend(

@@ -27,11 +27,12 @@ import numpy as np
 from splitkv_common.devices import get_profile
 from splitkv_common.plan import Plan
 
+from .support import DEFAULT_PROFILE, kv_dtype_supported, q_dtype_supported, supported_head_dim
+
 HEADER = Path(__file__).with_name("kernel") / "splitkv_tiling.h"
 UB_BYTES = 192 * 1024          # Unified Buffer per vector core, 910B
 BLOCK = 32                     # UB alignment and copy granule, bytes
 LSE_REPEAT = 8                 # floats per workspace lse (one 32-byte block)
-MAX_HEAD_DIM = 256
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int8": 3}
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
 TILE_CANDIDATES = (128, 64, 32, 16, 8)  # KV tokens per UB tile, largest first
@@ -82,14 +83,6 @@ def _ru(x: int, m: int) -> int:
 def row_elems(head_dim: int, dtype: str) -> int:
     """UB row stride, in elements of ``dtype``, of a ``head_dim`` row padded to 32 bytes."""
     return _r32(head_dim * ITEMSIZE[dtype]) // ITEMSIZE[dtype]
-
-
-def supported_head_dim(head_dim: int) -> str | None:
-    """None when the kernels take ``head_dim``, else why not."""
-    if head_dim % 8 or not 8 <= head_dim <= MAX_HEAD_DIM:
-        return (f"head dim {head_dim}: the Ascend kernels need a multiple of 8 in [8, {MAX_HEAD_DIM}] "
-                "(float32 rows copied as whole 32-byte blocks)")
-    return None
 
 
 def split_ub_bytes(head_dim: int, dtype: str, kv_dtype: str, tile_tokens: int, row_chunk: int,
@@ -189,16 +182,16 @@ def plan_words(plan: Plan, seq_lens) -> tuple[np.ndarray, dict]:
 
 def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page_size: int, max_pages: int,
                   num_pages: int, dtype: str, kv_dtype: str, scale: float, soft_cap: float | None = None,
-                  window_left: int | None = None, profile: str = "910b2",
+                  window_left: int | None = None, profile: str = DEFAULT_PROFILE,
                   block_dim: int | None = None) -> tuple[dict, bytes, np.ndarray]:
     """``(tiling fields, tiling bytes, plan words)`` for one batch; checks every host-side rule.
 
     Raises ``ValueError`` naming the rule when the head dim, dtypes, UB budget, copy-parameter
     ranges or workspace size are out of what the kernels take.
     """
-    if dtype not in ("float32", "float16", "bfloat16"):
+    if not q_dtype_supported(dtype):
         raise ValueError(f"dtype: the Ascend kernels take float32, float16 or bfloat16 q, got {dtype!r}")
-    if kv_dtype not in (dtype, "int8"):
+    if not kv_dtype_supported(dtype, kv_dtype):
         raise ValueError(f"kv_dtype: must be q's dtype ({dtype}) or int8, got {kv_dtype!r}")
     why = supported_head_dim(head_dim)
     if why:
@@ -274,7 +267,7 @@ class Tiling:
         return int(self.fields["blockDim"])
 
 
-def build_tiling(inputs, plan: Plan, profile: str = "910b2", block_dim: int | None = None) -> Tiling:
+def build_tiling(inputs, plan: Plan, profile: str = DEFAULT_PROFILE, block_dim: int | None = None) -> Tiling:
     """:func:`build_buffers` for one :class:`~splitkv_common.inputs.DecodeInputs` and its plan."""
     t, tb, words = build_buffers(
         plan, seq_lens=inputs.seq_lens, num_q_heads=inputs.q.shape[1], head_dim=inputs.q.shape[2],

@@ -5,6 +5,8 @@
 * ``torch.ops.splitkv.decode_attention`` / ``torch.ops.splitkv.merge_states``: custom ops with fake
   implementations (``torch.compile``), registered by :mod:`cuda_ref.ops`.
 * ``cuda_ref.backend:triton_backend``: the parity-harness backend (``splitkv.backends`` entry point).
+* ``cuda_ref.npu:triton_npu_backend``: the same kernels on an Ascend NPU through triton-ascend
+  (harness backend ``triton-npu``; :mod:`cuda_ref.npu`).
 
 Without a CUDA device, ``TRITON_INTERPRET=1`` is set before the kernels are defined, so the same
 kernels run on CPU tensors through the interpreter (slow; for tests).

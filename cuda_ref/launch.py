@@ -79,7 +79,7 @@ def _device_traits(device: torch.device) -> tuple[int, bool]:
 def packed_rows(max_q_len: int, group: int, max_block_m: int = 64) -> tuple[int, int]:
     """``(BLOCK_M, row blocks)``: a work item packs ``q_len * group`` query rows into tiles of
     ``BLOCK_M``, from 16 (the ``tl.dot`` minimum) up to ``max_block_m`` (64 on CUDA; the NPU's
-    Unified Buffer needs smaller caps, ``ascend_ops.triton_npu.npu_tile``)."""
+    Unified Buffer needs smaller caps, ``cuda_ref.npu.npu_tile``)."""
     rows = max(1, int(max_q_len)) * int(group)
     block_m = min(int(max_block_m), max(16, triton.next_power_of_2(rows)))
     return block_m, triton.cdiv(rows, block_m)

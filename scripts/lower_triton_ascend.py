@@ -52,7 +52,7 @@ HIVMC_RE = re.compile(r"hivmc", re.IGNORECASE)
 # ---------------------------------------------------------------------------------------------
 
 # The sweep (``--sweep``): the tile grid explored to build the NPU tile table. The default run
-# lowers what the ``triton-npu`` backend can select: its tile table (``ascend_ops.triton_npu``)
+# lowers what the ``triton-npu`` backend can select: its tile table (``cuda_ref.npu``)
 # at every checked head dim, dtype, GQA group and optional feature.
 SWEEP_HEAD_DIMS = (64, 128, 256)
 Q_DTYPES = ("fp16", "bf16", "fp32")
@@ -65,9 +65,16 @@ _DTYPE_NAME = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 
 def _npu_tables():
+    """``cuda_ref/npu.py`` loaded by path: importing ``cuda_ref`` would switch Triton to its
+    interpreter (``TRITON_INTERPRET=1`` without a CUDA device) for this process."""
     sys.path.insert(0, str(REPO))
-    from ascend_ops import triton_npu
-    return triton_npu
+    name = "splitkv_lowering_npu_tables"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "cuda_ref" / "npu.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
 
 
 @dataclass

@@ -26,6 +26,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import ascend_ops  # noqa: E402
+from ascend_ops import support  # noqa: E402
 from splitkv_common import accuracy, cases  # noqa: E402
 from splitkv_common.devices import get_profile  # noqa: E402
 from splitkv_common.optional import require  # noqa: E402
@@ -127,7 +128,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", choices=("small", "full", "all"), default="small")
     ap.add_argument("--cases", default=None, help="filter: glob or substring of case names, comma-separated")
-    ap.add_argument("--profile", default=os.environ.get("SPLITKV_ASCEND_PROFILE", "910b2"))
+    ap.add_argument("--profile", default=support.profile())
     ap.add_argument("--bench", action="store_true", help="also time eager run() against graph replay")
     ap.add_argument("--out", help="write the results as JSON")
     args = ap.parse_args(argv)
@@ -138,7 +139,7 @@ def main(argv=None) -> int:
     sizes = {"small": ("small",), "full": ("full",), "all": ("small", "full")}[args.size]
     report = {"provenance": provenance(), "graph": [], "bench": None}
     for case in cases.catalog(sizes, args.cases):
-        why = ascend_ops.ops.unsupported_reason(case.build().q.shape[-1], case.build().dtype, case.build().kv_dtype)
+        why = support.unsupported_reason(case.build().q.shape[-1], case.build().dtype, case.build().kv_dtype)
         if why:
             report["graph"].append({"case": case.name, "passed": True, "skipped": why})
             continue

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ascend_ops.support import MAX_HEAD_DIM, profile
 from splitkv_common.plan import Plan, make_plan
 
 ROUTED_STATES = ("DecodeOnly", "SpecDecoding", "ChunkedPrefill")
-MAX_HEAD_DIM = 256
 _DECODER = "decoder"
 
 
@@ -156,7 +156,7 @@ def host_lengths(meta) -> tuple[np.ndarray, np.ndarray]:
 def plan_options() -> dict:
     """Planner settings from the environment: ``SPLITKV_VLLM_POLICY`` (auto), ``SPLITKV_ASCEND_PROFILE``."""
     return dict(policy=os.environ.get("SPLITKV_VLLM_POLICY", "auto"),
-                device=os.environ.get("SPLITKV_ASCEND_PROFILE", "910b2"))
+                device=profile())
 
 
 def make_batch(meta, *, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, kv_elem_bytes: int = 2,

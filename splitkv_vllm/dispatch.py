@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ascend_ops.support import DEFAULT_PROFILE
 from splitkv_common.plan import Plan
 
 logger = logging.getLogger("splitkv_vllm")
@@ -48,12 +49,12 @@ def requested_impl() -> str:
 def ascend_unavailable(device: torch.device) -> str | None:
     """``None`` when the Ascend operator can run on ``device``, else why not."""
     try:
-        from ascend_ops import ops
+        from ascend_ops import runtime
     except Exception as e:  # noqa: BLE001
         return f"ascend_ops does not import ({type(e).__name__}: {e})"
     if device.type == "cpu":
         return None  # the operator's CPU kernel
-    return ops.runtime_unavailable()
+    return runtime.runtime_unavailable()
 
 
 def choose_impl(device: torch.device) -> str:
@@ -127,7 +128,7 @@ class GraphDecoder:
     max_reqs: int
     max_splits: int
     max_work_items: int | None = None
-    profile: str = "910b2"
+    profile: str = DEFAULT_PROFILE
     policy: str = "auto"
     wrappers: dict = field(default_factory=dict)
     block_table: torch.Tensor | None = None

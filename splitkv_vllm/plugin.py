@@ -65,10 +65,10 @@ def operator_unavailable() -> str | None:
     if requested_impl() == "torch":
         return None
     try:
-        from ascend_ops import ops
+        from ascend_ops import runtime
     except Exception as e:  # noqa: BLE001
         return f"ascend_ops does not import ({type(e).__name__}: {e})"
-    return ops.runtime_unavailable()
+    return runtime.runtime_unavailable()
 
 
 def _wrap_platform(platform_cls) -> None:

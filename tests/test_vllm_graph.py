@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from ascend_ops import ops
-from ascend_ops.ops import AscendDecodeWrapper
+from ascend_ops.wrapper import AscendDecodeWrapper
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.reference import dense_attention
 from splitkv_vllm import adapter

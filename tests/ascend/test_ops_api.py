@@ -23,8 +23,8 @@ from splitkv_common.cases import catalog, get_case  # noqa: E402
 from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
 
 import ascend_ops  # noqa: E402
-from ascend_ops import ops, tiling  # noqa: E402
-from ascend_ops.ops import AscendDecodeWrapper  # noqa: E402
+from ascend_ops import ops, runtime, tiling  # noqa: E402
+from ascend_ops.wrapper import AscendDecodeWrapper  # noqa: E402
 
 NO_TORCH_NPU = importlib.util.find_spec("torch_npu") is None
 SMALL = [c for c in catalog(("small",))]
@@ -64,9 +64,9 @@ def test_tiling_module_reachable_from_the_package():
 def test_runtime_says_torch_npu_is_missing():
     why = ascend_ops.runtime_unavailable()
     assert why and "torch_npu is not installed" in why
-    assert ops.npu_unavailable() == why
+    assert runtime.npu_unavailable() == why
     with pytest.raises(RuntimeError, match="torch_npu is not installed"):
-        ops.load_extension()
+        runtime.load_extension()
 
 
 @pytest.mark.skipif(not NO_TORCH_NPU, reason="torch_npu is installed here")
@@ -95,7 +95,8 @@ def test_decode_attention_validates_then_says_what_is_missing():
 
 
 def test_harness_backends_report_why_they_cannot_run():
-    from ascend_ops.npu_backend import ascend_backend, profile, torch_npu_backend
+    from ascend_ops.npu_backend import ascend_backend, torch_npu_backend
+    from ascend_ops.support import profile
 
     assert ascend_backend.name == "ascend" and torch_npu_backend.name == "torch-npu"
     assert ascend_backend.device == torch_npu_backend.device == profile() == "910b2"
@@ -237,7 +238,7 @@ def test_kv_quant_packing_is_the_kernels_layout(case):
 
 # --- the node scripts, on a machine without CANN or an NPU ------------------------------------
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 SCRIPTS = [ROOT / "scripts" / "build_ascend.sh", ROOT / "scripts" / "npu_parity.sh"]
 
 
@@ -300,7 +301,7 @@ def test_torch_npu_backend_body_on_the_cpu(monkeypatch):
     from ascend_ops import npu_backend
     from splitkv_common.harness import PASS, run_case as harness_run
 
-    monkeypatch.setattr(npu_backend, "_npu_device", lambda: "cpu")
+    monkeypatch.setattr(npu_backend, "npu_device", lambda: "cpu")
     for name in ("multi-query/gqa-bf16", "int8/per-channel-offset", "empty/some-rows"):
         r = harness_run(npu_backend.torch_npu_backend, get_case(name))
         assert r.status == PASS, (name, r.message)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 SCRIPT = ROOT / "scripts" / "check_ascendc.sh"
 HOME = os.environ.get("ASCEND_HOME_PATH", "")
 have_headers = bool(HOME) and any((Path(HOME) / a / "ascendc" / "include").is_dir()

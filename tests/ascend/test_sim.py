@@ -46,7 +46,7 @@ def test_backend_metadata():
     b = sim.sim_backend
     assert b.name == "ascend-sim" and b.device == "910b2" and b.unavailable() is None
     assert "test double" in b.description
-    meta = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    meta = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     assert meta["project"]["entry-points"]["splitkv.backends"]["ascend-sim"] == "ascend_ops.sim_backend:sim_backend"
 
 

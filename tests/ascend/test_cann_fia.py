@@ -1,6 +1,6 @@
 """cann-fia without an NPU: the call binds to the op's recorded signature, and the whole mapping
 (layouts, lengths, masks, lse and empty-row conventions) reproduces the reference through a torch
-emulation of FIA's documented semantics."""
+emulation of FIA's documented semantics (both in ``fia_emulation.py``)."""
 
 import numpy as np
 import pytest
@@ -9,6 +9,8 @@ import torch
 from ascend_ops import cann_fia
 from splitkv_common.cases import random_inputs
 from splitkv_common.reference import dense_attention
+
+from . import fia_emulation
 
 
 def _inputs(seq, **kw):
@@ -25,7 +27,7 @@ def _call(inp):
 
 
 def test_schema_is_parsed():
-    p = cann_fia.parse_schema()
+    p = fia_emulation.parse_schema()
     assert list(p)[:3] == ["query", "key", "value"] and not p["query"]["kwarg_only"]
     assert p["actual_seq_lengths_kv"]["type"] == "SymInt[]?" and p["block_table"]["type"] == "Tensor?"
     assert p["softmax_lse_flag"] == {"type": "bool", "default": "False", "kwarg_only": True}
@@ -37,7 +39,7 @@ def test_schema_is_parsed():
 def test_call_binds_to_signature(seq, q_lens, window, layout):
     inp = _inputs(seq, q_lens=q_lens, head_dim=128, window_left=window, page_size=16)
     args, kw, lay = _call(inp)
-    assert cann_fia.check_call(args, kw) == []
+    assert fia_emulation.check_call(args, kw) == []
     assert kw["input_layout"] == lay["input_layout"] == layout
     assert kw["softmax_lse_flag"] is True and kw["block_size"] == 16
     assert kw["num_heads"] == inp.q.shape[1] and kw["num_key_value_heads"] == inp.k_cache.shape[2]
@@ -53,9 +55,10 @@ def test_call_binds_to_signature(seq, q_lens, window, layout):
 def test_check_call_catches_mistakes():
     inp = _inputs([5, 6], head_dim=128, page_size=16)
     args, kw, _ = _call(inp)
-    assert any("not a keyword" in p for p in cann_fia.check_call(args, dict(kw, softmax_scale=1.0)))
-    assert any("expected int" in p for p in cann_fia.check_call(args, dict(kw, block_size=16.0)))
-    assert any("expected SymInt[]" in p for p in cann_fia.check_call(args, dict(kw, actual_seq_lengths_kv=torch.ones(2))))
+    assert any("not a keyword" in p for p in fia_emulation.check_call(args, dict(kw, softmax_scale=1.0)))
+    assert any("expected int" in p for p in fia_emulation.check_call(args, dict(kw, block_size=16.0)))
+    assert any("expected SymInt[]" in p
+               for p in fia_emulation.check_call(args, dict(kw, actual_seq_lengths_kv=torch.ones(2))))
 
 
 @pytest.mark.parametrize("seq, kw", [
@@ -68,7 +71,7 @@ def test_check_call_catches_mistakes():
 def test_fake_fia_end_to_end_matches_reference(seq, kw):
     inp = _inputs(seq, **kw)
     assert cann_fia.fia_unsupported(inp) is None
-    out, lse = cann_fia.run_with(cann_fia.fake_fia, inp)
+    out, lse = cann_fia.run_with(fia_emulation.fake_fia, inp)
     ref_out, ref_lse = dense_attention(inp)
     tol = 2e-2 if inp.dtype == "bfloat16" else 3e-3
     assert np.abs(out - ref_out).max() < tol

@@ -1,4 +1,4 @@
-"""Harness backend ``triton-npu``: the Triton kernels of ``cuda_ref`` on an Ascend NPU (triton-ascend).
+"""Harness backend ``triton-npu``: these Triton kernels on an Ascend NPU (triton-ascend).
 
 The same two kernels as the CUDA path (``cuda_ref/kernels.py``: split, then merge), compiled by
 triton-ascend instead of upstream Triton and launched on ``npu`` tensors through torch_npu. What
@@ -13,8 +13,8 @@ changes on the NPU is the launch, never the math:
   lower for Ascend910B3 without a UB overflow (results in ``docs/triton-ascend.md``).
 
 Available only where triton-ascend (the ``triton`` package with an ``ascend`` backend), torch_npu
-and an NPU are present; otherwise unavailable with the reason. ``import ascend_ops.triton_npu``
-needs none of them (nor torch).
+and an NPU are present; otherwise unavailable with the reason (the NPU probes are
+:mod:`splitkv_common.npu_probe`'s). ``import cuda_ref.npu`` needs none of them (nor torch).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import importlib.util
 import pathlib
 
 from splitkv_common.inputs import DecodeInputs
+from splitkv_common.npu_probe import DEFAULT_NPU_PROFILE, npu_device, npu_unavailable
 from splitkv_common.plan import Plan
 from splitkv_common.registry import Backend
 
@@ -72,7 +73,7 @@ def triton_npu_unavailable() -> str | None:
     if why:
         return why
     try:
-        from .ops import npu_unavailable
+        import torch  # noqa: F401
     except Exception as e:  # noqa: BLE001 - torch itself missing
         return f"torch is not usable ({type(e).__name__}: {e})"
     return npu_unavailable()
@@ -89,10 +90,9 @@ def run_triton_npu(inputs: DecodeInputs, plan: Plan):
     """Run ``cuda_ref``'s kernels on the NPU with the harness's plan; NumPy ``(out, lse)``."""
     import torch
 
-    from cuda_ref.launch import DevicePlan, KernelConfig, launch_decode
     from splitkv_common.backends import from_torch, to_torch
 
-    from .ops import npu_device
+    from .launch import DevicePlan, KernelConfig, launch_decode
 
     t = to_torch(inputs, npu_device())
     q, k = t["q"], t["k_cache"]
@@ -114,5 +114,5 @@ def run_triton_npu(inputs: DecodeInputs, plan: Plan):
 
 triton_npu_backend = Backend(
     "triton-npu", run_triton_npu, unavailable=triton_npu_unavailable, unsupported=triton_npu_unsupported,
-    device="910b2",
+    device=DEFAULT_NPU_PROFILE,
     description="cuda_ref's Triton kernels on an Ascend NPU through triton-ascend (split + separate merge)")

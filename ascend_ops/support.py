@@ -1,0 +1,75 @@
+"""What the Ascend C kernels take, and the Ascend defaults: the rules in one place.
+
+Every check of "can the Ascend kernels run this?" reads this module: the wrapper and
+``decode_attention`` (:mod:`ascend_ops.wrapper`, :mod:`ascend_ops.ops`), the host tiling
+(:mod:`ascend_ops.tiling`), the harness backends ``ascend`` and ``ascend-sim``, the vLLM plugin
+(``splitkv_vllm``) and ``scripts/npu_graph_check.py``.
+
+* q dtypes: float32, float16, bfloat16; the KV cache is in q's dtype or int8 (with per-head or
+  per-channel scales and offsets).
+* head dims: multiples of 8 in [8, 256] (float32 rows are copied as whole 32-byte blocks; the
+  tiling's UB budget is sized for up to 256).
+* the device profile (:mod:`splitkv_common.devices`) NPU plans are made for: ``910b2`` unless
+  ``SPLITKV_ASCEND_PROFILE`` names another.
+
+Needs neither torch nor NumPy.
+"""
+
+from __future__ import annotations
+
+import os
+
+from splitkv_common.npu_probe import DEFAULT_NPU_PROFILE
+
+#: The device profile the Ascend side plans for unless told otherwise.
+DEFAULT_PROFILE = DEFAULT_NPU_PROFILE
+#: The environment variable that names another profile (harness backends, vLLM plugin, scripts).
+PROFILE_ENV = "SPLITKV_ASCEND_PROFILE"
+
+#: q (and output) dtypes the kernels take.
+Q_DTYPES = ("float32", "float16", "bfloat16")
+#: The quantized KV dtype (the other KV dtype is q's own).
+KV_QUANT_DTYPE = "int8"
+#: Head dims: multiples of HEAD_DIM_STEP in [HEAD_DIM_STEP, MAX_HEAD_DIM].
+HEAD_DIM_STEP = 8
+MAX_HEAD_DIM = 256
+
+
+def profile() -> str:
+    """The device profile to plan for: ``SPLITKV_ASCEND_PROFILE``, else :data:`DEFAULT_PROFILE`."""
+    return os.environ.get(PROFILE_ENV, DEFAULT_PROFILE)
+
+
+def q_dtype_supported(dtype: str) -> bool:
+    """Whether the kernels take q (and write the output) in ``dtype``."""
+    return dtype in Q_DTYPES
+
+
+def kv_dtype_supported(dtype: str, kv_dtype: str) -> bool:
+    """Whether the kernels take a ``kv_dtype`` cache with a ``dtype`` q: q's dtype or int8."""
+    return kv_dtype in (dtype, KV_QUANT_DTYPE)
+
+
+def supported_head_dim(head_dim: int) -> str | None:
+    """None when the kernels take ``head_dim``, else why not."""
+    if head_dim % HEAD_DIM_STEP or not HEAD_DIM_STEP <= head_dim <= MAX_HEAD_DIM:
+        return (f"head dim {head_dim}: the Ascend kernels need a multiple of 8 in [8, {MAX_HEAD_DIM}] "
+                "(float32 rows copied as whole 32-byte blocks)")
+    return None
+
+
+def supported_head_dims() -> range:
+    """Every head dim the kernels take (for :func:`splitkv_common.validation.check_decode_args`)."""
+    return range(HEAD_DIM_STEP, MAX_HEAD_DIM + 1, HEAD_DIM_STEP)
+
+
+def unsupported_reason(head_dim: int, dtype: str, kv_dtype: str) -> str | None:
+    """``None`` when the kernels handle this head dim and these dtypes, else why not."""
+    why = supported_head_dim(int(head_dim))
+    if why:
+        return why
+    if not q_dtype_supported(dtype):
+        return f"dtype {dtype}: the Ascend kernels take float32, float16 or bfloat16 q"
+    if not kv_dtype_supported(dtype, kv_dtype):
+        return f"KV dtype {kv_dtype}: the Ascend kernels take q's dtype ({dtype}) or int8"
+    return None

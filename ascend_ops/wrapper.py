@@ -1,0 +1,287 @@
+"""``AscendDecodeWrapper``: plan once per batch on the host, run the Ascend kernels on the NPU.
+
+    w = AscendDecodeWrapper(num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=128, dtype=torch.bfloat16)
+    w.plan(seq_lens_host, scale=scale, max_pages=block_table.shape[1], num_pages=k_cache.shape[0])
+    out, lse = w.run(q, k_cache, v_cache, block_table)   # device: no allocation, no host sync
+
+``plan()`` builds the shared plan and the ``plan``/``tiling`` device buffers (:mod:`ascend_ops.tiling`);
+``run()`` enqueues ``torch.ops.splitkv_ascend.decode_attention`` (:mod:`ascend_ops.ops`) on them,
+so it can be captured in an aclgraph (docs/npu.md, "Plan, run and aclgraph").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from splitkv_common.devices import get_profile
+from splitkv_common.npu_probe import torch_npu_imported
+from splitkv_common.plan import Plan, PlanSpec
+from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, host, normalize_window
+
+from . import ops
+from .ops import QUALNAME, TORCH_DTYPES, pack_kv_quant
+from .runtime import require_npu_kernel, resolve_device
+from .support import DEFAULT_PROFILE, supported_head_dims, unsupported_reason
+
+
+class AscendDecodeWrapper:
+    """Split-KV decode attention on an Ascend NPU over a paged KV cache ``[num_pages, page_size, Hkv, D]``.
+
+    ``plan()`` runs on the host once per batch: the shared plan, the ``plan``/``tiling`` buffers
+    (:mod:`ascend_ops.tiling`) copied to the device, the workspace. ``run()`` only checks metadata
+    and enqueues the two kernels: no allocation (its outputs are the wrapper's buffers unless
+    ``out``/``lse`` are given), no host sync, so it can be captured in an aclgraph
+    (``torch.npu.NPUGraph``) and replayed.
+
+    With ``graph_stable=True`` every buffer keeps its shape and address across ``plan()`` calls
+    (fixed ``max_splits`` slots per row and ``max_work_items`` work items), and ``plan()``
+    refreshes them in place: capture ``run()`` once, then before each replay write the new
+    lengths and call ``plan()`` again (docs/npu.md, "Plan, run and aclgraph")::
+
+        w = AscendDecodeWrapper(32, 8, 128, 128, dtype=torch.bfloat16, graph_stable=True, max_work_items=1024)
+        w.plan(seq_lens_host, scale=scale, max_pages=block_table.shape[1], num_pages=k_cache.shape[0])
+        w.run(q, k_cache, v_cache, block_table)            # warm-up, eager
+        g = torch.npu.NPUGraph()
+        with torch.npu.graph(g):
+            out, lse = w.run(q, k_cache, v_cache, block_table)
+        w.plan(new_seq_lens_host, scale=scale); g.replay()
+
+    Args:
+        num_q_heads, num_kv_heads, head_dim, page_size: the model's shape (``Hq % Hkv == 0``).
+        dtype: q's and the output's dtype; kv_dtype: the cache's (default ``dtype``; or int8).
+        device: ``npu`` (default: the current NPU) or ``cpu`` (the op's CPU kernel, for tests).
+        profile: device profile of the planner (default :data:`~ascend_ops.support.DEFAULT_PROFILE`,
+            ``910b2``; or ``910b3``...); policy: ``auto``, ``none``, ``size:N``, ``count:N``;
+            graph_stable, max_splits, max_work_items, min_split_tokens: as
+            :func:`splitkv_common.plan.make_plan`.
+
+    The attention's constants (``scale``, ``soft_cap``, ``window_left``) and the page counts are
+    part of the tiling: give them to ``plan()`` so that ``run()`` does no host work.
+    """
+
+    def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
+                 dtype=torch.bfloat16, kv_dtype=None, device=None, profile: str = DEFAULT_PROFILE, policy: str = "auto",
+                 graph_stable: bool = False, max_splits: int | None = None, max_work_items: int | None = None,
+                 min_split_tokens: int | None = None):
+        check_gqa(num_q_heads, num_kv_heads)
+        self.num_q_heads, self.num_kv_heads = int(num_q_heads), int(num_kv_heads)
+        self.head_dim, self.page_size = int(head_dim), int(page_size)
+        self.dtype = TORCH_DTYPES.get(dtype, dtype)
+        self.kv_dtype = self.dtype if kv_dtype is None else TORCH_DTYPES.get(kv_dtype, kv_dtype)
+        why = unsupported_reason(self.head_dim, _dtype_name(self.dtype), _dtype_name(self.kv_dtype))
+        if why:
+            raise ValueError(f"{QUALNAME}: {why}")
+        self.device = resolve_device(device)
+        require_npu_kernel(self.device)
+        self.profile, self.policy = profile, policy
+        self.graph_stable, self.max_splits, self.max_work_items = graph_stable, max_splits, max_work_items
+        self.min_split_tokens = min_split_tokens
+        self.host_plan: Plan | None = None
+        self.tiling: dict | None = None
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._staging: dict[str, torch.Tensor] = {}
+        self._staging_events: dict = {}
+        self._attn: tuple = (None, None, None)  # (scale, soft_cap, window_left) of the tiling
+        self._pages: tuple | None = None  # (max_pages, num_pages) of the tiling
+        self._stale = True
+
+    # -- host side ---------------------------------------------------------------------------
+    def plan_spec(self) -> PlanSpec:
+        """The planning settings of this wrapper (shared with every backend's wrapper)."""
+        return PlanSpec(self.num_q_heads, self.num_kv_heads, self.head_dim, self.page_size,
+                        kv_elem_bytes=torch.empty(0, dtype=self.kv_dtype).element_size(), policy=self.policy,
+                        device=self.profile, graph_stable=self.graph_stable, max_splits=self.max_splits,
+                        max_work_items=self.max_work_items, min_split_tokens=self.min_split_tokens)
+
+    def plan(self, seq_lens, q_lens=None, query_start_loc=None, window_left=None, *, scale=None,
+             soft_cap=None, max_pages: int | None = None, num_pages: int | None = None) -> Plan:
+        """Plan a batch from host lengths and prepare the device buffers (may allocate)."""
+        p = self.plan_spec().make(host(seq_lens), None if q_lens is None else host(q_lens),
+                                  None if query_start_loc is None else host(query_start_loc), window_left)
+        self.set_plan(p, seq_lens=host(seq_lens), scale=scale, soft_cap=soft_cap, window_left=window_left,
+                      max_pages=max_pages, num_pages=num_pages)
+        return p
+
+    def set_plan(self, plan: Plan, *, seq_lens=None, scale=None, soft_cap=None, window_left=None,
+                 max_pages: int | None = None, num_pages: int | None = None) -> None:
+        """Use a plan made elsewhere (the parity harness plans every backend the same way).
+
+        ``seq_lens`` (host) default to the plan's coverage (the last item's end per request).
+        ``scale``/``soft_cap``/``window_left`` are the attention's constants (``scale`` None:
+        ``1/sqrt(D)``). ``max_pages``/``num_pages`` (block-table width, pages in the cache) default
+        to the previous plan's, else are read from the tensors at the first ``run()``. When all are
+        known the device buffers are refreshed now, so that ``run()`` does no host work.
+        """
+        if plan.num_kv_heads != self.num_kv_heads or plan.page_size != self.page_size:
+            raise ValueError(f"plan: made for Hkv={plan.num_kv_heads}, page_size={plan.page_size}; this wrapper "
+                             f"has Hkv={self.num_kv_heads}, page_size={self.page_size}")
+        self.host_plan = plan
+        self._seq_lens = plan_seq_lens(plan) if seq_lens is None else np.asarray(seq_lens, np.int64).reshape(-1)
+        self._attn = (None if scale is None else float(scale), None if soft_cap is None else float(soft_cap),
+                      normalize_window(window_left))
+        old = self._pages or (None, None)
+        self._pages = (max_pages if max_pages is not None else old[0], num_pages if num_pages is not None else old[1])
+        self._stale = True
+        if None not in self._pages:
+            self._refresh()
+
+    def _refresh(self) -> None:
+        """Build ``plan``/``tiling`` on the host and copy them into the device buffers."""
+        from . import tiling as tl
+
+        p = self.host_plan
+        scale, soft_cap, window_left = self._attn
+        max_pages, num_pages = self._pages
+        t, tiling_bytes, words = tl.build_buffers(
+            p, seq_lens=self._seq_lens, num_q_heads=self.num_q_heads, head_dim=self.head_dim,
+            page_size=self.page_size, max_pages=max_pages, num_pages=num_pages, dtype=_dtype_name(self.dtype),
+            kv_dtype=_dtype_name(self.kv_dtype), scale=self.head_dim ** -0.5 if scale is None else scale,
+            soft_cap=soft_cap, window_left=window_left, profile=self.profile,
+            # a captured launch keeps its block count: graph-stable plans use every core
+            block_dim=get_profile(self.profile).units if self.graph_stable else None)
+        need = {
+            "plan": (words.size, torch.int32), "tiling": (tl.TILING_BYTES, torch.uint8),
+            "workspace": (max(int(t["workspaceBytes"]) // 4, 1), torch.float32),
+        }
+        for name, (n, dt) in need.items():
+            buf = self._buffers.get(name)
+            if buf is None or buf.numel() != n:
+                if buf is not None and self.graph_stable:
+                    raise ValueError(f"plan: buffer {name} changed size ({buf.numel()} -> {n}) under a "
+                                     "graph-stable plan; give max_work_items / max_splits that bound every batch")
+                self._buffers[name] = torch.zeros(n, dtype=dt, device=self.device)
+        self._upload("plan", words)
+        self._upload("tiling", np.frombuffer(tiling_bytes, np.uint8).copy())
+        T = p.num_rows
+        for name, shape, dt in (("out", (T, self.num_q_heads, self.head_dim), self.dtype),
+                                ("lse", (T, self.num_q_heads), torch.float32)):
+            buf = self._buffers.get(name)
+            if buf is None or tuple(buf.shape) != shape:
+                if buf is not None and self.graph_stable:
+                    raise ValueError(f"plan: {name} changed shape ({tuple(buf.shape)} -> {shape}) under a "
+                                     "graph-stable plan; a captured graph needs the same query rows every step")
+                self._buffers[name] = torch.empty(shape, dtype=dt, device=self.device)
+        self.tiling = t
+        self._stale = False
+
+    def _upload(self, name: str, host_array: np.ndarray) -> None:
+        """Copy a host array into a device buffer, ordered on the current stream.
+
+        On an NPU the copy goes through a pinned staging buffer, asynchronously; an event recorded
+        after it guards the staging buffer, so the next ``plan()`` never overwrites bytes a copy has
+        not read yet. Elsewhere (CPU, test backends) it is a plain copy.
+        """
+        src = torch.from_numpy(np.ascontiguousarray(host_array))
+        dst = self._buffers[name]
+        if self.device.type == "cpu" or not torch_npu_imported():
+            dst.copy_(src)
+            return
+        stage = self._staging.get(name)
+        if stage is None or stage.shape != src.shape:
+            stage = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+            self._staging[name] = stage
+        event = self._staging_events.get(name)
+        if event is not None:
+            event.synchronize()  # the previous copy from this staging buffer has been issued and done
+        stage.copy_(src)
+        dst.copy_(stage, non_blocking=True)
+        event = torch.npu.Event()
+        event.record()
+        self._staging_events[name] = event
+
+    def workspace_bytes(self) -> int:
+        """Bytes of the kernels' workspace for the current plan (0 before the first run/plan)."""
+        return 0 if self.tiling is None else int(self.tiling["workspaceBytes"])
+
+    # -- device side -------------------------------------------------------------------------
+    def run(self, q, k_cache, v_cache, block_table, seq_lens=None, query_start_loc=None, *, scale=None,
+            soft_cap=None, window_left=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
+            out=None, lse=None, validate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention for the planned batch: ``(out [T, Hq, D] in q's dtype, lse [T, Hq] float32)``.
+
+        Metadata only is checked (no device memory is read). The kernels take the lengths from the
+        plan (``plan()``'s host ``seq_lens``); ``validate=True`` also runs the shared value checks
+        and compares ``seq_lens``/``query_start_loc`` with the plan (host syncs: not in a graph).
+        ``scale``/``soft_cap``/``window_left`` default to the planned ones; other values rebuild the
+        tiling (host work: do it before a capture, not inside).
+        """
+        if self.host_plan is None:
+            raise RuntimeError("plan: call plan() (or set_plan()) before run()")
+        planned = self._attn
+        attn = (planned[0] if scale is None else float(scale), planned[1] if soft_cap is None else float(soft_cap),
+                planned[2] if window_left is None else normalize_window(window_left))
+        pages = (int(block_table.shape[1]), int(k_cache.shape[0]))
+        if self._stale or attn != planned or pages != self._pages:
+            # first run() after a plan() that did not know the pages, or other constants:
+            # host work and a copy, so not inside a graph capture (docs/npu.md)
+            self._attn, self._pages = attn, pages
+            self._refresh()
+        self.check(q, k_cache, v_cache, block_table, k_scale, v_scale, k_offset, v_offset)
+        if validate:
+            check_decode_args(q, k_cache, v_cache, block_table,
+                              seq_lens if seq_lens is not None else torch.from_numpy(self._seq_lens),
+                              query_start_loc, scale=attn[0], soft_cap=attn[1], window_left=attn[2],
+                              k_scale=k_scale, v_scale=v_scale, k_offset=k_offset, v_offset=v_offset,
+                              supported_head_dims=supported_head_dims(), backend="ascend")
+            check_plan_matches(self.host_plan, self._seq_lens, seq_lens, query_start_loc)
+        b = self._buffers
+        out = b["out"] if out is None else out
+        lse = b["lse"] if lse is None else lse
+        quant = pack_kv_quant(k_scale, v_scale, k_offset, v_offset, num_kv_heads=self.num_kv_heads,
+                              head_dim=self.head_dim, device=q.device)
+        ops.decode_attention_op(q, k_cache, v_cache, block_table, quant, b["plan"], b["tiling"], b["workspace"], out,
+                                lse, int(self.tiling["blockDim"]))
+        return out, lse
+
+    def check(self, q, k_cache, v_cache, block_table, k_scale=None, v_scale=None, k_offset=None,
+              v_offset=None) -> None:
+        """Metadata checks (no host sync): devices, dtypes, shapes, contiguity, and the plan."""
+        named = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, k_scale=k_scale,
+                     v_scale=v_scale, k_offset=k_offset, v_offset=v_offset)
+        check_wrapper_tensors(named, tensor_type=torch.Tensor, dtype=self.dtype, kv_dtype=self.kv_dtype,
+                              int8_kv=self.kv_dtype == torch.int8, device=self.device,
+                              on_device=lambda d: d.type == self.device.type)
+        if block_table.dtype != torch.int32:
+            raise TypeError(f"block_table: dtype must be int32 for the ascend backend, got {block_table.dtype}")
+        for name in ("q", "k_cache", "v_cache", "block_table"):
+            if not named[name].is_contiguous():
+                raise ValueError(f"{name}: must be contiguous (the kernels address it densely)")
+        if q.dim() != 3 or tuple(q.shape[1:]) != (self.num_q_heads, self.head_dim):
+            raise ValueError(f"q: must be [T, {self.num_q_heads}, {self.head_dim}], got {tuple(q.shape)}")
+        if k_cache.dim() != 4 or tuple(k_cache.shape[1:]) != (self.page_size, self.num_kv_heads, self.head_dim):
+            raise ValueError(f"k_cache: must be [num_pages, {self.page_size}, {self.num_kv_heads}, {self.head_dim}], "
+                             f"got {tuple(k_cache.shape)}")
+        if tuple(v_cache.shape) != tuple(k_cache.shape):
+            raise ValueError(f"v_cache: shape must equal k_cache's {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+        p = self.host_plan
+        if block_table.dim() != 2 or block_table.shape[0] != p.batch_size:
+            raise ValueError(f"plan: made for {p.batch_size} requests, "
+                             f"block_table has shape {tuple(block_table.shape)}")
+        if q.shape[0] != p.num_rows:
+            raise ValueError(f"plan: made for {p.num_rows} query rows, q has {q.shape[0]}")
+
+
+def plan_seq_lens(plan: Plan) -> np.ndarray:
+    """Per request, the end of its last work item: its seq_len (0 for an empty request)."""
+    n = plan.num_valid_items
+    seq = np.zeros(plan.batch_size, np.int64)
+    np.maximum.at(seq, plan.item_request[:n], plan.item_kv_end[:n])
+    return seq
+
+
+def check_plan_matches(plan: Plan, planned_seq_lens: np.ndarray, seq_lens=None, query_start_loc=None) -> None:
+    """Raise ``ValueError`` when the batch's lengths are not the ones the plan was made for."""
+    if seq_lens is not None:
+        sl = host(seq_lens).astype(np.int64)
+        if sl.shape != planned_seq_lens.shape or not np.array_equal(sl, planned_seq_lens):
+            bad = np.flatnonzero(sl != planned_seq_lens) if sl.shape == planned_seq_lens.shape else [0]
+            raise ValueError(f"plan: made for other seq_lens (first difference at request {int(bad[0])}); "
+                             "call plan() for this batch")
+    if query_start_loc is not None and not np.array_equal(host(query_start_loc).astype(np.int32),
+                                                          plan.query_start_loc):
+        raise ValueError("plan: made for other query rows per request (query_start_loc differs)")
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    return str(dt).replace("torch.", "")

@@ -1,3 +1,4 @@
+import pathlib
 """triton-npu backend (`cuda_ref.npu`) here (no NPU, upstream Triton): unavailable with a reason; tile table sane."""
 
 import pytest
@@ -47,3 +48,22 @@ def test_unsupported_reasons():
     assert npu.triton_npu_unsupported(random_inputs(0, [5], kv_quant="channel", dtype="float16")) is None
     assert "512" not in (npu.triton_npu_unsupported(random_inputs(0, [5], head_dim=128)) or "")
     assert npu.triton_npu_unsupported(random_inputs(0, [5], head_dim=128)) is None
+
+
+def test_an_ascend_triton_is_compiled_for_not_interpreted(tmp_path):
+    """With triton-ascend (a ``triton`` with ``backends/ascend``) and no CUDA GPU, importing cuda_ref
+    must leave the interpreter off: the kernels are compiled for the NPU."""
+    import os
+    import subprocess
+    import sys
+
+    fake = tmp_path / "triton"
+    (fake / "backends" / "ascend").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    root = str(pathlib.Path(__file__).resolve().parent.parent)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", "import os, cuda_ref; print(os.environ.get('TRITON_INTERPRET'), "
+                        "cuda_ref.INTERPRET)"], capture_output=True, text=True, cwd=root,
+                       env={**env, "PYTHONPATH": f"{tmp_path}:{root}"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["None", "False"]

@@ -1,5 +1,6 @@
-import pathlib
 """triton-npu backend (`cuda_ref.npu`) here (no NPU, upstream Triton): unavailable with a reason; tile table sane."""
+
+import pathlib
 
 import pytest
 

@@ -33,7 +33,7 @@ HERE = Path(__file__).parent
 KERNEL_DIR = HERE / "kernel"
 SIM_DIR = HERE / "sim"
 CXX = os.environ.get("CXX", "g++")
-CXXFLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror"]
+CXXFLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror"]
 PROFILE = "910b2"
 
 
@@ -93,6 +93,21 @@ def twin_library() -> ctypes.CDLL:
                                                                       ctypes.POINTER(ctypes.c_uint)]
         _LIB = lib
     return _LIB
+
+
+def set_block_order(lib: ctypes.CDLL, order: int) -> None:
+    """Block order of the next launches: 0 forward, 1 reverse, >= 2 a shuffle seeded with ``order``."""
+    lib.sim_set_block_order(ctypes.c_int(order))
+
+
+def last_stats(lib: ctypes.CDLL) -> list[dict]:
+    """Per-block work counters of the last launch on ``lib`` (the cost model's input; counts, not times)."""
+    import json
+
+    n = lib.sim_last_stats(None, 0)
+    buf = ctypes.create_string_buffer(n)
+    lib.sim_last_stats(buf, n)
+    return json.loads(buf.value.decode())
 
 
 def _ptr(a: np.ndarray):

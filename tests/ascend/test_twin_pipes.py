@@ -258,6 +258,36 @@ ENTRY(repeat_ok) {
     LocalTensor<float> a = t.Get<float>(); Duplicate(a, 1.0f, 16320); PipeBarrier<PIPE_V>();
     Muls(a, a, 2.0f, 64, 255, UnaryRepeatParams(1, 1, 8, 8));
 }
+// ---- cost: the same element work per token with a scalar round trip, or on whole tiles (D 64, 128 tokens)
+ENTRY(cost_per_token) {
+    TPipe pipe; TBuf<TPosition::VECCALC> k, v, q, prod, acc, red, work;
+    pipe.InitBuffer(k, 128 * 64 * 4); pipe.InitBuffer(v, 128 * 64 * 4); pipe.InitBuffer(q, 64 * 4);
+    pipe.InitBuffer(prod, 64 * 4); pipe.InitBuffer(acc, 64 * 4); pipe.InitBuffer(red, 32); pipe.InitBuffer(work, 32);
+    LocalTensor<float> K = k.Get<float>(), V = v.Get<float>(), Q = q.Get<float>(), P = prod.Get<float>(),
+                       A = acc.Get<float>(), R = red.Get<float>(), W = work.Get<float>();
+    Duplicate(K, 0.5f, 128 * 64); Duplicate(V, 0.25f, 128 * 64); Duplicate(Q, 1.0f, 64); Duplicate(A, 0.0f, 64);
+    PipeBarrier<PIPE_V>();
+    for (int j = 0; j < 128; j++) {
+        Mul(P, Q, K[j * 64], 64); PipeBarrier<PIPE_V>();
+        ReduceSum(R, P, W, 64);
+        Sync<HardEvent::V_S>();
+        const float s = R.GetValue(0);
+        Axpy(A, V[j * 64], s, 64); PipeBarrier<PIPE_V>();
+    }
+}
+ENTRY(cost_whole_tile) {
+    TPipe pipe; TBuf<TPosition::VECCALC> k, v, q, prod;
+    pipe.InitBuffer(k, 128 * 64 * 4); pipe.InitBuffer(v, 128 * 64 * 4); pipe.InitBuffer(q, 128 * 64 * 4);
+    pipe.InitBuffer(prod, 128 * 64 * 4);
+    LocalTensor<float> K = k.Get<float>(), V = v.Get<float>(), Q = q.Get<float>(), P = prod.Get<float>();
+    Duplicate(K, 0.5f, 128 * 64); Duplicate(V, 0.25f, 128 * 64); Duplicate(Q, 1.0f, 128 * 64);
+    PipeBarrier<PIPE_V>();
+    Mul(P, Q, K, 128 * 64); PipeBarrier<PIPE_V>();   // all scores' products at once
+    Mul(P, P, V, 128 * 64); PipeBarrier<PIPE_V>();   // the weighted values at once
+    Add(P, P, V, 128 * 64);
+    Sync<HardEvent::V_S>();                           // one round trip for the whole tile
+    const float s = P.GetValue(0); (void)s;
+}
 '''
 
 BAD = [
@@ -398,3 +428,25 @@ def test_kernels_pass_the_pipe_model_in_every_block_order(kw):
     for out, lse in results[1:]:
         np.testing.assert_array_equal(out, results[0][0])
         np.testing.assert_array_equal(lse, results[0][1])
+
+
+def test_cost_model_per_token_round_trips_at_least_10x_slower(lib):
+    """Estimates: per-token scalar round trips vs the same element work on whole tiles."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("npu_estimate", Path(__file__).parents[2] / "scripts" / "npu_estimate.py")
+    est = importlib.util.module_from_spec(spec)
+    import sys
+
+    sys.modules.setdefault("npu_estimate", est)
+    spec.loader.exec_module(est)
+    times = {}
+    for name in ("cost_per_token", "cost_whole_tile"):
+        rc, msg, _ = run(lib, name, blocks=1)
+        assert rc == 0, msg
+        (st,) = sim.last_stats(lib)
+        times[name] = est.core_time_us(st, active_cores=1)["core_us"]
+    assert st["vec_elems"] > 0
+    print("estimated µs:", times)
+    assert times["cost_per_token"] >= 10 * times["cost_whole_tile"], times

@@ -4,8 +4,11 @@ The twin is a TEST DOUBLE, not the NPU: the very kernel sources of ``ascend_ops/
 compiled with g++ against our own emulation of the Ascend C API subset they use
 (``ascend_ops/sim/kernel_operator.h``), which follows the documented semantics and turns the
 documented constraints into errors (192 KiB UB, 32-byte alignment of buffers and copy lengths,
-queue depth and alloc/free discipline, no read of local memory before it is written). Each block
-index runs in turn. It does not model timing, pipeline synchronisation or the NPU's own Exp/Ln.
+queue depth and alloc/free discipline, no read of local memory before it is written, the
+documented DMA/vector/cast limits), and checks the synchronisation between pipes and between
+blocks (``[pipe-race]``, ``[gm-race]``, ``[flag]``; ``sim/sim_pipes.h``). Blocks run one at a time,
+in the order ``set_block_order`` chose. It does not model timing (``last_stats`` gives work
+counts for ``scripts/npu_estimate.py``, a paper estimate) or the NPU's own Exp/Ln.
 
 The shared library is built on demand (a few seconds) into ``$SPLITKV_SIM_CACHE`` or
 ``~/.cache/splitkv-sim``, keyed by a hash of the sources and flags.

@@ -4,8 +4,11 @@ The twin is a TEST DOUBLE, not the NPU: the very kernel sources of ``ascend_ops/
 compiled with g++ against our own emulation of the Ascend C API subset they use
 (``ascend_ops/sim/kernel_operator.h``), which follows the documented semantics and turns the
 documented constraints into errors (192 KiB UB, 32-byte alignment of buffers and copy lengths,
-queue depth and alloc/free discipline, no read of local memory before it is written). Each block
-index runs in turn. It does not model timing, pipeline synchronisation or the NPU's own Exp/Ln.
+queue depth and alloc/free discipline, no read of local memory before it is written, the
+documented DMA/vector/cast limits), and checks the synchronisation between pipes and between
+blocks (``[pipe-race]``, ``[gm-race]``, ``[flag]``; ``sim/sim_pipes.h``). Blocks run one at a time,
+in the order ``set_block_order`` chose. It does not model timing (``last_stats`` gives work
+counts for ``scripts/npu_estimate.py``, a paper estimate) or the NPU's own Exp/Ln.
 
 The shared library is built on demand (a few seconds) into ``$SPLITKV_SIM_CACHE`` or
 ``~/.cache/splitkv-sim``, keyed by a hash of the sources and flags.
@@ -34,7 +37,7 @@ HERE = Path(__file__).parent
 KERNEL_DIR = HERE / "kernel"
 SIM_DIR = HERE / "sim"
 CXX = os.environ.get("CXX", "g++")
-CXXFLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror"]
+CXXFLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror"]
 PROFILE = DEFAULT_PROFILE
 
 
@@ -94,6 +97,21 @@ def twin_library() -> ctypes.CDLL:
                                                                       ctypes.POINTER(ctypes.c_uint)]
         _LIB = lib
     return _LIB
+
+
+def set_block_order(lib: ctypes.CDLL, order: int) -> None:
+    """Block order of the next launches: 0 forward, 1 reverse, >= 2 a shuffle seeded with ``order``."""
+    lib.sim_set_block_order(ctypes.c_int(order))
+
+
+def last_stats(lib: ctypes.CDLL) -> list[dict]:
+    """Per-block work counters of the last launch on ``lib`` (the cost model's input; counts, not times)."""
+    import json
+
+    n = lib.sim_last_stats(None, 0)
+    buf = ctypes.create_string_buffer(n)
+    lib.sim_last_stats(buf, n)
+    return json.loads(buf.value.decode())
 
 
 def _ptr(a: np.ndarray):

@@ -17,10 +17,21 @@
 //   [uninit-read]   a read of a UB byte no instruction has written since its buffer was
 //                   allocated (AllocTensor content is "random" per the AllocTensor page)
 //   [bounds]        an access past the end of a LocalTensor's buffer or a GlobalTensor's size
-//   [flag]          WaitFlag without a matching SetFlag
-// Not modelled: pipeline timing and the ordering the SetFlag/WaitFlag/PipeBarrier calls enforce
-// on hardware (the twin executes in program order, so a missing barrier is NOT caught); the exact
-// NPU Exp/Ln precision (libm is used); the repeat/mask forms of the vector APIs (not used).
+//   [flag]          WaitFlag without a matching SetFlag; a SetFlag never waited by the kernel's end
+//   [pipe-race]     two accesses to the same UB or GM bytes from different pipes (or a V read of
+//                   a V result) with no ordering edge between them (sim_pipes.h: the model)
+//   [gm-race]       GM bytes written by one block and written or read by another with no
+//                   SyncAll between (sim_runtime.cpp runs blocks in a chosen order)
+//   [syncall]       a block ends while others wait in SyncAll
+//   [dcache]        a scalar GM read of bytes this core's DMA wrote, or a DMA read of bytes a
+//                   scalar GM write left in the data cache, without DataCacheCleanAndInvalid
+//   [dma-param]     DataCopy / DataCopyPad parameters outside their documented ranges
+//   [vec-param]     repeat-form vector parameters outside their documented ranges
+//   [cast]          a Cast (source, destination, round mode) dav-c220 does not support
+// Limits and tables, each with its source: sim_limits.h. Work counters (cost-model inputs):
+// sim::Stats in sim_pipes.h, exported per block by sim_runtime.cpp.
+// Not modelled: pipeline timing (the counters feed a paper estimate, scripts/npu_estimate.py);
+// bank conflicts; the exact NPU Exp/Ln precision (libm is used); the cube unit (L1/L0, Mmad).
 //
 // References (semantics encoded below):
 //   DataCopy          .../canncommercial/800/apiref/ascendcopapi/atlasascendc_api_07_0102.html
@@ -43,7 +54,10 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
+
+#include "sim_pipes.h"
 
 #define __aicore__
 #define __global__
@@ -122,46 +136,8 @@ struct bfloat16_t {
 };
 
 // ---------------------------------------------------------------------------------------------
-// The simulated core: one Unified Buffer, its "written" map, the block index.
+// The simulated core (sim_pipes.h): UB contents, its "written" map, the pipe shadow, counters.
 namespace sim {
-constexpr uint32_t kUbBytes = 192 * 1024;
-constexpr uint32_t kBlock = 32;
-constexpr int kMaxAllocPerPosition = 8;  // AllocTensor page: A2 products, at most 8 outstanding
-
-struct Violation : std::runtime_error {
-    explicit Violation(const std::string& m) : std::runtime_error(m) {}
-};
-
-[[noreturn]] inline void fail(const char* rule, const std::string& msg) {
-    throw Violation(std::string("[") + rule + "] " + msg);
-}
-
-struct Core {
-    alignas(64) uint8_t ub[kUbBytes];
-    uint8_t written[kUbBytes];
-    int64_t blockIdx = 0;
-    int64_t blockNum = 1;
-    uint32_t ubUsed = 0;      // bytes handed out by InitBuffer
-    int allocs[16] = {0};     // outstanding AllocTensor per TPosition
-    int flags[16][8] = {{0}}; // SetFlag count per (event, id)
-};
-
-inline Core& core() {
-    static Core* c = new Core();
-    return *c;
-}
-
-inline void reset_core(int64_t idx, int64_t num) {
-    Core& c = core();
-    std::memset(c.ub, 0xA5, kUbBytes);  // stale garbage, never to be read
-    std::memset(c.written, 0, kUbBytes);
-    c.blockIdx = idx;
-    c.blockNum = num;
-    c.ubUsed = 0;
-    std::memset(c.allocs, 0, sizeof(c.allocs));
-    std::memset(c.flags, 0, sizeof(c.flags));
-}
-
 inline void mark(uint32_t addr, uint32_t n) { std::memset(core().written + addr, 1, n); }
 inline void unmark(uint32_t addr, uint32_t n) { std::memset(core().written + addr, 0, n); }
 inline void check_written(uint32_t addr, uint32_t n, const char* api) {
@@ -179,6 +155,18 @@ inline void check_align(uint32_t addr, uint32_t align, const char* api, const ch
         fail("alignment", std::string(api) + ": " + what + " UB address " + std::to_string(addr) +
                               " is not " + std::to_string(align) + "-byte aligned");
 }
+inline void check_range(const char* rule, const char* api, const char* field, uint64_t v, uint64_t lo, uint64_t hi,
+                        const char* source) {
+    if (v < lo || v > hi)
+        fail(rule, std::string(api) + ": " + field + " = " + std::to_string(v) + " outside its documented range [" +
+                       std::to_string(lo) + ", " + std::to_string(hi) + "] (" + source + ")");
+}
+// Vector instruction bookkeeping: one instruction over `elems` elements of `bytes` bytes each.
+inline void count_vec(uint64_t elems, uint32_t bytes) {
+    Stats& st = core().st;
+    st.vecElems += elems;
+    st.vecRepeats += (elems * bytes + limits::kRepeatBytes - 1) / limits::kRepeatBytes;
+}
 }  // namespace sim
 
 // ---------------------------------------------------------------------------------------------
@@ -190,7 +178,35 @@ enum class HardEvent : uint8_t { MTE2_V, V_MTE2, MTE3_V, V_MTE3, V_S, S_V, MTE2_
 enum class RoundMode { CAST_NONE = 0, CAST_RINT, CAST_FLOOR, CAST_CEIL, CAST_ROUND, CAST_TRUNC, CAST_ODD };
 enum pipe_t { PIPE_S, PIPE_V, PIPE_M, PIPE_MTE1, PIPE_MTE2, PIPE_MTE3, PIPE_ALL };
 enum event_t : int { EVENT_ID0 = 0, EVENT_ID1, EVENT_ID2, EVENT_ID3, EVENT_ID4, EVENT_ID5, EVENT_ID6, EVENT_ID7 };
+// DataCacheCleanAndInvalid template arguments (ascendc/basic_api/impl/kernel_reg.h).
+enum class CacheLine : uint64_t { SINGLE_CACHE_LINE = 0, ENTIRE_DATA_CACHE };
+enum class DcciDst : uint64_t { CACHELINE_ALL = 0, CACHELINE_UB, CACHELINE_OUT, CACHELINE_ATOMIC };
 using TEventID = int8_t;
+
+namespace detail {
+// (source pipe, destination pipe) of each HardEvent: the name is SRC_DST.
+constexpr sim::Pipe ev_src(HardEvent e) {
+    switch (e) {
+        case HardEvent::MTE2_V: case HardEvent::MTE2_S: case HardEvent::MTE2_MTE3: return sim::P_MTE2;
+        case HardEvent::V_MTE2: case HardEvent::V_MTE3: case HardEvent::V_S: return sim::P_V;
+        case HardEvent::MTE3_V: case HardEvent::MTE3_S: case HardEvent::MTE3_MTE2: return sim::P_MTE3;
+        default: return sim::P_S;
+    }
+}
+constexpr sim::Pipe ev_dst(HardEvent e) {
+    switch (e) {
+        case HardEvent::MTE2_V: case HardEvent::MTE3_V: case HardEvent::S_V: return sim::P_V;
+        case HardEvent::V_MTE2: case HardEvent::S_MTE2: case HardEvent::MTE3_MTE2: return sim::P_MTE2;
+        case HardEvent::V_MTE3: case HardEvent::S_MTE3: case HardEvent::MTE2_MTE3: return sim::P_MTE3;
+        default: return sim::P_S;
+    }
+}
+inline const char* ev_name(HardEvent e) {
+    static const char* n[] = {"MTE2_V", "V_MTE2", "MTE3_V", "V_MTE3", "V_S", "S_V",
+                              "MTE2_S", "S_MTE2", "MTE3_S", "S_MTE3", "MTE2_MTE3", "MTE3_MTE2"};
+    return n[int(e)];
+}
+}  // namespace detail
 
 inline int64_t GetBlockIdx() { return sim::core().blockIdx; }
 inline int64_t GetBlockNum() { return sim::core().blockNum; }
@@ -208,16 +224,24 @@ public:
         return LocalTensor(addr_ + uint32_t(off), bytes_ - uint32_t(off));
     }
     uint32_t GetSize() const { return bytes_ / sizeof(T); }
-    T GetValue(uint32_t i) const {
+    // Scalar read of the UB (pipe S): needs the writer's pipe -> S edge.
+    T GetValue(uint32_t i, sim::Loc loc = {}) const {
         need(i + 1, "GetValue");
+        sim::Ins in = sim::issue(sim::P_S, "LocalTensor::GetValue", loc);
+        sim::core().st.sUbReads++;
         sim::check_written(addr_ + i * sizeof(T), sizeof(T), "LocalTensor::GetValue");
+        sim::ub_read(in, addr_ + i * sizeof(T), sizeof(T));
         T v;
         std::memcpy(&v, sim::core().ub + addr_ + i * sizeof(T), sizeof(T));
         return v;
     }
+    // Scalar write of the UB (pipe S): other pipes see it only after an S -> X edge.
     template <typename U>
-    void SetValue(uint32_t i, U value) const {
+    void SetValue(uint32_t i, U value, sim::Loc loc = {}) const {
         need(i + 1, "SetValue");
+        sim::Ins in = sim::issue(sim::P_S, "LocalTensor::SetValue", loc);
+        sim::core().st.sUbWrites++;
+        sim::ub_write(in, addr_ + i * sizeof(T), sizeof(T));
         T v = T(value);
         std::memcpy(sim::core().ub + addr_ + i * sizeof(T), &v, sizeof(T));
         sim::mark(addr_ + i * sizeof(T), sizeof(T));
@@ -247,8 +271,22 @@ public:
         return g;
     }
     uint64_t GetSize() const { return size_; }
-    T GetValue(uint64_t i) const { need(i + 1, "GlobalTensor::GetValue"); return base_[i]; }
-    void SetValue(uint64_t i, T v) { need(i + 1, "GlobalTensor::SetValue"); base_[i] = v; }
+    T* GetPhyAddr() const { return base_; }
+    // Scalar GM access goes through the scalar data cache (see DataCacheCleanAndInvalid).
+    T GetValue(uint64_t i, sim::Loc loc = {}) const {
+        need(i + 1, "GlobalTensor::GetValue");
+        sim::Ins in = sim::issue(sim::P_S, "GlobalTensor::GetValue", loc);
+        sim::core().st.sGmReads++;
+        sim::gm_access(in, base_ + i, sizeof(T), false);
+        return base_[i];
+    }
+    void SetValue(uint64_t i, T v, sim::Loc loc = {}) {
+        need(i + 1, "GlobalTensor::SetValue");
+        sim::Ins in = sim::issue(sim::P_S, "GlobalTensor::SetValue", loc);
+        sim::core().st.sGmWrites++;
+        sim::gm_access(in, base_ + i, sizeof(T), true);
+        base_[i] = v;
+    }
     void need(uint64_t elems, const char* api) const {
         if (elems > size_)
             sim::fail("bounds", std::string(api) + ": " + std::to_string(elems) + " elements exceed the global buffer of " + std::to_string(size_));
@@ -259,6 +297,9 @@ class TPipe;
 inline TPipe*& current_pipe() { static TPipe* p = nullptr; return p; }
 
 // TQue: `num` buffers of `len` bytes from TPipe::InitBuffer; at most `depth` tensors queued.
+// The queue carries the documented implicit edges (GetQueEvt, ascendc/basic_api/impl/kernel_event.h):
+// VECIN: EnQue -> DeQue is MTE2 -> V, FreeTensor -> next AllocTensor of that buffer is V -> MTE2;
+// VECOUT: EnQue -> DeQue is V -> MTE3, FreeTensor -> AllocTensor is MTE3 -> V. VECCALC: none.
 template <TPosition pos, int32_t depth>
 class TQue {
 public:
@@ -266,8 +307,16 @@ public:
     uint32_t base_ = 0, len_ = 0;
     int num_ = 0;
     State state_[16] = {FREE};
-    std::deque<int> fifo_;
+    bool freed_[16] = {false};
+    sim::VC freeVc_[16];
+    std::deque<std::pair<int, sim::VC>> fifo_;
     bool inited_ = false;
+
+    static constexpr bool kIn = pos == TPosition::VECIN;
+    static constexpr bool kOut = pos == TPosition::VECOUT;
+    static constexpr sim::Pipe kProducer = kIn ? sim::P_MTE2 : sim::P_V;
+    static constexpr sim::Pipe kConsumer = kIn ? sim::P_V : sim::P_MTE3;
+    static constexpr bool kSync = kIn || kOut;
 
     template <typename T>
     LocalTensor<T> AllocTensor() {
@@ -279,6 +328,11 @@ public:
                     sim::fail("queue", "more than 8 tensors allocated at once on one TPosition");
                 out++;
                 state_[i] = ALLOCATED;
+                if (kSync && freed_[i]) {  // wait until the consumer released this buffer
+                    sim::wait_on(kProducer, freeVc_[i]);
+                    sim::core().st.queueWaits++;
+                    freed_[i] = false;
+                }
                 sim::unmark(base_ + i * len_, len_);  // content is random after AllocTensor
                 return LocalTensor<T>(base_ + i * len_, len_);
             }
@@ -291,14 +345,19 @@ public:
         if (state_[i] != ALLOCATED) sim::fail("queue", "EnQue of a tensor that is not freshly allocated from this queue");
         if (int(fifo_.size()) >= depth) sim::fail("queue", "EnQue beyond the queue depth " + std::to_string(depth));
         state_[i] = QUEUED;
-        fifo_.push_back(i);
+        fifo_.push_back({i, kSync ? sim::source_done(kProducer) : sim::VC()});
         return true;
     }
     template <typename T>
     LocalTensor<T> DeQue() {
         if (fifo_.empty()) sim::fail("queue", "DeQue of an empty queue");
-        int i = fifo_.front();
+        auto e = fifo_.front();
         fifo_.pop_front();
+        int i = e.first;
+        if (kSync) {
+            sim::wait_on(kConsumer, e.second);
+            sim::core().st.queueWaits++;
+        }
         state_[i] = DEQUEUED;
         return LocalTensor<T>(base_ + i * len_, len_);
     }
@@ -307,6 +366,10 @@ public:
         int i = index_of(t.addr_, "FreeTensor");
         if (state_[i] == FREE) sim::fail("queue", "FreeTensor of a tensor not allocated (double free?)");
         if (state_[i] == QUEUED) sim::fail("queue", "FreeTensor of a tensor still in the queue");
+        if (kSync) {
+            freeVc_[i] = sim::source_done(kConsumer);
+            freed_[i] = true;
+        }
         state_[i] = FREE;
         sim::core().allocs[int(pos)]--;
     }
@@ -317,7 +380,7 @@ public:
     }
 };
 
-// TBuf: one buffer, Get<T>() returns all of it; content persists between Get calls.
+// TBuf: one buffer, Get<T>() returns all of it; content persists between Get calls; no implicit sync.
 template <TPosition pos = TPosition::VECCALC>
 class TBuf {
 public:
@@ -375,16 +438,61 @@ private:
     }
 };
 
+// SetFlag executes on the source pipe once everything issued to it before is complete; WaitFlag
+// blocks the destination pipe until then. A set never waited by the end of the kernel is an error.
 template <HardEvent e>
-inline void SetFlag(int32_t id) { sim::core().flags[int(e)][id & 7]++; }
+inline void SetFlag(int32_t id, sim::Loc loc = {}) {
+    sim::Core& c = sim::core();
+    c.flags[int(e)][id & 7].push_back({sim::source_done(detail::ev_src(e)), sim::intern("SetFlag", loc)});
+    c.st.setFlags++;
+}
 template <HardEvent e>
-inline void WaitFlag(int32_t id) {
-    int& f = sim::core().flags[int(e)][id & 7];
-    if (f <= 0) sim::fail("flag", "WaitFlag without a matching SetFlag");
-    f--;
+inline void WaitFlag(int32_t id, sim::Loc loc = {}) {
+    sim::Core& c = sim::core();
+    auto& q = c.flags[int(e)][id & 7];
+    if (q.empty())
+        sim::fail("flag", std::string("WaitFlag<") + detail::ev_name(e) + ">(" + std::to_string(id) +
+                              ") without a matching SetFlag (" + sim::site_str(sim::intern("WaitFlag", loc)) + ")");
+    sim::wait_on(detail::ev_dst(e), q.front().vc);
+    q.pop_front();
+    c.st.waitFlags++;
+    if (detail::ev_dst(e) == sim::P_S) c.st.waitsToS++;
+    if (e == HardEvent::V_S) c.st.vToS++;
 }
 template <pipe_t p>
-inline void PipeBarrier() {}
+inline void PipeBarrier() {
+    sim::Core& c = sim::core();
+    if (p == PIPE_ALL) {
+        sim::barrier_all();
+        c.st.barrierAll++;
+        return;
+    }
+    constexpr sim::Pipe q = p == PIPE_S ? sim::P_S : p == PIPE_V ? sim::P_V : p == PIPE_M ? sim::P_M
+                          : p == PIPE_MTE1 ? sim::P_MTE1 : p == PIPE_MTE2 ? sim::P_MTE2 : sim::P_MTE3;
+    sim::barrier(q);
+    if (q == sim::P_V) c.st.barrierV++;
+}
+
+// SyncAll (all vector cores of the launch): every block reaches it before any goes on; the GM
+// written before it by any block may be read after it by any block. The twin also drains this
+// core's pipes (an assumption: the library's SyncAll waits for the core's outstanding copies).
+template <bool isAIVOnly = true>
+inline void SyncAll(sim::Loc = {}) {
+    sim::barrier_all();
+    sim::core().st.syncAll++;
+    if (sim::sync_all_hook()) sim::sync_all_hook()();
+}
+
+// DataCacheCleanAndInvalid (ascendc/basic_api/interface/kernel_common.h): writes back and drops
+// the scalar data cache lines of dst (SINGLE_CACHE_LINE: the 64-byte line at its start;
+// ENTIRE_DATA_CACHE: all of this core's lines). Needed between a DMA write of GM and a scalar read
+// of it, and between a scalar write of GM and a DMA read of it.
+template <typename T, CacheLine entire, DcciDst dst = DcciDst::CACHELINE_OUT>
+inline void DataCacheCleanAndInvalid(const GlobalTensor<T>& t) {
+    sim::core().st.dcci++;
+    const uintptr_t a = reinterpret_cast<uintptr_t>(t.base_) / 64 * 64;
+    sim::gm_dcci(reinterpret_cast<const void*>(a), 64, entire == CacheLine::ENTIRE_DATA_CACHE);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Data movement
@@ -416,57 +524,120 @@ struct DataCopyPadExtParams {
     DataCopyPadExtParams(bool p, uint8_t l, uint8_t r, T v) : isPad(p), leftPadding(l), rightPadding(r), paddingValue(v) {}
 };
 
-// DataCopy, contiguous: calCount * sizeof(T) must be a multiple of 32 bytes; UB address 32-aligned.
+namespace detail {
+inline void dma_stats(sim::Pipe p, uint64_t bytes, uint64_t bursts) {
+    sim::Stats& st = sim::core().st;
+    st.dmaBytes[p] += bytes;
+    st.dmaBursts[p] += bursts;
+}
+constexpr const char* kSrcDataCopy = "CheckDataCopyParams, dav_c220/kernel_operator_data_copy_impl.h";
+constexpr const char* kSrcDataCopyPad = "CheckDataCopyPadParams, dav_c220/kernel_operator_data_copy_impl.h";
+inline void check_copy_params(const char* api, uint32_t count, uint32_t len) {
+    sim::check_range("dma-param", api, "blockCount", count, 1, sim::limits::kDataCopyMaxBlockCount, kSrcDataCopy);
+    sim::check_range("dma-param", api, "blockLen (32-byte blocks)", len, 1, sim::limits::kDataCopyMaxBlockLen, kSrcDataCopy);
+}
 template <typename T>
-inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint32_t calCount) {
+inline void check_pad_params(const char* api, const DataCopyExtParams& p, bool gmToUb) {
+    sim::check_range("dma-param", api, "blockCount", p.blockCount, 0, sim::limits::kDataCopyPadMaxBlockCount, kSrcDataCopyPad);
+    sim::check_range("dma-param", api, "blockLen (bytes)", p.blockLen, 0, sim::limits::kDataCopyPadMaxBlockLen, kSrcDataCopyPad);
+    if (gmToUb && p.blockLen % sizeof(T))
+        sim::fail("dma-param", std::string(api) + " GM->UB: blockLen " + std::to_string(p.blockLen) +
+                                   " bytes is not a multiple of the element size " + std::to_string(sizeof(T)) + " (" +
+                                   kSrcDataCopyPad + ")");
+}
+}  // namespace detail
+
+// DataCopy, contiguous: calCount * sizeof(T) must be a multiple of 32 bytes; UB address 32-aligned.
+// One burst of calCount * sizeof(T) / 32 blocks (so at most 65535 blocks).
+template <typename T>
+inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint32_t calCount, sim::Loc loc = {}) {
     uint32_t n = calCount * sizeof(T);
     if (n % sim::kBlock) sim::fail("alignment", "DataCopy GM->UB of " + std::to_string(n) + " bytes: not a multiple of 32 bytes");
     sim::check_align(dst.addr_, 32, "DataCopy", "destination");
+    detail::check_copy_params("DataCopy GM->UB", 1, n / sim::kBlock);
     dst.need(calCount, "DataCopy");
     src.need(calCount, "DataCopy");
+    sim::Ins in = sim::issue(sim::P_MTE2, "DataCopy GM->UB", loc);
+    sim::gm_access(in, src.base_, n, false);
+    sim::ub_write(in, dst.addr_, n);
+    detail::dma_stats(sim::P_MTE2, n, 1);
     std::memcpy(dst.ptr(), src.base_, n);
     sim::mark(dst.addr_, n);
 }
 template <typename T>
-inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t calCount) {
+inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t calCount, sim::Loc loc = {}) {
     uint32_t n = calCount * sizeof(T);
     if (n % sim::kBlock) sim::fail("alignment", "DataCopy UB->GM of " + std::to_string(n) + " bytes: not a multiple of 32 bytes");
     sim::check_align(src.addr_, 32, "DataCopy", "source");
+    detail::check_copy_params("DataCopy UB->GM", 1, n / sim::kBlock);
     src.need(calCount, "DataCopy");
     dst.need(calCount, "DataCopy");
     sim::check_written(src.addr_, n, "DataCopy UB->GM");
+    sim::Ins in = sim::issue(sim::P_MTE3, "DataCopy UB->GM", loc);
+    sim::ub_read(in, src.addr_, n);
+    sim::gm_access(in, dst.base_, n, true);
+    detail::dma_stats(sim::P_MTE3, n, 1);
     std::memcpy(dst.base_, src.ptr(), n);
 }
 // DataCopy with DataCopyParams, GM->UB: blockCount blocks of blockLen * 32 bytes; gaps in 32 B units.
 template <typename T>
-inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const DataCopyParams& p) {
+inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const DataCopyParams& p, sim::Loc loc = {}) {
     sim::check_align(dst.addr_, 32, "DataCopy", "destination");
+    detail::check_copy_params("DataCopy(DataCopyParams) GM->UB", p.blockCount, p.blockLen);
+    sim::Ins in = sim::issue(sim::P_MTE2, "DataCopy(DataCopyParams) GM->UB", loc);
     const uint32_t blk = p.blockLen * 32u;
     for (uint32_t i = 0; i < p.blockCount; i++) {
         uint64_t s = uint64_t(i) * (p.blockLen + p.srcStride) * 32u, d = uint64_t(i) * (p.blockLen + p.dstStride) * 32u;
         if ((s + blk) > src.size_ * sizeof(T)) sim::fail("bounds", "DataCopy(params) reads past the global buffer");
         if ((d + blk) > dst.bytes_) sim::fail("bounds", "DataCopy(params) writes past the local buffer");
+        sim::gm_access(in, reinterpret_cast<const uint8_t*>(src.base_) + s, blk, false);
+        sim::ub_write(in, dst.addr_ + uint32_t(d), blk);
         std::memcpy(reinterpret_cast<uint8_t*>(dst.ptr()) + d, reinterpret_cast<const uint8_t*>(src.base_) + s, blk);
         sim::mark(dst.addr_ + uint32_t(d), blk);
     }
+    detail::dma_stats(sim::P_MTE2, uint64_t(blk) * p.blockCount, p.blockCount);
 }
-// DataCopyPad GM->UB: blockLen bytes per block (no alignment rule), each block starts on a
-// 32-byte boundary in UB (plus dstStride blocks); rightPadding elements after the data get
+// DataCopy with DataCopyParams, UB->GM.
+template <typename T>
+inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const DataCopyParams& p, sim::Loc loc = {}) {
+    sim::check_align(src.addr_, 32, "DataCopy", "source");
+    detail::check_copy_params("DataCopy(DataCopyParams) UB->GM", p.blockCount, p.blockLen);
+    sim::Ins in = sim::issue(sim::P_MTE3, "DataCopy(DataCopyParams) UB->GM", loc);
+    const uint32_t blk = p.blockLen * 32u;
+    for (uint32_t i = 0; i < p.blockCount; i++) {
+        uint64_t s = uint64_t(i) * (p.blockLen + p.srcStride) * 32u, d = uint64_t(i) * (p.blockLen + p.dstStride) * 32u;
+        if ((s + blk) > src.bytes_) sim::fail("bounds", "DataCopy(params) reads past the local buffer");
+        if ((d + blk) > dst.size_ * sizeof(T)) sim::fail("bounds", "DataCopy(params) writes past the global buffer");
+        sim::check_written(src.addr_ + uint32_t(s), blk, "DataCopy(params) UB->GM");
+        sim::ub_read(in, src.addr_ + uint32_t(s), blk);
+        sim::gm_access(in, reinterpret_cast<uint8_t*>(dst.base_) + d, blk, true);
+        std::memcpy(reinterpret_cast<uint8_t*>(dst.base_) + d, reinterpret_cast<const uint8_t*>(src.ptr()) + s, blk);
+    }
+    detail::dma_stats(sim::P_MTE3, uint64_t(blk) * p.blockCount, p.blockCount);
+}
+// DataCopyPad GM->UB: blockLen bytes per block (a multiple of the element size), each block starts
+// on a 32-byte boundary in UB (plus dstStride blocks); rightPadding elements after the data get
 // paddingValue when isPad, otherwise stay undefined (the page: "random values").
 template <typename T>
 inline void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const DataCopyExtParams& p,
-                        const DataCopyPadExtParams<T>& pad) {
+                        const DataCopyPadExtParams<T>& pad, sim::Loc loc = {}) {
     sim::check_align(dst.addr_, 32, "DataCopyPad", "destination");
+    detail::check_pad_params<T>("DataCopyPad", p, true);
     if (pad.leftPadding) sim::fail("bounds", "DataCopyPad leftPadding is not emulated");
-    if (pad.rightPadding * sizeof(T) > 32) sim::fail("bounds", "DataCopyPad rightPadding over 32 bytes");
+    if (pad.rightPadding * sizeof(T) > sim::limits::kDataCopyPadMaxPadBytes)
+        sim::fail("dma-param", "DataCopyPad rightPadding over 32 bytes (CheckPadParamters, asc-tools kernel_data_copy_pad_check.cpp)");
     const uint32_t blkUb = (p.blockLen + 31u) / 32u * 32u;
     if (p.blockLen + pad.rightPadding * sizeof(T) > blkUb)
         sim::fail("bounds", "DataCopyPad data plus rightPadding overflow the 32-byte aligned block");
+    sim::Ins in = sim::issue(sim::P_MTE2, "DataCopyPad GM->UB", loc);
     for (uint32_t i = 0; i < p.blockCount; i++) {
         uint64_t s = uint64_t(i) * (p.blockLen + p.srcStride), d = uint64_t(i) * (blkUb + p.dstStride * 32u);
         if (s + p.blockLen > src.size_ * sizeof(T)) sim::fail("bounds", "DataCopyPad reads past the global buffer");
         if (d + blkUb > dst.bytes_) sim::fail("bounds", "DataCopyPad writes past the local buffer");
         uint8_t* out = reinterpret_cast<uint8_t*>(dst.ptr()) + d;
+        sim::gm_access(in, reinterpret_cast<const uint8_t*>(src.base_) + s, p.blockLen, false);
+        const uint32_t padBytes = pad.isPad ? pad.rightPadding * uint32_t(sizeof(T)) : 0u;
+        sim::ub_write(in, dst.addr_ + uint32_t(d), p.blockLen + padBytes);
         std::memcpy(out, reinterpret_cast<const uint8_t*>(src.base_) + s, p.blockLen);
         sim::mark(dst.addr_ + uint32_t(d), p.blockLen);
         if (pad.isPad) {
@@ -475,35 +646,44 @@ inline void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, c
             sim::mark(dst.addr_ + uint32_t(d) + p.blockLen, pad.rightPadding * sizeof(T));
         }
     }
+    detail::dma_stats(sim::P_MTE2, uint64_t(p.blockLen) * p.blockCount, p.blockCount);
 }
 // DataCopyPad UB->GM: blockLen bytes per block; UB blocks 32-byte aligned (srcStride in blocks),
 // GM gap dstStride in bytes.
 template <typename T>
-inline void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const DataCopyExtParams& p) {
+inline void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const DataCopyExtParams& p,
+                        sim::Loc loc = {}) {
     sim::check_align(src.addr_, 32, "DataCopyPad", "source");
+    detail::check_pad_params<T>("DataCopyPad", p, false);
+    sim::Ins in = sim::issue(sim::P_MTE3, "DataCopyPad UB->GM", loc);
     const uint32_t blkUb = (p.blockLen + 31u) / 32u * 32u;
     for (uint32_t i = 0; i < p.blockCount; i++) {
         uint64_t s = uint64_t(i) * (blkUb + p.srcStride * 32u), d = uint64_t(i) * (p.blockLen + p.dstStride);
         if (s + p.blockLen > src.bytes_) sim::fail("bounds", "DataCopyPad reads past the local buffer");
         if (d + p.blockLen > dst.size_ * sizeof(T)) sim::fail("bounds", "DataCopyPad writes past the global buffer");
         sim::check_written(src.addr_ + uint32_t(s), p.blockLen, "DataCopyPad UB->GM");
+        sim::ub_read(in, src.addr_ + uint32_t(s), p.blockLen);
+        sim::gm_access(in, reinterpret_cast<uint8_t*>(dst.base_) + d, p.blockLen, true);
         std::memcpy(reinterpret_cast<uint8_t*>(dst.base_) + d, reinterpret_cast<const uint8_t*>(src.ptr()) + s, p.blockLen);
     }
+    detail::dma_stats(sim::P_MTE3, uint64_t(p.blockLen) * p.blockCount, p.blockCount);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Vector instructions, "first calCount elements" prototypes. Each operand: 32-byte aligned,
-// inside its buffer; inputs must have been written; the result is marked written.
+// inside its buffer; inputs must have been written; the result is marked written. Each call is
+// one instruction on pipe V: inputs are read (ordering checked), then the output is written.
 namespace detail {
 template <typename T>
 inline float ld(const LocalTensor<T>& t, uint32_t i) { return float(t.ptr()[i]); }
 template <typename T>
 inline void st(const LocalTensor<T>& t, uint32_t i, float v) { t.ptr()[i] = T(v); }
 template <typename T>
-inline void in(const LocalTensor<T>& t, int32_t n, const char* api) {
+inline void in(const sim::Ins& ins, const LocalTensor<T>& t, int32_t n, const char* api) {
     sim::check_align(t.addr_, 32, api, "source");
     t.need(uint32_t(n), api);
     sim::check_written(t.addr_, uint32_t(n) * sizeof(T), api);
+    sim::ub_read(ins, t.addr_, uint32_t(n) * sizeof(T));
 }
 template <typename T>
 inline void out(const LocalTensor<T>& t, int32_t n, const char* api, uint32_t align = 32) {
@@ -511,81 +691,164 @@ inline void out(const LocalTensor<T>& t, int32_t n, const char* api, uint32_t al
     t.need(uint32_t(n), api);
 }
 template <typename T>
-inline void done(const LocalTensor<T>& t, int32_t n) { sim::mark(t.addr_, uint32_t(n) * sizeof(T)); }
+inline void done(const sim::Ins& ins, const LocalTensor<T>& t, int32_t n) {
+    sim::ub_write(ins, t.addr_, uint32_t(n) * sizeof(T));
+    sim::mark(t.addr_, uint32_t(n) * sizeof(T));
+}
 template <typename T, typename F>
-inline void binary(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, int32_t n, const char* api, F f) {
-    in(a, n, api); in(b, n, api); out(d, n, api);
+inline void binary(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, int32_t n, const char* api,
+                   const sim::Loc& loc, F f) {
+    sim::Ins ins = sim::issue(sim::P_V, api, loc);
+    out(d, n, api); in(ins, a, n, api); in(ins, b, n, api);
+    sim::count_vec(uint64_t(n), sizeof(T));
     std::vector<float> r(n);
     for (int32_t i = 0; i < n; i++) r[i] = f(ld(a, i), ld(b, i));
     for (int32_t i = 0; i < n; i++) st(d, i, r[i]);
-    done(d, n);
+    done(ins, d, n);
 }
 template <typename T, typename F>
-inline void unary(const LocalTensor<T>& d, const LocalTensor<T>& a, int32_t n, const char* api, F f) {
-    in(a, n, api); out(d, n, api);
+inline void unary(const LocalTensor<T>& d, const LocalTensor<T>& a, int32_t n, const char* api, const sim::Loc& loc, F f) {
+    sim::Ins ins = sim::issue(sim::P_V, api, loc);
+    out(d, n, api); in(ins, a, n, api);
+    sim::count_vec(uint64_t(n), sizeof(T));
     for (int32_t i = 0; i < n; i++) st(d, i, f(ld(a, i)));
-    done(d, n);
+    done(ins, d, n);
 }
 }  // namespace detail
 
 template <typename T>
-inline void Add(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
-    detail::binary(d, a, b, n, "Add", [](float x, float y) { return x + y; });
+inline void Add(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n, sim::Loc loc = {}) {
+    detail::binary(d, a, b, n, "Add", loc, [](float x, float y) { return x + y; });
 }
 template <typename T>
-inline void Sub(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
-    detail::binary(d, a, b, n, "Sub", [](float x, float y) { return x - y; });
+inline void Sub(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n, sim::Loc loc = {}) {
+    detail::binary(d, a, b, n, "Sub", loc, [](float x, float y) { return x - y; });
 }
 template <typename T>
-inline void Mul(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
-    detail::binary(d, a, b, n, "Mul", [](float x, float y) { return x * y; });
+inline void Mul(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n, sim::Loc loc = {}) {
+    detail::binary(d, a, b, n, "Mul", loc, [](float x, float y) { return x * y; });
 }
 template <typename T>
-inline void Div(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
-    detail::binary(d, a, b, n, "Div", [](float x, float y) { return x / y; });
+inline void Div(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n, sim::Loc loc = {}) {
+    detail::binary(d, a, b, n, "Div", loc, [](float x, float y) { return x / y; });
 }
 template <typename T>
-inline void Max(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n) {
-    detail::binary(d, a, b, n, "Max", [](float x, float y) { return x > y ? x : y; });
+inline void Max(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, const int32_t& n, sim::Loc loc = {}) {
+    detail::binary(d, a, b, n, "Max", loc, [](float x, float y) { return x > y ? x : y; });
 }
 template <typename T, typename U>
-inline void Adds(const LocalTensor<T>& d, const LocalTensor<T>& a, const U& s, const int32_t& n) {
+inline void Adds(const LocalTensor<T>& d, const LocalTensor<T>& a, const U& s, const int32_t& n, sim::Loc loc = {}) {
     float sv = float(s);
-    detail::unary(d, a, n, "Adds", [sv](float x) { return x + sv; });
+    detail::unary(d, a, n, "Adds", loc, [sv](float x) { return x + sv; });
 }
 template <typename T, typename U>
-inline void Muls(const LocalTensor<T>& d, const LocalTensor<T>& a, const U& s, const int32_t& n) {
+inline void Muls(const LocalTensor<T>& d, const LocalTensor<T>& a, const U& s, const int32_t& n, sim::Loc loc = {}) {
     float sv = float(s);
-    detail::unary(d, a, n, "Muls", [sv](float x) { return x * sv; });
+    detail::unary(d, a, n, "Muls", loc, [sv](float x) { return x * sv; });
 }
 template <typename T>
-inline void Exp(const LocalTensor<T>& d, const LocalTensor<T>& a, const int32_t& n) {
-    detail::unary(d, a, n, "Exp", [](float x) { return std::exp(x); });
+inline void Exp(const LocalTensor<T>& d, const LocalTensor<T>& a, const int32_t& n, sim::Loc loc = {}) {
+    detail::unary(d, a, n, "Exp", loc, [](float x) { return std::exp(x); });
 }
 template <typename T>
-inline void Ln(const LocalTensor<T>& d, const LocalTensor<T>& a, const int32_t& n) {
-    detail::unary(d, a, n, "Ln", [](float x) { return std::log(x); });
+inline void Ln(const LocalTensor<T>& d, const LocalTensor<T>& a, const int32_t& n, sim::Loc loc = {}) {
+    detail::unary(d, a, n, "Ln", loc, [](float x) { return std::log(x); });
 }
 template <typename T, typename U>
-inline void Duplicate(const LocalTensor<T>& d, const U& s, const int32_t& n) {
+inline void Duplicate(const LocalTensor<T>& d, const U& s, const int32_t& n, sim::Loc loc = {}) {
+    sim::Ins ins = sim::issue(sim::P_V, "Duplicate", loc);
     detail::out(d, n, "Duplicate");
+    sim::count_vec(uint64_t(n), sizeof(T));
     for (int32_t i = 0; i < n; i++) d.ptr()[i] = T(s);
-    detail::done(d, n);
+    detail::done(ins, d, n);
 }
 // Axpy: dst[i] = src[i] * scalar + dst[i] (dst is read too); float/float and half/half used here.
 template <typename T, typename U>
-inline void Axpy(const LocalTensor<T>& d, const LocalTensor<U>& a, const U& s, const int32_t& n) {
-    detail::in(a, n, "Axpy");
-    detail::in(d, n, "Axpy");
+inline void Axpy(const LocalTensor<T>& d, const LocalTensor<U>& a, const U& s, const int32_t& n, sim::Loc loc = {}) {
+    sim::Ins ins = sim::issue(sim::P_V, "Axpy", loc);
     detail::out(d, n, "Axpy");
+    detail::in(ins, a, n, "Axpy");
+    detail::in(ins, d, n, "Axpy");
+    sim::count_vec(uint64_t(n), sizeof(T));
     float sv = float(s);
     for (int32_t i = 0; i < n; i++) detail::st(d, i, detail::ld(a, i) * sv + detail::ld(d, i));
-    detail::done(d, n);
+    detail::done(ins, d, n);
 }
 
-// Cast: the pairs the kernels use. CAST_NONE is exact where no precision is lost and CAST_RINT
-// (round half to even) where it is; float -> half/bfloat16 rounds per the mode (RINT only here).
+// Repeat forms (mask = number of leading elements per repeat, continuous mode):
+// dst/src advance by repStride 32-byte blocks per repeat, blocks inside a repeat by blkStride.
+// Limits: repeatTimes <= 255, mask 1 .. 256 / sizeof(T) (sim_limits.h).
+struct UnaryRepeatParams {
+    uint16_t dstBlkStride = 1, srcBlkStride = 1;
+    uint8_t dstRepStride = 8, srcRepStride = 8;
+    UnaryRepeatParams() = default;
+    UnaryRepeatParams(uint16_t db, uint16_t sb, uint8_t dr, uint8_t sr)
+        : dstBlkStride(db), srcBlkStride(sb), dstRepStride(dr), srcRepStride(sr) {}
+};
 namespace detail {
+template <typename T, typename F>
+inline void unary_rep(const LocalTensor<T>& d, const LocalTensor<T>& a, uint64_t mask, int32_t repeatTimes,
+                      const UnaryRepeatParams& p, const char* api, const sim::Loc& loc, F f) {
+    const uint64_t perRep = sim::limits::kRepeatBytes / sizeof(T);
+    sim::check_range("vec-param", api, "repeatTimes", uint64_t(repeatTimes < 0 ? ~0ull : uint64_t(repeatTimes)), 0,
+                     sim::limits::kMaxRepeatTimes, "MAX_REPEAT_TIMES, impl/utils/kernel_utils_constants.h");
+    sim::check_range("vec-param", api, "mask (continuous)", mask, 1, perRep, "ONE_REP_BYTE_SIZE / sizeof(T)");
+    sim::check_align(d.addr_, 32, api, "destination");
+    sim::check_align(a.addr_, 32, api, "source");
+    sim::Ins ins = sim::issue(sim::P_V, api, loc);
+    const uint32_t perBlk = 32 / sizeof(T);
+    for (int32_t r = 0; r < repeatTimes; r++) {
+        for (uint64_t e = 0; e < mask; e++) {
+            const uint64_t blk = e / perBlk, off = e % perBlk;
+            const uint64_t si = (uint64_t(r) * p.srcRepStride * perBlk) + blk * p.srcBlkStride * perBlk + off;
+            const uint64_t di = (uint64_t(r) * p.dstRepStride * perBlk) + blk * p.dstBlkStride * perBlk + off;
+            a.need(si + 1, api);
+            d.need(di + 1, api);
+            sim::check_written(a.addr_ + uint32_t(si * sizeof(T)), sizeof(T), api);
+            sim::ub_read(ins, a.addr_ + uint32_t(si * sizeof(T)), sizeof(T));
+            detail::st(d, uint32_t(di), f(detail::ld(a, uint32_t(si))));
+            sim::ub_write(ins, d.addr_ + uint32_t(di * sizeof(T)), sizeof(T));
+            sim::mark(d.addr_ + uint32_t(di * sizeof(T)), sizeof(T));
+        }
+    }
+    sim::Stats& st = sim::core().st;
+    st.vecElems += uint64_t(repeatTimes) * mask;
+    st.vecRepeats += uint64_t(repeatTimes);
+}
+}  // namespace detail
+template <typename T, typename U>
+inline void Adds(const LocalTensor<T>& d, const LocalTensor<T>& a, const U& s, uint64_t mask, int32_t repeatTimes,
+                 const UnaryRepeatParams& p, sim::Loc loc = {}) {
+    float sv = float(s);
+    detail::unary_rep(d, a, mask, repeatTimes, p, "Adds(repeat)", loc, [sv](float x) { return x + sv; });
+}
+template <typename T, typename U>
+inline void Muls(const LocalTensor<T>& d, const LocalTensor<T>& a, const U& s, uint64_t mask, int32_t repeatTimes,
+                 const UnaryRepeatParams& p, sim::Loc loc = {}) {
+    float sv = float(s);
+    detail::unary_rep(d, a, mask, repeatTimes, p, "Muls(repeat)", loc, [sv](float x) { return x * sv; });
+}
+
+// Cast: the (source, destination, round mode) triples of sim_limits.h (dav-c220 table) are
+// accepted, anything else is a [cast] error. Emulated conversions: float <-> half/bfloat16 and
+// int8 -> half; CAST_NONE/CAST_RINT round to nearest even, other modes are rejected as not
+// emulated ([bounds]) rather than computed wrongly.
+namespace detail {
+template <typename T> constexpr sim::limits::CastType cast_type() {
+    return std::is_same<T, float>::value ? sim::limits::CT_F32 : std::is_same<T, half>::value ? sim::limits::CT_F16
+         : std::is_same<T, bfloat16_t>::value ? sim::limits::CT_BF16 : std::is_same<T, int8_t>::value ? sim::limits::CT_S8
+         : std::is_same<T, uint8_t>::value ? sim::limits::CT_U8 : std::is_same<T, int16_t>::value ? sim::limits::CT_S16
+         : std::is_same<T, int32_t>::value ? sim::limits::CT_S32 : std::is_same<T, int64_t>::value ? sim::limits::CT_S64
+         : sim::limits::CT_OTHER;
+}
+template <typename T> const char* type_name() {
+    return std::is_same<T, float>::value ? "float" : std::is_same<T, half>::value ? "half"
+         : std::is_same<T, bfloat16_t>::value ? "bfloat16_t" : std::is_same<T, int8_t>::value ? "int8_t" : "int";
+}
+inline const char* mode_name(RoundMode m) {
+    static const char* n[] = {"CAST_NONE", "CAST_RINT", "CAST_FLOOR", "CAST_CEIL", "CAST_ROUND", "CAST_TRUNC", "CAST_ODD"};
+    return n[int(m)];
+}
 template <typename D, typename S>
 struct CastOk : std::false_type {};
 template <> struct CastOk<float, half> : std::true_type {};
@@ -595,29 +858,39 @@ template <> struct CastOk<half, float> : std::true_type {};
 template <> struct CastOk<bfloat16_t, float> : std::true_type {};
 }  // namespace detail
 template <typename D, typename S>
-inline void Cast(const LocalTensor<D>& d, const LocalTensor<S>& s, const RoundMode& mode, const uint32_t n) {
+inline void Cast(const LocalTensor<D>& d, const LocalTensor<S>& s, const RoundMode& mode, const uint32_t n, sim::Loc loc = {}) {
     static_assert(detail::CastOk<D, S>::value, "twin: Cast pair not emulated");
-    if ((sizeof(D) < sizeof(S) || std::is_same<D, bfloat16_t>::value) && mode != RoundMode::CAST_RINT &&
-        mode != RoundMode::CAST_NONE)
-        sim::fail("bounds", "twin: only RINT/NONE rounding is emulated for narrowing casts");
-    detail::in(s, int32_t(n), "Cast");
+    const uint32_t modes = sim::limits::cast_modes(detail::cast_type<S>(), detail::cast_type<D>());
+    if (!(modes & (1u << int(mode))))
+        sim::fail("cast", std::string("Cast ") + detail::type_name<S>() + " -> " + detail::type_name<D>() + " with " +
+                              detail::mode_name(mode) +
+                              " is not supported on dav-c220 (CastIntrinsicsImpl, dav_c220/kernel_operator_vec_vconv_impl.h)");
+    if (mode != RoundMode::CAST_RINT && mode != RoundMode::CAST_NONE)
+        sim::fail("bounds", "twin: only RINT/NONE rounding is emulated");
+    sim::Ins ins = sim::issue(sim::P_V, "Cast", loc);
     detail::out(d, int32_t(n), "Cast");
+    detail::in(ins, s, int32_t(n), "Cast");
+    sim::count_vec(n, sizeof(D) > sizeof(S) ? sizeof(D) : sizeof(S));
     std::vector<D> r(n);
     for (uint32_t i = 0; i < n; i++) r[i] = D(float(s.ptr()[i]));
     std::memcpy(d.ptr(), r.data(), n * sizeof(D));
-    detail::done(d, int32_t(n));
+    detail::done(ins, d, int32_t(n));
 }
 
 // ReduceSum (first `count` elements): the A2 "方式二" order: a binary tree inside each 256-byte
 // repeat, repeats summed in order. dst[0] = sum. dst: element-aligned; src, work: 32-byte aligned;
 // work needs at least one element per repeat, rounded up to a 32-byte block.
 template <typename T>
-inline void ReduceSum(const LocalTensor<T>& d, const LocalTensor<T>& s, const LocalTensor<T>& work, const int32_t count) {
+inline void ReduceSum(const LocalTensor<T>& d, const LocalTensor<T>& s, const LocalTensor<T>& work, const int32_t count,
+                      sim::Loc loc = {}) {
     const int32_t per = 256 / int32_t(sizeof(T)), blk = 32 / int32_t(sizeof(T));
     const int32_t reps = (count + per - 1) / per;
-    detail::in(s, count, "ReduceSum");
+    sim::Ins ins = sim::issue(sim::P_V, "ReduceSum", loc);
     detail::out(d, 1, "ReduceSum", sizeof(T));
     detail::out(work, (reps + blk - 1) / blk * blk, "ReduceSum");
+    detail::in(ins, s, count, "ReduceSum");
+    sim::count_vec(uint64_t(count), sizeof(T));
+    sim::core().st.vecRepeats += 1;  // the second pass over the per-repeat partials (assumption)
     float acc = 0.f;
     std::vector<float> lane(per);
     for (int32_t r = 0; r < reps; r++) {
@@ -627,25 +900,28 @@ inline void ReduceSum(const LocalTensor<T>& d, const LocalTensor<T>& s, const Lo
         acc = (r == 0) ? lane[0] : float(T(acc + lane[0]));
     }
     detail::st(d, 0, acc);
-    detail::done(d, 1);
-    detail::done(work, reps);
+    detail::done(ins, work, reps);
+    detail::done(ins, d, 1);
 }
 // ReduceMax (first `count` elements), calIndex = false: dst[0] = max. dst: 8-byte (float) /
 // 4-byte (half) aligned (value and index slots); work: two elements per repeat, 32-byte rounded.
 template <typename T>
 inline void ReduceMax(const LocalTensor<T>& d, const LocalTensor<T>& s, const LocalTensor<T>& work, const int32_t count,
-                      bool calIndex = false) {
+                      bool calIndex = false, sim::Loc loc = {}) {
     const int32_t per = 256 / int32_t(sizeof(T)), blk = 32 / int32_t(sizeof(T));
     const int32_t reps = (count + per - 1) / per;
-    detail::in(s, count, "ReduceMax");
+    sim::Ins ins = sim::issue(sim::P_V, "ReduceMax", loc);
     detail::out(d, 2, "ReduceMax", 2 * sizeof(T));
     detail::out(work, (2 * reps + blk - 1) / blk * blk, "ReduceMax");
+    detail::in(ins, s, count, "ReduceMax");
     if (calIndex) sim::fail("bounds", "twin: ReduceMax calIndex not emulated");
+    sim::count_vec(uint64_t(count), sizeof(T));
+    sim::core().st.vecRepeats += 1;
     float m = detail::ld(s, 0);
     for (int32_t i = 1; i < count; i++) m = std::fmax(m, detail::ld(s, i));
     detail::st(d, 0, m);
-    detail::done(d, 1);
-    detail::done(work, 2 * reps);
+    detail::done(ins, d, 1);
+    detail::done(ins, work, 2 * reps);
 }
 
 }  // namespace AscendC

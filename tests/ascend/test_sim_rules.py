@@ -21,13 +21,13 @@ using namespace AscendC;
 #define ENTRY(name) extern "C" __global__ __aicore__ void name(GM_ADDR x)
 
 ENTRY(good) {  // the documented pattern: alloc, copy in, enqueue, dequeue, compute, copy out, free
-    TPipe pipe; TQue<TPosition::VECIN, 2> in; TQue<TPosition::VECOUT, 2> out;
+    TPipe pipe; TQue<TPosition::VECIN, 2> in; TQue<TPosition::VECOUT, 2> out;  // each block its own half
     pipe.InitBuffer(in, 2, 256); pipe.InitBuffer(out, 2, 256);
-    GlobalTensor<float> g; g.SetGlobalBuffer((__gm__ float*)x, 64);
-    LocalTensor<float> a = in.AllocTensor<float>(); DataCopy(a, g, 64); in.EnQue(a);
+    GlobalTensor<float> g; g.SetGlobalBuffer((__gm__ float*)x + 32 * GetBlockIdx(), 32);
+    LocalTensor<float> a = in.AllocTensor<float>(); DataCopy(a, g, 32); in.EnQue(a);
     LocalTensor<float> b = in.DeQue<float>(); LocalTensor<float> c = out.AllocTensor<float>();
-    Muls(c, b, 2.0f, 64); in.FreeTensor(b); out.EnQue(c);
-    LocalTensor<float> d = out.DeQue<float>(); DataCopy(g, d, 64); out.FreeTensor(d);
+    Muls(c, b, 2.0f, 32); in.FreeTensor(b); out.EnQue(c);
+    LocalTensor<float> d = out.DeQue<float>(); DataCopy(g, d, 32); out.FreeTensor(d);
 }
 ENTRY(ub_overflow) {  // 2 x 96 KiB + 32 B > 192 KiB
     TPipe pipe; TQue<TPosition::VECIN, 2> in; TBuf<TPosition::VECCALC> t;
@@ -134,7 +134,7 @@ def _run(lib, name):
 def test_good_kernel_runs(lib):
     rc, msg, buf = _run(lib, "good")
     assert rc == 0, msg
-    np.testing.assert_array_equal(buf, np.arange(64, dtype=np.float32) * 4)  # two blocks, x2 each
+    np.testing.assert_array_equal(buf, np.arange(64, dtype=np.float32) * 2)  # two blocks, one half each
 
 
 @pytest.mark.parametrize("name,rule", CASES)

@@ -1,0 +1,100 @@
+// Documented limits and tables of the Ascend 910B (dav-c220, __CCE_AICORE__ == 220) that the CPU
+// twin enforces. Every figure names where it is written down; paths are inside a CANN 8.1.RC1
+// toolkit's Ascend C headers (<toolkit>/<arch>-linux/ascendc/include/, abbreviated "ascendc/") or
+// in CANN's public CPU-debug checker (GitHub hicann/asc-tools, "asc-tools/"). Facts only: no code
+// from either is copied. Nothing here was measured on an NPU.
+#ifndef SPLITKV_SIM_LIMITS_H
+#define SPLITKV_SIM_LIMITS_H
+
+#include <cstdint>
+
+namespace sim {
+namespace limits {
+
+// ---- Buffer capacities per core (asc-tools/cpudebug/src/api_check/inc/ascend910B1_ini.h,
+// PlatFormParams: UB_SIZE, L1_SIZE, L0A_SIZE, L0B_SIZE, L0C_SIZE; same figures in
+// ascendc/basic_api/impl/utils/kernel_utils_constants.h TOTAL_L0A_SIZE / TOTAL_L0B_SIZE).
+constexpr uint32_t kUbBytes = 196608;   // Unified Buffer, per vector core (AIV)
+constexpr uint32_t kL1Bytes = 524288;   // L1, per cube core (AIC)
+constexpr uint32_t kL0ABytes = 65536;   // L0A, per cube core
+constexpr uint32_t kL0BBytes = 65536;   // L0B, per cube core
+constexpr uint32_t kL0CBytes = 131072;  // L0C, per cube core
+
+// ---- Alignment of local operands (asc-tools/cpudebug/src/api_check/kernel_data_copy_check.cpp,
+// CheckDataCopyAlign: GM 1 byte, UB and L1 32 bytes, L0A/L0B/L0C 512 bytes for 16-bit data;
+// ascend910B1_ini.h: UB_BLOCK_SIZE = ONE_BLK_SIZE = 32, ONE_REP_BYTE_SIZE = 256).
+constexpr uint32_t kUbAlign = 32;
+constexpr uint32_t kL1Align = 32;
+constexpr uint32_t kL0Align = 512;
+constexpr uint32_t kRepeatBytes = 256;  // one vector repeat: 8 blocks of 32 bytes
+
+// ---- DMA parameter ranges.
+// DataCopy with DataCopyParams (ascendc/basic_api/impl/dav_c220/kernel_operator_data_copy_impl.h,
+// CheckDataCopyParams: blockCount in [1, UINT12_MAX], blockLen in [1, UINT16_MAX]; UINT12_MAX =
+// 4095 in ascendc/basic_api/impl/utils/kernel_utils_constants.h). blockLen, srcStride, dstStride
+// are in 32-byte blocks for UB/L1 <-> GM copies (DataCopy page, DataCopyParams table).
+constexpr uint32_t kDataCopyMaxBlockCount = 4095;
+constexpr uint32_t kDataCopyMaxBlockLen = 65535;
+// DataCopyPad with DataCopyExtParams (same file, CheckDataCopyPadParams: blockCount in
+// [0, 4095], blockLen in [0, 2097151] bytes (21 bits), and GM -> UB: blockLen % sizeof(T) == 0).
+constexpr uint32_t kDataCopyPadMaxBlockCount = 4095;
+constexpr uint32_t kDataCopyPadMaxBlockLen = 2097151;
+// DataCopyPadExtParams left/right padding: at most 32 bytes of elements each
+// (asc-tools/cpudebug/src/api_check/kernel_data_copy_pad_check.cpp, CheckPadParamters).
+constexpr uint32_t kDataCopyPadMaxPadBytes = 32;
+
+// ---- Vector repeat forms (ascendc/basic_api/impl/utils/kernel_utils_constants.h:
+// MAX_REPEAT_TIMES = 255, MIN_REPEAT_TIMES = 0; a repeat covers ONE_REP_BYTE_SIZE = 256 bytes
+// (ascend910B1_ini.h), so a continuous mask is 1 .. 256 / sizeof(T) elements; the twin takes
+// repeatTimes as int32 so that a value the real uint8 parameter would silently wrap is caught).
+constexpr uint32_t kMaxRepeatTimes = 255;
+
+// ---- Cast: supported (source, destination, round mode) on dav-c220. Read off the switch of each
+// CastIntrinsicsImpl overload in ascendc/basic_api/impl/dav_c220/kernel_operator_vec_vconv_impl.h
+// (a mode is supported when its case issues a vconv intrinsic, unsupported when it asserts).
+// Bit i set = RoundMode value i allowed, in the order CAST_NONE, RINT, FLOOR, CEIL, ROUND, TRUNC, ODD.
+enum CastType : int { CT_F32, CT_F16, CT_BF16, CT_S8, CT_U8, CT_S16, CT_S32, CT_S64, CT_OTHER };
+constexpr uint32_t kNone = 1u << 0, kRint = 1u << 1, kFloor = 1u << 2, kCeil = 1u << 3, kRound = 1u << 4,
+                   kTrunc = 1u << 5, kOdd = 1u << 6;
+constexpr uint32_t kDirected = kRint | kFloor | kCeil | kRound | kTrunc;
+inline uint32_t cast_modes(CastType src, CastType dst) {
+    switch (src) {
+        case CT_F32:
+            if (dst == CT_F16) return kNone | kDirected | kOdd;   // vconv_f322f16{,r,f,c,a,z,o}
+            if (dst == CT_BF16) return kDirected;                 // NONE and ODD assert
+            if (dst == CT_F32) return kDirected;                  // rounding to integral values
+            if (dst == CT_S32 || dst == CT_S16 || dst == CT_S64) return kDirected;
+            return 0;
+        case CT_F16:
+            if (dst == CT_F32) return kNone;                      // only CAST_NONE
+            if (dst == CT_S32 || dst == CT_S16) return kDirected;
+            if (dst == CT_S8 || dst == CT_U8) return kNone | kDirected;
+            return 0;
+        case CT_BF16:
+            if (dst == CT_F32) return kNone;                      // only CAST_NONE
+            if (dst == CT_S32) return kDirected;
+            return 0;
+        case CT_S8:
+        case CT_U8:
+            return dst == CT_F16 ? kNone : 0;                     // only CAST_NONE
+        case CT_S16:
+            if (dst == CT_F16) return kNone | kDirected;
+            if (dst == CT_F32) return kNone;
+            return 0;                                            // s16 -> s8/u8: "not support"
+        case CT_S32:
+            if (dst == CT_F32) return kNone | kDirected;
+            if (dst == CT_S16 || dst == CT_S64) return kNone;
+            return 0;
+        case CT_S64:
+            if (dst == CT_F32) return kDirected;
+            if (dst == CT_S32) return kNone;
+            return 0;
+        default:
+            return 0;
+    }
+}
+
+}  // namespace limits
+}  // namespace sim
+
+#endif  // SPLITKV_SIM_LIMITS_H

@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Paper estimate of the Ascend kernels' time on a 910B2, from the CPU twin's work counters.
+
+ESTIMATES, NOT MEASUREMENTS: nothing here ran on an NPU. The twin counts, per core and per pipe,
+the work the kernel issues (DMA bytes and bursts, vector instructions and 256-byte repeats, scalar
+memory operations, vector -> scalar round trips, barriers); this script turns the counts into time
+with the constants below, each citing where it comes from or marked ASSUMPTION:
+
+    t_pipe(core)  = work on that pipe / its rate           (MTE2, MTE3, V, S, each on its own)
+    t_core        = max over pipes (pipes overlap)  +  V->S round trips x L_vs + V barriers x L_bar
+                    (a round trip or a barrier drains the vector pipe: it serialises)
+    t_stage       = launch latency + max over cores
+
+Shapes (``--shapes``) are counted on the twin at two short contexts with the same number of splits
+as the full-size plan and extrapolated linearly in the tokens per split: every counter is a + b *
+tokens (per-item work is fixed, per-token work linear), which the two points determine exactly.
+
+    python scripts/npu_estimate.py [--out-json est.json] [--out-md est.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+@dataclass(frozen=True)
+class Constants:
+    """Each figure with its source; ASSUMPTION where no public figure was found."""
+
+    clock_hz: float = 1.8e9  # 910B2 AI core clock, ~1.8 GHz: design note "npu-budget" (paper figure)
+    hbm_bytes_per_s: float = 1.6e12  # ~1.6 TB/s: npu-budget / ascend-anchors ("not authoritatively published")
+    vector_cores: int = 48  # 910B2: 48 AIV (CANN platform config, catlass; ascend-offline-checks section 4)
+    core_dma_bytes_per_s: float = 100e9  # ASSUMPTION: one core's MTE2 ceiling when few cores stream
+    dma_burst_cycles: float = 30.0  # ASSUMPTION: per contiguous burst (descriptor + first-byte latency)
+    vec_repeat_cycles: float = 1.0  # one 256-byte repeat per cycle (ONE_REP_BYTE_SIZE = 256; "64 fp32 lanes")
+    vec_issue_cycles: float = 8.0  # ASSUMPTION: fixed cost of one vector instruction (issue, mask setup)
+    scalar_issue_cycles: float = 2.0  # ASSUMPTION: S issues one instruction (any pipe) per ~2 cycles
+    scalar_ub_cycles: float = 4.0  # ASSUMPTION: scalar load/store of the UB
+    scalar_gm_cycles: float = 60.0  # ASSUMPTION: scalar GM read through the data cache, mostly misses
+    v_to_s_cycles: float = 100.0  # npu-budget: a V->S round trip costs "tens to hundreds of cycles"
+    v_barrier_cycles: float = 15.0  # ASSUMPTION: PipeBarrier<PIPE_V> drains the vector pipeline
+    launch_us: float = 5.0  # launch ~5 us: docs/ascend-kernel.md roofline placeholder (ASSUMPTION)
+
+
+C = Constants()
+
+
+def core_time_us(s: dict, active_cores: int, c: Constants = C) -> dict:
+    """Estimated µs per pipe and for the core, from one block's counters."""
+    cyc = 1e6 / c.clock_hz  # µs per cycle
+    share = min(c.core_dma_bytes_per_s, c.hbm_bytes_per_s / max(1, active_cores))
+    mte2 = s["dma_bytes"]["MTE2"] / share * 1e6 + s["dma_bursts"]["MTE2"] * c.dma_burst_cycles * cyc
+    mte3 = s["dma_bytes"]["MTE3"] / share * 1e6 + s["dma_bursts"]["MTE3"] * c.dma_burst_cycles * cyc
+    vec = (s["vec_repeats"] * c.vec_repeat_cycles + s["ins"]["V"] * c.vec_issue_cycles) * cyc
+    issued = sum(s["ins"].values())
+    scalar = (issued * c.scalar_issue_cycles + (s["s_ub_reads"] + s["s_ub_writes"]) * c.scalar_ub_cycles
+              + (s["s_gm_reads"] + s["s_gm_writes"]) * c.scalar_gm_cycles) * cyc
+    serial = (s["v_to_s"] * c.v_to_s_cycles + s["barrier_v"] * c.v_barrier_cycles) * cyc
+    pipes = {"MTE2": mte2, "MTE3": mte3, "V": vec, "S": scalar}
+    return {"pipes_us": pipes, "serial_us": serial, "core_us": max(pipes.values()) + serial}
+
+
+def stage_time_us(stats: list[dict], c: Constants = C) -> dict:
+    active = sum(1 for s in stats if sum(s["ins"].values()) > 0)
+    per = [core_time_us(s, active, c) for s in stats]
+    worst = max(range(len(per)), key=lambda i: per[i]["core_us"]) if per else 0
+    return {"us": c.launch_us + (per[worst]["core_us"] if per else 0.0), "active_cores": active,
+            "worst_core": per[worst] if per else {}, "cores": len(stats)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Counting the real kernels on the twin
+
+@dataclass
+class Shape:
+    name: str
+    batch: int
+    context: int
+    hq: int
+    hkv: int = 8
+    head_dim: int = 128
+    page: int = 128
+    dtype: str = "bfloat16"
+    ifa_us: str = "n/a"  # CANN IFA estimate from the npu-budget design note, where it gives one
+
+
+SHAPES = [
+    Shape("B1 16k, Hq32/Hkv8", 1, 16384, 32, ifa_us="60-100"),
+    Shape("B1 64k, Hq32/Hkv8", 1, 65536, 32),
+    Shape("B16 8k, Hq32/Hkv8", 16, 8192, 32),
+    Shape("B64 2k, Hq32/Hkv8", 64, 2048, 32, ifa_us="400-550"),
+    Shape("B1 16k, Hq64/Hkv8", 1, 16384, 64),
+    Shape("B1 64k, Hq64/Hkv8", 1, 65536, 64),
+    Shape("B16 8k, Hq64/Hkv8", 16, 8192, 64),
+    Shape("B64 2k, Hq64/Hkv8", 64, 2048, 64),
+]
+
+
+def _inputs(shape: Shape, context: int):
+    import numpy as np
+
+    from splitkv_common.inputs import DecodeInputs  # noqa: F401  (type only)
+    from splitkv_common import cases
+
+    inp = cases.random_inputs(0, [context] * shape.batch, num_q_heads=shape.hq, num_kv_heads=shape.hkv,
+                              head_dim=shape.head_dim, page_size=shape.page, dtype=shape.dtype, spare_pages=0)
+    assert np.all(inp.seq_lens == context)
+    return inp
+
+
+def count_shape(shape: Shape, points=(1, 2)) -> dict:
+    """Twin counters at full size, extrapolated from short contexts with the full plan's split count."""
+    from ascend_ops import sim_backend as sim
+    from ascend_ops import tiling as tl
+    from splitkv_common.plan import make_plan
+
+    full = make_plan([shape.context] * shape.batch, num_kv_heads=shape.hkv, page_size=shape.page,
+                     policy="auto", device="910b2", num_q_heads=shape.hq, head_dim=shape.head_dim,
+                     kv_elem_bytes=2)
+    splits = int(full.num_splits.max())
+    per_split_full = shape.context / splits
+    lib = sim.twin_library()
+    sim.set_block_order(lib, 0)
+    samples = []
+    for k in points:
+        tokens = k * shape.page  # tokens per split at this point
+        inp = _inputs(shape, tokens * splits)
+        plan = inp.plan(f"size:{tokens}", device="910b2") if splits > 1 else inp.plan("none", device="910b2")
+        assert int(plan.num_splits.max()) == splits
+        til = tl.build_tiling(inp, plan, sim.PROFILE)
+        sim.run_split(inp, plan, til)
+        split_stats = sim.last_stats(lib)
+        sim.run_twin(inp, plan)  # split then combine: the last launch is the combine
+        combine_stats = sim.last_stats(lib)
+        samples.append((tokens, split_stats, combine_stats))
+    (t1, s1, c1), (t2, s2, c2) = samples
+
+    def extrap(a, b):
+        if isinstance(a, dict):
+            return {key: extrap(a[key], b[key]) for key in a}
+        if isinstance(a, (int, float)):
+            slope = (b - a) / (t2 - t1)
+            return max(0.0, a + slope * (per_split_full - t1))
+        return a
+
+    split_full = [extrap(a, b) for a, b in zip(s1, s2)]
+    comb_full = [extrap(a, b) for a, b in zip(c1, c2)]
+    return {"splits": splits, "split_stats": split_full, "combine_stats": comb_full,
+            "counted_tokens_per_split": [t1, t2], "full_tokens_per_split": per_split_full}
+
+
+def hbm_floor_us(shape: Shape, c: Constants = C) -> float:
+    kv = shape.batch * shape.context * shape.hkv * 2 * shape.head_dim * 2  # K + V, bf16
+    return kv / c.hbm_bytes_per_s * 1e6
+
+
+def estimate(shapes=SHAPES, c: Constants = C) -> dict:
+    rows = []
+    for sh in shapes:
+        cnt = count_shape(sh)
+        sp = stage_time_us(cnt["split_stats"], c)
+        cb = stage_time_us(cnt["combine_stats"], c)
+        w = sp["worst_core"]
+        rows.append({
+            "shape": sh.name, "batch": sh.batch, "context": sh.context, "hq": sh.hq, "hkv": sh.hkv,
+            "splits": cnt["splits"], "split_us": sp["us"], "combine_us": cb["us"], "total_us": sp["us"] + cb["us"],
+            "split_active_cores": sp["active_cores"], "split_worst_core_pipes_us": w["pipes_us"],
+            "split_worst_core_serial_us": w["serial_us"], "hbm_floor_us": hbm_floor_us(sh, c), "ifa_est_us": sh.ifa_us,
+            "counted_tokens_per_split": cnt["counted_tokens_per_split"],
+        })
+    return {"kind": "ESTIMATE (CPU-twin counts x paper constants; nothing ran on an NPU)",
+            "constants": asdict(c), "rows": rows}
+
+
+def to_markdown(est: dict) -> str:
+    out = ["| shape (D 128, bf16, page 128) | splits | split stage (est. µs) | combine (est. µs) | total (est.) "
+           "| split: worst core V / MTE2 / S / serial (µs) | HBM floor (µs) | CANN IFA (est. µs) |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in est["rows"]:
+        p = r["split_worst_core_pipes_us"]
+        out.append(f"| {r['shape']} | {r['splits']} | {r['split_us']:,.0f} | {r['combine_us']:,.0f} | "
+                   f"{r['total_us']:,.0f} | {p['V']:,.0f} / {p['MTE2']:,.0f} / {p['S']:,.0f} / "
+                   f"{r['split_worst_core_serial_us']:,.0f} | {r['hbm_floor_us']:,.0f} | {r['ifa_est_us']} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out-json", type=Path)
+    ap.add_argument("--out-md", type=Path)
+    ap.add_argument("--shapes", default="all", help="comma-separated indices into SHAPES, or 'all'")
+    a = ap.parse_args(argv)
+    shapes = SHAPES if a.shapes == "all" else [SHAPES[int(i)] for i in a.shapes.split(",")]
+    est = estimate(shapes)
+    md = to_markdown(est)
+    print(est["kind"])
+    print(md)
+    if a.out_json:
+        a.out_json.write_text(json.dumps(est, indent=1))
+    if a.out_md:
+        a.out_md.write_text(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

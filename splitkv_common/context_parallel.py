@@ -299,29 +299,45 @@ class ContextParallelDecode:
         o, lse = self.backend(batch)
         return o, lse
 
-    def exchange(self, o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pack, one collective, merge. all_gather: ``(out [T, Hq, D], lse [T, Hq])`` float32;
-        all_to_all: this rank's heads ``(out [T, Hq / W, D], lse [T, Hq / W])``."""
+    def pack(self, o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+        """o and lse into the send buffer ``[T, Hq, D + 1]`` (lse in the last channel)."""
         T, Hq, D = o.shape
-        send, recv = self.buffers(T, Hq, D, o.device)
+        send, _ = self.buffers(T, Hq, D, o.device)
         send[..., :D].copy_(o)
         send[..., D].copy_(lse)
+        return send
+
+    def communicate(self, send: torch.Tensor) -> torch.Tensor:
+        """The one collective: the receive buffer ``[W, T, Hq (or Hq / W), D + 1]`` filled from every rank."""
+        T, Hq, D1 = send.shape
+        _, recv = self.buffers(T, Hq, D1 - 1, send.device)
         W = self.world_size
         if T == 0:  # q is the same on every rank: all skip the collective together
-            pass
-        elif self.mode == "all_gather":
+            return recv
+        if self.mode == "all_gather":
             if W == 1:
                 recv[0].copy_(send)
             else:
                 _all_gather_packed(recv, send, self.group)
         else:
             # [T, W, Hq/W, D+1] -> [W, T, Hq/W, D+1]: chunk j goes to rank j
-            chunks = send.view(T, W, Hq // W, D + 1).transpose(0, 1).contiguous()
+            chunks = send.view(T, W, Hq // W, D1).transpose(0, 1).contiguous()
             if W == 1:
                 recv.copy_(chunks)
             else:
                 dist.all_to_all_single(recv, chunks, group=self.group)
+        return recv
+
+    @staticmethod
+    def merge(recv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The exact merge over the ranks' states (axis 0 of ``recv``): float32 ``(out, lse)``."""
+        D = recv.shape[-1] - 1
         return merge_states(recv[..., :D], recv[..., D], dim=0)
+
+    def exchange(self, o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pack, one collective, merge. all_gather: ``(out [T, Hq, D], lse [T, Hq])`` float32;
+        all_to_all: this rank's heads ``(out [T, Hq / W, D], lse [T, Hq / W])``."""
+        return self.merge(self.communicate(self.pack(o, lse)))
 
     def run(self, batch: ShardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         o, lse = self.states(batch)

@@ -76,3 +76,25 @@ def test_cp_decode_gloo(world):
         assert not np.isnan(out).any() and not np.isnan(lse).any()
         checked += 1
     assert checked == len(CASES) * len(LAYOUTS) * 2
+
+
+def test_bench_cpu_smoke(tmp_path):
+    """scripts/bench_context_parallel.py --cpu: gloo, 1 and 2 processes, tiny sizes; the JSON has
+    every point, the bytes per rank and a passing correctness check."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_context_parallel.py"
+    r = subprocess.run([sys.executable, str(script), "--cpu", "--gpus", "1,2", "--contexts", "40,300", "--iters", "1",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((tmp_path / "bench_context_parallel.json").read_text())
+    assert [(x["world"], x["context"]) for x in res["results"]] == [(1, 40), (1, 300), (2, 40), (2, 300)]
+    for x in res["results"]:
+        assert x["check"]["passed"]
+        assert x["comm_send_bytes_per_rank"] == (0 if x["world"] == 1 else 4 * 17 * 4)  # Hq 4, D 16: Hq (D + 1) floats
+        assert sum(p["local_tokens"] for p in x["per_rank"]) == x["context"]
+    assert "provenance" in res and (tmp_path / "bench_context_parallel.md").is_file()
+    assert "| GPUs | context |" in r.stdout

@@ -131,6 +131,22 @@ class Timer:
         return statistics.median(e0.elapsed_time(e1) * 1e3 for e0, e1 in evs)
 
 
+def capture(fn):
+    """``(graph, result)``: ``fn`` warmed up on a side stream, then captured in a CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        result = fn()
+    torch.cuda.synchronize()
+    return g, result
+
+
 # -- one rank --------------------------------------------------------------------------------------
 
 def rank_main(rank: int, world: int, cfg: dict) -> list[dict]:
@@ -167,7 +183,8 @@ def rank_main(rank: int, world: int, cfg: dict) -> list[dict]:
         v_cache = v_cache.view(-1, page, hkv, d)
         local_bt = np.where(s.block_table >= 0, np.arange(s.block_table.shape[1]), -1).astype(np.int32)
         s = dataclasses.replace(s, block_table=local_bt)
-        backend = torch_shard_backend if cpu else TritonShardBackend(policy=cfg["policy"], profile="h200")
+        backend = torch_shard_backend if cfg["backend"] == "torch" else TritonShardBackend(policy=cfg["policy"],
+                                                                                            profile="h200")
         cp = ContextParallelDecode(backend)
         batch = make_batch(s, q, k_cache, v_cache)
         cp.prepare(batch)
@@ -183,15 +200,43 @@ def rank_main(rank: int, world: int, cfg: dict) -> list[dict]:
             sync()
             dist.barrier()
 
-        t_decode = timer(lambda: cp.states(batch))
+        # The rank-local work (states + pack, and the merge) is replayed from CUDA graphs so that the
+        # host's launch cost (Triton launches, the torch merge's small kernels) does not show in the
+        # device time; the collective stays an eager NCCL call between them (a collective is never
+        # captured: a capture failing on one rank alone would leave the others waiting).
+        graph_note = "off (CPU)" if cpu else ("off (--no-graph)" if cfg["no_graph"] else None)
+        run_states, run_step = (lambda: cp.states(batch)), (lambda: cp.run(batch))
+        if graph_note is None:
+            try:
+                g_states, _ = capture(lambda: cp.states(batch))
+                g_local, send_g = capture(lambda: cp.pack(*cp.states(batch)))
+                recv = cp.communicate(send_g)
+                g_merge, merged = capture(lambda: cp.merge(recv))
+
+                def run_states():
+                    g_states.replay()
+
+                def run_step():
+                    g_local.replay()
+                    cp.communicate(send_g)
+                    g_merge.replay()
+                    return merged
+
+                graph_note = "on (states + pack and merge replayed, collective eager)"
+            except Exception as e:  # noqa: BLE001 - recorded, the eager path is timed instead
+                graph_note = f"off (capture failed: {type(e).__name__}: {e})"[:300]
+                sync()
+
+        t_decode = timer(run_states)
         barrier()
         t_coll = timer(lambda: cp.communicate(send), before=barrier)
         barrier()
-        t_step = timer(lambda: cp.run(batch))
+        t_step = timer(run_step)
         barrier()
-        out, lse = cp.run(batch)
+        out, lse = run_step()
         sync()
-        row = dict(context=L, rank=rank, world=world, local_tokens=n_local, view=view,
+        out, lse = out.clone(), lse.clone()
+        row = dict(context=L, rank=rank, world=world, local_tokens=n_local, view=view, graph=graph_note,
                    decode_us=t_decode, collective_us=t_coll, step_us=t_step,
                    kv_bytes=n_local * hkv * d * 2 * torch.empty(0, dtype=dtype).element_size(),
                    comm=comm_bytes(1, hq, d, world), workspace_bytes=None)
@@ -235,7 +280,8 @@ def summarize(per_rank: list[list[dict]]) -> list[dict]:
                    kv_bytes_total=kv_total, kv_bytes_per_rank=max(r["kv_bytes"] for r in rs),
                    eff_kv_gbps=kv_total / (step * 1e3) if step else None,
                    rank_decode_kv_gbps=[r["kv_bytes"] / (r["decode_us"] * 1e3) if r["decode_us"] else None for r in rs],
-                   views=[r["view"] for r in rs], splits=[r.get("splits") for r in rs], check=r0.get("check"),
+                   views=[r["view"] for r in rs], graph=[r["graph"] for r in rs], splits=[r.get("splits") for r in rs],
+                   check=r0.get("check"),
                    per_rank=rs)
         out.append(row)
     return out
@@ -249,9 +295,12 @@ def markdown(result: dict) -> list[str]:
     except ImportError:
         lines += [f"- command: `{result['command']}`", ""]
     c = result["config"]
-    lines += [f"B1, Hq {c['hq']} / Hkv {c['hkv']}, D {c['head_dim']}, {c['dtype']}, page {c['page']}, "
+    lines += [f"B1, Hq {c['hq']} / Hkv {c['hkv']}, D {c['head_dim']}, {c['dtype']}, page {c['page']}, {c['backend']} per rank, "
               f"contiguous page ranges, all_gather of float32 (o, lse); median of {c['iters']}; "
               f"{'gloo on the CPU (smoke test, not a measurement of interest)' if c['cpu'] else 'NCCL, CUDA events'}.",
+              "",
+              f"CUDA graphs: {'; '.join(sorted({g for r in result['results'] for g in r['graph']}))}. "
+              f"Each rank's view of its shard: {', '.join(sorted({v for r in result['results'] for v in r['views']}))}.",
               "",
               "| GPUs | context | step µs | decode µs (slowest rank) | collective µs | collective share | "
               "bytes sent / rank | KV GB/s (all ranks) | speed-up vs 1 | check |",
@@ -263,10 +312,10 @@ def markdown(result: dict) -> list[str]:
         chk_s = "-" if not chk else (f"ok ({chk['out_err']:.1e})" if chk["passed"] else f"FAIL ({chk['out_err']:.1e})")
         lines.append(f"| {r['world']} | {r['context']} | {r['step_us']:.1f} | {r['decode_us']:.1f} | "
                      f"{r['collective_us']:.1f} | {100 * r['collective_share']:.0f}% | {r['comm_send_bytes_per_rank']} | "
-                     f"{r['eff_kv_gbps']:.0f} | {sp / r['step_us']:.2f} | {chk_s} |" if sp else
+                     f"{r['eff_kv_gbps']:.3g} | {sp / r['step_us']:.2f} | {chk_s} |" if sp else
                      f"| {r['world']} | {r['context']} | {r['step_us']:.1f} | {r['decode_us']:.1f} | "
                      f"{r['collective_us']:.1f} | {100 * r['collective_share']:.0f}% | {r['comm_send_bytes_per_rank']} | "
-                     f"{r['eff_kv_gbps']:.0f} | - | {chk_s} |")
+                     f"{r['eff_kv_gbps']:.3g} | - | {chk_s} |")
     return lines
 
 
@@ -284,7 +333,12 @@ def parse_args(argv=None):
     p.add_argument("--policy", default="auto", help="split policy of each rank's Triton plan (default auto)")
     p.add_argument("--no-check", action="store_true", help="skip the dense float32 reference check")
     p.add_argument("--no-flush", action="store_true", help="no L2 flush before each timed repetition")
+    p.add_argument("--no-graph", action="store_true", help="time the eager calls (default: the rank-local work "
+                   "replayed from CUDA graphs, the collective eager)")
     p.add_argument("--cpu", action="store_true", help="gloo on the CPU with tiny sizes (smoke test)")
+    p.add_argument("--backend", choices=["triton", "torch"], default=None,
+                   help="each rank's decode: the Triton kernels (default on a GPU; the interpreter with --cpu) or "
+                        "stock torch ops (default with --cpu)")
     p.add_argument("--timeout", type=float, default=600.0, help="process-group timeout, seconds")
     p.add_argument("--out", required=True, help="output directory")
     return p.parse_args(argv)
@@ -319,7 +373,8 @@ def main(argv=None) -> int:
         backend = "nccl"
     cfg = dict(cpu=a.cpu, contexts=contexts, hq=hq, hkv=hkv, head_dim=a.head_dim or (16 if a.cpu else 128),
                dtype=a.dtype or ("fp32" if a.cpu else "bf16"), page=a.page, iters=a.iters or (3 if a.cpu else 50),
-               policy=a.policy, check=not a.no_check, no_flush=a.no_flush)
+               policy=a.policy, check=not a.no_check, no_flush=a.no_flush, no_graph=a.no_graph,
+               backend=a.backend or ("torch" if a.cpu else "triton"))
     os.makedirs(a.out, exist_ok=True)
     from splitkv_common.context_parallel import launch_local
 

@@ -78,9 +78,13 @@ def test_cp_decode_gloo(world):
     assert checked == len(CASES) * len(LAYOUTS) * 2
 
 
-def test_bench_cpu_smoke(tmp_path):
-    """scripts/bench_context_parallel.py --cpu: gloo, 1 and 2 processes, tiny sizes; the JSON has
-    every point, the bytes per rank and a passing correctness check."""
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_bench_cpu_smoke(tmp_path, backend):
+    """scripts/bench_context_parallel.py --cpu: gloo, 1 and 2 processes, tiny sizes, each rank on stock
+    torch ops or the Triton kernels (interpreter); the JSON has every point, the bytes per rank and a
+    passing correctness check."""
+    if backend == "triton":
+        pytest.importorskip("triton")
     import json
     import subprocess
     import sys
@@ -88,7 +92,7 @@ def test_bench_cpu_smoke(tmp_path):
 
     script = Path(__file__).resolve().parent.parent / "scripts" / "bench_context_parallel.py"
     r = subprocess.run([sys.executable, str(script), "--cpu", "--gpus", "1,2", "--contexts", "40,300", "--iters", "1",
-                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+                        "--backend", backend, "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads((tmp_path / "bench_context_parallel.json").read_text())
     assert [(x["world"], x["context"]) for x in res["results"]] == [(1, 40), (1, 300), (2, 40), (2, 300)]
@@ -96,5 +100,6 @@ def test_bench_cpu_smoke(tmp_path):
         assert x["check"]["passed"]
         assert x["comm_send_bytes_per_rank"] == (0 if x["world"] == 1 else 4 * 17 * 4)  # Hq 4, D 16: Hq (D + 1) floats
         assert sum(p["local_tokens"] for p in x["per_rank"]) == x["context"]
+        assert set(x["views"]) == {"local" if backend == "triton" else "global"}
     assert "provenance" in res and (tmp_path / "bench_context_parallel.md").is_file()
     assert "| GPUs | context |" in r.stdout

@@ -129,3 +129,13 @@ def test_local_view_exact():
     # multi-query rows: the tail rank of a contiguous layout is exact, the head rank is not
     assert not shards[0].local_view_exact(qsl) and shards[1].local_view_exact(qsl)
     assert not shards[0].local_view_exact(None, window_left=5) and shards[1].local_view_exact(None, window_left=5)
+
+
+def test_numpy_only():
+    """The sharding helpers import no torch, and splitkv_common does not import the torch module."""
+    import subprocess
+    import sys
+    code = ("import sys, splitkv_common, splitkv_common.cp_sharding; "
+            "assert 'torch' not in sys.modules and 'splitkv_common.context_parallel' not in sys.modules")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

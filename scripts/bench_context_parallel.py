@@ -191,14 +191,15 @@ def rank_main(rank: int, world: int, cfg: dict) -> list[dict]:
         view = getattr(backend, "view", "global")
         for _ in range(3):  # warm-up (Triton compiles on the first launch)
             out, lse = cp.run(batch)
+        barrier_kw = {} if cpu else {"device_ids": [device.index]}
         sync()
-        dist.barrier()
+        dist.barrier(**barrier_kw)
         o_state, l_state = cp.states(batch)
         send = cp.pack(o_state, l_state)
 
         def barrier():
             sync()
-            dist.barrier()
+            dist.barrier(**({} if cpu else {"device_ids": [device.index]}))
 
         # The rank-local work (states + pack, and the merge) is replayed from CUDA graphs so that the
         # host's launch cost (Triton launches, the torch merge's small kernels) does not show in the
@@ -210,7 +211,8 @@ def rank_main(rank: int, world: int, cfg: dict) -> list[dict]:
             try:
                 g_states, _ = capture(lambda: cp.states(batch))
                 g_local, send_g = capture(lambda: cp.pack(*cp.states(batch)))
-                recv = cp.communicate(send_g)
+                # the static receive buffer the eager collective fills
+                _, recv = cp.buffers(send_g.shape[0], send_g.shape[1], send_g.shape[2] - 1, send_g.device)
                 g_merge, merged = capture(lambda: cp.merge(recv))
 
                 def run_states():
@@ -381,7 +383,11 @@ def main(argv=None) -> int:
     results = []
     for w in gpus:
         print(f"# {w} process(es), {backend}: contexts {contexts}", file=sys.stderr, flush=True)
-        per_rank = launch_local(rank_main, w, cfg, backend=backend, timeout_s=a.timeout)
+        try:
+            per_rank = launch_local(rank_main, w, cfg, backend=backend, timeout_s=a.timeout)
+        except Exception as e:  # noqa: BLE001 - a rank failed: its traceback is in the message
+            print(f"error: {w} process(es), {backend}: a rank failed:\n{e}", file=sys.stderr)
+            return 1
         results += summarize(per_rank)
     try:
         from splitkv_common.provenance import provenance

@@ -151,6 +151,7 @@ class TritonShardBackend:
         self.wrapper = None
         self.view = None
         self._key = None
+        self._prepared_for = None
 
     def _make_wrapper(self, batch: ShardBatch):
         from cuda_ref.wrapper import DecodeWrapper
@@ -189,10 +190,10 @@ class TritonShardBackend:
         else:
             self.wrapper.set_plan(batch.plan(self.global_split_tokens))
         self.view = view
-        batch._cache["triton_view"] = view
+        self._prepared_for = batch
 
     def __call__(self, batch: ShardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        if batch._cache.get("triton_view") is None:
+        if self._prepared_for is not batch:  # the wrapper holds the plan of the batch prepared last
             self.prepare(batch)
         if self.view == "local":
             bt, sl = batch.block_table, batch.seq_lens

@@ -130,3 +130,33 @@ def test_triton_forced_local_view_refuses_inexact():
     batch = make_batch(s2, x["q"], k, v, query_start_loc=x["query_start_loc"])
     with pytest.raises(ValueError, match="not exact"):
         TritonShardBackend(forced_view="local").prepare(batch)
+
+
+def test_triton_backend_replans_for_another_batch():
+    pytest.importorskip("triton")
+    import cuda_ref  # noqa: F401
+    inps = [random_inputs(s, [33, 20], page_size=4, num_q_heads=2, num_kv_heads=1, head_dim=16) for s in (5, 6)]
+    be = TritonShardBackend(policy="size:8")
+    batches = []
+    for inp in inps:
+        x = to_torch(inp)
+        s = shard_all(inp.block_table, inp.seq_lens, 1, "contiguous", page_size=4)[0]
+        s2, k, v = localize(s, x["k_cache"], x["v_cache"])
+        batches.append(make_batch(s2, x["q"], k, v, scale=inp.scale))
+        be.prepare(batches[-1])
+    out, lse = be(batches[0])  # prepared last for batches[1]: planned again for batches[0]
+    judge(inps[0], out.numpy().copy(), lse.numpy().copy())
+
+
+def test_contiguous_fixed_capacity():
+    inp = random_inputs(9, [50, 7, 0], q_lens=[3, 1, 1], page_size=4, window_left=9)
+    x = to_torch(inp)
+    os_, ls_ = [], []
+    for s in shard_all(inp.block_table, inp.seq_lens, 4, "contiguous", page_size=4, capacity_pages=4):
+        s2, k, v = localize(s, x["k_cache"], x["v_cache"])
+        o, lse = torch_shard_backend(make_batch(s2, x["q"], k, v, query_start_loc=x["query_start_loc"],
+                                                scale=inp.scale, window_left=inp.window_left))
+        os_.append(o)
+        ls_.append(lse)
+    out, lse = merge_states(torch.stack(os_), torch.stack(ls_), dim=0)
+    judge(inp, out.numpy(), lse.numpy())

@@ -381,7 +381,8 @@ def cp_decode(q, k_cache, v_cache, s: Shard, *, query_start_loc=None, scale=None
 def _spawn_entry(rank, fn, world_size, backend, init_file, result_dir, args, timeout_s):
     if backend == "nccl":
         torch.cuda.set_device(rank)
-    elif backend == "hccl":  # pragma: no cover - needs torch_npu on an Ascend node
+    elif backend == "hccl":  # pragma: no cover - needs torch_npu on an Ascend node (not run in this project)
+        import torch_npu  # noqa: F401  (registers torch.npu and the hccl backend)
         torch.npu.set_device(rank)
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))

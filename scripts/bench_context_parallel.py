@@ -241,7 +241,13 @@ def rank_main(rank: int, world: int, cfg: dict) -> list[dict]:
         row = dict(context=L, rank=rank, world=world, local_tokens=n_local, view=view, graph=graph_note,
                    decode_us=t_decode, collective_us=t_coll, step_us=t_step,
                    kv_bytes=n_local * hkv * d * 2 * torch.empty(0, dtype=dtype).element_size(),
-                   comm=comm_bytes(1, hq, d, world), workspace_bytes=None)
+                   comm=comm_bytes(1, hq, d, world), workspace_bytes=None,
+                   # what the collective was actually given: the packed state and the receive buffer
+                   send_tensor_bytes=send.numel() * send.element_size(),
+                   recv_tensor_bytes=cp.buffers(*send.shape[:2], send.shape[2] - 1, send.device)[1].numel() * 4)
+        if row["send_tensor_bytes"] != row["comm"]["state_bytes"] or row["recv_tensor_bytes"] != row["comm"]["buffer"]:
+            raise AssertionError(f"comm_bytes {row['comm']} disagrees with the tensors the collective moved "
+                                 f"({row['send_tensor_bytes']}, {row['recv_tensor_bytes']})")
         if hasattr(backend, "wrapper") and backend.wrapper is not None:
             row["workspace_bytes"] = backend.wrapper.workspace_bytes()
             row["splits"] = int(backend.wrapper.host_plan.max_splits)

@@ -231,14 +231,14 @@ _GATHER_INTO_TENSOR: dict = {}
 
 
 def _all_gather_packed(buf: torch.Tensor, send: torch.Tensor, group) -> None:
-    """``buf [W, ...]`` <- every rank's ``send [...]``, one collective (``all_gather_single``, called
-    ``all_gather_into_tensor`` before torch 2.13; a list ``all_gather`` into views of ``buf`` where the
-    process group lacks it)."""
+    """``buf [W, ...]`` <- every rank's ``send [...]``, one collective (``all_gather_single`` where torch
+    has it, else ``all_gather_into_tensor``, which torch 2.13 deprecates; a list ``all_gather`` into
+    views of ``buf`` where the process group lacks both)."""
     key = dist.get_backend(group)
     if _GATHER_INTO_TENSOR.get(key, True):
         try:
             # the concatenated form [W * T, ...]: gloo splits it into chunks of send's shape
-            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
             gather(buf.view(buf.shape[0] * send.shape[0], *send.shape[1:]), send, group=group)
             _GATHER_INTO_TENSOR[key] = True
             return

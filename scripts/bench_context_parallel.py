@@ -156,8 +156,9 @@ def rank_main(rank: int, world: int, cfg: dict) -> list[dict]:
     import numpy as np
     import torch.distributed as dist
 
-    from splitkv_common.context_parallel import (ContextParallelDecode, TritonShardBackend, comm_bytes,
+    from splitkv_common.context_parallel import (ContextParallelDecode, comm_bytes,
                                                  make_batch, torch_shard_backend)
+    from cuda_ref.context_parallel import TritonShardBackend
     from splitkv_common.cp_sharding import shard
 
     cpu = cfg["cpu"]

@@ -13,9 +13,10 @@ from hypothesis import strategies as st  # noqa: E402
 from splitkv_common.accuracy import check  # noqa: E402
 from splitkv_common.backends import to_torch  # noqa: E402
 from splitkv_common.cases import random_inputs  # noqa: E402
-from splitkv_common.context_parallel import (TritonShardBackend, comm_bytes, default_pg_backend,  # noqa: E402
+from splitkv_common.context_parallel import (comm_bytes, default_pg_backend,  # noqa: E402
                                              make_batch, torch_shard_backend)
 from splitkv_common.cp_sharding import LAYOUTS, localize, shard_all  # noqa: E402
+from cuda_ref.context_parallel import TritonShardBackend  # noqa: E402
 from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
 from splitkv_common.torch_eager import merge_states  # noqa: E402
 

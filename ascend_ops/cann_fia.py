@@ -296,7 +296,7 @@ def fake_fia(query, key, value, *, atten_mask=None, actual_seq_lengths=None, act
 
 def run_with(op, inputs: DecodeInputs, device="cpu"):
     """Run a case through ``op`` (the real FIA or :func:`fake_fia`); NumPy ``(out, lse)``."""
-    from splitkv_common.backends import from_torch, to_torch
+    from splitkv_common.torch_io import from_torch, to_torch
 
     t = to_torch(inputs, device)
     args, kwargs, layout = fia_call(t["q"], t["k_cache"], t["v_cache"], t["block_table"], inputs.seq_lens,

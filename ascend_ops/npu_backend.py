@@ -42,7 +42,7 @@ def _torch_npu_unavailable() -> str | None:
 
 
 def _torch_npu_run(inputs: DecodeInputs, plan: Plan):
-    from splitkv_common.backends import from_torch, to_torch
+    from splitkv_common.torch_io import from_torch, to_torch
     from splitkv_common.torch_eager import decode_attention
 
     t = to_torch(inputs, _npu_device())
@@ -64,7 +64,7 @@ def _ascend_unsupported(inputs: DecodeInputs) -> str | None:
 
 
 def _ascend_run(inputs: DecodeInputs, plan: Plan):
-    from splitkv_common.backends import from_torch, to_torch
+    from splitkv_common.torch_io import from_torch, to_torch
 
     from .ops import AscendDecodeWrapper
 

@@ -90,7 +90,7 @@ def run_triton_npu(inputs: DecodeInputs, plan: Plan):
     import torch
 
     from cuda_ref.launch import DevicePlan, KernelConfig, launch_decode
-    from splitkv_common.backends import from_torch, to_torch
+    from splitkv_common.torch_io import from_torch, to_torch
 
     from .ops import npu_device
 

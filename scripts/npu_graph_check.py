@@ -42,7 +42,7 @@ def shrink_steps(seq_lens: np.ndarray, page: int) -> list[np.ndarray]:
 def graph_case(case, profile: str) -> dict:
     import torch
 
-    from splitkv_common.backends import to_torch
+    from splitkv_common.torch_io import to_torch
 
     inputs = case.build()
     t = to_torch(inputs, "npu")

@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from splitkv_common.accuracy import check  # noqa: E402
-from splitkv_common.backends import from_torch, to_torch  # noqa: E402
+from splitkv_common.torch_io import from_torch, to_torch  # noqa: E402
 from splitkv_common.cases import catalog, get_case  # noqa: E402
 from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
 
@@ -314,10 +314,10 @@ def test_graph_check_script_logic_on_the_cpu(monkeypatch):
     spec = iu.spec_from_file_location("npu_graph_check", ROOT / "scripts" / "npu_graph_check.py")
     gc = iu.module_from_spec(spec)
     spec.loader.exec_module(gc)
-    import splitkv_common.backends as be
+    import splitkv_common.torch_io as tio
 
-    to_torch_cpu = be.to_torch
-    monkeypatch.setattr(be, "to_torch", lambda inputs, device="cpu": to_torch_cpu(inputs, "cpu"))
+    to_torch_cpu = tio.to_torch
+    monkeypatch.setattr(tio, "to_torch", lambda inputs, device="cpu": to_torch_cpu(inputs, "cpu"))
     captured = []
 
     class CpuWrapper(AscendDecodeWrapper):

@@ -122,7 +122,7 @@ def _case_tensors(name: str, device: str = "cpu"):
     import torch
 
     from ascend_ops.ops import AscendDecodeWrapper
-    from splitkv_common.backends import to_torch
+    from splitkv_common.torch_io import to_torch
     from splitkv_common.cases import get_case
 
     case = get_case(name)

@@ -1,6 +1,7 @@
 """The parity harness and the accuracy rule: the rule has teeth, the harness reports what ran and what did not."""
 
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -193,6 +194,26 @@ def test_broken_entry_point_is_listed_as_unavailable(monkeypatch):
     assert "failed to load" in why and "no module named nowhere" in why
     with pytest.raises(RuntimeError):
         found["broken"].run(None, None)
+
+
+def test_builtin_backends_load_by_name_without_entry_points(monkeypatch):
+    """A source tree that was not installed: the shipped backends come from their ``module:attr`` names,
+    the same strings as their entry points in pyproject.toml."""
+    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [])
+    found = discover()
+    for name, spec in registry.BUILTIN_BACKENDS.items():
+        assert found[name] is registry.load_backend(spec) and found[name].name == name
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    eps = project["entry-points"][registry.ENTRY_POINT_GROUP]
+    assert {n: eps[n] for n in registry.BUILTIN_BACKENDS} == registry.BUILTIN_BACKENDS
+
+
+def test_broken_builtin_backend_is_listed_as_unavailable(monkeypatch):
+    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [])
+    monkeypatch.setitem(registry.BUILTIN_BACKENDS, "torch", "nowhere.module:torch_backend")
+    found = discover()
+    assert "numpy" in found and "failed to load" in found["torch"].unavailable()
 
 
 # --- the harness ------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ import numpy as np
 
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.plan import Plan
-from splitkv_common.registry import Backend
+from splitkv_common.parity.registry import Backend
 
 FIA_SCHEMA_SOURCE = "Ascend/op-plugin @ 517f2e7d (2026-08-21), op_plugin/config/op_plugin_functions.yaml"
 FIA_SCHEMA = (

@@ -19,7 +19,7 @@ import os
 
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.plan import Plan
-from splitkv_common.registry import Backend
+from splitkv_common.parity.registry import Backend
 
 DEFAULT_PROFILE = "910b2"
 

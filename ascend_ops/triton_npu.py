@@ -24,7 +24,7 @@ import pathlib
 
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.plan import Plan
-from splitkv_common.registry import Backend
+from splitkv_common.parity.registry import Backend
 
 # (max head dim, q dtype family) -> (max BLOCK_M, BLOCK_N). "16" is float16 / bfloat16 q and KV.
 # Checked by scripts/lower_triton_ascend.py (every head dim x dtype x GQA group x feature below).

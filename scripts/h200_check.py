@@ -29,10 +29,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from cuda_ref import backend as tb  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
-from splitkv_common import accuracy, cases  # noqa: E402
-from splitkv_common.harness import run_parity  # noqa: E402
+from splitkv_common.parity import accuracy, cases  # noqa: E402
+from splitkv_common.parity.harness import run_parity  # noqa: E402
 from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
-from splitkv_common.registry import Backend  # noqa: E402
+from splitkv_common.parity.registry import Backend  # noqa: E402
 from splitkv_common.torch_io import to_torch  # noqa: E402
 
 

@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import ascend_ops  # noqa: E402
-from splitkv_common import accuracy, cases  # noqa: E402
+from splitkv_common.parity import accuracy, cases  # noqa: E402
 from splitkv_common.devices import get_profile  # noqa: E402
 from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
 

@@ -88,7 +88,7 @@ def _cmd_plan(args) -> int:
 
 
 def _cmd_backends(args) -> int:
-    from .registry import discover
+    from .parity.registry import discover
 
     for name, b in sorted(discover().items()):
         why = b.unavailable()
@@ -98,9 +98,9 @@ def _cmd_backends(args) -> int:
 
 
 def _cmd_parity(args) -> int:
-    from .cases import catalog
-    from .harness import run_parity
-    from .registry import discover
+    from .parity.cases import catalog
+    from .parity.harness import run_parity
+    from .parity.registry import discover
 
     known = discover()
     names = args.backend or sorted(known)

@@ -17,9 +17,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from splitkv_common.accuracy import check  # noqa: E402
+from splitkv_common.parity.accuracy import check  # noqa: E402
 from splitkv_common.torch_io import from_torch, to_torch  # noqa: E402
-from splitkv_common.cases import catalog, get_case  # noqa: E402
+from splitkv_common.parity.cases import catalog, get_case  # noqa: E402
 from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
 
 import ascend_ops  # noqa: E402
@@ -297,7 +297,7 @@ def test_the_npu_path_feeds_the_kernels_the_bytes_the_twin_ran(case):
 def test_torch_npu_backend_body_on_the_cpu(monkeypatch):
     """The torch-npu backend's code path with the device swapped for the CPU (the NPU run is the node's)."""
     from ascend_ops import npu_backend
-    from splitkv_common.harness import PASS, run_case as harness_run
+    from splitkv_common.parity.harness import PASS, run_case as harness_run
 
     monkeypatch.setattr(npu_backend, "_npu_device", lambda: "cpu")
     for name in ("multi-query/gqa-bf16", "int8/per-channel-offset", "empty/some-rows"):

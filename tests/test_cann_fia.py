@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ascend_ops import cann_fia
-from splitkv_common.cases import random_inputs
+from splitkv_common.parity.cases import random_inputs
 from splitkv_common.reference import dense_attention
 
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from splitkv_common.backends import numpy_backend, torch_backend
+from splitkv_common.parity.backends import numpy_backend, torch_backend
 from splitkv_common.dtypes import round_to
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.reference import dense_attention

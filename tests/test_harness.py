@@ -6,13 +6,13 @@ import pathlib
 import numpy as np
 import pytest
 
-from splitkv_common import accuracy, registry
-from splitkv_common.accuracy import check
-from splitkv_common.cases import catalog, get_case
-from splitkv_common.harness import ERROR, FAIL, PASS, UNSUPPORTED, ParityReport, run_case, run_parity
+from splitkv_common.parity import accuracy, registry
+from splitkv_common.parity.accuracy import check
+from splitkv_common.parity.cases import catalog, get_case
+from splitkv_common.parity.harness import ERROR, FAIL, PASS, UNSUPPORTED, ParityReport, run_case, run_parity
 from splitkv_common.merge import merge_rows
 from splitkv_common.reference import split_attention, split_partials
-from splitkv_common.registry import Backend, discover, get_backend
+from splitkv_common.parity.registry import Backend, discover, get_backend
 
 
 @pytest.fixture(autouse=True)
@@ -331,9 +331,9 @@ def test_numpy_is_the_only_hard_dependency():
     code = (
         "import sys\n"
         "for m in ('torch', 'tqdm', 'triton'): sys.modules[m] = None\n"
-        "from splitkv_common.cases import catalog\n"
-        "from splitkv_common.backends import numpy_backend, torch_backend\n"
-        "from splitkv_common.harness import run_parity\n"
+        "from splitkv_common.parity.cases import catalog\n"
+        "from splitkv_common.parity.backends import numpy_backend, torch_backend\n"
+        "from splitkv_common.parity.harness import run_parity\n"
         "r = run_parity([numpy_backend, torch_backend], catalog(pattern='seed'), progress=True)\n"
         "assert r.ok, r.to_markdown()\n"
         "assert 'torch' in r.unavailable, r.unavailable\n"

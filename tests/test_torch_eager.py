@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 from splitkv_common import merge  # noqa: E402
 from splitkv_common import torch_eager, torch_io  # noqa: E402
 from splitkv_common.torch_io import from_torch, to_torch  # noqa: E402
-from splitkv_common.cases import random_inputs, worked_example  # noqa: E402
+from splitkv_common.parity.cases import random_inputs, worked_example  # noqa: E402
 from splitkv_common.reference import dense_attention, split_partials  # noqa: E402
 
 

@@ -16,11 +16,11 @@ from cuda_ref import backend as tb  # noqa: E402
 from cuda_ref import ops  # noqa: E402,F401  (registers torch.ops.splitkv.*)
 from cuda_ref.launch import DevicePlan, KernelConfig  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
-from splitkv_common import accuracy, cases  # noqa: E402
-from splitkv_common.harness import run_case  # noqa: E402
+from splitkv_common.parity import accuracy, cases  # noqa: E402
+from splitkv_common.parity.harness import run_case  # noqa: E402
 from splitkv_common.merge import merge_states as np_merge  # noqa: E402
 from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
-from splitkv_common.registry import Backend, discover  # noqa: E402
+from splitkv_common.parity.registry import Backend, discover  # noqa: E402
 from splitkv_common.torch_io import to_torch  # noqa: E402
 
 DEVICE = "cpu" if cuda_ref.INTERPRET else "cuda"

@@ -3,7 +3,7 @@
 import pytest
 
 from ascend_ops import triton_npu
-from splitkv_common.cases import random_inputs
+from splitkv_common.parity.cases import random_inputs
 
 
 def test_unavailable_with_reason_here():

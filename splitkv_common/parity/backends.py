@@ -12,7 +12,7 @@ import os
 from ..inputs import DecodeInputs
 from ..plan import Plan
 from ..reference import split_attention
-from ..registry import Backend
+from .registry import Backend
 
 
 def _numpy_run(inputs: DecodeInputs, plan: Plan):

@@ -17,14 +17,14 @@ from typing import Callable
 
 import numpy as np
 
-from .inputs import DecodeInputs
-from .plan import Plan
+from ..inputs import DecodeInputs
+from ..plan import Plan
 
 ENTRY_POINT_GROUP = "splitkv.backends"
 
 BUILTIN_BACKENDS = {
-    "numpy": "splitkv_common.backends:numpy_backend",
-    "torch": "splitkv_common.backends:torch_backend",
+    "numpy": "splitkv_common.parity.backends:numpy_backend",
+    "torch": "splitkv_common.parity.backends:torch_backend",
 }
 """The backends of ``splitkv_common`` itself, by name (the same ``"module:attr"`` as their entry points)."""
 

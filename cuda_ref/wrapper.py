@@ -35,8 +35,8 @@ class DecodeWrapper:
         profile: device profile of the ``auto`` planner; policy: ``auto``, ``none``, ``size:N``, ``count:N``.
         graph_stable: fixed-shape plans for graph replay (``max_splits`` and ``max_work_items`` bound them).
         fuse_merge: merge in stage 1 (the last split to finish merges, with a per-(request, KV head)
-            counter) instead of a second launch; default: the second launch (measured faster on the
-            H200 at every batch-1 point, docs/perf-notes.md). Both give bitwise the same result.
+            counter) instead of a second launch; default: the second launch (the faster on the H200,
+            docs/perf-notes.md). Both give bitwise the same result.
         config: stage-1 tile / warps / stages (default by head dim and plan, see
             :func:`cuda_ref.launch.default_config`; fixed-size and no-split plans keep their
             batch invariance).

@@ -44,7 +44,7 @@ import numpy as np
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.npu_probe import npu_device, npu_unavailable
 from splitkv_common.plan import Plan
-from splitkv_common.registry import Backend
+from splitkv_common.parity.registry import Backend
 
 from .support import DEFAULT_PROFILE
 
@@ -155,7 +155,7 @@ def convert_outputs(out, lse, layout: dict, seq_lens):
 
 def run_with(op, inputs: DecodeInputs, device="cpu"):
     """Run a case through ``op`` (the real FIA, or the tests' emulation of it); NumPy ``(out, lse)``."""
-    from splitkv_common.backends import from_torch, to_torch
+    from splitkv_common.torch_io import from_torch, to_torch
 
     t = to_torch(inputs, device)
     args, kwargs, layout = fia_call(t["q"], t["k_cache"], t["v_cache"], t["block_table"], inputs.seq_lens,

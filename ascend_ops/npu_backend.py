@@ -19,13 +19,13 @@ from __future__ import annotations
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.npu_probe import npu_device, npu_unavailable
 from splitkv_common.plan import Plan
-from splitkv_common.registry import Backend
+from splitkv_common.parity.registry import Backend
 
 from .support import profile, unsupported_reason
 
 
 def _torch_npu_run(inputs: DecodeInputs, plan: Plan):
-    from splitkv_common.backends import from_torch, to_torch
+    from splitkv_common.torch_io import from_torch, to_torch
     from splitkv_common.torch_eager import decode_attention
 
     t = to_torch(inputs, npu_device())
@@ -45,7 +45,7 @@ def _ascend_unsupported(inputs: DecodeInputs) -> str | None:
 
 
 def _ascend_run(inputs: DecodeInputs, plan: Plan):
-    from splitkv_common.backends import from_torch, to_torch
+    from splitkv_common.torch_io import from_torch, to_torch
 
     from .wrapper import AscendDecodeWrapper
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.plan import Plan
-from splitkv_common.registry import Backend
+from splitkv_common.parity.registry import Backend
 
 from . import tiling as tl
 from .support import DEFAULT_PROFILE, unsupported_reason

@@ -10,8 +10,7 @@ import numpy as np
 
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.plan import Plan
-from splitkv_common.backends import to_torch  # noqa: F401  (also this module's API)
-from splitkv_common.registry import Backend
+from splitkv_common.parity.registry import Backend
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 
@@ -38,6 +37,8 @@ def _unsupported(inputs: DecodeInputs) -> str | None:
 
 def run(inputs: DecodeInputs, plan: Plan, **wrapper_kw) -> tuple[np.ndarray, np.ndarray]:
     """Validate, copy the case to the device, run the kernels with ``plan``; NumPy float32 results."""
+    from splitkv_common.torch_io import from_torch, to_torch
+
     from .wrapper import DecodeWrapper
     inputs.validate(backend="triton")
     msg = _unsupported(inputs)
@@ -51,7 +52,7 @@ def run(inputs: DecodeInputs, plan: Plan, **wrapper_kw) -> tuple[np.ndarray, np.
     x = to_torch(inputs, w.device)
     out, lse = w.run(**x, scale=inputs.scale, soft_cap=inputs.soft_cap, window_left=inputs.window_left,
                      validate=True)
-    return out.float().cpu().numpy(), lse.float().cpu().numpy()
+    return from_torch(out, lse)
 
 
 triton_backend = Backend(

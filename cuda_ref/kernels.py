@@ -1,6 +1,7 @@
 """Triton kernels of split-KV decode attention (see ``docs/triton.md``).
 
-Two kernels, each readable top to bottom:
+Two kernels, each read top to bottom as a few named steps (``@triton.jit`` helpers, which Triton
+inlines into the kernel: the same PTX instructions as the kernel written in one piece):
 
 * :func:`split_kv_kernel` (stage 1): one program per work item of the shared plan and block of
   packed query rows. A work item is (request, KV head, ``[start, end)`` range of logical KV
@@ -100,24 +101,17 @@ def split_kv_kernel(
     SCALE_PER_CHANNEL: tl.constexpr = False, MERGE_CHUNK: tl.constexpr = 16,
     LAUNCH_DEPENDENTS: tl.constexpr = False, MULTI_ROW_BLOCKS: tl.constexpr = True,
 ):
+    """Stage 1, one program per (work item, block of packed query rows), in named steps: load the
+    work item, load its packed query rows and int8 scales, walk the KV range (:func:`_kv_loop`),
+    then store the split's state (:func:`_split_state`) as the final output (:func:`_store_final`)
+    or a partial (:func:`_store_partial`), the last split merging with ``FUSE_MERGE``
+    (:func:`_merge_if_last`). The helpers are inlined by Triton: one kernel, as written in one piece."""
     if LAUNCH_DEPENDENTS:  # let the merge launch now: it waits for this grid in gdc_wait
         gdc_launch_dependents()
     item = tl.program_id(0)
     mblock = tl.program_id(1)
-    # No branch on a loaded value before the KV loop: the work item's fields, then the request's,
-    # then the first tiles' page ids are each one round trip to memory, not one per branch.
-    b = tl.load(ITEM_REQ + item)
-    h = tl.load(ITEM_HEAD + item)
-    split = tl.load(ITEM_SPLIT + item)
-    start = tl.load(ITEM_START + item)
-    end = tl.load(ITEM_END + item)
-    valid = b >= 0  # False: a padding item of a graph-stable plan, which reads and writes nothing
-    b = tl.maximum(b, 0)
-    end = tl.where(valid, end, start)
-    seq_len = tl.load(SEQ_LENS + b)
-    r0 = tl.load(QUERY_START + b)
-    q_len = tl.where(valid, tl.load(QUERY_START + b + 1) - r0, 0)
-    n_split = tl.load(NUM_SPLITS + b)
+    b, h, split, start, end, seq_len, r0, q_len, n_split = _load_work_item(
+        ITEM_REQ, ITEM_HEAD, ITEM_SPLIT, ITEM_START, ITEM_END, SEQ_LENS, QUERY_START, NUM_SPLITS, item)
     if MULTI_ROW_BLOCKS:  # a request may have fewer packed rows than the grid (one query row: never)
         if mblock * BLOCK_M >= q_len * GROUP:
             return
@@ -132,13 +126,77 @@ def split_kv_kernel(
     t = r0 + i
     hq = h * GROUP + g
     d_ok = offs_d < HEAD_DIM
+    q = _load_q(Q, t, hq, offs_d, row_ok, d_ok, stride_qt, stride_qh, KV_INT8, DOT_IEEE, UPCAST)
+    q_pos = seq_len - q_len + i  # logical position of each query row: it sees p <= q_pos
+    k_sc, v_sc, k_of, v_of = _load_kv_scales(K_SCALE, V_SCALE, K_OFFSET, V_OFFSET, h, stride_sh, offs_d, d_ok,
+                                             KV_INT8, HAS_OFFSET, SCALE_PER_CHANNEL)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    bt_row = BLOCK_TABLE + b.to(tl.int64) * stride_bt
+    k_base = K + h.to(tl.int64) * stride_kh
+    v_base = V + h.to(tl.int64) * stride_vh
+    m_i, l_i, acc = _kv_loop(q, q_pos, m_i, l_i, acc, bt_row, k_base, v_base, start, end, offs_n, offs_d, d_ok,
+                             k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left,
+                             stride_kp, stride_kt, stride_vp, stride_vt,
+                             PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW, DOT_IEEE, UPCAST)
+
+    o, lse = _split_state(acc, m_i, l_i)
+    out_mask = row_ok[:, None] & d_ok[None, :]
+    if n_split == 1:  # the only split of its rows: write the final output directly
+        _store_final(OUT, OUT_LSE, o, lse, t, hq, offs_d, row_ok, out_mask, stride_ot, stride_oh, stride_lot,
+                     stride_loh)
+    else:
+        _store_partial(PART_O, PART_LSE, ROW_SLOT, o, lse, t, hq, split, offs_d, row_ok, out_mask,
+                       stride_ps, stride_ph, stride_ls, stride_lh)
+        if FUSE_MERGE:
+            if q_len > 0:  # not for padding items (nor requests without query rows)
+                _merge_if_last(PART_O, PART_LSE, OUT, OUT_LSE, ROW_SLOT, COUNTERS, b, h, mblock, r0, q_len, n_split,
+                               offs_d, d_ok, NUM_KV_HEADS, stride_ps, stride_ph, stride_ls, stride_lh,
+                               stride_ot, stride_oh, stride_lot, stride_loh, GROUP, BLOCK_M, MERGE_CHUNK)
+
+
+@triton.jit
+def _load_work_item(ITEM_REQ, ITEM_HEAD, ITEM_SPLIT, ITEM_START, ITEM_END, SEQ_LENS, QUERY_START, NUM_SPLITS, item):
+    """The work item's fields and its request's: ``(b, h, split, start, end, seq_len, r0, q_len, n_split)``.
+
+    A padding item of a graph-stable plan (request ``-1``) becomes an empty range of request 0
+    with no query rows, so it reads and writes nothing. No branch on a loaded value before the KV
+    loop: the work item's fields, then the request's, then the first tiles' page ids are each one
+    round trip to memory, not one per branch."""
+    b = tl.load(ITEM_REQ + item)
+    h = tl.load(ITEM_HEAD + item)
+    split = tl.load(ITEM_SPLIT + item)
+    start = tl.load(ITEM_START + item)
+    end = tl.load(ITEM_END + item)
+    valid = b >= 0  # False: a padding item of a graph-stable plan, which reads and writes nothing
+    b = tl.maximum(b, 0)
+    end = tl.where(valid, end, start)
+    seq_len = tl.load(SEQ_LENS + b)
+    r0 = tl.load(QUERY_START + b)
+    q_len = tl.where(valid, tl.load(QUERY_START + b + 1) - r0, 0)
+    n_split = tl.load(NUM_SPLITS + b)
+    return b, h, split, start, end, seq_len, r0, q_len, n_split
+
+
+@triton.jit
+def _load_q(Q, t, hq, offs_d, row_ok, d_ok, stride_qt, stride_qh,
+            KV_INT8: tl.constexpr, DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """The packed query rows ``[BLOCK_M, BLOCK_D]`` (row ``m``: query row ``t[m]``, head ``hq[m]``),
+    float32 where the dot runs in float32."""
     q_ptr = Q + t.to(tl.int64)[:, None] * stride_qt + hq[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptr, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     if (UPCAST or KV_INT8) or DOT_IEEE:
         q = q.to(tl.float32)
-    q_pos = seq_len - q_len + i  # logical position of each query row: it sees p <= q_pos
+    return q
 
-    # int8 scales / offsets of this KV head, loaded once per program
+
+@triton.jit
+def _load_kv_scales(K_SCALE, V_SCALE, K_OFFSET, V_OFFSET, h, stride_sh, offs_d, d_ok,
+                    KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr, SCALE_PER_CHANNEL: tl.constexpr):
+    """int8 scales / offsets of KV head ``h``, loaded once per program: ``(k_sc, v_sc, k_of, v_of)``
+    (``1, 1, 0, 0`` for a float cache, offsets ``0`` without them)."""
     if KV_INT8:
         k_sc = _load_scale(K_SCALE + h * stride_sh, offs_d, d_ok, SCALE_PER_CHANNEL)
         v_sc = _load_scale(V_SCALE + h * stride_sh, offs_d, d_ok, SCALE_PER_CHANNEL)
@@ -149,17 +207,21 @@ def split_kv_kernel(
             k_of, v_of = 0.0, 0.0
     else:
         k_sc, v_sc, k_of, v_of = 1.0, 1.0, 0.0, 0.0
+    return k_sc, v_sc, k_of, v_of
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    bt_row = BLOCK_TABLE + b.to(tl.int64) * stride_bt
-    k_base = K + h.to(tl.int64) * stride_kh
-    v_base = V + h.to(tl.int64) * stride_vh
 
-    # A plain counted loop whose loads are all unconditional (masked) and computed from the loop
-    # index alone: page ids of the tile's tokens, then the K and V gathers through them. Triton's
-    # software pipeliner turns this chain into asynchronous copies ``num_stages`` tiles ahead.
+@triton.jit
+def _kv_loop(q, q_pos, m_i, l_i, acc, bt_row, k_base, v_base, start, end, offs_n, offs_d, d_ok,
+             k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left,
+             stride_kp, stride_kt, stride_vp, stride_vt,
+             PAGE: tl.constexpr, BLOCK_N: tl.constexpr, KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr,
+             SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """The online softmax over KV positions ``[start, end)`` in tiles of ``BLOCK_N``: returns the
+    updated ``(m_i, l_i, acc)`` (base-2 running max, sum of weights, weighted sum of V rows).
+
+    A plain counted loop whose loads are all unconditional (masked) and computed from the loop
+    index alone: page ids of the tile's tokens, then the K and V gathers through them. Triton's
+    software pipeliner turns this chain into asynchronous copies ``num_stages`` tiles ahead."""
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + offs_n
         kv_ok = pos < end
@@ -198,42 +260,61 @@ def split_kv_kernel(
             pv = tl.dot(p.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
+    return m_i, l_i, acc
 
-    # -- the split's state: o = u / l, lse = m + log l (natural log); empty -> 0, -inf ----------
+
+@triton.jit
+def _split_state(acc, m_i, l_i):
+    """The split's state: ``o = u / l``, ``lse = m + log l`` (natural log); empty rows ``0, -inf``."""
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     o = acc / l_safe[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
-    out_mask = row_ok[:, None] & d_ok[None, :]
-    if n_split == 1:  # the only split of its rows: write the final output directly
-        tl.store(OUT + t.to(tl.int64)[:, None] * stride_ot + hq[:, None] * stride_oh + offs_d[None, :],
-                 o.to(OUT.dtype.element_ty), mask=out_mask)
-        tl.store(OUT_LSE + t * stride_lot + hq * stride_loh, lse, mask=row_ok)
-    else:
-        slot_id = (tl.load(ROW_SLOT + t, mask=row_ok, other=0) + split).to(tl.int64)
-        tl.store(PART_O + slot_id[:, None] * stride_ps + hq[:, None] * stride_ph + offs_d[None, :], o, mask=out_mask)
-        tl.store(PART_LSE + slot_id * stride_ls + hq * stride_lh, lse, mask=row_ok)
-        if FUSE_MERGE:
-            if q_len > 0:  # not for padding items (nor requests without query rows)
-                # the last of the request's splits to finish merges them
-                tl.debug_barrier()
-                counter = COUNTERS + (b * NUM_KV_HEADS + h) * tl.num_programs(1) + mblock
-                done = tl.atomic_add(counter, 1, sem="acq_rel")
-                if done == n_split - 1:
-                    tl.debug_barrier()
-                    # the block's valid rows, one (query row, head) at a time
-                    n_rows = tl.minimum(q_len * GROUP - mblock * BLOCK_M, BLOCK_M)
-                    for rr in range(0, n_rows):
-                        r_m = mblock * BLOCK_M + rr
-                        r_t = r0 + r_m // GROUP
-                        r_h = h * GROUP + r_m % GROUP
-                        first = tl.load(ROW_SLOT + r_t).to(tl.int64)
-                        o_m, lse_m = _merge_row(PART_O, PART_LSE, first, 1, n_split, r_h, offs_d, d_ok,
-                                                stride_ps, stride_ph, stride_ls, stride_lh, MERGE_CHUNK, True)
-                        tl.store(OUT + r_t.to(tl.int64) * stride_ot + r_h * stride_oh + offs_d,
-                                 o_m.to(OUT.dtype.element_ty), mask=d_ok)
-                        tl.store(OUT_LSE + r_t * stride_lot + r_h * stride_loh, lse_m)
-                    tl.atomic_xchg(counter, 0)
+    return o, lse
+
+
+@triton.jit
+def _store_final(OUT, OUT_LSE, o, lse, t, hq, offs_d, row_ok, out_mask, stride_ot, stride_oh, stride_lot, stride_loh):
+    """The only split of its rows: ``o`` (in the output's dtype) and ``lse`` straight to the output."""
+    tl.store(OUT + t.to(tl.int64)[:, None] * stride_ot + hq[:, None] * stride_oh + offs_d[None, :],
+             o.to(OUT.dtype.element_ty), mask=out_mask)
+    tl.store(OUT_LSE + t * stride_lot + hq * stride_loh, lse, mask=row_ok)
+
+
+@triton.jit
+def _store_partial(PART_O, PART_LSE, ROW_SLOT, o, lse, t, hq, split, offs_d, row_ok, out_mask,
+                   stride_ps, stride_ph, stride_ls, stride_lh):
+    """One split of several: the float32 state to partial slot ``row_slot_start[t] + split``."""
+    slot_id = (tl.load(ROW_SLOT + t, mask=row_ok, other=0) + split).to(tl.int64)
+    tl.store(PART_O + slot_id[:, None] * stride_ps + hq[:, None] * stride_ph + offs_d[None, :], o, mask=out_mask)
+    tl.store(PART_LSE + slot_id * stride_ls + hq * stride_lh, lse, mask=row_ok)
+
+
+@triton.jit
+def _merge_if_last(PART_O, PART_LSE, OUT, OUT_LSE, ROW_SLOT, COUNTERS, b, h, mblock, r0, q_len, n_split,
+                   offs_d, d_ok, NUM_KV_HEADS, stride_ps, stride_ph, stride_ls, stride_lh,
+                   stride_ot, stride_oh, stride_lot, stride_loh,
+                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, MERGE_CHUNK: tl.constexpr):
+    """The fused merge: the last of the request's splits to finish (a per-(request, KV head, row
+    block) counter) merges the block's rows, one (query row, head) at a time, and resets the counter."""
+    tl.debug_barrier()
+    counter = COUNTERS + (b * NUM_KV_HEADS + h) * tl.num_programs(1) + mblock
+    done = tl.atomic_add(counter, 1, sem="acq_rel")
+    if done == n_split - 1:
+        tl.debug_barrier()
+        # the block's valid rows, one (query row, head) at a time
+        n_rows = tl.minimum(q_len * GROUP - mblock * BLOCK_M, BLOCK_M)
+        for rr in range(0, n_rows):
+            r_m = mblock * BLOCK_M + rr
+            r_t = r0 + r_m // GROUP
+            r_h = h * GROUP + r_m % GROUP
+            first = tl.load(ROW_SLOT + r_t).to(tl.int64)
+            o_m, lse_m = _merge_row(PART_O, PART_LSE, first, 1, n_split, r_h, offs_d, d_ok,
+                                    stride_ps, stride_ph, stride_ls, stride_lh, MERGE_CHUNK, True)
+            tl.store(OUT + r_t.to(tl.int64) * stride_ot + r_h * stride_oh + offs_d,
+                     o_m.to(OUT.dtype.element_ty), mask=d_ok)
+            tl.store(OUT_LSE + r_t * stride_lot + r_h * stride_loh, lse_m)
+        tl.atomic_xchg(counter, 0)
 
 
 @triton.jit

@@ -27,8 +27,7 @@ class KernelConfig:
     """Tile and launch shape of stage 1: ``block_n`` KV tokens per tile, warps, software-pipeline
     stages (``num_stages`` >= 2 turns the tile loads into asynchronous copies that many tiles ahead);
     ``merge_warps``: warps of the separate merge (one warp reduces a row's ``[CHUNK, D]`` tile with
-    shuffles alone, no shared memory or barriers: measured fastest of 1, 2, 4 and 8 on the H200 at
-    every point tried, e.g. B1 x 16k 26.6 against 28.0 µs with 4; docs/perf-notes.md)."""
+    shuffles alone, no shared memory or barriers). Why these defaults: docs/perf-notes.md."""
 
     block_n: int = 64
     num_warps: int = 4
@@ -40,8 +39,8 @@ class KernelConfig:
 
 
 def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invariant: bool = True) -> KernelConfig:
-    """Stage-1 configuration by head dim, KV element size and the plan (H200 measurements,
-    docs/perf-notes.md).
+    """Stage-1 configuration by head dim, KV element size and the plan (chosen from H200
+    measurements: docs/perf-notes.md).
 
     The tile holds 16 KiB of K at 2 bytes an element (int8 counts as 4: it is dequantized to
     float32 before the dot), at most 64 tokens; 4 warps (8 for float32 tiles, which spill with 4).
@@ -52,9 +51,8 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     Plans of more items ("many"): with ``batch_invariant`` (fixed split size or no split, whose
     results must not depend on the rest of the batch) only ``num_stages`` changes, to 7: the tile
     and the warps decide the order of the sums and stay as they are. Otherwise (``auto``,
-    ``count:N``) the 16-bit D-128 tile halves to 32 tokens with 5 stages (more programs per SM:
-    measured 137 against 146-175 µs at B64 x 2k); other head dims and dtypes were not measured and
-    keep the batch-invariant choice."""
+    ``count:N``) the 16-bit D-128 tile halves to 32 tokens with 5 stages (more programs per SM); other
+    head dims and dtypes were not measured and keep the batch-invariant choice."""
     d = max(16, triton.next_power_of_2(head_dim))
     key = "few" if 0 < num_items <= 2 * 132 else "many"
     elem = min(max(kv_bytes, 2), 4)

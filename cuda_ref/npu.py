@@ -25,7 +25,7 @@ import pathlib
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.npu_probe import DEFAULT_NPU_PROFILE, npu_device, npu_unavailable
 from splitkv_common.plan import Plan
-from splitkv_common.registry import Backend
+from splitkv_common.parity.registry import Backend
 
 # (max head dim, q dtype family) -> (max BLOCK_M, BLOCK_N). "16" is float16 / bfloat16 q and KV.
 # Checked by scripts/lower_triton_ascend.py (every head dim x dtype x GQA group x feature below).
@@ -90,7 +90,7 @@ def run_triton_npu(inputs: DecodeInputs, plan: Plan):
     """Run ``cuda_ref``'s kernels on the NPU with the harness's plan; NumPy ``(out, lse)``."""
     import torch
 
-    from splitkv_common.backends import from_torch, to_torch
+    from splitkv_common.torch_io import from_torch, to_torch
 
     from .launch import DevicePlan, KernelConfig, launch_decode
 

@@ -19,13 +19,11 @@ import numpy as np
 import torch
 
 from splitkv_common.plan import Plan, PlanSpec
-from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, normalize_window
+from splitkv_common.torch_io import as_torch_dtype
+from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, host, normalize_window
 
 from . import INTERPRET
 from .launch import DevicePlan, KernelConfig, launch_decode
-
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "int8": torch.int8}
-
 
 class DecodeWrapper:
     """Split-KV decode attention over a paged KV cache ``[num_pages, page_size, Hkv, D]``.
@@ -37,8 +35,8 @@ class DecodeWrapper:
         profile: device profile of the ``auto`` planner; policy: ``auto``, ``none``, ``size:N``, ``count:N``.
         graph_stable: fixed-shape plans for graph replay (``max_splits`` and ``max_work_items`` bound them).
         fuse_merge: merge in stage 1 (the last split to finish merges, with a per-(request, KV head)
-            counter) instead of a second launch; default: the second launch (measured faster on the
-            H200 at every batch-1 point, docs/perf-notes.md). Both give bitwise the same result.
+            counter) instead of a second launch; default: the second launch (the faster on the H200,
+            docs/perf-notes.md). Both give bitwise the same result.
         config: stage-1 tile / warps / stages (default by head dim and plan, see
             :func:`cuda_ref.launch.default_config`; fixed-size and no-split plans keep their
             batch invariance).
@@ -52,8 +50,8 @@ class DecodeWrapper:
         check_gqa(num_q_heads, num_kv_heads)
         self.num_q_heads, self.num_kv_heads = int(num_q_heads), int(num_kv_heads)
         self.head_dim, self.page_size = int(head_dim), int(page_size)
-        self.dtype = TORCH_DTYPES.get(dtype, dtype)
-        self.kv_dtype = self.dtype if kv_dtype is None else TORCH_DTYPES.get(kv_dtype, kv_dtype)
+        self.dtype = as_torch_dtype(dtype)
+        self.kv_dtype = self.dtype if kv_dtype is None else as_torch_dtype(kv_dtype)
         self.device = torch.device(device if device is not None else ("cpu" if INTERPRET else "cuda"))
         self.profile, self.policy = profile, policy
         self.graph_stable, self.max_splits, self.max_work_items = graph_stable, max_splits, max_work_items
@@ -75,8 +73,8 @@ class DecodeWrapper:
 
     def plan(self, seq_lens, q_lens=None, query_start_loc=None, window_left=None) -> Plan:
         """Make the shared plan for a batch (host arrays) and copy it to the device."""
-        plan = self.plan_spec().make(_host(seq_lens), None if q_lens is None else _host(q_lens),
-                                     None if query_start_loc is None else _host(query_start_loc), window_left)
+        plan = self.plan_spec().make(host(seq_lens), None if q_lens is None else host(q_lens),
+                                     None if query_start_loc is None else host(query_start_loc), window_left)
         self.set_plan(plan)
         return plan
 
@@ -131,7 +129,7 @@ class DecodeWrapper:
             check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale=scale,
                               soft_cap=soft_cap, window_left=window_left, k_scale=k_scale, v_scale=v_scale,
                               k_offset=k_offset, v_offset=v_offset, backend="triton")
-            check_plan_matches(self.host_plan, _host(seq_lens), _host(query_start_loc))
+            check_plan_matches(self.host_plan, host(seq_lens), host(query_start_loc))
         b = self._buffers
         launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, self.dplan, b["out"], b["lse"],
                       b["part_o"], b["part_lse"], b["counters"],
@@ -212,9 +210,3 @@ def check_plan_matches(plan: Plan, seq_lens: np.ndarray, query_start_loc: np.nda
         b = int(bad[0])
         raise ValueError(f"plan: covers {int(covered[b])} KV tokens of request {b}, whose seq_len is "
                          f"{int(seq_lens[b])}; plan again for this batch")
-
-
-def _host(x) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        return x.detach().cpu().numpy()
-    return np.asarray(x)

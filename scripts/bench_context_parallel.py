@@ -38,7 +38,7 @@ from splitkv_common.optional import require  # noqa: E402
 
 torch = require("torch", "scripts/bench_context_parallel.py")
 
-from splitkv_common.accuracy import LSE_ATOL, LSE_RTOL, OUT_BOUND  # noqa: E402
+from splitkv_common.parity.accuracy import LSE_ATOL, LSE_RTOL, OUT_BOUND  # noqa: E402
 
 PRIME = 2147483647  # 2^31 - 1: products of two residues stay below 2^62 (no int64 overflow)
 FLUSH_BYTES = 256 << 20

@@ -84,8 +84,8 @@ class Timer:
     def __call__(self, fn, use_graph: bool = True) -> float:
         run = self.graph(fn) if use_graph else fn
         # keep the GPU busy for warmup_s first: after host-side work the clocks are down, and a
-        # fixed count of warm-up calls left the first implementation timed at a point up to 15%
-        # slow (docs/perf-notes.md)
+        # fixed count of warm-up calls left the first implementation timed at a point slow
+        # (docs/perf-notes.md, "A slow first timing")
         t_end, n = time.perf_counter() + self.warmup_s, 0
         while n < 3 or time.perf_counter() < t_end:
             run()

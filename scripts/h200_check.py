@@ -32,11 +32,12 @@ require("triton", "scripts/h200_check.py")
 
 from cuda_ref import backend as tb  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
-from splitkv_common import accuracy, cases  # noqa: E402
-from splitkv_common.harness import run_parity  # noqa: E402
+from splitkv_common.parity import accuracy, cases  # noqa: E402
+from splitkv_common.parity.harness import run_parity  # noqa: E402
 from splitkv_common.provenance import provenance  # noqa: E402
 from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
-from splitkv_common.registry import Backend  # noqa: E402
+from splitkv_common.parity.registry import Backend  # noqa: E402
+from splitkv_common.torch_io import to_torch  # noqa: E402
 
 
 def catalog(sizes, pattern, shard=(0, 1)):
@@ -65,7 +66,7 @@ def graph_case(case, fuse, replays=4, seed=0):
     w = DecodeWrapper(Hq, Hkv, D, page, dtype=inp.dtype, kv_dtype=kvd, policy=policy, graph_stable=True,
                       max_splits=16, fuse_merge=fuse,
                       min_split_tokens=case.plan_kwargs.get("min_split_tokens"))
-    x = tb.to_torch(inp, "cuda")
+    x = to_torch(inp, "cuda")
     kw = dict(scale=inp.scale, soft_cap=inp.soft_cap, window_left=inp.window_left)
     w.plan(inp.seq_lens, query_start_loc=inp.query_start_loc, window_left=inp.window_left)
     out, lse = w.run(**x, **kw)  # warm up (compile) outside the capture

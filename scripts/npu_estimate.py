@@ -108,7 +108,7 @@ def _inputs(shape: Shape, context: int):
     import numpy as np
 
     from splitkv_common.inputs import DecodeInputs  # noqa: F401  (type only)
-    from splitkv_common import cases
+    from splitkv_common.parity import cases
 
     inp = cases.random_inputs(0, [context] * shape.batch, num_q_heads=shape.hq, num_kv_heads=shape.hkv,
                               head_dim=shape.head_dim, page_size=shape.page, dtype=shape.dtype, spare_pages=0)

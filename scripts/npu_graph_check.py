@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import ascend_ops  # noqa: E402
 from ascend_ops import support  # noqa: E402
-from splitkv_common import accuracy, cases  # noqa: E402
+from splitkv_common.parity import accuracy, cases  # noqa: E402
 from splitkv_common.devices import get_profile  # noqa: E402
 from splitkv_common.optional import require  # noqa: E402
 from splitkv_common.provenance import provenance  # noqa: E402
@@ -47,7 +47,7 @@ def shrink_steps(seq_lens: np.ndarray, page: int) -> list[np.ndarray]:
 def graph_case(case, profile: str) -> dict:
     import torch
 
-    from splitkv_common.backends import to_torch
+    from splitkv_common.torch_io import to_torch
 
     inputs = case.build()
     t = to_torch(inputs, "npu")

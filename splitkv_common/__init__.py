@@ -5,8 +5,11 @@
 * :mod:`.plan`, :mod:`.devices` — the split planner and the device profiles it decides from;
 * :mod:`.inputs`, :mod:`.validation` — the decode problem as data and the shared input checks;
 * :mod:`.reference` — float64 dense ground truth and the float32 split-then-merge reference;
-* :mod:`.cases`, :mod:`.accuracy`, :mod:`.harness`, :mod:`.registry` — the parity harness;
-* :mod:`.torch_eager` — the same computation with stock PyTorch ops (needs torch).
+* :mod:`.dtypes` — low-precision dtypes in NumPy; :mod:`.explain` — the seed's worked example;
+* :mod:`.torch_eager` — the same computation with stock PyTorch ops (needs torch);
+* :mod:`.torch_io` — dtype names <-> torch dtypes, cases <-> torch tensors (needs torch);
+* :mod:`.parity` — the parity tooling: case catalog, accuracy rule, backend registry, harness;
+* :mod:`.cli` — the ``splitkv`` command (``explain``, ``plan``, ``parity``, ``backends``).
 """
 
 from .devices import PROFILES, DeviceProfile, get_profile

@@ -107,7 +107,7 @@ def _cmd_plan(args) -> int:
 
 
 def _cmd_backends(args) -> int:
-    from .registry import discover, unavailable_reason
+    from .parity.registry import discover, unavailable_reason
 
     rows = [{"name": name, "available": why is None, "reason": why, "device": b.device,
              "description": b.description}
@@ -122,9 +122,9 @@ def _cmd_backends(args) -> int:
 
 
 def _cmd_parity(args) -> int:
-    from .cases import catalog
-    from .harness import run_parity
-    from .registry import discover
+    from .parity.cases import catalog
+    from .parity.harness import run_parity
+    from .parity.registry import discover
 
     known = discover()
     names = args.backend or sorted(known)

@@ -5,7 +5,7 @@
   (float32 partial states per work item, the seed's ``(m, l, u)`` then ``(o, lse)``, then the exact
   merge): the ``numpy`` parity backend.
 * :func:`plain_attention`: the dense computation with every step rounded to the case's dtype, whose
-  error sets the accuracy bound (see :mod:`splitkv_common.accuracy`).
+  error sets the accuracy bound (see :mod:`splitkv_common.parity.accuracy`).
 
 All lse are natural-log, float32 outputs except the float64 ground truth.
 """

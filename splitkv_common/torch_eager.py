@@ -16,13 +16,6 @@ import torch
 
 from .plan import Plan
 
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "int8": torch.int8}
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return _DTYPES[name]
-
-
 def _dequant(x: torch.Tensor, scale, offset, head: torch.Tensor) -> torch.Tensor:
     """Gathered cache rows ``[W, L, D]`` of KV heads ``head [W]`` -> float32; int8 uses
     ``(x - offset) * scale`` with scale/offset ``[Hkv]`` or ``[Hkv, D]``."""

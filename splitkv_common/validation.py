@@ -89,11 +89,28 @@ def check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_lo
     ``query_start_loc [B + 1]`` (default: one row per request, ``T == B``);
     int8 KV needs ``k_scale``/``v_scale`` float32 ``[Hkv]`` or ``[Hkv, D]`` (offsets the same shape).
 
+    The checks run in this order, each a named step; the first broken rule raises:
+    q / cache shapes, dtypes, int8 scales, block table and lengths, query rows, page ids, scalars.
+
     Raises:
         TypeError: a wrong dtype or a non-array argument.
         ValueError: a wrong shape, a value out of range, or a head dim the backend does not support.
     """
     who = f" ({backend})" if backend else ""
+    T, Hq, D, P, page, Hkv = _check_shapes(q, k_cache, v_cache, supported_head_dims, who)
+    qd, kd = _check_dtypes(q, k_cache, v_cache, k_scale, v_scale, k_offset, v_offset)
+    _check_int8_scales(k_scale, v_scale, k_offset, v_offset, Hkv, D)
+    B, max_pages, sl = _check_block_table_and_lengths(block_table, seq_lens, page)
+    _check_query_start_loc(query_start_loc, T, B)
+    if B:
+        _check_page_ids(block_table, sl, max_pages, page, P)
+    _check_scalars(scale, soft_cap, window_left)
+    return DecodeDims(T, Hq, Hkv, D, P, page, B, max_pages, qd, kd)
+
+
+def _check_shapes(q, k_cache, v_cache, supported_head_dims, who) -> tuple[int, int, int, int, int, int]:
+    """``q [T, Hq, D]`` and ``k_cache == v_cache [P, page, Hkv, D]``: ranks, positive sizes, one head
+    dim, the GQA rule, a supported head dim. Returns ``(T, Hq, D, P, page, Hkv)``."""
     qs = _shape(q, "q")
     ks = _shape(k_cache, "k_cache")
     vs = _shape(v_cache, "v_cache")
@@ -112,7 +129,12 @@ def check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_lo
     check_gqa(Hq, Hkv)
     if supported_head_dims is not None and D not in supported_head_dims:
         raise ValueError(f"q: head dim {D} is not supported{who}; supported: {sorted(supported_head_dims)}")
+    return T, Hq, D, P, page, Hkv
 
+
+def _check_dtypes(q, k_cache, v_cache, k_scale, v_scale, k_offset, v_offset) -> tuple[str, str]:
+    """q a float dtype; the cache q's dtype, or int8 with scales; scales / offsets only with int8.
+    Returns the dtype names ``(q's, the cache's)``."""
     qd, kd, vd = dtype_name(q), dtype_name(k_cache), dtype_name(v_cache)
     if qd not in FLOAT_DTYPES:
         raise TypeError(f"q: dtype must be one of {FLOAT_DTYPES}, got {qd}")
@@ -128,6 +150,11 @@ def check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_lo
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale), ("k_offset", k_offset), ("v_offset", v_offset)):
             if s is not None:
                 raise ValueError(f"{name}: only valid with an int8 KV cache (k_cache is {kd})")
+    return qd, kd
+
+
+def _check_int8_scales(k_scale, v_scale, k_offset, v_offset, Hkv, D) -> None:
+    """Each given scale / offset is float32 ``[Hkv]`` or ``[Hkv, D]``; an offset has its scale's shape."""
     for name, s, ref in (("k_scale", k_scale, None), ("v_scale", v_scale, None),
                          ("k_offset", k_offset, k_scale), ("v_offset", v_offset, v_scale)):
         if s is None:
@@ -140,6 +167,10 @@ def check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_lo
         if ref is not None and _shape(ref, "scale") != ss:
             raise ValueError(f"{name}: shape {ss} must equal its scale's {_shape(ref, 'scale')}")
 
+
+def _check_block_table_and_lengths(block_table, seq_lens, page) -> tuple[int, int, np.ndarray]:
+    """``block_table [B, max_pages]`` and ``seq_lens [B]`` of an index dtype; every length
+    non-negative and within its block-table row's pages. Returns ``(B, max_pages, seq_lens as int64)``."""
     bts = _shape(block_table, "block_table")
     if len(bts) != 2:
         raise ValueError(f"block_table: must be [B, max_pages], got shape {bts}")
@@ -159,35 +190,46 @@ def check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_lo
         b = int(np.argmax(sl > owned))
         raise ValueError(f"seq_lens: request {b} has {int(sl[b])} tokens, beyond the {max_pages} pages x "
                          f"{page} tokens its block_table row can hold")
+    return B, max_pages, sl
+
+
+def _check_query_start_loc(query_start_loc, T, B) -> None:
+    """``query_start_loc [B + 1]`` of an index dtype, from 0, non-decreasing, to ``T``; absent only
+    when every request has one row (``T == B``)."""
     if query_start_loc is None:
         if T != B:
             raise ValueError(f"query_start_loc: required when q has {T} rows for {B} requests")
-    else:
-        qls = _shape(query_start_loc, "query_start_loc")
-        if qls != (B + 1,):
-            raise ValueError(f"query_start_loc: must be [B + 1] = [{B + 1}], got shape {qls}")
-        if dtype_name(query_start_loc) not in INDEX_DTYPES:
-            raise TypeError(f"query_start_loc: dtype must be int32 or int64, got {dtype_name(query_start_loc)}")
-        qsl = host(query_start_loc).astype(np.int64)
-        if qsl[0] != 0 or (np.diff(qsl) < 0).any() or qsl[-1] != T:
-            raise ValueError(f"query_start_loc: must start at 0, be non-decreasing and end at T={T}, got "
-                             f"{qsl[:8].tolist()}{'...' if qsl.size > 8 else ''}")
-    if B:
-        bt = host(block_table).astype(np.int64)
-        used = (np.arange(max_pages)[None, :] * page) < sl[:, None]
-        bad = used & ((bt < 0) | (bt >= P))
-        if bad.any():
-            b, j = (int(i) for i in np.argwhere(bad)[0])
-            raise ValueError(f"block_table: entry [{b}, {j}] = {int(bt[b, j])} is out of range [0, {P}) "
-                             f"(num_pages of k_cache)")
+        return
+    qls = _shape(query_start_loc, "query_start_loc")
+    if qls != (B + 1,):
+        raise ValueError(f"query_start_loc: must be [B + 1] = [{B + 1}], got shape {qls}")
+    if dtype_name(query_start_loc) not in INDEX_DTYPES:
+        raise TypeError(f"query_start_loc: dtype must be int32 or int64, got {dtype_name(query_start_loc)}")
+    qsl = host(query_start_loc).astype(np.int64)
+    if qsl[0] != 0 or (np.diff(qsl) < 0).any() or qsl[-1] != T:
+        raise ValueError(f"query_start_loc: must start at 0, be non-decreasing and end at T={T}, got "
+                         f"{qsl[:8].tolist()}{'...' if qsl.size > 8 else ''}")
 
+
+def _check_page_ids(block_table, sl, max_pages, page, P) -> None:
+    """Every block-table entry a request uses (its first ``ceil(seq_len / page)`` pages) is in ``[0, P)``."""
+    bt = host(block_table).astype(np.int64)
+    used = (np.arange(max_pages)[None, :] * page) < sl[:, None]
+    bad = used & ((bt < 0) | (bt >= P))
+    if bad.any():
+        b, j = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"block_table: entry [{b}, {j}] = {int(bt[b, j])} is out of range [0, {P}) "
+                         f"(num_pages of k_cache)")
+
+
+def _check_scalars(scale, soft_cap, window_left) -> None:
+    """``scale`` and ``soft_cap`` finite and positive when given; ``window_left`` None, -1 or >= 0."""
     if scale is not None and not (isinstance(scale, numbers.Real) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale: must be a finite positive number, got {scale!r}")
     if soft_cap is not None and not (isinstance(soft_cap, numbers.Real) and math.isfinite(soft_cap) and soft_cap > 0):
         raise ValueError(f"soft_cap: must be None or a finite positive number, got {soft_cap!r}")
     if window_left is not None and not (isinstance(window_left, (int, np.integer)) and window_left >= -1):
         raise ValueError(f"window_left: must be None, -1 (no window) or a non-negative int, got {window_left!r}")
-    return DecodeDims(T, Hq, Hkv, D, P, page, B, max_pages, qd, kd)
 
 
 def normalize_window(window_left) -> int | None:

@@ -5,10 +5,12 @@
 * :mod:`splitkv_vllm.adapter`: vLLM Ascend's attention metadata -> our plan and call (torch only).
 * :mod:`splitkv_vllm.dispatch`: the one function that picks the implementation (the Ascend C
   operator on an NPU, the plain torch split-then-merge elsewhere).
+* :mod:`splitkv_vllm.graph`: full-graph mode: graph-stable buffers refreshed in place before each
+  replay.
 * :mod:`splitkv_vllm.backend`: the attention backend subclass vLLM Ascend's platform hands out
   while the plugin is on (imports vLLM Ascend; loaded only by the platform).
 
-``import splitkv_vllm`` (and ``plugin``, ``adapter``, ``dispatch``) needs neither vLLM, vLLM
+``import splitkv_vllm`` (and ``plugin``, ``adapter``, ``dispatch``, ``graph``) needs neither vLLM, vLLM
 Ascend, torch_npu nor CANN. See ``docs/vllm-ascend.md``.
 """
 

@@ -31,7 +31,7 @@ import logging
 
 from vllm_ascend.attention import attention_v1 as _v1
 
-from . import adapter
+from . import adapter, graph
 
 logger = logging.getLogger("splitkv_vllm")
 
@@ -104,7 +104,7 @@ class SplitKVAscendMetadataBuilder(_PARENT_BUILDER):
         meta = super().build(common_prefix_len, common_attn_metadata, fast_build)
         ends = getattr(meta, "actual_seq_lengths_q", None)
         if ends and int(ends[-1]) in _graph_sizes(self):
-            adapter.refresh_graph_step(meta, self)
+            graph.refresh_graph_step(meta, self)
         return meta
 
 
@@ -126,17 +126,17 @@ class SplitKVAscendAttentionImpl(_PARENT_IMPL):
         if why or self.key_cache is None:
             return super().forward_impl(query, key, value, kv_cache, attn_metadata, output)
         if _capturing():
-            why = _capture_unsupported() or adapter.graph_unsupported(layer, query, self.key_cache, attn_metadata)
+            why = _capture_unsupported() or graph.graph_unsupported(layer, query, self.key_cache, attn_metadata)
             if why:
                 if why not in _LOGGED:
                     _LOGGED.add(why)
                     logger.info("splitkv: full-graph capture stays on vLLM Ascend's path: %s", why)
                 return super().forward_impl(query, key, value, kv_cache, attn_metadata, output)
             self.splitkv_graph_captures += 1
-            return adapter.forward_graph(layer, query, self.key_cache, self.value_cache, attn_metadata, output)
+            return graph.forward_graph(layer, query, self.key_cache, self.value_cache, attn_metadata, output)
         self.splitkv_routed_steps += 1
         if getattr(attn_metadata, "_splitkv_graph_group", None) is not None and not _graph_unsupported():
-            adapter.prepare_graph(layer, query, self.key_cache, attn_metadata)
+            graph.prepare_graph(layer, query, self.key_cache, attn_metadata)
         return adapter.forward_decode(layer, query, self.key_cache, self.value_cache, attn_metadata, output)
 
 

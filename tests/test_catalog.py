@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from splitkv_common.cases import CATALOG, POISON, Case, catalog, get_case, random_inputs
+from splitkv_common.parity.cases import CATALOG, POISON, Case, catalog, get_case, random_inputs
 from splitkv_common.merge import naive_average
 from splitkv_common.plan import SplitPolicy
 from splitkv_common.reference import dense_attention, gather_kv, split_attention, split_partials, visible

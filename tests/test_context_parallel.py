@@ -10,9 +10,9 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from splitkv_common.accuracy import check  # noqa: E402
-from splitkv_common.backends import to_torch  # noqa: E402
-from splitkv_common.cases import random_inputs  # noqa: E402
+from splitkv_common.parity.accuracy import check  # noqa: E402
+from splitkv_common.torch_io import to_torch  # noqa: E402
+from splitkv_common.parity.cases import random_inputs  # noqa: E402
 from splitkv_common.context_parallel import (comm_bytes, default_pg_backend,  # noqa: E402
                                              make_batch, torch_shard_backend)
 from splitkv_common.cp_sharding import LAYOUTS, localize, shard_all  # noqa: E402

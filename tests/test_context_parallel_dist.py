@@ -8,9 +8,9 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from splitkv_common.accuracy import check  # noqa: E402
-from splitkv_common.backends import to_torch  # noqa: E402
-from splitkv_common.cases import random_inputs  # noqa: E402
+from splitkv_common.parity.accuracy import check  # noqa: E402
+from splitkv_common.torch_io import to_torch  # noqa: E402
+from splitkv_common.parity.cases import random_inputs  # noqa: E402
 from splitkv_common.context_parallel import ContextParallelDecode, cp_decode, launch_local  # noqa: E402
 from splitkv_common.cp_sharding import LAYOUTS, localize, shard  # noqa: E402
 from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402

@@ -9,14 +9,14 @@ import math
 import numpy as np
 import pytest
 
-from splitkv_common.backends import numpy_backend, torch_backend
+from splitkv_common.parity.backends import numpy_backend, torch_backend
 from splitkv_common.dtypes import round_to
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.reference import dense_attention
 
 torch = pytest.importorskip("torch")
-from splitkv_common import torch_eager  # noqa: E402
-from splitkv_common.backends import to_torch  # noqa: E402
+from splitkv_common import torch_eager, torch_io  # noqa: E402
+from splitkv_common.torch_io import to_torch  # noqa: E402
 
 POISON = 777.0
 
@@ -362,7 +362,7 @@ def test_int8_value_is_x_minus_offset_times_scale(per, with_offset):
 def test_out_has_q_dtype_and_lse_is_float32(dtype):
     inp, K, V = problem(80, [19, 4], dtype=dtype)
     t = to_torch(inp)
-    assert t["q"].dtype == torch_eager.torch_dtype(dtype)
+    assert t["q"].dtype == torch_io.torch_dtype(dtype)
     out, lse = torch_eager.decode_attention(**t, plan=inp.plan("size:4"))
     assert out.dtype == t["q"].dtype and lse.dtype == torch.float32
     assert tuple(out.shape) == inp.q.shape and tuple(lse.shape) == inp.q.shape[:2]

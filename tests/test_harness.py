@@ -1,17 +1,18 @@
 """The parity harness and the accuracy rule: the rule has teeth, the harness reports what ran and what did not."""
 
 import json
+import pathlib
 
 import numpy as np
 import pytest
 
-from splitkv_common import accuracy, registry
-from splitkv_common.accuracy import check
-from splitkv_common.cases import catalog, get_case
-from splitkv_common.harness import ERROR, FAIL, PASS, UNSUPPORTED, ParityReport, run_case, run_parity
+from splitkv_common.parity import accuracy, registry
+from splitkv_common.parity.accuracy import check
+from splitkv_common.parity.cases import catalog, get_case
+from splitkv_common.parity.harness import ERROR, FAIL, PASS, UNSUPPORTED, ParityReport, run_case, run_parity
 from splitkv_common.merge import merge_rows
 from splitkv_common.reference import split_attention, split_partials
-from splitkv_common.registry import Backend, discover, get_backend
+from splitkv_common.parity.registry import Backend, discover, get_backend
 
 
 @pytest.fixture(autouse=True)
@@ -195,6 +196,26 @@ def test_broken_entry_point_is_listed_as_unavailable(monkeypatch):
         found["broken"].run(None, None)
 
 
+def test_builtin_backends_load_by_name_without_entry_points(monkeypatch):
+    """A source tree that was not installed: the shipped backends come from their ``module:attr`` names,
+    the same strings as their entry points in pyproject.toml."""
+    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [])
+    found = discover()
+    for name, spec in registry.BUILTIN_BACKENDS.items():
+        assert found[name] is registry.load_backend(spec) and found[name].name == name
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    eps = project["entry-points"][registry.ENTRY_POINT_GROUP]
+    assert {n: eps[n] for n in registry.BUILTIN_BACKENDS} == registry.BUILTIN_BACKENDS
+
+
+def test_broken_builtin_backend_is_listed_as_unavailable(monkeypatch):
+    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [])
+    monkeypatch.setitem(registry.BUILTIN_BACKENDS, "torch", "nowhere.module:torch_backend")
+    found = discover()
+    assert "numpy" in found and "failed to load" in found["torch"].unavailable()
+
+
 # --- the harness ------------------------------------------------------------------------------
 
 
@@ -310,9 +331,9 @@ def test_numpy_is_the_only_hard_dependency():
     code = (
         "import sys\n"
         "for m in ('torch', 'tqdm', 'triton'): sys.modules[m] = None\n"
-        "from splitkv_common.cases import catalog\n"
-        "from splitkv_common.backends import numpy_backend, torch_backend\n"
-        "from splitkv_common.harness import run_parity\n"
+        "from splitkv_common.parity.cases import catalog\n"
+        "from splitkv_common.parity.backends import numpy_backend, torch_backend\n"
+        "from splitkv_common.parity.harness import run_parity\n"
         "r = run_parity([numpy_backend, torch_backend], catalog(pattern='seed'), progress=True)\n"
         "assert r.ok, r.to_markdown()\n"
         "assert 'torch' in r.unavailable, r.unavailable\n"

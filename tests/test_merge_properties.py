@@ -9,14 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from splitkv_common.cases import random_inputs
+from splitkv_common.parity.cases import random_inputs
 from splitkv_common.merge import merge_pair, merge_states
 from splitkv_common.reference import dense_attention, partial_state, split_attention
 from splitkv_common.states import mlu_to_state
 
 torch = pytest.importorskip("torch")
 from splitkv_common import torch_eager  # noqa: E402
-from splitkv_common.backends import torch_backend  # noqa: E402
+from splitkv_common.parity.backends import torch_backend  # noqa: E402
 
 FAST = settings(max_examples=50, deadline=None)
 SLOWER = settings(max_examples=30, deadline=None)

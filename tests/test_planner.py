@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitkv_common.cases import random_inputs
+from splitkv_common.parity.cases import random_inputs
 from splitkv_common.devices import PROFILES, get_profile
 from splitkv_common.plan import Plan, SplitPolicy, make_plan, visible_range
 from splitkv_common.reference import dense_attention, split_attention

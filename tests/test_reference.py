@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from splitkv_common.cases import random_inputs, worked_example
+from splitkv_common.parity.cases import random_inputs, worked_example
 from splitkv_common.dtypes import EPS, dtype_name, round_to
 from splitkv_common.inputs import DecodeInputs, dequantize
 from splitkv_common.merge import naive_average

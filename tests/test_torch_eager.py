@@ -7,9 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from splitkv_common import merge  # noqa: E402
-from splitkv_common import torch_eager  # noqa: E402
-from splitkv_common.backends import from_torch, to_torch  # noqa: E402
-from splitkv_common.cases import random_inputs, worked_example  # noqa: E402
+from splitkv_common import torch_eager, torch_io  # noqa: E402
+from splitkv_common.torch_io import from_torch, to_torch  # noqa: E402
+from splitkv_common.parity.cases import random_inputs, worked_example  # noqa: E402
 from splitkv_common.reference import dense_attention, split_partials  # noqa: E402
 
 
@@ -98,7 +98,7 @@ def test_partials_equal_the_reference_partials(kw, policy):
 def test_out_dtype_is_q_dtype(dtype):
     inp = random_inputs(8, [20, 5], dtype=dtype)
     out, lse = _run(inp, inp.plan("size:16"))
-    assert out.dtype == torch_eager.torch_dtype(dtype) and lse.dtype == torch.float32
+    assert out.dtype == torch_io.torch_dtype(dtype) and lse.dtype == torch.float32
     ref, _ = dense_attention(inp)
     o, _ = from_torch(out, lse)
     np.testing.assert_allclose(o, ref, atol={"float32": 1e-5, "float16": 2e-3, "bfloat16": 2e-2}[dtype])
@@ -138,4 +138,4 @@ def test_plan_tensors_hold_valid_items_only():
     assert all(t.dtype == torch.int64 for t in p.values())
     assert p["request"].numel() == plan.num_valid_items and torch.all(p["request"] >= 0)
     np.testing.assert_array_equal(p["row_slot_start"].numpy(), plan.row_slot_start)
-    assert torch_eager.torch_dtype("int8") is torch.int8
+    assert torch_io.torch_dtype("int8") is torch.int8

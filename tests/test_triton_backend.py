@@ -16,11 +16,12 @@ from cuda_ref import backend as tb  # noqa: E402
 from cuda_ref import ops  # noqa: E402,F401  (registers torch.ops.splitkv.*)
 from cuda_ref.launch import DevicePlan, KernelConfig  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
-from splitkv_common import accuracy, cases  # noqa: E402
-from splitkv_common.harness import run_case  # noqa: E402
+from splitkv_common.parity import accuracy, cases  # noqa: E402
+from splitkv_common.parity.harness import run_case  # noqa: E402
 from splitkv_common.merge import merge_states as np_merge  # noqa: E402
 from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
-from splitkv_common.registry import Backend, discover  # noqa: E402
+from splitkv_common.parity.registry import Backend, discover  # noqa: E402
+from splitkv_common.torch_io import to_torch  # noqa: E402
 
 DEVICE = "cpu" if cuda_ref.INTERPRET else "cuda"
 SMALL = cases.catalog(("small",))
@@ -76,7 +77,7 @@ def test_merge_states_op_matches_numpy_merge_with_sentinels():
 def _op_args(case_name="multi-query/gqa-bf16", policy="size:32"):
     inp = cases.get_case(case_name).build()
     plan = inp.plan(policy)
-    x = tb.to_torch(inp, DEVICE)
+    x = to_torch(inp, DEVICE)
     dp = DevicePlan.from_plan(plan, inp.q.shape[1] // inp.k_cache.shape[2], DEVICE)
     data, shape = ops.plan_args(dp)
     return inp, (x["q"], x["k_cache"], x["v_cache"], x["block_table"], x["seq_lens"], x["query_start_loc"], data,
@@ -112,7 +113,7 @@ def test_graph_stable_plan_refreshes_in_place_as_lengths_change(fuse):
     inp = cases.random_inputs(3, [70, 33, 5, 120], q_lens=[1, 2, 1, 3], num_q_heads=6, num_kv_heads=2,
                               page_size=8)
     w = _wrapper_for(inp, policy="size:16", graph_stable=True, max_splits=16, fuse_merge=fuse)
-    x = tb.to_torch(inp, DEVICE)
+    x = to_torch(inp, DEVICE)
     w.plan(inp.seq_lens, query_start_loc=inp.query_start_loc)
     out, lse = w.run(**x, scale=inp.scale)
     ptrs = (out.data_ptr(), lse.data_ptr(), w.dplan.data.data_ptr())
@@ -175,7 +176,7 @@ def ready():
     inp = cases.get_case("basic/vector-v-float16").build()
     w = _wrapper_for(inp, policy="size:32")
     w.plan(inp.seq_lens)
-    return inp, w, tb.to_torch(inp, DEVICE)
+    return inp, w, to_torch(inp, DEVICE)
 
 
 def test_wrong_q_dtype_raises(ready):
@@ -220,7 +221,7 @@ def test_plan_for_another_batch_raises(ready):
         w.run(**x, validate=True)
     w.plan(np.array([5, 6], np.int32))  # two requests: the batch has three
     with pytest.raises(ValueError, match="plan: made for 2 requests"):
-        w.run(**tb.to_torch(inp, DEVICE))
+        w.run(**to_torch(inp, DEVICE))
 
 
 def test_backend_rejects_unsupported_head_dim():

@@ -5,7 +5,7 @@ import pathlib
 import pytest
 
 from cuda_ref import npu
-from splitkv_common.cases import random_inputs
+from splitkv_common.parity.cases import random_inputs
 
 
 def test_unavailable_with_reason_here():

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from splitkv_common.cases import random_inputs
+from splitkv_common.parity.cases import random_inputs
 from splitkv_common.validation import DecodeDims, check_decode_args, host, normalize_window
 
 T, HQ, HKV, D, P, PAGE = 2, 4, 2, 8, 5, 4

@@ -24,8 +24,8 @@ from ascend_ops import ops
 from ascend_ops.wrapper import AscendDecodeWrapper
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.reference import dense_attention
-from splitkv_vllm import adapter
-from splitkv_vllm.dispatch import GraphDecoder
+from splitkv_vllm import graph
+from splitkv_vllm.graph import GraphDecoder
 from test_vllm_plugin import _fake_vllm_ascend, _impl
 from test_vllm_shapes import AscendAttentionState, AscendMetadata
 
@@ -48,7 +48,7 @@ def env(monkeypatch):
     monkeypatch.delenv("SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS", raising=False)
     monkeypatch.setenv("SPLITKV_VLLM_GRAPH_MAX_SPLITS", "8")
     monkeypatch.setenv("SPLITKV_VLLM_POLICY", "size:256")  # long requests split (auto: too few for it here)
-    monkeypatch.setattr(adapter, "GRAPH_DECODERS", {})
+    monkeypatch.setattr(graph, "GRAPH_DECODERS", {})
     _, v1 = _fake_vllm_ascend(monkeypatch)
     desc = types.SimpleNamespace(batch_descriptor=types.SimpleNamespace(num_tokens=N, uniform=True))
     fwd = types.ModuleType("vllm.forward_context")
@@ -173,7 +173,7 @@ def buffer_ptrs(dec):
 
 def check_step(e, dec, ref_inputs, B):
     for impl, out, inputs in zip(e.layers, e.outputs, ref_inputs):
-        key = adapter._graph_key(impl._splitkv_layer, e.query, e.caches[0])
+        key = graph._graph_key(impl._splitkv_layer, e.query, e.caches[0])
         lse = dec.wrappers[key]._buffers["lse"]
         ref_out, ref_lse = dense_attention(inputs)
         got = out.view(N, HQ, D)
@@ -187,7 +187,7 @@ def check_step(e, dec, ref_inputs, B):
 def warm_up_and_capture(e, monkeypatch):
     meta, _ = graph_step(e, [300, 5, 1000, 129])
     forward_all(e, e.builder.build(0, meta))               # vLLM's eager warm-up at the graph size
-    dec = adapter.GRAPH_DECODERS[(e.builder, N)]
+    dec = graph.GRAPH_DECODERS[(e.builder, N)]
     assert len(dec.wrappers) == 2, "one wrapper per set of layer constants (plain, sliding window)"
     meta, _ = graph_step(e, [17, 2, 640])
     replay = capture(e, monkeypatch, e.builder.build(0, meta))
@@ -226,7 +226,7 @@ def test_eager_steps_of_other_sizes_are_unchanged(env):
     e.builder.build(0, meta)
     for impl, out in zip(e.layers, e.outputs):
         impl.forward_impl(e.query[:3], None, None, tuple(e.caches), meta, out)
-    assert adapter.GRAPH_DECODERS == {} and [i.splitkv_routed_steps for i in e.layers] == [1, 1]
+    assert graph.GRAPH_DECODERS == {} and [i.splitkv_routed_steps for i in e.layers] == [1, 1]
     for out, inputs in zip(e.outputs, ref_inputs):
         assert np.abs(out[:3].view(3, HQ, D).float().numpy() - dense_attention(inputs)[0]).max() < 2e-3
 
@@ -248,7 +248,7 @@ def test_work_item_capacity_is_a_clear_error(env, monkeypatch):
     monkeypatch.setenv("SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS", "20")  # 9 requests x 2 KV heads = 18 items unsplit
     meta, _ = graph_step(e, [100, 200])
     forward_all(e, e.builder.build(0, meta))
-    dec = adapter.GRAPH_DECODERS[(e.builder, N)]
+    dec = graph.GRAPH_DECODERS[(e.builder, N)]
     meta, _ = graph_step(e, [1700] * N)                    # needs splits: over 20 work items
     with pytest.raises(ValueError, match="max_work_items"):
         e.builder.build(0, meta)
@@ -257,7 +257,7 @@ def test_work_item_capacity_is_a_clear_error(env, monkeypatch):
         dec.refresh(np.ones(N + 2, np.int32), np.arange(N + 3), torch.zeros(N + 2, 16, dtype=torch.int32))
     monkeypatch.setenv("SPLITKV_VLLM_GRAPH_MAX_SPLITS", "0")
     with pytest.raises(ValueError, match="SPLITKV_VLLM_GRAPH_MAX_SPLITS"):
-        adapter.graph_options()
+        graph.graph_options()
 
 
 def test_graph_decoder_needs_graph_stable_shapes():

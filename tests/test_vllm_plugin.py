@@ -114,7 +114,8 @@ def test_entry_points_are_discoverable():
 
 
 def test_import_needs_no_vllm():
-    for mod in ("splitkv_vllm", "splitkv_vllm.plugin", "splitkv_vllm.adapter", "splitkv_vllm.dispatch"):
+    for mod in ("splitkv_vllm", "splitkv_vllm.plugin", "splitkv_vllm.adapter", "splitkv_vllm.dispatch",
+                "splitkv_vllm.graph"):
         importlib.import_module(mod)
     assert "vllm" not in sys.modules and "torch_npu" not in sys.modules
 

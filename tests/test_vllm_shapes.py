@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from splitkv_common.inputs import DecodeInputs
+from splitkv_common.torch_io import torch_dtype_name
 
 
 class AscendAttentionState(enum.Enum):
@@ -100,7 +101,7 @@ def make_step(q_lens, seq_lens, *, num_heads=8, num_kv_heads=2, head_size=64, bl
     # values representable in the torch dtype, kept as float32 for the reference
     kc, vc, q = (torch.from_numpy(x).to(tdt).float().numpy() for x in (kc, vc, q))
     qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    dtype_name = str(tdt).replace("torch.", "")
+    dtype_name = torch_dtype_name(tdt)
     inputs = DecodeInputs(q, kc, vc, bt, np.asarray(seq_lens, np.int32), qsl, dtype=dtype_name,
                           scale=scale, window_left=window_left)
 

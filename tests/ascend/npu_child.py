@@ -105,8 +105,8 @@ def case_tensors(name: str, device: str = "cpu"):
     import torch
 
     from ascend_ops.wrapper import AscendDecodeWrapper
-    from splitkv_common.backends import to_torch
-    from splitkv_common.cases import get_case
+    from splitkv_common.torch_io import to_torch
+    from splitkv_common.parity.cases import get_case
 
     case = get_case(name)
     inputs = case.build()
@@ -183,7 +183,7 @@ def scenario_python_kernel() -> dict:
     lib.impl(ops.OP_NAME, standin, "PrivateUse1")
 
     def wrapper_on_npu():
-        from splitkv_common.accuracy import check
+        from splitkv_common.parity.accuracy import check
         from splitkv_common.reference import dense_attention, plain_attention
 
         for case in ("multi-query/gqa-bf16", "int8/per-channel-offset", "empty/some-rows", "mask/sliding-window"):
@@ -235,8 +235,8 @@ def scenario_python_kernel() -> dict:
     def harness_backends_on_npu():
         # (the torch-npu backend is stock torch ops on the device: this test backend is too thin for it)
         from ascend_ops.npu_backend import ascend_backend
-        from splitkv_common.cases import get_case
-        from splitkv_common.harness import PASS, run_case
+        from splitkv_common.parity.cases import get_case
+        from splitkv_common.parity.harness import PASS, run_case
 
         names = ("basic/vector-v-bfloat16", "int8/per-channel-offset", "mask/causal-tail-masked-split",
                  "empty/all-rows", "gqa/12-4", "multi-query/ragged")

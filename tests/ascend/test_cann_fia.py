@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ascend_ops import cann_fia
-from splitkv_common.cases import random_inputs
+from splitkv_common.parity.cases import random_inputs
 from splitkv_common.reference import dense_attention
 
 from . import fia_emulation
@@ -19,7 +19,7 @@ def _inputs(seq, **kw):
 
 
 def _call(inp):
-    from splitkv_common.backends import to_torch
+    from splitkv_common.torch_io import to_torch
 
     t = to_torch(inp)
     return cann_fia.fia_call(t["q"], t["k_cache"], t["v_cache"], t["block_table"], inp.seq_lens,

@@ -17,9 +17,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from splitkv_common.accuracy import check  # noqa: E402
-from splitkv_common.backends import from_torch, to_torch  # noqa: E402
-from splitkv_common.cases import catalog, get_case  # noqa: E402
+from splitkv_common.parity.accuracy import check  # noqa: E402
+from splitkv_common.torch_io import from_torch, to_torch  # noqa: E402
+from splitkv_common.parity.cases import catalog, get_case  # noqa: E402
 from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
 
 import ascend_ops  # noqa: E402
@@ -299,7 +299,7 @@ def test_the_npu_path_feeds_the_kernels_the_bytes_the_twin_ran(case):
 def test_torch_npu_backend_body_on_the_cpu(monkeypatch):
     """The torch-npu backend's code path with the device swapped for the CPU (the NPU run is the node's)."""
     from ascend_ops import npu_backend
-    from splitkv_common.harness import PASS, run_case as harness_run
+    from splitkv_common.parity.harness import PASS, run_case as harness_run
 
     monkeypatch.setattr(npu_backend, "npu_device", lambda: "cpu")
     for name in ("multi-query/gqa-bf16", "int8/per-channel-offset", "empty/some-rows"):
@@ -316,10 +316,10 @@ def test_graph_check_script_logic_on_the_cpu(monkeypatch):
     spec = iu.spec_from_file_location("npu_graph_check", ROOT / "scripts" / "npu_graph_check.py")
     gc = iu.module_from_spec(spec)
     spec.loader.exec_module(gc)
-    import splitkv_common.backends as be
+    import splitkv_common.torch_io as tio
 
-    to_torch_cpu = be.to_torch
-    monkeypatch.setattr(be, "to_torch", lambda inputs, device="cpu": to_torch_cpu(inputs, "cpu"))
+    to_torch_cpu = tio.to_torch
+    monkeypatch.setattr(tio, "to_torch", lambda inputs, device="cpu": to_torch_cpu(inputs, "cpu"))
     captured = []
 
     class CpuWrapper(AscendDecodeWrapper):

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from splitkv_common import cases, harness
+from splitkv_common.parity import cases, harness
 from splitkv_common.reference import dense_attention
 
 sim = pytest.importorskip("ascend_ops.sim_backend")

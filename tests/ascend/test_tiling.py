@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ascend_ops import tiling as tl
-from splitkv_common.cases import random_inputs
+from splitkv_common.parity.cases import random_inputs
 from splitkv_common.plan import make_plan
 
 HEAD_DIMS = (64, 80, 96, 128, 256)

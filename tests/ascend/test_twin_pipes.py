@@ -411,7 +411,7 @@ KERNEL_CASES = [
 @pytest.mark.parametrize("kw", KERNEL_CASES, ids=lambda k: f"{k['dtype']}-d{k['head_dim']}")
 def test_kernels_pass_the_pipe_model_in_every_block_order(kw):
     """The split and combine kernels: no race, no unwaited flag, and the same bytes whatever the order."""
-    from splitkv_common import cases
+    from splitkv_common.parity import cases
 
     kw = dict(kw)
     seed, seq = kw.pop("seed"), kw.pop("seq_lens")

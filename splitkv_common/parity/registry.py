@@ -3,22 +3,31 @@
 A backend is a :class:`Backend`: a name, an availability check that says in words why it cannot
 run here, an optional per-case support check, and one entry point ``run(inputs, plan) -> (out,
 lse)``. Backends are found through the ``splitkv.backends`` entry-point group (so a backend can live
-in another package) and through :func:`register` (tests, notebooks).
+in another package) and through :func:`register` (tests, notebooks). The backends that ship with
+``splitkv_common`` are also named here (:data:`BUILTIN_BACKENDS`, ``"module:attr"`` like an entry
+point), so a source tree that was not installed still finds them; this module imports none of them.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Callable
 
 import numpy as np
 
-from .inputs import DecodeInputs
-from .optional import missing_reason
-from .plan import Plan
+from ..inputs import DecodeInputs
+from ..optional import missing_reason
+from ..plan import Plan
 
 ENTRY_POINT_GROUP = "splitkv.backends"
+
+BUILTIN_BACKENDS = {
+    "numpy": "splitkv_common.parity.backends:numpy_backend",
+    "torch": "splitkv_common.parity.backends:torch_backend",
+}
+"""The backends of ``splitkv_common`` itself, by name (the same ``"module:attr"`` as their entry points)."""
 
 
 def _always() -> str | None:
@@ -84,17 +93,32 @@ def discover() -> dict[str, Backend]:
             obj = ep.load()
             found[obj.name] = obj
         except Exception as e:  # keep it visible, with why
-            msg = f"entry point {ep.value} failed to load: {type(e).__name__}: {e}"
-
-            def _run(inputs, plan, _m=msg):
-                raise RuntimeError(_m)
-            found[ep.name] = Backend(ep.name, _run, unavailable=lambda _m=msg: _m)
+            found[ep.name] = _broken(ep.name, f"entry point {ep.value} failed to load: {type(e).__name__}: {e}")
     found.update(_REGISTERED)
-    if "numpy" not in found:  # running from a source tree that was not installed
-        from .backends import numpy_backend, torch_backend
-        found.setdefault("numpy", numpy_backend)
-        found.setdefault("torch", torch_backend)
+    for name, spec in BUILTIN_BACKENDS.items():  # running from a source tree that was not installed
+        if name not in found:
+            try:
+                found[name] = load_backend(spec)
+            except Exception as e:  # noqa: BLE001
+                found[name] = _broken(name, f"built-in backend {spec} failed to load: {type(e).__name__}: {e}")
     return found
+
+
+def load_backend(spec: str) -> Backend:
+    """The backend an entry-point style ``"module:attr"`` string names (the module is imported)."""
+    module, _, attr = spec.partition(":")
+    obj = importlib.import_module(module)
+    for part in attr.split(".") if attr else ():
+        obj = getattr(obj, part)
+    return obj
+
+
+def _broken(name: str, msg: str) -> Backend:
+    """A backend that could not be loaded: unavailable with ``msg`` as the reason."""
+
+    def _run(inputs, plan, _m=msg):
+        raise RuntimeError(_m)
+    return Backend(name, _run, unavailable=lambda _m=msg: _m)
 
 
 def get_backend(name: str) -> Backend:

@@ -3,7 +3,7 @@
 For every case the inputs are built once, validated once (the shared rules), and the float64
 reference and the plain-dtype computation are made once; each available backend then gets the
 plan made for its own device profile and returns ``(out, lse)``, judged by
-:func:`splitkv_common.accuracy.check`. Unavailable backends are reported with their reason;
+:func:`splitkv_common.parity.accuracy.check`. Unavailable backends are reported with their reason;
 unsupported cases are reported per backend, never counted as passes.
 """
 
@@ -17,8 +17,8 @@ import numpy as np
 
 from .accuracy import Accuracy, check
 from .cases import Case
-from .provenance import provenance, provenance_markdown
-from .reference import dense_attention, plain_attention
+from ..provenance import provenance, provenance_markdown
+from ..reference import dense_attention, plain_attention
 from .registry import Backend, unavailable_reason
 
 PASS, FAIL, ERROR, UNSUPPORTED = "pass", "fail", "error", "unsupported"

@@ -18,8 +18,8 @@ from typing import Callable
 
 import numpy as np
 
-from .dtypes import round_to
-from .inputs import DecodeInputs
+from ..dtypes import round_to
+from ..inputs import DecodeInputs
 
 POISON = 1000.0
 

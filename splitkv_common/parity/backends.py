@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from ..inputs import DecodeInputs
 from ..plan import Plan
 from ..reference import split_attention
-from ..registry import Backend
+from .registry import Backend
 
 
 def _numpy_run(inputs: DecodeInputs, plan: Plan):
@@ -23,33 +21,6 @@ def _numpy_run(inputs: DecodeInputs, plan: Plan):
 
 numpy_backend = Backend("numpy", _numpy_run, device="cpu",
                         description="NumPy split-then-merge reference (float32 partials, exact merge)")
-
-
-def to_torch(inputs: DecodeInputs, device="cpu") -> dict:
-    """The inputs as torch tensors on ``device`` in their logical dtypes (lossless)."""
-    import torch
-
-    from ..torch_eager import torch_dtype
-
-    def t(x, dt=None):
-        if x is None:
-            return None
-        x = torch.from_numpy(np.ascontiguousarray(x))
-        return (x.to(dt) if dt is not None else x).to(device)
-
-    return dict(
-        q=t(inputs.q, torch_dtype(inputs.dtype)),
-        k_cache=t(inputs.k_cache, torch_dtype(inputs.kv_dtype)),
-        v_cache=t(inputs.v_cache, torch_dtype(inputs.kv_dtype)),
-        block_table=t(inputs.block_table.astype(np.int32)), seq_lens=t(inputs.seq_lens.astype(np.int32)),
-        query_start_loc=t(inputs.query_start_loc.astype(np.int32)),
-        k_scale=t(inputs.k_scale), v_scale=t(inputs.v_scale), k_offset=t(inputs.k_offset), v_offset=t(inputs.v_offset),
-    )
-
-
-def from_torch(out, lse):
-    """``(out, lse)`` torch tensors -> NumPy float32."""
-    return out.detach().float().cpu().numpy(), lse.detach().float().cpu().numpy()
 
 
 def torch_device() -> str:
@@ -72,6 +43,7 @@ def _torch_unavailable():
 
 def _torch_run(inputs: DecodeInputs, plan: Plan):
     from ..torch_eager import decode_attention
+    from ..torch_io import from_torch, to_torch
 
     t = to_torch(inputs, torch_device())
     out, lse = decode_attention(**t, plan=plan, scale=inputs.scale, soft_cap=inputs.soft_cap,

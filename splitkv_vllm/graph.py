@@ -1,0 +1,285 @@
+"""vLLM full-graph mode: graph-stable buffers, refreshed in place before each replay.
+
+A captured graph replays the same kernel launches on the same addresses, so everything a step
+changes (the plan, the lengths, the block table) must be rewritten in place, on the host, before
+the replay is enqueued:
+
+* :class:`GraphDecoder` keeps the graph-stable :class:`ascend_ops.AscendDecodeWrapper` s of one
+  captured graph size and a fixed block-table buffer; :meth:`GraphDecoder.refresh` plans the
+  step's padded batch and rewrites the buffers, :meth:`GraphDecoder.run` only enqueues kernels.
+* :func:`refresh_graph_step` is the metadata builder's host step, :func:`prepare_graph` the eager
+  warm-up that makes a layer's buffers, :func:`graph_unsupported` says why a capture stays on vLLM
+  Ascend's path, and :func:`forward_graph` is the captured decode.
+
+Eager (non-graph) decode is :mod:`splitkv_vllm.adapter` and :mod:`splitkv_vllm.dispatch`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ascend_ops.support import DEFAULT_PROFILE
+from splitkv_common.plan import Plan
+
+from .adapter import LayerSpec, batch_unsupported, host_lengths, plan_options
+
+
+@dataclass
+class GraphDecoder:
+    """Graph-stable decode for one captured graph size: its buffers keep their shapes and addresses.
+
+    One decoder serves the layers of one KV-cache group in graphs of ``num_tokens`` query rows. It
+    holds one graph-stable :class:`ascend_ops.AscendDecodeWrapper` per set of layer constants (the
+    layers that share them share its plan, tiling and workspace; they run one after another) and a
+    fixed ``block_table`` buffer ``[max_reqs, max_pages]``. Capacity: ``max_reqs`` requests (the
+    real ones first, the rest padded with ``seq_len 0``, no query rows), ``max_splits`` partial slots
+    per query row, ``max_work_items`` work items (default ``max_reqs * Hkv * max_splits``).
+
+    Per step: :meth:`refresh` (host, outside the graph, before the replay is enqueued) plans the
+    padded batch and rewrites the buffers in place; :meth:`run` (captured once) only enqueues the
+    kernels on those buffers.
+    """
+
+    num_tokens: int
+    max_reqs: int
+    max_splits: int
+    max_work_items: int | None = None
+    profile: str = DEFAULT_PROFILE
+    policy: str = "auto"
+    wrappers: dict = field(default_factory=dict)
+    block_table: torch.Tensor | None = None
+    _lengths: tuple | None = None  # (seq_lens [max_reqs], query_start_loc [max_reqs + 1]), host int32
+    plans: dict = field(default_factory=dict)  # plan per (Hkv, page, Hq, D, kv bytes, window) of the last refresh
+
+    @staticmethod
+    def key(*, num_q_heads, num_kv_heads, head_dim, page_size, dtype, kv_dtype, scale, soft_cap, window_left) -> tuple:
+        return (int(num_q_heads), int(num_kv_heads), int(head_dim), int(page_size), dtype, kv_dtype, float(scale),
+                None if soft_cap is None else float(soft_cap), None if window_left is None else int(window_left))
+
+    def has(self, key: tuple) -> bool:
+        return key in self.wrappers
+
+    def add(self, key: tuple, *, k_cache: torch.Tensor, max_pages: int):
+        """The wrapper of these layer constants, created (buffers allocated and filled) if new.
+
+        Host work and device copies: call it outside a graph capture (an eager warm-up step).
+        """
+        from ascend_ops import AscendDecodeWrapper
+
+        w = self.wrappers.get(key)
+        if w is not None:
+            return w
+        hq, hkv, d, page, dtype, kv_dtype, scale, soft_cap, window_left = key
+        if self.block_table is None:
+            self.block_table = torch.zeros((self.max_reqs, int(max_pages)), dtype=torch.int32, device=k_cache.device)
+        elif self.block_table.shape[1] != max_pages:
+            raise ValueError(f"block_table: {max_pages} pages per request, this graph's buffer has "
+                             f"{self.block_table.shape[1]}")
+        w = AscendDecodeWrapper(hq, hkv, d, page, dtype=dtype, kv_dtype=kv_dtype, device=k_cache.device,
+                                profile=self.profile, policy=self.policy, graph_stable=True,
+                                max_splits=self.max_splits, max_work_items=self.max_work_items)
+        w._splitkv_const = dict(scale=scale, soft_cap=soft_cap, window_left=window_left,
+                                max_pages=int(max_pages), num_pages=int(k_cache.shape[0]))
+        self.wrappers[key] = w
+        if self._lengths is not None:
+            self._set(key, w)
+        return w
+
+    def pad(self, seq_lens, query_start_loc) -> tuple[np.ndarray, np.ndarray]:
+        """Host lengths of ``B <= max_reqs`` requests -> ``max_reqs`` requests (padding: no rows, seq_len 0)."""
+        sl = np.asarray(seq_lens, np.int64).reshape(-1)
+        qsl = np.asarray(query_start_loc, np.int64).reshape(-1)
+        B = sl.shape[0]
+        if B > self.max_reqs:
+            raise ValueError(f"max_reqs: the batch has {B} requests, over this graph's capacity {self.max_reqs}")
+        if qsl.shape[0] != B + 1:
+            raise ValueError(f"query_start_loc: must be [B + 1] = [{B + 1}], got {qsl.shape[0]}")
+        if qsl[-1] != self.num_tokens:
+            raise ValueError(f"query_start_loc: ends at {int(qsl[-1])} rows; this graph has {self.num_tokens}")
+        sl_p = np.zeros(self.max_reqs, np.int32)
+        sl_p[:B] = sl
+        qsl_p = np.full(self.max_reqs + 1, qsl[-1], np.int32)
+        qsl_p[:B + 1] = qsl
+        return sl_p, qsl_p
+
+    def _plan_for(self, w) -> Plan:
+        window_left = w._splitkv_const["window_left"]
+        key = (w.plan_spec(), window_left)
+        if key not in self.plans:
+            sl, qsl = self._lengths
+            self.plans[key] = w.plan_spec().make(sl, query_start_loc=qsl, window_left=window_left)
+        return self.plans[key]
+
+    def _set(self, key, w) -> None:
+        c = w._splitkv_const
+        w.set_plan(self._plan_for(w), seq_lens=self._lengths[0], scale=c["scale"], soft_cap=c["soft_cap"],
+                   window_left=c["window_left"], max_pages=c["max_pages"], num_pages=c["num_pages"])
+
+    def refresh(self, seq_lens, query_start_loc, block_table: torch.Tensor) -> None:
+        """Plan this step's padded batch and rewrite every buffer in place (host; outside the graph).
+
+        ``seq_lens`` ``[B]`` and ``query_start_loc`` ``[B + 1]`` are host lengths (padding requests
+        already given ``seq_len 0``); ``block_table`` ``[B, max_pages]`` int32 on the device is copied
+        into the fixed buffer (rows past ``B`` zeroed), ordered on the current stream.
+
+        Raises ``ValueError`` naming the bound (``max_reqs``, ``max_work_items``) a step exceeds.
+        """
+        lengths = self.pad(seq_lens, query_start_loc)
+        old = (self._lengths, self.plans)
+        self._lengths, self.plans = lengths, {}
+        try:
+            for key, w in self.wrappers.items():
+                self._set(key, w)
+        except Exception:
+            self._lengths, self.plans = old
+            raise
+        if self.block_table is not None:
+            B = block_table.shape[0]
+            if block_table.shape[1] != self.block_table.shape[1]:
+                raise ValueError(f"block_table: {block_table.shape[1]} pages per request, this graph's buffer has "
+                                 f"{self.block_table.shape[1]}")
+            self.block_table[:B].copy_(block_table)
+            self.block_table[B:].zero_()
+
+    def run(self, key: tuple, q, k_cache, v_cache, *, out=None):
+        """The decode of the layers with constants ``key`` on the current buffers: ``(out, lse)``.
+
+        Enqueues the kernels only: no host read, no allocation, no host work (capturable).
+        ``q`` ``[num_tokens, Hq, D]``; ``out`` (optional) the same shape, else the wrapper's buffer.
+        """
+        w = self.wrappers[key]
+        c = w._splitkv_const
+        return w.run(q, k_cache, v_cache, self.block_table, scale=c["scale"], soft_cap=c["soft_cap"],
+                     window_left=c["window_left"], out=out)
+
+
+GRAPH_MAX_SPLITS_DEFAULT = 8
+
+# (group, num_tokens) -> GraphDecoder; group: the metadata builder (one per KV-cache group)
+GRAPH_DECODERS: dict = {}
+
+
+def graph_options() -> dict:
+    """Capacity of the graph-stable plans: ``SPLITKV_VLLM_GRAPH_MAX_SPLITS`` (8) partial slots per query
+    row, ``SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS`` (default ``max_reqs * Hkv * max_splits``, never exceeded)."""
+    def env_int(name, default):
+        text = os.environ.get(name, "").strip()
+        if not text:
+            return default
+        try:
+            v = int(text)
+        except ValueError:
+            raise ValueError(f"{name}: expected a positive integer, got {text!r}") from None
+        if v <= 0:
+            raise ValueError(f"{name}: expected a positive integer, got {v}")
+        return v
+
+    return dict(max_splits=env_int("SPLITKV_VLLM_GRAPH_MAX_SPLITS", GRAPH_MAX_SPLITS_DEFAULT),
+                max_work_items=env_int("SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS", None))
+
+
+def graph_lengths(meta) -> tuple[np.ndarray, np.ndarray]:
+    """Host ``(query_start_loc, seq_lens)`` of a padded step, padding requests given ``seq_len 0``.
+
+    A request is padding when its query rows start at or after ``num_actual_tokens`` (the runner's
+    uniform-decode padding and the dummy request vLLM Ascend appends for FIA); its rows come back
+    ``out = 0``, ``lse = -inf`` and read no KV.
+    """
+    qsl, sl = host_lengths(meta)
+    real = int(getattr(meta, "num_actual_tokens", 0) or 0) or int(qsl[-1])
+    sl = np.where(qsl[:-1] < real, sl, 0).astype(np.int32)
+    return qsl, sl
+
+
+def graph_decoder(group, meta, *, create: bool = False):
+    """The :class:`GraphDecoder` of this group and the step's padded size."""
+    n = int(meta.actual_seq_lengths_q[-1])
+    dec = GRAPH_DECODERS.get((group, n))
+    if dec is None and create:
+        opts = graph_options()
+        dec = GraphDecoder(num_tokens=n, max_reqs=n + 1, max_splits=opts["max_splits"],
+                           max_work_items=opts["max_work_items"], profile=plan_options()["device"],
+                           policy=plan_options()["policy"])
+        GRAPH_DECODERS[(group, n)] = dec
+    return dec
+
+
+def refresh_graph_step(meta, group) -> None:
+    """The metadata builder's step in full-graph mode (host, before the model runs, so before any replay).
+
+    Marks ``meta`` as built for graph mode by ``group``; if a graph of this padded size has buffers
+    (made by an eager warm-up step before its capture), plans the padded batch and rewrites them in
+    place, ordered on the current stream before the replay that reads them.
+    """
+    try:
+        meta._splitkv_graph_group = group
+    except AttributeError:
+        return
+    if batch_unsupported(meta):
+        return
+    dec = graph_decoder(group, meta)
+    if dec is None:
+        return
+    qsl, sl = graph_lengths(meta)
+    bt = meta.block_tables[:sl.shape[0]]
+    dec.refresh(sl, qsl, bt if bt.dtype == torch.int32 else bt.to(torch.int32))
+    meta._splitkv_graph_decoder = dec
+
+
+def _graph_key(layer: LayerSpec, query, key_cache):
+    return GraphDecoder.key(num_q_heads=layer.num_heads, num_kv_heads=layer.num_kv_heads, head_dim=layer.head_size,
+                            page_size=int(key_cache.shape[1]), dtype=query.dtype, kv_dtype=key_cache.dtype,
+                            scale=layer.scale, soft_cap=layer.soft_cap, window_left=layer.window_left)
+
+
+def prepare_graph(layer: LayerSpec, query, key_cache, meta) -> None:
+    """Eager step of a graph-mode batch (the warm-up before a capture): make this layer's buffers for
+    the step's padded size if they do not exist yet (host work and copies: never inside a capture)."""
+    group = getattr(meta, "_splitkv_graph_group", None)
+    if group is None or batch_unsupported(meta):
+        return
+    if int(query.shape[0]) != int(meta.actual_seq_lengths_q[-1]):
+        return
+    dec = graph_decoder(group, meta, create=True)
+    key = _graph_key(layer, query, key_cache)
+    if dec.has(key):
+        return
+    qsl, sl = graph_lengths(meta)
+    bt = meta.block_tables[:sl.shape[0]]
+    dec.add(key, k_cache=key_cache, max_pages=int(bt.shape[1]))  # planned at once if the step is refreshed
+    if getattr(meta, "_splitkv_graph_decoder", None) is not dec:
+        dec.refresh(sl, qsl, bt if bt.dtype == torch.int32 else bt.to(torch.int32))
+        meta._splitkv_graph_decoder = dec
+
+
+def graph_unsupported(layer: LayerSpec, query, key_cache, meta) -> str | None:
+    """``None`` when a full-graph capture of this step can run through splitkv, else why not."""
+    dec = getattr(meta, "_splitkv_graph_decoder", None)
+    if getattr(meta, "_splitkv_graph_group", None) is None:
+        return "metadata not built by the splitkv metadata builder"
+    if dec is None:
+        return "no eager warm-up step of this graph size before the capture (no buffers)"
+    if int(query.shape[0]) != dec.num_tokens:
+        return f"query has {query.shape[0]} rows, the graph's plan {dec.num_tokens}"
+    if not dec.has(_graph_key(layer, query, key_cache)):
+        return "no eager warm-up step of this layer before the capture (no buffers)"
+    return None
+
+
+def forward_graph(layer: LayerSpec, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, meta,
+                  output: torch.Tensor) -> torch.Tensor:
+    """Decode of a full-graph step into ``output`` (all ``num_tokens`` rows; padding rows ``0``).
+
+    Only enqueues the kernels on the graph's fixed buffers (see :func:`refresh_graph_step`): no
+    host read, no allocation, so a capture of it replays with each step's refreshed plan.
+    """
+    dec = meta._splitkv_graph_decoder
+    n = dec.num_tokens
+    q = query.view(n, layer.num_heads, layer.head_size)
+    dec.run(_graph_key(layer, query, key_cache), q, key_cache, value_cache,
+            out=output.view(n, layer.num_heads, layer.head_size))
+    return output

@@ -347,3 +347,24 @@ def test_cube_counters_are_exported(lib):
     assert aic["fix_bytes"] == 2 * M * N * 4 and aic["cross_sets"] == 1
     assert all(s["cross_waits"] == 1 for s in st[1:])
     assert aic["ins"]["M"] == 2 and aic["ins"]["MTE1"] == 2 and aic["ins"]["FIX"] == 2 and aic["ins"]["V"] == 0
+
+
+def test_cube_cost_model_reads_the_cube_counters(lib):
+    """Estimates (paper constants): the AIC's M pipe time is its fractal blocks at one per cycle plus a cost per Mmad."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("npu_estimate", Path(__file__).parents[2] / "scripts" / "npu_estimate.py")
+    est = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("npu_estimate", est)
+    spec.loader.exec_module(est)
+    rc, msg, _ = run(lib, "qk_softmax_ok", blocks=1)
+    assert rc == 0, msg
+    st = sim.last_stats(lib)
+    c = est.C
+    aic = est.context_time_us(st[0], active_cores=3)
+    expect_m = (st[0]["cube_fractal_macs"] / c.cube_fractal_macs_per_cycle + st[0]["mmad_calls"] * c.mmad_issue_cycles) / c.clock_hz * 1e6
+    assert aic["pipes_us"]["M"] == pytest.approx(expect_m) and set(aic["pipes_us"]) == {"MTE2", "MTE1", "M", "FIX", "S"}
+    stage = est.stage_time_us(st)
+    assert stage["cores"] == 3 and stage["us"] > c.launch_us

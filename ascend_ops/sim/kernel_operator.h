@@ -1226,17 +1226,25 @@ inline void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const
         const uint64_t d = uint64_t(r) * (1u + p.dstGap) * detail::kFractalBytes;
         detail::need_bytes(src.bytes_, s + detail::kFractalBytes, api, "the source fractals");
         detail::need_bytes(dst.bytes_, d + detail::kFractalBytes, api, "the destination fractals");
-        sim::sp_check_written(sim::MEM_L1, src.addr_ + uint32_t(s), detail::kFractalBytes, api);
+        // The whole fractal moves; bytes never written in L1 (e.g. rows past nValue of an ND2NZ
+        // copy) stay "unwritten" in L0, so only an Mmad that uses them is an [uninit-read].
         sim::sp_read(in, sim::MEM_L1, src.addr_ + uint32_t(s), detail::kFractalBytes);
         const uint8_t* sp = sim::space(sim::MEM_L1).data.data() + src.addr_ + s;
+        const uint8_t* sw = sim::space(sim::MEM_L1).written.data() + src.addr_ + s;
+        uint8_t wbuf[detail::kFractalBytes];
         if (p.ifTranspose) {
             for (int i = 0; i < 16; i++)
-                for (int j = 0; j < 16; j++) std::memcpy(buf + (j * 16 + i) * 2, sp + (i * 16 + j) * 2, 2);
+                for (int j = 0; j < 16; j++) {
+                    std::memcpy(buf + (j * 16 + i) * 2, sp + (i * 16 + j) * 2, 2);
+                    std::memcpy(wbuf + (j * 16 + i) * 2, sw + (i * 16 + j) * 2, 2);
+                }
         } else {
             std::memcpy(buf, sp, detail::kFractalBytes);
+            std::memcpy(wbuf, sw, detail::kFractalBytes);
         }
         sim::sp_write(in, dst.mem_, dst.addr_ + uint32_t(d), detail::kFractalBytes);
         std::memcpy(sim::space(dst.mem_).data.data() + dst.addr_ + d, buf, detail::kFractalBytes);
+        std::memcpy(sim::space(dst.mem_).written.data() + dst.addr_ + d, wbuf, detail::kFractalBytes);
     }
     sim::core().st.l0Bytes += uint64_t(p.repeatTimes) * detail::kFractalBytes;
 }

@@ -155,6 +155,30 @@ ENTRY(workspace_two_rounds_ok) { Kernel<TWO_ROUNDS>(x); }
 ENTRY(l0a_full_ok) {  // exactly 64 KiB of L0A fits
     if ASCEND_IS_AIC { TPipe pipe; TBuf<TPosition::A2> a; pipe.InitBuffer(a, 64 * 1024); }
 }
+ENTRY(gqa_8_rows_ok) {  // 8 query rows: ND2NZ fills half of each fractal, Mmad m = 8 ignores the rest
+    if ASCEND_IS_AIC {
+        GM_ADDR base = x + REGION * GetBlockIdx();
+        TPipe pipe; TBuf<TPosition::A1> qL1; TBuf<TPosition::B1> kL1; TBuf<TPosition::A2> qL0;
+        TBuf<TPosition::B2> kL0; TBuf<TPosition::CO1> sL0C;
+        pipe.InitBuffer(qL1, 16 * D * 2); pipe.InitBuffer(kL1, N * D * 2); pipe.InitBuffer(qL0, 16 * D * 2);
+        pipe.InitBuffer(kL0, N * D * 2); pipe.InitBuffer(sL0C, 16 * N * 4);
+        GlobalTensor<half> q, kk; GlobalTensor<float> s;
+        q.SetGlobalBuffer((__gm__ half*)(base + Q_OFF), M * D);
+        kk.SetGlobalBuffer((__gm__ half*)(base + K_OFF), N * D);
+        s.SetGlobalBuffer((__gm__ float*)(base + S_OFF), M * N);
+        LocalTensor<half> q1 = qL1.Get<half>(), k1 = kL1.Get<half>(), q0 = qL0.Get<half>(), k0 = kL0.Get<half>();
+        LocalTensor<float> c0 = sL0C.Get<float>();
+        DataCopy(q1, q, Nd2NzParams(1, 8, D, 0, D, 16, 1, 0));
+        DataCopy(k1, kk, Nd2NzParams(1, N, D, 0, D, N, 1, 0));
+        Sync<HardEvent::MTE2_MTE1>();
+        LoadData(q0, q1, LoadData2DParams(0, D / 16, 1, 0, 0, false, 0));
+        LoadData(k0, k1, LoadData2DParams(0, (D / 16) * (N / 16), 1, 0, 0, false, 0));
+        Sync<HardEvent::MTE1_M>();
+        Mmad(c0, q0, k0, MmadParams(8, N, D, 0, false, true));
+        Sync<HardEvent::M_FIX>();
+        Fixpipe<float, float, CFG_ROW_MAJOR>(s, c0, FixpipeParamsV220(N, 8, 16, N, false));
+    }
+}
 ENTRY(cube_in_vector_launch) {  // a cube buffer in a plain vector launch
     TPipe pipe; TBuf<TPosition::A1> a; pipe.InitBuffer(a, 512);
 }
@@ -213,7 +237,8 @@ BAD = [
     ("fixpipe_to_ub", "position", "L0C->UB does not exist"),
     ("aiv_read_without_sync_all", "gm-race", "no cross-core edge"),
 ]
-GOOD = ["qk_softmax_ok", "qk_softmax_k24_ok", "workspace_two_rounds_ok", "l0a_full_ok", "ids_and_sync_all_ok"]
+GOOD = ["qk_softmax_ok", "qk_softmax_k24_ok", "workspace_two_rounds_ok", "l0a_full_ok", "ids_and_sync_all_ok",
+        "gqa_8_rows_ok"]
 ORDERS = [0, 1, 12345]  # forward, reverse, a seeded shuffle
 
 
@@ -316,6 +341,16 @@ def test_workspace_overwritten_before_the_vector_read_is_found(lib):
 def test_legal_counterpart_runs(lib, name, order):
     rc, msg, _ = run(lib, name, order=order)
     assert rc == 0, msg
+
+
+def test_gqa_group_of_8_rows_padded_to_one_fractal(lib):
+    buf, qs, ks = inputs(2, seed=3)
+    rc, msg, buf = run(lib, "gqa_8_rows_ok", 2, 0, buf)
+    assert rc == 0, msg
+    for b in range(2):
+        ref = qs[b][:8].astype(np.float64) @ ks[b].astype(np.float64).T
+        np.testing.assert_allclose(region(buf, b, S_OFF, (M, N))[:8], ref, rtol=0, atol=1e-3)
+        assert np.isnan(region(buf, b, S_OFF, (M, N))[8:]).all()  # rows the Fixpipe did not write
 
 
 def test_block_and_sub_block_indices(lib):

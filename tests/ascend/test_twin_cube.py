@@ -155,18 +155,21 @@ ENTRY(workspace_two_rounds_ok) { Kernel<TWO_ROUNDS>(x); }
 ENTRY(l0a_full_ok) {  // exactly 64 KiB of L0A fits
     if ASCEND_IS_AIC { TPipe pipe; TBuf<TPosition::A2> a; pipe.InitBuffer(a, 64 * 1024); }
 }
-ENTRY(gqa_8_rows_ok) {  // 8 query rows: ND2NZ fills half of each fractal, Mmad m = 8 ignores the rest
+// 8 query rows: ND2NZ fills half of each fractal, Mmad m = 8 ignores the rest. T: input type,
+// O: Fixpipe output type (float, or a cast to T with the matching quantPre unless `badQuant`).
+template <typename T, typename O, bool badQuant = false>
+__aicore__ inline void Gqa8(GM_ADDR x) {
     if ASCEND_IS_AIC {
         GM_ADDR base = x + REGION * GetBlockIdx();
         TPipe pipe; TBuf<TPosition::A1> qL1; TBuf<TPosition::B1> kL1; TBuf<TPosition::A2> qL0;
         TBuf<TPosition::B2> kL0; TBuf<TPosition::CO1> sL0C;
         pipe.InitBuffer(qL1, 16 * D * 2); pipe.InitBuffer(kL1, N * D * 2); pipe.InitBuffer(qL0, 16 * D * 2);
         pipe.InitBuffer(kL0, N * D * 2); pipe.InitBuffer(sL0C, 16 * N * 4);
-        GlobalTensor<half> q, kk; GlobalTensor<float> s;
-        q.SetGlobalBuffer((__gm__ half*)(base + Q_OFF), M * D);
-        kk.SetGlobalBuffer((__gm__ half*)(base + K_OFF), N * D);
-        s.SetGlobalBuffer((__gm__ float*)(base + S_OFF), M * N);
-        LocalTensor<half> q1 = qL1.Get<half>(), k1 = kL1.Get<half>(), q0 = qL0.Get<half>(), k0 = kL0.Get<half>();
+        GlobalTensor<T> q, kk; GlobalTensor<O> s;
+        q.SetGlobalBuffer((__gm__ T*)(base + Q_OFF), M * D);
+        kk.SetGlobalBuffer((__gm__ T*)(base + K_OFF), N * D);
+        s.SetGlobalBuffer((__gm__ O*)(base + S_OFF), M * N);
+        LocalTensor<T> q1 = qL1.Get<T>(), k1 = kL1.Get<T>(), q0 = qL0.Get<T>(), k0 = kL0.Get<T>();
         LocalTensor<float> c0 = sL0C.Get<float>();
         DataCopy(q1, q, Nd2NzParams(1, 8, D, 0, D, 16, 1, 0));
         DataCopy(k1, kk, Nd2NzParams(1, N, D, 0, D, N, 1, 0));
@@ -176,9 +179,15 @@ ENTRY(gqa_8_rows_ok) {  // 8 query rows: ND2NZ fills half of each fractal, Mmad 
         Sync<HardEvent::MTE1_M>();
         Mmad(c0, q0, k0, MmadParams(8, N, D, 0, false, true));
         Sync<HardEvent::M_FIX>();
-        Fixpipe<float, float, CFG_ROW_MAJOR>(s, c0, FixpipeParamsV220(N, 8, 16, N, false));
+        FixpipeParamsV220 fp(N, 8, 16, N, false);
+        if (!std::is_same<O, float>::value && !badQuant)
+            fp.quantPre = std::is_same<O, half>::value ? QuantMode_t::F322F16 : QuantMode_t::F322BF16;
+        Fixpipe<O, float, CFG_ROW_MAJOR>(s, c0, fp);
     }
 }
+ENTRY(gqa_8_rows_ok) { Gqa8<half, float>(x); }
+ENTRY(gqa_8_rows_bf16_to_bf16_ok) { Gqa8<bfloat16_t, bfloat16_t>(x); }
+ENTRY(fixpipe_cast_without_quant_pre) { Gqa8<half, half, true>(x); }
 ENTRY(cube_in_vector_launch) {  // a cube buffer in a plain vector launch
     TPipe pipe; TBuf<TPosition::A1> a; pipe.InitBuffer(a, 512);
 }
@@ -236,9 +245,10 @@ BAD = [
     ("cube_event_on_aiv", "core-type", "vector core (AIV)"),
     ("fixpipe_to_ub", "position", "L0C->UB does not exist"),
     ("aiv_read_without_sync_all", "gm-race", "no cross-core edge"),
+    ("fixpipe_cast_without_quant_pre", "cube-param", "quantPre"),
 ]
 GOOD = ["qk_softmax_ok", "qk_softmax_k24_ok", "workspace_two_rounds_ok", "l0a_full_ok", "ids_and_sync_all_ok",
-        "gqa_8_rows_ok"]
+        "gqa_8_rows_ok", "gqa_8_rows_bf16_to_bf16_ok"]
 ORDERS = [0, 1, 12345]  # forward, reverse, a seeded shuffle
 
 
@@ -351,6 +361,30 @@ def test_gqa_group_of_8_rows_padded_to_one_fractal(lib):
         ref = qs[b][:8].astype(np.float64) @ ks[b].astype(np.float64).T
         np.testing.assert_allclose(region(buf, b, S_OFF, (M, N))[:8], ref, rtol=0, atol=1e-3)
         assert np.isnan(region(buf, b, S_OFF, (M, N))[8:]).all()  # rows the Fixpipe did not write
+
+
+def to_bf16_bits(a):
+    return (np.ascontiguousarray(a, np.float32).view(np.uint32) >> 16).astype(np.uint16)  # truncation: exact values
+
+
+def test_bf16_inputs_and_a_bf16_fixpipe_cast(lib):
+    rng = np.random.default_rng(5)
+    buf = np.full(REGION * 2, 0xFF, np.uint8)
+    refs = []
+    for b in range(2):
+        q = (to_bf16_bits(rng.standard_normal((M, D))).astype(np.uint32) << 16).view(np.float32)
+        k = (to_bf16_bits(rng.standard_normal((N, D))).astype(np.uint32) << 16).view(np.float32)
+        buf[b * REGION + Q_OFF:b * REGION + K_OFF] = to_bf16_bits(q).view(np.uint8).ravel()
+        buf[b * REGION + K_OFF:b * REGION + S_OFF] = to_bf16_bits(k).view(np.uint8).ravel()
+        refs.append(q[:8].astype(np.float64) @ k.astype(np.float64).T)
+    rc, msg, buf = run(lib, "gqa_8_rows_bf16_to_bf16_ok", 2, 0, buf)
+    assert rc == 0, msg
+    for b in range(2):
+        start = b * REGION + S_OFF
+        bits = buf[start:start + 2 * M * N].view(np.uint16).reshape(M, N)[:8]
+        got = (bits.astype(np.uint32) << 16).view(np.float32)
+        # one bf16 rounding of the float result: within half a bf16 ulp (2^-8 relative) plus the fp32 sum's error
+        np.testing.assert_allclose(got, refs[b], rtol=2.0 ** -8, atol=1e-4)
 
 
 def test_block_and_sub_block_indices(lib):

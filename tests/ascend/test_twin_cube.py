@@ -95,7 +95,8 @@ __aicore__ inline void Cube(GM_ADDR base, int k) {
 template <Bug bug>
 __aicore__ inline void Vec(GM_ADDR base, int rounds) {
     TPipe pipe; TBuf<TPosition::VECCALC> tin, tout, tred, twork;
-    pipe.InitBuffer(tin, 8 * N * 4); pipe.InitBuffer(tout, 8 * N * 4); pipe.InitBuffer(tred, 32); pipe.InitBuffer(twork, 32);
+    pipe.InitBuffer(tin, 8 * N * 4); pipe.InitBuffer(tout, 8 * N * 4);
+    pipe.InitBuffer(tred, 32); pipe.InitBuffer(twork, 32);
     LocalTensor<float> a = tin.Get<float>(), b = tout.Get<float>(), r = tred.Get<float>(), w = twork.Get<float>();
     const int row0 = 8 * GetSubBlockIdx();
     GlobalTensor<float> s, o;
@@ -106,7 +107,8 @@ __aicore__ inline void Vec(GM_ADDR base, int rounds) {
         if (round > 0) Sync<HardEvent::V_MTE2>();
         DataCopy(a, s, 8 * N);
         Sync<HardEvent::MTE2_V>();
-        if (bug == TWO_ROUNDS && round + 1 < rounds) CrossCoreSetFlag<2, PIPE_MTE2>(3);  // in UB: the cube may overwrite
+        // this round's data is in UB: the cube may overwrite the workspace
+        if (bug == TWO_ROUNDS && round + 1 < rounds) CrossCoreSetFlag<2, PIPE_MTE2>(3);
         if (round > 0) Sync<HardEvent::MTE3_V>();
         for (int i = 0; i < 8; i++) {
             ReduceMax(r, a[i * N], w, N);
@@ -314,7 +316,8 @@ def test_qk_on_the_cube_then_softmax_on_the_vector_cores_matches_numpy(lib, orde
         # fp32 accumulation of exact fp16 products: a few float ulps of the largest partial sum
         np.testing.assert_allclose(s, s_ref, rtol=0, atol=1e-5 * np.abs(q64).max() * np.abs(k64).max() * k)
         e = np.exp(s_ref - s_ref.max(axis=1, keepdims=True))
-        np.testing.assert_allclose(region(buf, b, O_OFF, (M, N)), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(region(buf, b, O_OFF, (M, N)), e / e.sum(axis=1, keepdims=True),
+                                   rtol=1e-5, atol=1e-6)
 
 
 def test_the_twins_sum_is_float32_in_increasing_k(lib):
@@ -419,12 +422,13 @@ def test_cube_counters_are_exported(lib):
 
 
 def test_cube_cost_model_reads_the_cube_counters(lib):
-    """Estimates (paper constants): the AIC's M pipe time is its fractal blocks at one per cycle plus a cost per Mmad."""
+    """Estimates (paper constants): the AIC's M pipe is its fractal blocks at one per cycle plus a cost per Mmad."""
     import importlib.util
     import sys
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("npu_estimate", Path(__file__).parents[2] / "scripts" / "npu_estimate.py")
+    script = Path(__file__).parents[2] / "scripts" / "npu_estimate.py"
+    spec = importlib.util.spec_from_file_location("npu_estimate", script)
     est = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("npu_estimate", est)
     spec.loader.exec_module(est)
@@ -433,7 +437,8 @@ def test_cube_cost_model_reads_the_cube_counters(lib):
     st = sim.last_stats(lib)
     c = est.C
     aic = est.context_time_us(st[0], active_cores=3)
-    expect_m = (st[0]["cube_fractal_macs"] / c.cube_fractal_macs_per_cycle + st[0]["mmad_calls"] * c.mmad_issue_cycles) / c.clock_hz * 1e6
-    assert aic["pipes_us"]["M"] == pytest.approx(expect_m) and set(aic["pipes_us"]) == {"MTE2", "MTE1", "M", "FIX", "S"}
+    cycles = st[0]["cube_fractal_macs"] / c.cube_fractal_macs_per_cycle + st[0]["mmad_calls"] * c.mmad_issue_cycles
+    assert aic["pipes_us"]["M"] == pytest.approx(cycles / c.clock_hz * 1e6)
+    assert set(aic["pipes_us"]) == {"MTE2", "MTE1", "M", "FIX", "S"}
     stage = est.stage_time_us(st)
     assert stage["cores"] == 3 and stage["us"] > c.launch_us

@@ -618,7 +618,10 @@ inline void SyncAll(sim::Loc = {}) {
 // two AIVs of one AI core; mode 2: an AIC's set counts once for each of its two AIVs, and the AIC's
 // counter goes up once both AIVs have set. Documented limits enforced: modeId 0..2, flagId 0..10
 // on Atlas A2 (11-14 are taken by SyncAll's hardware flags), pipe neither PIPE_S nor PIPE_ALL, at
-// most 15 pending sets per counter (the 9.0 page; the 8.0 page says 16).
+// most 15 pending sets per counter (the 9.0 page; the 8.0 page says 16). ASSUMPTION of the twin's
+// scheduling: a wait that finds its counter at 0 holds the whole context (its scalar unit) until a
+// set arrives, even when the wait names another pipe (e.g. PIPE_MTE2); the ordering it creates is
+// on that pipe only. A kernel whose progress needs S to run past such a wait is reported as a hang.
 template <uint8_t modeId, pipe_t pipe>
 inline void CrossCoreSetFlag(uint16_t flagId, sim::Loc loc = {}) {
     static_assert(pipe != PIPE_S && pipe != PIPE_ALL, "CrossCoreSetFlag: pipe may be neither PIPE_S nor PIPE_ALL");

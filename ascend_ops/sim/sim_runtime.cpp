@@ -445,3 +445,40 @@ extern "C" int sim_launch_1(void (*fn)(uint8_t*), uint8_t* arg, int blockDim, ch
 extern "C" int sim_launch_mix_1(void (*fn)(uint8_t*), uint8_t* arg, int blockDim, char* err, int errLen) {
     return launch(blockDim, [&] { fn(arg); }, err, errLen, nullptr, true);
 }
+
+// A mixed launch of a kernel entry with 1..8 GM_ADDR parameters (the entry's own signature):
+// `args` holds them in order.
+extern "C" int sim_launch_mix_n(void* fn, int nargs, uint8_t** args, int blockDim, char* err, int errLen) {
+    using A = uint8_t*;
+    std::function<void()> call;
+    switch (nargs) {
+        case 1: call = [&] { reinterpret_cast<void (*)(A)>(fn)(args[0]); }; break;
+        case 2: call = [&] { reinterpret_cast<void (*)(A, A)>(fn)(args[0], args[1]); }; break;
+        case 3: call = [&] { reinterpret_cast<void (*)(A, A, A)>(fn)(args[0], args[1], args[2]); }; break;
+        case 4: call = [&] { reinterpret_cast<void (*)(A, A, A, A)>(fn)(args[0], args[1], args[2], args[3]); }; break;
+        case 5:
+            call = [&] { reinterpret_cast<void (*)(A, A, A, A, A)>(fn)(args[0], args[1], args[2], args[3], args[4]); };
+            break;
+        case 6:
+            call = [&] {
+                reinterpret_cast<void (*)(A, A, A, A, A, A)>(fn)(args[0], args[1], args[2], args[3], args[4], args[5]);
+            };
+            break;
+        case 7:
+            call = [&] {
+                reinterpret_cast<void (*)(A, A, A, A, A, A, A)>(fn)(args[0], args[1], args[2], args[3], args[4], args[5],
+                                                                     args[6]);
+            };
+            break;
+        case 8:
+            call = [&] {
+                reinterpret_cast<void (*)(A, A, A, A, A, A, A, A)>(fn)(args[0], args[1], args[2], args[3], args[4],
+                                                                        args[5], args[6], args[7]);
+            };
+            break;
+        default:
+            std::snprintf(err, size_t(errLen), "sim_launch_mix_n: %d arguments (1..8 supported)", nargs);
+            return 2;
+    }
+    return launch(blockDim, call, err, errLen, nullptr, true);
+}

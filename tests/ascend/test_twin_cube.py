@@ -190,6 +190,18 @@ __aicore__ inline void Gqa8(GM_ADDR x) {
 ENTRY(gqa_8_rows_ok) { Gqa8<half, float>(x); }
 ENTRY(gqa_8_rows_bf16_to_bf16_ok) { Gqa8<bfloat16_t, bfloat16_t>(x); }
 ENTRY(fixpipe_cast_without_quant_pre) { Gqa8<half, half, true>(x); }
+extern "C" __global__ __aicore__ void two_args_ok(GM_ADDR a, GM_ADDR b) {  // each AIV copies its slice of a to b
+    if ASCEND_IS_AIV {
+        TPipe pipe; TBuf<TPosition::VECCALC> t; pipe.InitBuffer(t, 256);
+        GlobalTensor<float> ga, gb;
+        ga.SetGlobalBuffer((__gm__ float*)a + 64 * GetBlockIdx(), 64);
+        gb.SetGlobalBuffer((__gm__ float*)b + 64 * GetBlockIdx(), 64);
+        LocalTensor<float> x = t.Get<float>();
+        DataCopy(x, ga, 64);
+        Sync<HardEvent::MTE2_MTE3>();
+        DataCopy(gb, x, 64);
+    }
+}
 ENTRY(cube_in_vector_launch) {  // a cube buffer in a plain vector launch
     TPipe pipe; TBuf<TPosition::A1> a; pipe.InitBuffer(a, 512);
 }
@@ -400,6 +412,19 @@ def test_block_and_sub_block_indices(lib):
         assert f[64 * v] == 100 * 2 + 10 * 2 + v
     # AIC GetBlockIdx = its block, GetTaskRation = 1
     assert list(f[4096:4098]) == [1000 + 10 + 0, 1000 + 10 + 1]
+
+
+def test_mixed_launch_with_several_gm_arguments(lib):
+    lib.sim_launch_mix_n.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                                     ctypes.c_char_p, ctypes.c_int]
+    a = np.arange(4 * 64, dtype=np.float32)
+    b = np.zeros_like(a)
+    args = (ctypes.c_void_p * 2)(a.ctypes.data, b.ctypes.data)
+    err = ctypes.create_string_buffer(1024)
+    fn = ctypes.cast(lib.two_args_ok, ctypes.c_void_p)
+    rc = lib.sim_launch_mix_n(fn, 2, args, 2, err, len(err))
+    assert rc == 0, err.value.decode()
+    np.testing.assert_array_equal(a, b)
 
 
 def test_cube_buffers_refused_in_a_vector_launch(lib):

@@ -10,6 +10,9 @@ with the constants below, each citing where it comes from or marked ASSUMPTION:
     t_core        = max over pipes (pipes overlap)  +  V->S round trips x L_vs + V barriers x L_bar
                     (a round trip or a barrier drains the vector pipe: it serialises)
     t_stage       = launch latency + max over cores
+    cube core     = max over MTE2 (GM -> L1), MTE1 (L1 -> L0), M (16x16x16 blocks at one per cycle + a
+                    cost per Mmad), FIX (L0C -> GM), S  +  cross-core waits that blocked x L_cross
+                    (a mixed launch's stage time takes the slowest AIC or AIV context)
 
 Shapes (``--shapes``) are counted on the twin at two short contexts with the same number of splits
 as the full-size plan and extrapolated linearly in the tokens per split: every counter is a + b *
@@ -48,6 +51,16 @@ class Constants:
     v_to_s_cycles: float = 100.0  # npu-budget: a V->S round trip costs "tens to hundreds of cycles"
     v_barrier_cycles: float = 15.0  # ASSUMPTION: PipeBarrier<PIPE_V> drains the vector pipeline
     launch_us: float = 5.0  # launch ~5 us: docs/ascend-kernel.md roofline placeholder (ASSUMPTION)
+    # ---- cube core (AIC) of a mixed launch
+    cube_cores: int = 24  # 910B2: 24 AIC (ascend-offline-checks section 4: CANN platform config, catlass)
+    # 4096 fp16 MACs per cycle = one 16x16x16 fractal block per cycle: the DaVinci "Max" cube of the
+    # Ascend 910 (Hot Chips 31, 2019, Huawei DaVinci talk: "Cube is 4096 FP16 MACs"). ASSUMPTION that
+    # the 910B AIC keeps that rate for fp16 and bf16 with fp32 accumulation.
+    cube_fractal_macs_per_cycle: float = 1.0
+    mmad_issue_cycles: float = 10.0  # ASSUMPTION: fixed cost of one Mmad (issue, pipeline fill)
+    mte1_bytes_per_cycle: float = 256.0  # ASSUMPTION: L1 -> L0A/L0B, half a 512-byte fractal per cycle
+    fix_row_cycles: float = 4.0  # ASSUMPTION: per output row (burst) of Fixpipe, on top of its GM bytes
+    cross_wait_cycles: float = 100.0  # ASSUMPTION: a cross-core flag round trip that had to wait (FFTS)
 
 
 C = Constants()
@@ -68,9 +81,41 @@ def core_time_us(s: dict, active_cores: int, c: Constants = C) -> dict:
     return {"pipes_us": pipes, "serial_us": serial, "core_us": max(pipes.values()) + serial}
 
 
+def cube_core_time_us(s: dict, active_cores: int, c: Constants = C) -> dict:
+    """Estimated µs per pipe for a cube core (AIC) of a mixed launch, from its counters.
+
+    MTE2 (GM -> L1) and FIX (L0C -> GM) share the core's HBM bandwidth like the vector core's DMA;
+    MTE1 moves L1 -> L0A/L0B bytes; M does one 16x16x16 fractal block per cycle plus a fixed cost
+    per Mmad; a cross-core wait that found its counter at 0 serialises (the cube idles).
+    """
+    cyc = 1e6 / c.clock_hz
+    share = min(c.core_dma_bytes_per_s, c.hbm_bytes_per_s / max(1, active_cores))
+    mte2 = s["dma_bytes"]["MTE2"] / share * 1e6 + s["dma_bursts"]["MTE2"] * c.dma_burst_cycles * cyc
+    mte1 = (s["l0_bytes"] / c.mte1_bytes_per_cycle + s["ins"]["MTE1"] * c.vec_issue_cycles) * cyc
+    m = (s["cube_fractal_macs"] / c.cube_fractal_macs_per_cycle + s["mmad_calls"] * c.mmad_issue_cycles) * cyc
+    fix = s["fix_bytes"] / share * 1e6 + s["fix_rows"] * c.fix_row_cycles * cyc
+    issued = sum(s["ins"].values())
+    scalar = (issued * c.scalar_issue_cycles + (s["s_gm_reads"] + s["s_gm_writes"]) * c.scalar_gm_cycles) * cyc
+    serial = s.get("cross_blocked", 0) * c.cross_wait_cycles * cyc
+    pipes = {"MTE2": mte2, "MTE1": mte1, "M": m, "FIX": fix, "S": scalar}
+    return {"pipes_us": pipes, "serial_us": serial, "core_us": max(pipes.values()) + serial}
+
+
+def context_time_us(s: dict, active_cores: int, c: Constants = C) -> dict:
+    """A vector core's or a cube core's estimate, by the counters' core type."""
+    if s.get("core_type") == "AIC":
+        return cube_core_time_us(s, active_cores, c)
+    t = core_time_us(s, active_cores, c)
+    if s.get("cross_blocked"):
+        extra = s["cross_blocked"] * c.cross_wait_cycles * 1e6 / c.clock_hz
+        t = {**t, "serial_us": t["serial_us"] + extra, "core_us": t["core_us"] + extra}
+    return t
+
+
 def stage_time_us(stats: list[dict], c: Constants = C) -> dict:
+    """Launch latency + the slowest context (vector cores, or cube and vector cores of a mixed launch)."""
     active = sum(1 for s in stats if sum(s["ins"].values()) > 0)
-    per = [core_time_us(s, active, c) for s in stats]
+    per = [context_time_us(s, active, c) for s in stats]
     worst = max(range(len(per)), key=lambda i: per[i]["core_us"]) if per else 0
     return {"us": c.launch_us + (per[worst]["core_us"] if per else 0.0), "active_cores": active,
             "worst_core": per[worst] if per else {}, "cores": len(stats)}

@@ -28,10 +28,22 @@
 //   [dma-param]     DataCopy / DataCopyPad parameters outside their documented ranges
 //   [vec-param]     repeat-form vector parameters outside their documented ranges
 //   [cast]          a Cast (source, destination, round mode) dav-c220 does not support
+// The cube unit and mixed launches (second half of this file; sim_runtime.cpp sim_launch_mix_1):
+//   [cube-capacity] L1 / L0A / L0B / L0C buffers beyond 512 / 64 / 64 / 128 KiB
+//   [cube-param]    Mmad m/n/k or Fixpipe parameters outside their documented ranges
+//   [position]      an operand in the wrong memory (a vector API on L1/L0 data, Mmad operands not in
+//                   A2/B2/CO1, Fixpipe L0C -> UB, which dav-c220 does not have)
+//   [core-type]     a vector pipe (V, MTE3) or UB on a cube core, a cube pipe (MTE1, M, FIX) or
+//                   L1/L0 on a vector core (or anywhere in a vector-only launch)
+//   [cross-flag]    CrossCoreSetFlag/WaitFlag outside the documented ids/modes/pipes, a wait no set
+//                   will satisfy (a hang), a set nobody waits for, more than 15 pending sets
+//   [pipe-race], [gm-race], [uninit-read], [alignment], [bounds] as for the vector core, on the
+//                   cube memories and between the cube and vector contexts of a mixed launch
 // Limits and tables, each with its source: sim_limits.h. Work counters (cost-model inputs):
 // sim::Stats in sim_pipes.h, exported per block by sim_runtime.cpp.
 // Not modelled: pipeline timing (the counters feed a paper estimate, scripts/npu_estimate.py);
-// bank conflicts; the exact NPU Exp/Ln precision (libm is used); the cube unit (L1/L0, Mmad).
+// bank conflicts; the exact NPU Exp/Ln precision (libm is used); the cube's exact summation
+// order (see Mmad); TQue on cube positions; int8 / float Mmad; Fixpipe quantisation and NZ output.
 //
 // References (semantics encoded below):
 //   DataCopy          .../canncommercial/800/apiref/ascendcopapi/atlasascendc_api_07_0102.html
@@ -174,9 +186,21 @@ namespace AscendC {
 
 enum class TPosition : uint8_t { GM, A1, A2, B1, B2, C1, C2, CO1, CO2, VECIN, VECOUT, VECCALC, LCM = VECCALC };
 using QuePosition = TPosition;
-enum class HardEvent : uint8_t { MTE2_V, V_MTE2, MTE3_V, V_MTE3, V_S, S_V, MTE2_S, S_MTE2, MTE3_S, S_MTE3, MTE2_MTE3, MTE3_MTE2 };
+// HardEvent names are SRC_DST (ascendc/basic_api/impl/kernel_event.h lists the same names; the
+// numeric values here are the twin's own).
+#define SIM_EVENTS(X)                                                                                   \
+    X(MTE2_V, MTE2, V) X(V_MTE2, V, MTE2) X(MTE3_V, MTE3, V) X(V_MTE3, V, MTE3) X(V_S, V, S) X(S_V, S, V) \
+    X(MTE2_S, MTE2, S) X(S_MTE2, S, MTE2) X(MTE3_S, MTE3, S) X(S_MTE3, S, MTE3) X(MTE2_MTE3, MTE2, MTE3) \
+    X(MTE3_MTE2, MTE3, MTE2) X(MTE2_MTE1, MTE2, MTE1) X(MTE1_MTE2, MTE1, MTE2) X(MTE1_M, MTE1, M)          \
+    X(M_MTE1, M, MTE1) X(MTE2_M, MTE2, M) X(M_MTE2, M, MTE2) X(M_FIX, M, FIX) X(FIX_M, FIX, M)              \
+    X(MTE2_FIX, MTE2, FIX) X(FIX_MTE2, FIX, MTE2) X(FIX_S, FIX, S) X(M_S, M, S) X(MTE1_FIX, MTE1, FIX)       \
+    X(FIX_MTE1, FIX, MTE1) X(FIX_FIX, FIX, FIX) X(S_MTE1, S, MTE1) X(MTE1_S, MTE1, S)
+#define SIM_EV_ENUM(n, a, b) n,
+enum class HardEvent : uint8_t { SIM_EVENTS(SIM_EV_ENUM) MAX };
+#undef SIM_EV_ENUM
+static_assert(int(HardEvent::MAX) <= sim::kEvents, "twin: raise sim::kEvents");
 enum class RoundMode { CAST_NONE = 0, CAST_RINT, CAST_FLOOR, CAST_CEIL, CAST_ROUND, CAST_TRUNC, CAST_ODD };
-enum pipe_t { PIPE_S, PIPE_V, PIPE_M, PIPE_MTE1, PIPE_MTE2, PIPE_MTE3, PIPE_ALL };
+enum pipe_t { PIPE_S, PIPE_V, PIPE_M, PIPE_MTE1, PIPE_MTE2, PIPE_MTE3, PIPE_FIX, PIPE_ALL };
 enum event_t : int { EVENT_ID0 = 0, EVENT_ID1, EVENT_ID2, EVENT_ID3, EVENT_ID4, EVENT_ID5, EVENT_ID6, EVENT_ID7 };
 // DataCacheCleanAndInvalid template arguments (ascendc/basic_api/impl/kernel_reg.h).
 enum class CacheLine : uint64_t { SINGLE_CACHE_LINE = 0, ENTIRE_DATA_CACHE };
@@ -184,48 +208,73 @@ enum class DcciDst : uint64_t { CACHELINE_ALL = 0, CACHELINE_UB, CACHELINE_OUT, 
 using TEventID = int8_t;
 
 namespace detail {
-// (source pipe, destination pipe) of each HardEvent: the name is SRC_DST.
+#define SIM_EV_SRC(n, a, b) case HardEvent::n: return sim::P_##a;
+#define SIM_EV_DST(n, a, b) case HardEvent::n: return sim::P_##b;
+#define SIM_EV_NAME(n, a, b) #n,
 constexpr sim::Pipe ev_src(HardEvent e) {
-    switch (e) {
-        case HardEvent::MTE2_V: case HardEvent::MTE2_S: case HardEvent::MTE2_MTE3: return sim::P_MTE2;
-        case HardEvent::V_MTE2: case HardEvent::V_MTE3: case HardEvent::V_S: return sim::P_V;
-        case HardEvent::MTE3_V: case HardEvent::MTE3_S: case HardEvent::MTE3_MTE2: return sim::P_MTE3;
-        default: return sim::P_S;
-    }
+    switch (e) { SIM_EVENTS(SIM_EV_SRC) default: return sim::P_S; }
 }
 constexpr sim::Pipe ev_dst(HardEvent e) {
-    switch (e) {
-        case HardEvent::MTE2_V: case HardEvent::MTE3_V: case HardEvent::S_V: return sim::P_V;
-        case HardEvent::V_MTE2: case HardEvent::S_MTE2: case HardEvent::MTE3_MTE2: return sim::P_MTE2;
-        case HardEvent::V_MTE3: case HardEvent::S_MTE3: case HardEvent::MTE2_MTE3: return sim::P_MTE3;
-        default: return sim::P_S;
-    }
+    switch (e) { SIM_EVENTS(SIM_EV_DST) default: return sim::P_S; }
 }
 inline const char* ev_name(HardEvent e) {
-    static const char* n[] = {"MTE2_V", "V_MTE2", "MTE3_V", "V_MTE3", "V_S", "S_V",
-                              "MTE2_S", "S_MTE2", "MTE3_S", "S_MTE3", "MTE2_MTE3", "MTE3_MTE2"};
+    static const char* n[] = {SIM_EVENTS(SIM_EV_NAME) "MAX"};
     return n[int(e)];
+}
+#undef SIM_EV_SRC
+#undef SIM_EV_DST
+#undef SIM_EV_NAME
+constexpr sim::Pipe pipe_of(pipe_t p) {
+    return p == PIPE_S ? sim::P_S : p == PIPE_V ? sim::P_V : p == PIPE_M ? sim::P_M : p == PIPE_MTE1 ? sim::P_MTE1
+         : p == PIPE_MTE2 ? sim::P_MTE2 : p == PIPE_MTE3 ? sim::P_MTE3 : sim::P_FIX;
 }
 }  // namespace detail
 
-inline int64_t GetBlockIdx() { return sim::core().blockIdx; }
+// Mixed (AIC + AIV) kernels. The kernel type macro and meta types of
+// ascendc/basic_api/impl/utils/kernel_utils_macros.h (KERNEL_TASK_TYPE_DEFAULT is a compile
+// option there: a no-op here, the launcher decides); g_coreType / ASCEND_IS_AIC / ASCEND_IS_AIV
+// are the running context's type. Indices as in dav_c220/kernel_operator_common_impl.h: an AIC's
+// GetBlockIdx is its block b; an AIV's is b * GetTaskRation() + GetSubBlockIdx(), with
+// GetTaskRation() 2 on an AIV and 1 on an AIC (get_subblockdim); GetBlockNum() is the launch's
+// block count (AI cores, one AIC and two AIV each).
+enum KernelMetaType : uint8_t {
+    KERNEL_TYPE_AIV_ONLY, KERNEL_TYPE_AIC_ONLY, KERNEL_TYPE_MIX_AIV_1_0, KERNEL_TYPE_MIX_AIC_1_0,
+    KERNEL_TYPE_MIX_AIC_1_1, KERNEL_TYPE_MIX_AIC_1_2, KERNEL_TYPE_AICORE, KERNEL_TYPE_VECTORCORE,
+    KERNEL_TYPE_MIX_AICORE, KERNEL_TYPE_MIX_VECTOR_CORE, KERNEL_TYPE_MAX
+};
+#define KERNEL_TASK_TYPE_DEFAULT(value)
+enum { AIV = sim::CT_AIV, AIC = sim::CT_AIC };
+#define g_coreType (::sim::core().coreType)
+#define ASCEND_IS_AIV (g_coreType == AscendC::AIV)
+#define ASCEND_IS_AIC (g_coreType == AscendC::AIC)
+#define ASCEND_IS_NOT_AIV (g_coreType != AscendC::AIV)
+#define ASCEND_IS_NOT_AIC (g_coreType != AscendC::AIC)
+inline int64_t GetSubBlockIdx() { return sim::core().coreType == sim::CT_AIV ? sim::core().subIdx : 0; }
+inline int64_t GetTaskRation() { return sim::core().mixed && sim::core().coreType == sim::CT_AIV ? 2 : 1; }
+
+inline int64_t GetBlockIdx() {
+    const sim::Core& c = sim::core();
+    return c.mixed && c.coreType == sim::CT_AIV ? c.blockIdx * 2 + c.subIdx : c.blockIdx;
+}
 inline int64_t GetBlockNum() { return sim::core().blockNum; }
 
 template <typename T>
 class LocalTensor {
 public:
-    uint32_t addr_ = 0;   // byte address in the UB
+    uint32_t addr_ = 0;   // byte address in its memory
     uint32_t bytes_ = 0;  // bytes from addr_ to the end of its buffer
+    uint8_t mem_ = 0;     // sim::Mem: UB, or L1 / L0A / L0B / L0C on a cube core
     LocalTensor() = default;
-    LocalTensor(uint32_t a, uint32_t b) : addr_(a), bytes_(b) {}
+    LocalTensor(uint32_t a, uint32_t b, uint8_t m = 0) : addr_(a), bytes_(b), mem_(m) {}
     LocalTensor operator[](uint32_t offset) const {
         uint64_t off = uint64_t(offset) * sizeof(T);
         if (off > bytes_) sim::fail("bounds", "LocalTensor[] offset " + std::to_string(offset) + " past its buffer");
-        return LocalTensor(addr_ + uint32_t(off), bytes_ - uint32_t(off));
+        return LocalTensor(addr_ + uint32_t(off), bytes_ - uint32_t(off), mem_);
     }
     uint32_t GetSize() const { return bytes_ / sizeof(T); }
     // Scalar read of the UB (pipe S): needs the writer's pipe -> S edge.
     T GetValue(uint32_t i, sim::Loc loc = {}) const {
+        ub_only("LocalTensor::GetValue");
         need(i + 1, "GetValue");
         sim::Ins in = sim::issue(sim::P_S, "LocalTensor::GetValue", loc);
         sim::core().st.sUbReads++;
@@ -238,6 +287,7 @@ public:
     // Scalar write of the UB (pipe S): other pipes see it only after an S -> X edge.
     template <typename U>
     void SetValue(uint32_t i, U value, sim::Loc loc = {}) const {
+        ub_only("LocalTensor::SetValue");
         need(i + 1, "SetValue");
         sim::Ins in = sim::issue(sim::P_S, "LocalTensor::SetValue", loc);
         sim::core().st.sUbWrites++;
@@ -247,14 +297,22 @@ public:
         sim::mark(addr_ + i * sizeof(T), sizeof(T));
     }
     template <typename U>
-    LocalTensor<U> ReinterpretCast() const { return LocalTensor<U>(addr_, bytes_); }
+    LocalTensor<U> ReinterpretCast() const { return LocalTensor<U>(addr_, bytes_, mem_); }
     // twin internals
     void need(uint64_t elems, const char* api) const {
         if (elems * sizeof(T) > bytes_)
             sim::fail("bounds", std::string(api) + ": " + std::to_string(elems) + " elements exceed the " +
                                     std::to_string(bytes_) + " bytes left in the buffer at UB " + std::to_string(addr_));
     }
-    T* ptr() const { return reinterpret_cast<T*>(sim::core().ub + addr_); }
+    void ub_only(const char* api) const {
+        if (mem_ != sim::MEM_UB)
+            sim::fail("position", std::string(api) + ": operand in " + sim::mem_name(mem_) +
+                                      "; this API takes Unified Buffer (VECIN/VECOUT/VECCALC) tensors");
+    }
+    T* ptr() const {
+        if (mem_ == sim::MEM_UB) return reinterpret_cast<T*>(sim::core().ub + addr_);
+        return reinterpret_cast<T*>(sim::space(mem_).data.data() + addr_);
+    }
 };
 
 template <typename T>
@@ -293,6 +351,15 @@ public:
     }
 };
 
+namespace detail {
+// Which memory a TPosition lives in (the TPosition table of the Ascend C programming guide: A1/B1/C1
+// are L1, A2 L0A, B2 L0B, CO1 L0C; the VEC positions the UB). C2 (bias table) and CO2 are not emulated.
+constexpr uint8_t mem_of(TPosition p) {
+    return (p == TPosition::A1 || p == TPosition::B1 || p == TPosition::C1) ? sim::MEM_L1
+         : p == TPosition::A2 ? sim::MEM_L0A : p == TPosition::B2 ? sim::MEM_L0B : p == TPosition::CO1 ? sim::MEM_L0C
+         : sim::MEM_UB;
+}
+}  // namespace detail
 class TPipe;
 inline TPipe*& current_pipe() { static TPipe* p = nullptr; return p; }
 
@@ -303,6 +370,7 @@ inline TPipe*& current_pipe() { static TPipe* p = nullptr; return p; }
 template <TPosition pos, int32_t depth>
 class TQue {
 public:
+    static constexpr TPosition kPos = pos;
     enum State : uint8_t { FREE, ALLOCATED, QUEUED, DEQUEUED };
     uint32_t base_ = 0, len_ = 0;
     int num_ = 0;
@@ -384,18 +452,19 @@ public:
 template <TPosition pos = TPosition::VECCALC>
 class TBuf {
 public:
+    static constexpr uint8_t kMem = detail::mem_of(pos);
     uint32_t base_ = 0, len_ = 0;
     bool inited_ = false;
     template <typename T>
     LocalTensor<T> Get() {
         if (!inited_) sim::fail("queue", "TBuf::Get before TPipe::InitBuffer");
-        return LocalTensor<T>(base_, len_);
+        return LocalTensor<T>(base_, len_, kMem);
     }
     template <typename T>
     LocalTensor<T> Get(uint32_t len) {
         LocalTensor<T> t = Get<T>();
         t.need(len, "TBuf::Get");
-        return LocalTensor<T>(base_, len * sizeof(T));
+        return LocalTensor<T>(base_, len * sizeof(T), kMem);
     }
 };
 
@@ -405,6 +474,9 @@ public:
     ~TPipe() { if (current_pipe() == this) current_pipe() = nullptr; }
     template <class Q>
     bool InitBuffer(Q& que, uint8_t num, uint32_t len) {
+        if (Q::kPos != TPosition::VECIN && Q::kPos != TPosition::VECOUT && Q::kPos != TPosition::VECCALC)
+            sim::fail("queue", "twin: TQue on cube positions (A1/B1/A2/B2/CO1) is not emulated; use TBuf with "
+                               "explicit SetFlag/WaitFlag");
         if (num == 0 || num > 16) sim::fail("queue", "InitBuffer num must be 1..16");
         uint32_t l = round32(len);
         que.base_ = take(uint64_t(num) * l, "InitBuffer(queue)");
@@ -415,6 +487,12 @@ public:
     }
     template <TPosition p>
     bool InitBuffer(TBuf<p>& buf, uint32_t len) {
+        if (TBuf<p>::kMem != sim::MEM_UB) {
+            buf.base_ = take_cube(TBuf<p>::kMem, len);
+            buf.len_ = round_to(len, TBuf<p>::kMem == sim::MEM_L1 ? sim::limits::kL1Align : sim::limits::kL0Align);
+            buf.inited_ = true;
+            return true;
+        }
         uint32_t l = round32(len);
         buf.base_ = take(l, "InitBuffer(TBuf)");
         buf.len_ = l;
@@ -427,8 +505,31 @@ public:
 
 private:
     static uint32_t round32(uint32_t x) { return (x + 31u) / 32u * 32u; }
+    static uint32_t round_to(uint32_t x, uint32_t a) { return (x + a - 1u) / a * a; }
+    // L1 / L0A / L0B / L0C of a cube core: capacities of sim_limits.h; L1 buffers start 32-byte
+    // aligned, L0 buffers 512-byte aligned (CheckDataCopyAlign, asc-tools kernel_data_copy_check.cpp).
+    uint32_t take_cube(uint8_t m, uint64_t len) {
+        sim::Core& c = sim::core();
+        if (c.coreType != sim::CT_AIC)
+            sim::fail("core-type", std::string("InitBuffer of a ") + sim::mem_name(m) +
+                                       " buffer on a vector core (AIV): only the cube core (AIC) has L1/L0A/L0B/L0C");
+        static const uint32_t caps[] = {0, sim::limits::kL1Bytes, sim::limits::kL0ABytes, sim::limits::kL0BBytes,
+                                        sim::limits::kL0CBytes};
+        if (!c.sp[m]) c.sp[m] = new sim::Space(caps[m]);
+        sim::Space& sp = *c.sp[m];
+        const uint32_t l = round_to(uint32_t(len), m == sim::MEM_L1 ? sim::limits::kL1Align : sim::limits::kL0Align);
+        if (uint64_t(sp.used) + l > sp.cap)
+            sim::fail("cube-capacity", std::string("InitBuffer(TBuf) in ") + sim::mem_name(m) + ": " +
+                                           std::to_string(sp.used) + " + " + std::to_string(l) + " bytes exceed its " +
+                                           std::to_string(sp.cap) + " bytes (sim_limits.h)");
+        const uint32_t a = sp.used;
+        sp.used += l;
+        return a;
+    }
     uint32_t take(uint64_t bytes, const char* api) {
         sim::Core& c = sim::core();
+        if (c.coreType != sim::CT_AIV)
+            sim::fail("core-type", std::string(api) + ": a Unified Buffer allocation on a cube core (AIC), which has none");
         if (uint64_t(c.ubUsed) + bytes > sim::kUbBytes)
             sim::fail("ub-capacity", std::string(api) + ": " + std::to_string(c.ubUsed) + " + " + std::to_string(bytes) +
                                          " bytes exceed the 192 KiB Unified Buffer");
@@ -440,9 +541,20 @@ private:
 
 // SetFlag executes on the source pipe once everything issued to it before is complete; WaitFlag
 // blocks the destination pipe until then. A set never waited by the end of the kernel is an error.
+namespace detail {
+inline void check_pipe_on_core(sim::Pipe p, const char* api) {
+    const sim::Core& c = sim::core();
+    const bool cube = p == sim::P_M || p == sim::P_MTE1 || p == sim::P_FIX, vec = p == sim::P_V || p == sim::P_MTE3;
+    if ((c.coreType == sim::CT_AIV && cube) || (c.coreType == sim::CT_AIC && vec))
+        sim::fail("core-type", std::string(api) + " names pipe " + sim::pipe_name(p) + ", which a " +
+                                   (c.coreType == sim::CT_AIC ? "cube core (AIC)" : "vector core (AIV)") + " does not have");
+}
+}  // namespace detail
 template <HardEvent e>
 inline void SetFlag(int32_t id, sim::Loc loc = {}) {
     sim::Core& c = sim::core();
+    detail::check_pipe_on_core(detail::ev_src(e), "SetFlag");
+    detail::check_pipe_on_core(detail::ev_dst(e), "SetFlag");
     c.flags[int(e)][id & 7].push_back({sim::source_done(detail::ev_src(e)), sim::intern("SetFlag", loc)});
     c.st.setFlags++;
 }
@@ -467,20 +579,79 @@ inline void PipeBarrier() {
         c.st.barrierAll++;
         return;
     }
-    constexpr sim::Pipe q = p == PIPE_S ? sim::P_S : p == PIPE_V ? sim::P_V : p == PIPE_M ? sim::P_M
-                          : p == PIPE_MTE1 ? sim::P_MTE1 : p == PIPE_MTE2 ? sim::P_MTE2 : sim::P_MTE3;
+    constexpr sim::Pipe q = detail::pipe_of(p);
     sim::barrier(q);
     if (q == sim::P_V) c.st.barrierV++;
 }
 
-// SyncAll (all vector cores of the launch): every block reaches it before any goes on; the GM
-// written before it by any block may be read after it by any block. The twin also drains this
-// core's pipes (an assumption: the library's SyncAll waits for the core's outstanding copies).
+// SyncAll: every participating core reaches it before any goes on; the GM written before it by
+// any of them may be read after it by any of them. The twin also drains this core's pipes (as
+// SyncAllImpl in dav_c220/kernel_operator_sync_impl.h starts with PipeBarrier<PIPE_ALL>).
+// Participants: SyncAll<true> (the default) all vector cores; SyncAll<false> in a mixed launch all
+// cube and vector cores (SyncAllImpl: the AIC and AIV halves exchange hardware flags 11-14).
 template <bool isAIVOnly = true>
 inline void SyncAll(sim::Loc = {}) {
     sim::barrier_all();
-    sim::core().st.syncAll++;
-    if (sim::sync_all_hook()) sim::sync_all_hook()();
+    sim::Core& c = sim::core();
+    c.st.syncAll++;
+    if (c.mixed && isAIVOnly && c.coreType == sim::CT_AIC)
+        sim::fail("syncall", "SyncAll<true> (vector cores only) called on a cube core (AIC)");
+    sim::VC token = c.mixed ? sim::export_done(sim::P_S) : sim::VC();
+    if (c.mixed) {  // everything every pipe of this core completed
+        for (int q = 0; q < sim::P_NUM; q++) {
+            sim::VC t = sim::export_done(sim::Pipe(q));
+            token.join(t);
+        }
+    }
+    if (sim::sync_all_hook()) {
+        sim::VC got = sim::sync_all_hook()(isAIVOnly ? 0 : 1, token);
+        if (c.mixed)
+            for (int q = 0; q < sim::P_NUM; q++) sim::wait_on(sim::Pipe(q), got);
+    }
+}
+
+// CrossCoreSetFlag / CrossCoreWaitFlag (dav-c220; interface/kernel_operator_common_intf.h,
+// impl/dav_c220/kernel_operator_sync_impl.h; semantics from the CrossCoreSetFlag page of the
+// Ascend C API reference, CANN 8.0, atlasascendc_api_07_0273): one counter per flag id, initially
+// 0; a set adds 1 (on the issuing pipe, after everything that pipe issued before completed); a
+// wait blocks while the counter is 0, then subtracts 1. Mode 0: all cores of one type; mode 1: the
+// two AIVs of one AI core; mode 2: an AIC's set counts once for each of its two AIVs, and the AIC's
+// counter goes up once both AIVs have set. Documented limits enforced: modeId 0..2, flagId 0..10
+// on Atlas A2 (11-14 are taken by SyncAll's hardware flags), pipe neither PIPE_S nor PIPE_ALL, at
+// most 15 pending sets per counter (the 9.0 page; the 8.0 page says 16). ASSUMPTION of the twin's
+// scheduling: a wait that finds its counter at 0 holds the whole context (its scalar unit) until a
+// set arrives, even when the wait names another pipe (e.g. PIPE_MTE2); the ordering it creates is
+// on that pipe only. A kernel whose progress needs S to run past such a wait is reported as a hang.
+template <uint8_t modeId, pipe_t pipe>
+inline void CrossCoreSetFlag(uint16_t flagId, sim::Loc loc = {}) {
+    static_assert(pipe != PIPE_S && pipe != PIPE_ALL, "CrossCoreSetFlag: pipe may be neither PIPE_S nor PIPE_ALL");
+    sim::Core& c = sim::core();
+    const std::string at = sim::site_str(sim::intern("CrossCoreSetFlag", loc));
+    if (modeId > 2) sim::fail("cross-flag", "CrossCoreSetFlag modeId " + std::to_string(modeId) + " outside 0..2 (" + at + ")");
+    if (flagId > sim::limits::kCrossFlagMaxId)
+        sim::fail("cross-flag", "CrossCoreSetFlag flagId " + std::to_string(flagId) +
+                                    " outside 0..10, the Atlas A2 range (" + at + ")");
+    detail::check_pipe_on_core(detail::pipe_of(pipe), "CrossCoreSetFlag");
+    if (!c.mixed || !sim::cross_set_hook())
+        sim::fail("cross-flag", "twin: CrossCoreSetFlag is emulated only in a mixed launch (" + at + ")");
+    c.st.crossSets++;
+    sim::VC t = sim::export_done(detail::pipe_of(pipe));
+    sim::cross_set_hook()(modeId, flagId * 65536 + int(sim::intern("CrossCoreSetFlag", loc)), t);
+}
+template <uint8_t modeId = 0, pipe_t pipe = PIPE_S>
+inline void CrossCoreWaitFlag(uint16_t flagId, sim::Loc loc = {}) {
+    sim::Core& c = sim::core();
+    const std::string at = sim::site_str(sim::intern("CrossCoreWaitFlag", loc));
+    if (flagId > sim::limits::kCrossFlagMaxId)
+        sim::fail("cross-flag", "CrossCoreWaitFlag flagId " + std::to_string(flagId) +
+                                    " outside 0..10, the Atlas A2 range (" + at + ")");
+    detail::check_pipe_on_core(detail::pipe_of(pipe), "CrossCoreWaitFlag");
+    if (!c.mixed || !sim::cross_wait_hook())
+        sim::fail("cross-flag", "twin: CrossCoreWaitFlag is emulated only in a mixed launch (" + at + ")");
+    c.st.crossWaits++;
+    sim::VC t = sim::cross_wait_hook()(modeId, flagId * 65536 + int(sim::intern("CrossCoreWaitFlag", loc)));
+    const sim::Pipe dst = pipe == PIPE_ALL ? sim::P_S : detail::pipe_of(pipe);
+    sim::wait_on(dst, t);
 }
 
 // DataCacheCleanAndInvalid (ascendc/basic_api/interface/kernel_common.h): writes back and drops
@@ -553,7 +724,7 @@ template <typename T>
 inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint32_t calCount, sim::Loc loc = {}) {
     uint32_t n = calCount * sizeof(T);
     if (n % sim::kBlock) sim::fail("alignment", "DataCopy GM->UB of " + std::to_string(n) + " bytes: not a multiple of 32 bytes");
-    sim::check_align(dst.addr_, 32, "DataCopy", "destination");
+    dst.ub_only("DataCopy"); sim::check_align(dst.addr_, 32, "DataCopy", "destination");
     detail::check_copy_params("DataCopy GM->UB", 1, n / sim::kBlock);
     dst.need(calCount, "DataCopy");
     src.need(calCount, "DataCopy");
@@ -568,7 +739,7 @@ template <typename T>
 inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t calCount, sim::Loc loc = {}) {
     uint32_t n = calCount * sizeof(T);
     if (n % sim::kBlock) sim::fail("alignment", "DataCopy UB->GM of " + std::to_string(n) + " bytes: not a multiple of 32 bytes");
-    sim::check_align(src.addr_, 32, "DataCopy", "source");
+    src.ub_only("DataCopy"); sim::check_align(src.addr_, 32, "DataCopy", "source");
     detail::check_copy_params("DataCopy UB->GM", 1, n / sim::kBlock);
     src.need(calCount, "DataCopy");
     dst.need(calCount, "DataCopy");
@@ -582,7 +753,7 @@ inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint
 // DataCopy with DataCopyParams, GM->UB: blockCount blocks of blockLen * 32 bytes; gaps in 32 B units.
 template <typename T>
 inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const DataCopyParams& p, sim::Loc loc = {}) {
-    sim::check_align(dst.addr_, 32, "DataCopy", "destination");
+    dst.ub_only("DataCopy"); sim::check_align(dst.addr_, 32, "DataCopy", "destination");
     detail::check_copy_params("DataCopy(DataCopyParams) GM->UB", p.blockCount, p.blockLen);
     sim::Ins in = sim::issue(sim::P_MTE2, "DataCopy(DataCopyParams) GM->UB", loc);
     const uint32_t blk = p.blockLen * 32u;
@@ -600,7 +771,7 @@ inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, cons
 // DataCopy with DataCopyParams, UB->GM.
 template <typename T>
 inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const DataCopyParams& p, sim::Loc loc = {}) {
-    sim::check_align(src.addr_, 32, "DataCopy", "source");
+    src.ub_only("DataCopy"); sim::check_align(src.addr_, 32, "DataCopy", "source");
     detail::check_copy_params("DataCopy(DataCopyParams) UB->GM", p.blockCount, p.blockLen);
     sim::Ins in = sim::issue(sim::P_MTE3, "DataCopy(DataCopyParams) UB->GM", loc);
     const uint32_t blk = p.blockLen * 32u;
@@ -621,7 +792,7 @@ inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, cons
 template <typename T>
 inline void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const DataCopyExtParams& p,
                         const DataCopyPadExtParams<T>& pad, sim::Loc loc = {}) {
-    sim::check_align(dst.addr_, 32, "DataCopyPad", "destination");
+    dst.ub_only("DataCopyPad"); sim::check_align(dst.addr_, 32, "DataCopyPad", "destination");
     detail::check_pad_params<T>("DataCopyPad", p, true);
     if (pad.leftPadding) sim::fail("bounds", "DataCopyPad leftPadding is not emulated");
     if (pad.rightPadding * sizeof(T) > sim::limits::kDataCopyPadMaxPadBytes)
@@ -653,7 +824,7 @@ inline void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, c
 template <typename T>
 inline void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const DataCopyExtParams& p,
                         sim::Loc loc = {}) {
-    sim::check_align(src.addr_, 32, "DataCopyPad", "source");
+    src.ub_only("DataCopyPad"); sim::check_align(src.addr_, 32, "DataCopyPad", "source");
     detail::check_pad_params<T>("DataCopyPad", p, false);
     sim::Ins in = sim::issue(sim::P_MTE3, "DataCopyPad UB->GM", loc);
     const uint32_t blkUb = (p.blockLen + 31u) / 32u * 32u;
@@ -680,6 +851,7 @@ template <typename T>
 inline void st(const LocalTensor<T>& t, uint32_t i, float v) { t.ptr()[i] = T(v); }
 template <typename T>
 inline void in(const sim::Ins& ins, const LocalTensor<T>& t, int32_t n, const char* api) {
+    t.ub_only(api);
     sim::check_align(t.addr_, 32, api, "source");
     t.need(uint32_t(n), api);
     sim::check_written(t.addr_, uint32_t(n) * sizeof(T), api);
@@ -687,6 +859,7 @@ inline void in(const sim::Ins& ins, const LocalTensor<T>& t, int32_t n, const ch
 }
 template <typename T>
 inline void out(const LocalTensor<T>& t, int32_t n, const char* api, uint32_t align = 32) {
+    t.ub_only(api);
     sim::check_align(t.addr_, align, api, "destination");
     t.need(uint32_t(n), api);
 }
@@ -793,6 +966,7 @@ inline void unary_rep(const LocalTensor<T>& d, const LocalTensor<T>& a, uint64_t
     sim::check_range("vec-param", api, "repeatTimes", uint64_t(repeatTimes < 0 ? ~0ull : uint64_t(repeatTimes)), 0,
                      sim::limits::kMaxRepeatTimes, "MAX_REPEAT_TIMES, impl/utils/kernel_utils_constants.h");
     sim::check_range("vec-param", api, "mask (continuous)", mask, 1, perRep, "ONE_REP_BYTE_SIZE / sizeof(T)");
+    d.ub_only(api); a.ub_only(api);
     sim::check_align(d.addr_, 32, api, "destination");
     sim::check_align(a.addr_, 32, api, "source");
     sim::Ins ins = sim::issue(sim::P_V, api, loc);
@@ -922,6 +1096,294 @@ inline void ReduceMax(const LocalTensor<T>& d, const LocalTensor<T>& s, const Lo
     detail::st(d, 0, m);
     detail::done(ins, d, 1);
     detail::done(ins, work, 2 * reps);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cube unit (AIC): GM -> L1 with ND->NZ, L1 -> L0A/L0B (LoadData 2D), Mmad into L0C, Fixpipe
+// L0C -> GM. Pipes: MTE2 (GM -> L1), MTE1 (L1 -> L0A/L0B), M (Mmad), FIX (Fixpipe). Fractal
+// layouts from the Mmad page of the Ascend C API reference (Atlas A2 section, asc-devkit
+// docs/api/context/Mmad.md): a 16 x 16 fractal of 16-bit data is 512 bytes; A in L0A is "ZZ"
+// (row-major inside a fractal, fractals row-major), B in L0B "ZN" (column-major inside, fractals
+// row-major), C in L0C "NZ" (row-major inside, fractals column-major: column block j starts at
+// j * ceil(m/16) fractals). L1 after ND2NZ is NZ with the strides of Nd2NzParams.
+struct Nd2NzParams {
+    uint16_t ndNum = 0, nValue = 0, dValue = 0, srcNdMatrixStride = 0, srcDValue = 0, dstNzC0Stride = 0,
+             dstNzNStride = 0, dstNzMatrixStride = 0;
+    Nd2NzParams() = default;
+    Nd2NzParams(uint16_t nd, uint16_t n, uint16_t d, uint16_t sm, uint16_t sd, uint16_t c0, uint16_t ns, uint16_t dm)
+        : ndNum(nd), nValue(n), dValue(d), srcNdMatrixStride(sm), srcDValue(sd), dstNzC0Stride(c0), dstNzNStride(ns),
+          dstNzMatrixStride(dm) {}
+};
+struct LoadData2DParams {
+    uint16_t startIndex = 0, dstGap = 0, srcStride = 0;
+    bool ifTranspose = false;
+    uint8_t repeatTimes = 0, sid = 0, addrMode = 0;
+    LoadData2DParams() = default;
+    LoadData2DParams(uint16_t st, uint8_t rep, uint16_t ss, uint8_t sid_, uint16_t gap, bool tr, uint8_t am)
+        : startIndex(st), dstGap(gap), srcStride(ss), ifTranspose(tr), repeatTimes(rep), sid(sid_), addrMode(am) {}
+};
+struct MmadParams {
+    uint16_t m = 0, n = 0, k = 0;
+    bool isBias = false;  // deprecated: true = accumulate into C
+    int32_t fmOffset = 0;
+    bool enSsparse = false, enWinogradA = false, enWinogradB = false;
+    uint8_t unitFlag = 0;
+    bool kDirectionAlign = false;
+    bool cmatrixSource = false;   // true: initial C from the bias table (not emulated)
+    bool cmatrixInitVal = true;   // true: C starts at 0; false: C += A * B
+    MmadParams() = default;
+    MmadParams(uint16_t m_, uint16_t n_, uint16_t k_, uint8_t uf, bool src, bool init)
+        : m(m_), n(n_), k(k_), unitFlag(uf), cmatrixSource(src), cmatrixInitVal(init) {}
+};
+enum class QuantMode_t : uint8_t { NoQuant = 0, F322F16, F322BF16, DEQF16, VDEQF16, QF322B8_PRE, VQF322B8_PRE, REQ8, VREQ8 };
+enum class CO2Layout : uint8_t { NZ = 0, ROW_MAJOR, COLUMN_MAJOR };
+struct FixpipeConfig { CO2Layout format; };
+constexpr FixpipeConfig CFG_NZ = {CO2Layout::NZ};
+constexpr FixpipeConfig CFG_ROW_MAJOR = {CO2Layout::ROW_MAJOR};
+struct FixpipeParamsV220 {
+    uint16_t nSize = 0, mSize = 0, srcStride = 0;
+    uint32_t dstStride = 0;
+    QuantMode_t quantPre = QuantMode_t::NoQuant;
+    uint64_t deqScalar = 0;
+    uint16_t ndNum = 1, srcNdStride = 0, dstNdStride = 0;
+    bool reluEn = false;
+    uint8_t unitFlag = 0;
+    bool isChannelSplit = false;
+    FixpipeParamsV220() = default;
+    FixpipeParamsV220(uint16_t n, uint16_t m, uint16_t ss, uint32_t ds, bool relu)
+        : nSize(n), mSize(m), srcStride(ss), dstStride(ds), reluEn(relu) {}
+};
+
+namespace detail {
+constexpr uint32_t kFractalBytes = sim::limits::kFractalBytes;
+template <typename T>
+inline void need_mem(const LocalTensor<T>& t, uint8_t m, const char* api, const char* what) {
+    if (t.mem_ != m)
+        sim::fail("position", std::string(api) + ": " + what + " is in " + sim::mem_name(t.mem_) + ", expected " +
+                                  sim::mem_name(m));
+}
+inline void need_bytes(uint32_t have, uint64_t want, const char* api, const char* what) {
+    if (want > have)
+        sim::fail("bounds", std::string(api) + ": " + what + " needs " + std::to_string(want) + " bytes, its buffer has " +
+                                std::to_string(have) + " from the operand's start");
+}
+inline void check_mem_align(uint32_t addr, uint32_t align, uint8_t m, const char* api, const char* what, const char* src) {
+    if (addr % align)
+        sim::fail("alignment", std::string(api) + ": " + what + " " + sim::mem_name(m) + " address " + std::to_string(addr) +
+                                   " is not " + std::to_string(align) + "-byte aligned (" + src + ")");
+}
+template <typename T> constexpr bool is16() { return std::is_same<T, half>::value || std::is_same<T, bfloat16_t>::value; }
+}  // namespace detail
+
+// DataCopy GM -> L1 (A1/B1) with ND->NZ (copy_gm_to_cbuf_multi_nd2nz in the CCE intrinsic
+// reference): for each of ndNum matrices, each of nValue rows, each 32-byte C0 block k of the row
+// (C0 = 32 / sizeof(T) elements): source element offset i * srcNdMatrixStride + j * srcDValue +
+// k * C0; destination offset i * dstNzMatrixStride + j * dstNzNStride * C0 + k * dstNzC0Stride * C0
+// (elements). A row whose dValue is not a multiple of C0 is zero-padded to C0 in L1 (same page).
+template <typename T>
+inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Nd2NzParams& p, sim::Loc loc = {}) {
+    const char* api = "DataCopy GM->L1 (Nd2NzParams)";
+    detail::need_mem(dst, sim::MEM_L1, api, "destination");
+    detail::check_mem_align(dst.addr_, sim::limits::kL1Align, sim::MEM_L1, api, "destination", "CheckDataCopyAlign");
+    sim::Ins in = sim::issue(sim::P_MTE2, api, loc);
+    const uint32_t c0 = 32 / sizeof(T), blocks = (p.dValue + c0 - 1) / c0;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < p.ndNum; i++)
+        for (uint32_t j = 0; j < p.nValue; j++) {
+            const uint64_t s = uint64_t(i) * p.srcNdMatrixStride + uint64_t(j) * p.srcDValue;
+            src.need(s + p.dValue, api);
+            sim::gm_access(in, src.base_ + s, uint64_t(p.dValue) * sizeof(T), false);
+            for (uint32_t k = 0; k < blocks; k++) {
+                const uint64_t d = uint64_t(i) * p.dstNzMatrixStride + uint64_t(j) * p.dstNzNStride * c0 +
+                                   uint64_t(k) * p.dstNzC0Stride * c0;
+                detail::need_bytes(dst.bytes_, (d + c0) * sizeof(T), api, "the NZ destination");
+                T blk[32];
+                for (uint32_t e = 0; e < c0; e++) blk[e] = (k * c0 + e < p.dValue) ? src.base_[s + k * c0 + e] : T(0.0f);
+                sim::sp_write(in, sim::MEM_L1, dst.addr_ + uint32_t(d * sizeof(T)), 32);
+                std::memcpy(sim::space(sim::MEM_L1).data.data() + dst.addr_ + d * sizeof(T), blk, 32);
+                bytes += 32;
+            }
+        }
+    detail::dma_stats(sim::P_MTE2, bytes, uint64_t(p.ndNum) * p.nValue);
+    sim::core().st.l1InBytes += bytes;
+}
+
+// LoadData (2D) L1 -> L0A / L0B: repeatTimes fractals of 512 bytes; source fractal startIndex +
+// r * srcStride, destination fractal r * (1 + dstGap) (the asc-tools LoadData check computes the
+// same extents: kernel_loaddata_check.cpp). ifTranspose transposes each 16 x 16 fractal (16-bit
+// types only here). Range: repeatTimes is 8 bits (1..255; 0 copies nothing).
+template <typename T>
+inline void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadData2DParams& p, sim::Loc loc = {}) {
+    const char* api = "LoadData L1->L0";
+    static_assert(detail::is16<T>(), "twin: LoadData emulated for half / bfloat16_t");
+    if (dst.mem_ != sim::MEM_L0A && dst.mem_ != sim::MEM_L0B)
+        sim::fail("position", std::string(api) + ": destination in " + sim::mem_name(dst.mem_) + ", expected A2 (L0A) or B2 (L0B)");
+    detail::need_mem(src, sim::MEM_L1, api, "source");
+    if (p.addrMode != 0) sim::fail("bounds", "twin: LoadData addrMode != 0 is not emulated");
+    detail::check_mem_align(dst.addr_, sim::limits::kL0Align, dst.mem_, api, "destination", "CheckDataCopyAlign");
+    detail::check_mem_align(src.addr_, sim::limits::kL1Align, sim::MEM_L1, api, "source", "CheckDataCopyAlign");
+    sim::Ins in = sim::issue(sim::P_MTE1, api, loc);
+    uint8_t buf[detail::kFractalBytes];
+    for (uint32_t r = 0; r < p.repeatTimes; r++) {
+        const uint64_t s = (uint64_t(p.startIndex) + uint64_t(r) * p.srcStride) * detail::kFractalBytes;
+        const uint64_t d = uint64_t(r) * (1u + p.dstGap) * detail::kFractalBytes;
+        detail::need_bytes(src.bytes_, s + detail::kFractalBytes, api, "the source fractals");
+        detail::need_bytes(dst.bytes_, d + detail::kFractalBytes, api, "the destination fractals");
+        // The whole fractal moves; bytes never written in L1 (e.g. rows past nValue of an ND2NZ
+        // copy) stay "unwritten" in L0, so only an Mmad that uses them is an [uninit-read].
+        sim::sp_read(in, sim::MEM_L1, src.addr_ + uint32_t(s), detail::kFractalBytes);
+        const uint8_t* sp = sim::space(sim::MEM_L1).data.data() + src.addr_ + s;
+        const uint8_t* sw = sim::space(sim::MEM_L1).written.data() + src.addr_ + s;
+        uint8_t wbuf[detail::kFractalBytes];
+        if (p.ifTranspose) {
+            for (int i = 0; i < 16; i++)
+                for (int j = 0; j < 16; j++) {
+                    std::memcpy(buf + (j * 16 + i) * 2, sp + (i * 16 + j) * 2, 2);
+                    std::memcpy(wbuf + (j * 16 + i) * 2, sw + (i * 16 + j) * 2, 2);
+                }
+        } else {
+            std::memcpy(buf, sp, detail::kFractalBytes);
+            std::memcpy(wbuf, sw, detail::kFractalBytes);
+        }
+        sim::sp_write(in, dst.mem_, dst.addr_ + uint32_t(d), detail::kFractalBytes);
+        std::memcpy(sim::space(dst.mem_).data.data() + dst.addr_ + d, buf, detail::kFractalBytes);
+        std::memcpy(sim::space(dst.mem_).written.data() + dst.addr_ + d, wbuf, detail::kFractalBytes);
+    }
+    sim::core().st.l0Bytes += uint64_t(p.repeatTimes) * detail::kFractalBytes;
+}
+
+// Mmad: C (CO1, float) = A (A2) x B (B2) [+ C], A m x k, B k x n, half or bfloat16_t inputs.
+// Documented: m, n, k in [0, 4095] (12-bit fields: MmadParams table; asc-tools
+// kernel_mmad_check.cpp); A and B 512-byte aligned, a float C 1024-byte aligned (CheckMmadAlign,
+// impl/kernel_operator_mm_check.h); the operands are padded to whole fractals (M, K, N aligned to
+// 16 for half/bfloat16_t) and the padding "is ignored" (Mmad page): the twin reads only the
+// elements inside m x k and k x n (an unwritten one is an [uninit-read]) and fills C's padding
+// rows/columns with NaN (their hardware value is not specified). Initial C: 0 when cmatrixInitVal
+// and not isBias (impl/dav_c220/kernel_operator_mm_impl.h, MmadCal), else the C in L0C.
+// Arithmetic: each product is exact in float (11 x 11 or 8 x 8 significand bits); the sum over k is
+// taken in float in increasing k, one rounding per addition, added to the initial C last.
+// ASSUMPTION: the cube's adder order and any wider internal precision are not documented, so the
+// last bits of a long sum may differ from the hardware.
+template <typename T, typename U, typename S>
+inline void Mmad(const LocalTensor<T>& c, const LocalTensor<U>& a, const LocalTensor<S>& b, const MmadParams& p,
+                 sim::Loc loc = {}) {
+    const char* api = "Mmad";
+    static_assert(std::is_same<T, float>::value && std::is_same<U, S>::value && detail::is16<U>(),
+                  "twin: Mmad emulated for float <- half x half and float <- bfloat16_t x bfloat16_t");
+    detail::need_mem(c, sim::MEM_L0C, api, "dst (CO1)");
+    detail::need_mem(a, sim::MEM_L0A, api, "fm (A2)");
+    detail::need_mem(b, sim::MEM_L0B, api, "filter (B2)");
+    const char* kSrc = "MmadParams: 12-bit m/n/k, asc-tools kernel_mmad_check.cpp";
+    sim::check_range("cube-param", api, "m", p.m, 0, sim::limits::kMmadMaxMNK, kSrc);
+    sim::check_range("cube-param", api, "n", p.n, 0, sim::limits::kMmadMaxMNK, kSrc);
+    sim::check_range("cube-param", api, "k", p.k, 0, sim::limits::kMmadMaxMNK, kSrc);
+    if (p.cmatrixSource) sim::fail("bounds", "twin: Mmad with the C matrix from the bias table is not emulated");
+    detail::check_mem_align(a.addr_, sim::limits::kMmadL0ABAlign, sim::MEM_L0A, api, "fmLocal", "CheckMmadAlign");
+    detail::check_mem_align(b.addr_, sim::limits::kMmadL0ABAlign, sim::MEM_L0B, api, "filterLocal", "CheckMmadAlign");
+    detail::check_mem_align(c.addr_, sim::limits::kMmadL0CFloatAlign, sim::MEM_L0C, api, "dstLocal", "CheckMmadAlign");
+    const uint32_t M1 = (p.m + 15) / 16, N1 = (p.n + 15) / 16, K1 = (p.k + 15) / 16;
+    detail::need_bytes(a.bytes_, uint64_t(M1) * K1 * 512, api, "A (ceil(m/16) x ceil(k/16) fractals)");
+    detail::need_bytes(b.bytes_, uint64_t(K1) * N1 * 512, api, "B (ceil(k/16) x ceil(n/16) fractals)");
+    detail::need_bytes(c.bytes_, uint64_t(M1) * N1 * 1024, api, "C (ceil(m/16) x ceil(n/16) float fractals)");
+    const bool init = p.cmatrixInitVal && !p.isBias;
+    sim::Ins in = sim::issue(sim::P_M, api, loc);
+    auto aoff = [&](uint32_t r, uint32_t kk) { return ((r / 16) * K1 + kk / 16) * 256u + (r % 16) * 16u + kk % 16; };
+    auto boff = [&](uint32_t kk, uint32_t col) { return ((kk / 16) * N1 + col / 16) * 256u + (col % 16) * 16u + kk % 16; };
+    auto coff = [&](uint32_t r, uint32_t col) { return ((col / 16) * M1 + r / 16) * 256u + (r % 16) * 16u + col % 16; };
+    // reads (ordering and initialisation) of the valid elements
+    for (uint32_t r = 0; r < p.m; r++)
+        for (uint32_t kk = 0; kk < p.k; kk++) {
+            const uint32_t o = a.addr_ + aoff(r, kk) * 2;
+            sim::sp_check_written(sim::MEM_L0A, o, 2, api);
+            sim::sp_read(in, sim::MEM_L0A, o, 2);
+        }
+    for (uint32_t kk = 0; kk < p.k; kk++)
+        for (uint32_t col = 0; col < p.n; col++) {
+            const uint32_t o = b.addr_ + boff(kk, col) * 2;
+            sim::sp_check_written(sim::MEM_L0B, o, 2, api);
+            sim::sp_read(in, sim::MEM_L0B, o, 2);
+        }
+    const U* A = reinterpret_cast<const U*>(sim::space(sim::MEM_L0A).data.data() + a.addr_);
+    const U* B = reinterpret_cast<const U*>(sim::space(sim::MEM_L0B).data.data() + b.addr_);
+    float* C = reinterpret_cast<float*>(sim::space(sim::MEM_L0C).data.data() + c.addr_);
+    std::vector<float> out(size_t(M1) * N1 * 256, std::numeric_limits<float>::quiet_NaN());
+    for (uint32_t r = 0; r < p.m; r++)
+        for (uint32_t col = 0; col < p.n; col++) {
+            float acc = 0.0f;
+            for (uint32_t kk = 0; kk < p.k; kk++) acc += float(A[aoff(r, kk)]) * float(B[boff(kk, col)]);
+            const uint32_t co = coff(r, col);
+            if (!init) {
+                sim::sp_check_written(sim::MEM_L0C, c.addr_ + co * 4, 4, "Mmad (accumulate)");
+                sim::sp_read(in, sim::MEM_L0C, c.addr_ + co * 4, 4);
+                acc = C[co] + acc;
+            }
+            out[co] = acc;
+        }
+    sim::sp_write(in, sim::MEM_L0C, c.addr_, M1 * N1 * 1024);
+    std::memcpy(C, out.data(), out.size() * 4);
+    sim::Stats& st = sim::core().st;
+    st.mmadCalls++;
+    st.cubeFractalMacs += uint64_t(M1) * N1 * K1;
+    st.cubeMacs += uint64_t(p.m) * p.n * p.k;
+}
+
+// Fixpipe L0C -> GM, ROW_MAJOR (NZ -> ND on the way): row r, column c of the result is read at
+// L0C element (c / 16) * srcStride * 16 + r * 16 + c % 16 (srcStride: rows per 16-column block,
+// in 16-element units: FixpipeL0cToOut in impl/dav_c220/kernel_operator_fixpipe_v2_impl.h) and
+// written to GM element r * dstStride + c (GetGMLength there: ROW_MAJOR dstStride in elements).
+// Limits (CheckCommonFixpipeParam, same file): the L0C source 64-byte aligned; nSize 1..4095;
+// mSize 1..8192 for ROW_MAJOR; dstStride != 0; quantPre NoQuant for float out, F322F16 for half,
+// F322BF16 for bfloat16_t. Casts round to nearest even (ASSUMPTION: the rounding of the FIX cast is
+// not documented). L0C -> UB does not exist on dav-c220 ("Fixpipe doesn't support L0C to UB on
+// current device", FixpipeL0C2UBImpl) and is refused; ndNum > 1, NZ output, quantisation and the
+// channel split are not emulated.
+template <typename D, typename S, const FixpipeConfig& config = CFG_ROW_MAJOR>
+inline void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const FixpipeParamsV220& p, sim::Loc loc = {}) {
+    const char* api = "Fixpipe L0C->GM";
+    static_assert(std::is_same<S, float>::value, "twin: Fixpipe emulated from a float L0C");
+    detail::need_mem(src, sim::MEM_L0C, api, "source (CO1)");
+    if (config.format != CO2Layout::ROW_MAJOR) sim::fail("bounds", "twin: Fixpipe only with CFG_ROW_MAJOR is emulated");
+    if (p.ndNum > 1 || p.isChannelSplit) sim::fail("bounds", "twin: Fixpipe ndNum > 1 / isChannelSplit not emulated");
+    const char* kSrc = "CheckCommonFixpipeParam, dav_c220/kernel_operator_fixpipe_v2_impl.h";
+    detail::check_mem_align(src.addr_, sim::limits::kFixpipeSrcAlign, sim::MEM_L0C, api, "srcLocal", kSrc);
+    sim::check_range("cube-param", api, "nSize", p.nSize, 1, sim::limits::kFixpipeMaxN, kSrc);
+    sim::check_range("cube-param", api, "mSize (ROW_MAJOR)", p.mSize, 1, sim::limits::kFixpipeMaxMRowMajor, kSrc);
+    if (p.dstStride == 0) sim::fail("cube-param", std::string(api) + ": dstStride 0 (" + kSrc + ")");
+    if (p.srcStride < p.mSize)
+        sim::fail("cube-param", std::string(api) + ": srcStride " + std::to_string(p.srcStride) +
+                                    " (rows per 16-column block in L0C) is below mSize " + std::to_string(p.mSize));
+    const QuantMode_t want = std::is_same<D, float>::value ? QuantMode_t::NoQuant
+                           : std::is_same<D, half>::value ? QuantMode_t::F322F16 : QuantMode_t::F322BF16;
+    static_assert(std::is_same<D, float>::value || detail::is16<D>(), "twin: Fixpipe out float / half / bfloat16_t");
+    if (p.quantPre != want) sim::fail("cube-param", std::string(api) + ": quantPre does not match the output type (" + kSrc + ")");
+    const uint32_t N1 = (p.nSize + 15) / 16;
+    detail::need_bytes(src.bytes_, (uint64_t(N1 - 1) * p.srcStride * 16 + uint64_t(p.mSize) * 16) * 4, api, "the L0C source");
+    dst.need(uint64_t(p.mSize - 1) * p.dstStride + p.nSize, api);
+    sim::Ins in = sim::issue(sim::P_FIX, api, loc);
+    const float* C = reinterpret_cast<const float*>(sim::space(sim::MEM_L0C).data.data() + src.addr_);
+    std::vector<D> row(p.nSize);
+    for (uint32_t r = 0; r < p.mSize; r++) {
+        for (uint32_t col = 0; col < p.nSize; col++) {
+            const uint32_t e = (col / 16) * p.srcStride * 16u + r * 16u + col % 16;
+            sim::sp_check_written(sim::MEM_L0C, src.addr_ + e * 4, 4, api);
+            sim::sp_read(in, sim::MEM_L0C, src.addr_ + e * 4, 4);
+            float v = C[e];
+            if (p.reluEn && v < 0.0f) v = 0.0f;
+            row[col] = D(v);
+        }
+        sim::gm_access(in, dst.base_ + uint64_t(r) * p.dstStride, uint64_t(p.nSize) * sizeof(D), true);
+        std::memcpy(dst.base_ + uint64_t(r) * p.dstStride, row.data(), p.nSize * sizeof(D));
+    }
+    sim::Stats& st = sim::core().st;
+    st.fixBytes += uint64_t(p.mSize) * p.nSize * sizeof(D);
+    st.fixRows += p.mSize;
+}
+template <typename D, typename S, const FixpipeConfig& config = CFG_ROW_MAJOR>
+inline void Fixpipe(const LocalTensor<D>& dst, const LocalTensor<S>&, const FixpipeParamsV220&, sim::Loc = {}) {
+    if (dst.mem_ == sim::MEM_UB)
+        sim::fail("position", "Fixpipe L0C->UB does not exist on dav-c220 (FixpipeL0C2UBImpl, "
+                              "dav_c220/kernel_operator_fixpipe_v2_impl.h): go through GM");
+    sim::fail("bounds", "twin: Fixpipe L0C->L1 is not emulated");
 }
 
 }  // namespace AscendC

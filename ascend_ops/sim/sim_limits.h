@@ -49,6 +49,32 @@ constexpr uint32_t kDataCopyPadMaxPadBytes = 32;
 // repeatTimes as int32 so that a value the real uint8 parameter would silently wrap is caught).
 constexpr uint32_t kMaxRepeatTimes = 255;
 
+// ---- Cube unit (AIC).
+// Mmad: m, n, k are 12-bit fields, each in [0, 4095] (MmadParams table of the Mmad page;
+// asc-tools/cpudebug/src/api_check/kernel_mmad_check.cpp, CheckMmadParamsRange). Operand start
+// alignment: L0A/L0B 512 bytes, a float L0C 1024 bytes (CheckMmadAlign,
+// ascendc/basic_api/impl/kernel_operator_mm_check.h). A 16 x 16 fractal of 16-bit data is 512
+// bytes (BYTE_PER_FRACTAL; asc-tools kernel_loaddata_check.cpp); M, K, N are padded to 16 for
+// half / bfloat16_t (the Mmad page's alignment table, Atlas A2 section).
+constexpr uint32_t kMmadMaxMNK = 4095;
+constexpr uint32_t kMmadL0ABAlign = 512;
+constexpr uint32_t kMmadL0CFloatAlign = 1024;
+constexpr uint32_t kFractalBytes = 512;
+// Fixpipe L0C -> GM (CheckCommonFixpipeParam, ascendc/basic_api/impl/dav_c220/
+// kernel_operator_fixpipe_v2_impl.h): L0C source 16 x sizeof(float) = 64-byte aligned
+// (L0C_SRC_ALIGN); nSize in [1, 4095] (UINT12_MAX); mSize in [1, 8192] for ROW_MAJOR output;
+// dstStride != 0.
+constexpr uint32_t kFixpipeSrcAlign = 64;
+constexpr uint32_t kFixpipeMaxN = 4095;
+constexpr uint32_t kFixpipeMaxMRowMajor = 8192;
+// CrossCoreSetFlag / CrossCoreWaitFlag on Atlas A2 (CrossCoreSetFlag page, CANN 8.0 reference,
+// atlasascendc_api_07_0273): flagId 0..10 (ids 11-14 are the hardware flags of SyncAll:
+// SYNC_AIC_FLAG ... SYNC_AIV_ONLY_ALL in ascendc/basic_api/impl/dav_c220/kernel_operator_sync_impl.h),
+// modeId 0..2; at most 15 pending sets per counter (the CANN 9.0 page; the 8.0 page says 16: the
+// twin takes the stricter figure).
+constexpr uint32_t kCrossFlagMaxId = 10;
+constexpr uint32_t kCrossFlagMaxPending = 15;
+
 // ---- Cast: supported (source, destination, round mode) on dav-c220. Read off the switch of each
 // CastIntrinsicsImpl overload in ascendc/basic_api/impl/dav_c220/kernel_operator_vec_vconv_impl.h
 // (a mode is supported when its case issues a vconv intrinsic, unsupported when it asserts).

@@ -94,11 +94,19 @@ inline const char* pipe_name(int p) {
     static const char* n[] = {"S", "V", "M", "MTE1", "MTE2", "MTE3", "FIX"};
     return p >= 0 && p < P_NUM ? n[p] : "?";
 }
+// c: this core's pipes. x: only in a mixed (AIC + AIV) launch: what is known complete on every
+// execution context of the launch, context-major (x[ctx * P_NUM + pipe] = sequence number); it
+// grows only through cross-core edges (CrossCoreWaitFlag, SyncAll) and is carried by every local
+// edge like c.
 struct VC {
     uint32_t c[P_NUM] = {0};
+    std::vector<uint32_t> x;
     void join(const VC& o) {
         for (int i = 0; i < P_NUM; i++)
             if (o.c[i] > c[i]) c[i] = o.c[i];
+        if (o.x.size() > x.size()) x.resize(o.x.size(), 0);
+        for (size_t i = 0; i < o.x.size(); i++)
+            if (o.x[i] > x[i]) x[i] = o.x[i];
     }
 };
 struct Ins {
@@ -123,6 +131,16 @@ struct Stats {
     uint64_t queueWaits = 0;         // implicit TQue waits (DeQue, AllocTensor after FreeTensor)
     uint64_t syncAll = 0;
     uint64_t dcci = 0;
+    // cube core (AIC) work
+    uint64_t mmadCalls = 0;
+    uint64_t cubeFractalMacs = 0;    // 16x16x16 fp16/bf16 multiply-accumulate blocks issued to M
+    uint64_t cubeMacs = 0;           // m * n * k as given (without padding)
+    uint64_t l1InBytes = 0;          // GM -> L1 bytes written (MTE2, incl. ND2NZ zero padding)
+    uint64_t l0Bytes = 0;            // L1 -> L0A/L0B bytes (MTE1)
+    uint64_t fixBytes = 0;           // L0C -> GM bytes written (FIX)
+    uint64_t fixRows = 0;            // rows (bursts) written by Fixpipe
+    uint64_t crossSets = 0, crossWaits = 0;  // CrossCoreSetFlag / CrossCoreWaitFlag
+    uint64_t crossBlocked = 0;       // CrossCoreWaitFlag calls that found the counter at 0 (had to wait)
 };
 
 // ---- global memory shadow (per launch): byte -> last writer (block, epoch, pipe, seq, site),
@@ -136,6 +154,11 @@ struct GmPage {
     uint8_t wpipe[kBytes];
     uint16_t dmaw[kBytes];    // block + 1 whose DMA wrote it and has not invalidated its data cache since
     uint16_t sdirty[kBytes];  // block + 1 whose scalar wrote it and has not cleaned its data cache since
+    // mixed launches only: the last reader (context + 1, pipe, seq, site) of each byte
+    uint16_t rctx[kBytes];
+    uint8_t rpipe[kBytes];
+    uint32_t rseq[kBytes];
+    uint16_t rsite[kBytes];
 };
 struct Gm {
     std::unordered_map<uintptr_t, GmPage*> pages;
@@ -164,12 +187,35 @@ inline Gm& gm() {
 constexpr uint32_t kUbBytes = limits::kUbBytes;
 constexpr uint32_t kBlock = limits::kUbAlign;
 constexpr int kMaxAllocPerPosition = 8;  // AllocTensor page: A2 products, at most 8 outstanding
-constexpr int kEvents = 16;
+constexpr int kEvents = 40;  // HardEvent values (kernel_operator.h)
 
 struct FlagEntry {
     VC vc;
     uint16_t site;
 };
+
+// Local memories of the cube core (AIC): L1, L0A, L0B, L0C, each with its contents, a "written"
+// map and a shadow (last writer; last reader on MTE1, M and FIX) like the UB's.
+enum Mem : uint8_t { MEM_UB = 0, MEM_L1, MEM_L0A, MEM_L0B, MEM_L0C, MEM_NUM };
+inline const char* mem_name(int m) {
+    static const char* n[] = {"UB", "L1", "L0A", "L0B", "L0C"};
+    return m >= 0 && m < MEM_NUM ? n[m] : "?";
+}
+constexpr int kReaders = 3;  // reader pipes of cube memories: MTE1, M, FIX
+inline int reader_slot(uint8_t p) { return p == P_MTE1 ? 0 : p == P_M ? 1 : p == P_FIX ? 2 : -1; }
+constexpr uint8_t kReaderPipe[kReaders] = {P_MTE1, P_M, P_FIX};
+struct Space {
+    uint32_t cap = 0, used = 0;
+    std::vector<uint8_t> data, written, wpipe;
+    std::vector<uint32_t> wseq;
+    std::vector<uint16_t> wsite;
+    std::vector<uint32_t> rseq[kReaders];
+    std::vector<uint16_t> rsite[kReaders];
+    explicit Space(uint32_t n) : cap(n), data(n, 0xA5), written(n, 0), wpipe(n, 0), wseq(n, 0), wsite(n, 0) {
+        for (int r = 0; r < kReaders; r++) { rseq[r].assign(n, 0); rsite[r].assign(n, 0); }
+    }
+};
+enum CoreType : int { CT_AIV = 0, CT_AIC = 1 };
 
 struct Core {
     uint8_t* ub = nullptr;       // contents
@@ -184,6 +230,14 @@ struct Core {
     uint16_t* rsiteM3 = nullptr;
     int64_t blockIdx = 0;
     int64_t blockNum = 1;
+    // mixed launches: the core type, the sub-block index of an AIV (0/1), the context index in the
+    // launch (AIC b: 3b, AIV (b, s): 3b + 1 + s), the number of contexts; cube memories on an AIC
+    int coreType = CT_AIV;
+    int subIdx = 0;
+    bool mixed = false;
+    int ctx = 0;
+    int nctx = 0;
+    Space* sp[MEM_NUM] = {nullptr};
     uint32_t ubUsed = 0;
     int allocs[16] = {0};
     std::deque<FlagEntry> flags[kEvents][8];
@@ -204,6 +258,7 @@ struct Core {
         std::memset(ub, 0xA5, kUbBytes);  // stale garbage, never to be read
     }
     ~Core() {
+        for (Space* p : sp) delete p;
         for (void* p : {static_cast<void*>(ub), static_cast<void*>(written), static_cast<void*>(wseq),
                         static_cast<void*>(wsite), static_cast<void*>(wpipe), static_cast<void*>(rseqV),
                         static_cast<void*>(rsiteV), static_cast<void*>(rseqM3), static_cast<void*>(rsiteM3)})
@@ -223,15 +278,24 @@ inline Core& core() {
     return *c;
 }
 
-// Hook set by the launcher: SyncAll hands the turn to the other blocks (sim_runtime.cpp).
-inline void (*&sync_all_hook())() {
-    static void (*h)() = nullptr;
+// Hook set by the launcher: SyncAll hands the turn to the other blocks (sim_runtime.cpp). In a
+// mixed launch it also exchanges clocks: `kind` 0 = AIV-only SyncAll, 1 = all cores; `token` is
+// what this context exports; the result is the union over the participants (empty otherwise).
+inline VC (*&sync_all_hook())(int, const VC&) {
+    static VC (*h)(int, const VC&) = nullptr;
     return h;
 }
 
 // ---- issuing and ordering
 inline Ins issue(Pipe p, const char* api, const Loc& loc) {
     Core& c = core();
+    // AIV pipes: S, V, MTE2 (GM -> UB), MTE3; AIC pipes: S, MTE2 (GM -> L1), MTE1, M, FIX.
+    const bool cubePipe = p == P_M || p == P_MTE1 || p == P_FIX, vecPipe = p == P_V || p == P_MTE3;
+    if ((c.coreType == CT_AIV && cubePipe) || (c.coreType == CT_AIC && vecPipe))
+        fail("core-type", std::string(api) + " issues to pipe " + pipe_name(p) + ", which a " +
+                              (c.coreType == CT_AIC ? "cube core (AIC)" : "vector core (AIV)") +
+                              " does not have (" + site_str(intern(api, loc)) + ")" +
+                              (c.mixed ? "" : "; the cube exists only in a mixed launch (sim_launch_mix)"));
     Ins i;
     i.pipe = p;
     i.seq = ++c.issued[p];
@@ -285,25 +349,104 @@ inline void ub_write(const Ins& i, uint32_t addr, uint32_t n) {
     }
 }
 
-// Global memory: `block` is the running block; cross-block conflicts need a SyncAll between.
+// Cube memories (L1, L0A, L0B, L0C): the same rules as the UB. Readers are MTE1 (L1), M (L0A,
+// L0B, L0C when accumulating) and FIX (L0C); a write must be ordered after the last read on every
+// other reader pipe (write-after-read), and after the last write (write-after-write).
+inline Space& space(uint8_t m) {
+    Core& c = core();
+    if (m == MEM_UB || m >= MEM_NUM || !c.sp[m]) fail("position", std::string("no ") + mem_name(m) + " on this core");
+    return *c.sp[m];
+}
+inline void sp_check_written(uint8_t m, uint32_t addr, uint32_t n, const char* api) {
+    Space& s = space(m);
+    const void* hole = std::memchr(s.written.data() + addr, 0, n);
+    if (hole) {
+        uint32_t at = addr + uint32_t(static_cast<const uint8_t*>(hole) - (s.written.data() + addr));
+        fail("uninit-read", std::string(api) + " reads " + mem_name(m) + " byte " + std::to_string(at) +
+                                " (operand at " + std::to_string(addr) + ", " + std::to_string(n) +
+                                " bytes) that nothing has written");
+    }
+}
+inline void sp_read(const Ins& i, uint8_t m, uint32_t addr, uint32_t n) {
+    Space& s = space(m);
+    const int slot = reader_slot(i.pipe);
+    for (uint32_t b = addr; b < addr + n; b++) {
+        if (!ordered(i, s.wpipe[b], s.wseq[b])) race("read-after-write", i, s.wpipe[b], s.wsite[b], mem_name(m), b, n);
+        if (slot >= 0) { s.rseq[slot][b] = i.seq; s.rsite[slot][b] = i.site; }
+    }
+}
+inline void sp_write(const Ins& i, uint8_t m, uint32_t addr, uint32_t n) {
+    Space& s = space(m);
+    for (uint32_t b = addr; b < addr + n; b++) {
+        if (!ordered(i, s.wpipe[b], s.wseq[b])) race("write-after-write", i, s.wpipe[b], s.wsite[b], mem_name(m), b, n);
+        for (int r = 0; r < kReaders; r++)
+            if (kReaderPipe[r] != i.pipe && !ordered(i, kReaderPipe[r], s.rseq[r][b]))
+                race("write-after-read", i, kReaderPipe[r], s.rsite[r][b], mem_name(m), b, n);
+        s.wpipe[b] = i.pipe;
+        s.wseq[b] = i.seq;
+        s.wsite[b] = i.site;
+        s.written[b] = 1;
+    }
+}
+
+// The identity of the running execution context in the GM shadow: its block index + 1, or in a
+// mixed launch its context index + 1 (AIC and AIV block indices overlap).
+inline uint16_t gm_me() {
+    Core& c = core();
+    return uint16_t((c.mixed ? c.ctx : c.blockIdx) + 1);
+}
+inline std::string ctx_name(bool mixed, int id) {
+    if (!mixed) return "block " + std::to_string(id);
+    const int b = id / 3, s = id % 3;
+    if (s == 0) return "AIC " + std::to_string(b);
+    return "AIV " + std::to_string(2 * b + s - 1) + " (sub-block " + std::to_string(s - 1) + " of AIC " +
+           std::to_string(b) + ")";
+}
+// Is the access `i` of this context ordered after (context wctx, pipe q, seq n) of another one?
+// Only cross-core edges of a mixed launch (CrossCoreSetFlag/WaitFlag, SyncAll) can say so.
+inline bool x_ordered(const Ins& i, int wctx, uint8_t q, uint32_t n) {
+    const size_t at = size_t(wctx) * P_NUM + q;
+    return at < i.k.x.size() && i.k.x[at] >= n;
+}
+
+// Global memory: `block` is the running block; cross-block conflicts need a SyncAll between (or,
+// in a mixed launch, a cross-core edge: then the reader's clock must cover the write, and a write
+// must be ordered after the last read of another context).
 inline void gm_access(const Ins& i, const void* ptr, uint64_t n, bool write) {
     Core& c = core();
     Gm& g = gm();
-    const uint16_t me = uint16_t(c.blockIdx + 1);
+    const uint16_t me = gm_me();
+    const bool mixed = c.mixed;
     const uintptr_t a0 = reinterpret_cast<uintptr_t>(ptr);
     for (uintptr_t a = a0; a < a0 + n;) {
         const uintptr_t pg = a / GmPage::kBytes;
         const uintptr_t end = std::min<uintptr_t>(a0 + n, (pg + 1) * GmPage::kBytes);
-        GmPage* p = write ? g.get(pg) : g.find(pg);
+        GmPage* p = (write || mixed) ? g.get(pg) : g.find(pg);
         if (p) {
             for (uintptr_t x = a; x < end; x++) {
                 const uint32_t o = uint32_t(x % GmPage::kBytes);
                 const uint16_t wb = p->wblock[o];
-                if (wb && wb != me && p->wepoch[o] == g.epoch)
+                if (wb && wb != me && p->wepoch[o] == g.epoch &&
+                    !(mixed && x_ordered(i, wb - 1, p->wpipe[o], p->wseq[o])))
                     fail("gm-race", std::string(write ? "write" : "read") + " of GM byte " + std::to_string(x - a0) +
-                                        " of an operand by block " + std::to_string(me - 1) + " (" + site_str(i.site) +
-                                        ") and a write of it by block " + std::to_string(wb - 1) + " (" +
-                                        site_str(p->wsite[o]) + ") with no SyncAll between");
+                                        " of an operand by " + ctx_name(mixed, me - 1) + " (" + site_str(i.site) +
+                                        ") and a write of it by " + ctx_name(mixed, wb - 1) + " (" +
+                                        site_str(p->wsite[o]) + ") with " +
+                                        (mixed ? "no cross-core edge (CrossCoreSetFlag/CrossCoreWaitFlag) or SyncAll"
+                                               : "no SyncAll") + " between");
+                if (mixed && write && p->rctx[o] && p->rctx[o] != me &&
+                    !x_ordered(i, p->rctx[o] - 1, p->rpipe[o], p->rseq[o]))
+                    fail("gm-race", "write of GM byte " + std::to_string(x - a0) + " of an operand by " +
+                                        ctx_name(mixed, me - 1) + " (" + site_str(i.site) + ") while " +
+                                        ctx_name(mixed, p->rctx[o] - 1) + " may still read it (" +
+                                        site_str(p->rsite[o]) +
+                                        "): no cross-core edge (CrossCoreSetFlag/CrossCoreWaitFlag) or SyncAll between");
+                if (mixed && !write) {
+                    p->rctx[o] = me;
+                    p->rpipe[o] = i.pipe;
+                    p->rseq[o] = i.seq;
+                    p->rsite[o] = i.site;
+                }
                 if (wb == me && p->wepoch[o] == g.epoch) {
                     const uint8_t wp = p->wpipe[o];
                     if (!(write && wp == P_V && i.pipe == P_V) && !ordered(i, wp, p->wseq[o]))
@@ -324,6 +467,7 @@ inline void gm_access(const Ins& i, const void* ptr, uint64_t n, bool write) {
                     p->wpipe[o] = i.pipe;
                     p->wseq[o] = i.seq;
                     p->wsite[o] = i.site;
+                    if (mixed) p->rctx[o] = 0;
                     if (i.pipe == P_S) {
                         p->sdirty[o] = me;
                         p->dmaw[o] = 0;
@@ -340,9 +484,8 @@ inline void gm_access(const Ins& i, const void* ptr, uint64_t n, bool write) {
 // DataCacheCleanAndInvalid: the lines [ptr, ptr + n) (or the whole cache) of this core are
 // written back and dropped.
 inline void gm_dcci(const void* ptr, uint64_t n, bool entire) {
-    Core& c = core();
     Gm& g = gm();
-    const uint16_t me = uint16_t(c.blockIdx + 1);
+    const uint16_t me = gm_me();
     auto clean = [me](GmPage* p, uint32_t o0, uint32_t o1) {
         for (uint32_t o = o0; o < o1; o++) {
             if (p->dmaw[o] == me) p->dmaw[o] = 0;
@@ -383,6 +526,33 @@ inline void barrier_all() {
         f.c[p] = c.issued[p];
     }
     for (int p = 0; p < P_NUM; p++) c.know[p].join(f);
+}
+
+// ---- cross-core edges (mixed launches)
+// What this context exports through a cross-core edge issued on `src`: everything `src` has
+// completed (and what it knew), as entries of the launch-wide clock x; local entries stay local.
+inline VC export_done(Pipe src) {
+    Core& c = core();
+    VC f = source_done(src);
+    VC t;
+    t.x = f.x;
+    if (t.x.size() < size_t(c.nctx) * P_NUM) t.x.resize(size_t(c.nctx) * P_NUM, 0);
+    for (int q = 0; q < P_NUM; q++) {
+        uint32_t& e = t.x[size_t(c.ctx) * P_NUM + q];
+        if (f.c[q] > e) e = f.c[q];
+    }
+    return t;
+}
+// Runtime hooks (sim_runtime.cpp): a cross-core set (mode, flag id, token), a wait (mode, flag id;
+// returns the token it consumed), SyncAll (kind 0: all AIV (or all blocks of a vector launch),
+// 1: every context of a mixed launch; token in, union of the participants' tokens out).
+inline void (*&cross_set_hook())(int, int, const VC&) {
+    static void (*h)(int, int, const VC&) = nullptr;
+    return h;
+}
+inline VC (*&cross_wait_hook())(int, int) {
+    static VC (*h)(int, int) = nullptr;
+    return h;
 }
 
 }  // namespace sim

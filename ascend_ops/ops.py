@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from splitkv_common.plan import Plan
+from splitkv_common.torch_io import TORCH_DTYPES
 from splitkv_common.validation import check_decode_args, host
 
 from .support import DEFAULT_PROFILE, KV_QUANT_DTYPE, Q_DTYPES, supported_head_dims
@@ -46,7 +47,6 @@ SCHEMA = (
     "Tensor plan, Tensor tiling, Tensor(a!) workspace, Tensor(b!) out, Tensor(c!) lse, int block_dim) -> ()"
 )
 
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "int8": torch.int8}
 _Q_TORCH_DTYPES = tuple(TORCH_DTYPES[n] for n in Q_DTYPES)
 
 
@@ -205,7 +205,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
     """
     # the wrapper and the runtime import this module (the op must exist before its library loads)
     from .runtime import require_npu_kernel, runtime_unavailable
-    from .wrapper import AscendDecodeWrapper, check_plan_matches, plan_seq_lens
+    from .wrapper import AscendDecodeWrapper
 
     dims = check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale=scale,
                              soft_cap=soft_cap, window_left=window_left, k_scale=k_scale, v_scale=v_scale,
@@ -225,7 +225,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
     if plan is None:
         w.plan(sl, query_start_loc=qsl, **const)
     else:
-        check_plan_matches(plan, plan_seq_lens(plan), sl, qsl)
+        plan.check_batch(sl, qsl)
         w.set_plan(plan, seq_lens=sl, **const)
     bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
     return w.run(q, k_cache, v_cache, bt, scale=scale, soft_cap=soft_cap, window_left=window_left,

@@ -16,16 +16,17 @@ import torch
 
 from splitkv_common.devices import get_profile
 from splitkv_common.npu_probe import torch_npu_imported
-from splitkv_common.plan import Plan, PlanSpec
+from splitkv_common.torch_io import as_torch_dtype, torch_dtype_name
+from splitkv_common.plan import Plan, PlannedWrapper, PlanSpec
 from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, host, normalize_window
 
 from . import ops
-from .ops import QUALNAME, TORCH_DTYPES, pack_kv_quant
+from .ops import QUALNAME, pack_kv_quant
 from .runtime import require_npu_kernel, resolve_device
 from .support import DEFAULT_PROFILE, supported_head_dims, unsupported_reason
 
 
-class AscendDecodeWrapper:
+class AscendDecodeWrapper(PlannedWrapper):
     """Split-KV decode attention on an Ascend NPU over a paged KV cache ``[num_pages, page_size, Hkv, D]``.
 
     ``plan()`` runs on the host once per batch: the shared plan, the ``plan``/``tiling`` buffers
@@ -65,18 +66,17 @@ class AscendDecodeWrapper:
                  graph_stable: bool = False, max_splits: int | None = None, max_work_items: int | None = None,
                  min_split_tokens: int | None = None):
         check_gqa(num_q_heads, num_kv_heads)
-        self.num_q_heads, self.num_kv_heads = int(num_q_heads), int(num_kv_heads)
-        self.head_dim, self.page_size = int(head_dim), int(page_size)
-        self.dtype = TORCH_DTYPES.get(dtype, dtype)
-        self.kv_dtype = self.dtype if kv_dtype is None else TORCH_DTYPES.get(kv_dtype, kv_dtype)
-        why = unsupported_reason(self.head_dim, _dtype_name(self.dtype), _dtype_name(self.kv_dtype))
+        self.dtype = as_torch_dtype(dtype)
+        self.kv_dtype = self.dtype if kv_dtype is None else as_torch_dtype(kv_dtype)
+        why = unsupported_reason(int(head_dim), torch_dtype_name(self.dtype), torch_dtype_name(self.kv_dtype))
         if why:
             raise ValueError(f"{QUALNAME}: {why}")
         self.device = resolve_device(device)
         require_npu_kernel(self.device)
-        self.profile, self.policy = profile, policy
-        self.graph_stable, self.max_splits, self.max_work_items = graph_stable, max_splits, max_work_items
-        self.min_split_tokens = min_split_tokens
+        self.spec = PlanSpec(int(num_q_heads), int(num_kv_heads), int(head_dim), int(page_size),
+                             kv_elem_bytes=torch.empty(0, dtype=self.kv_dtype).element_size(), policy=policy,
+                             device=profile, graph_stable=graph_stable, max_splits=max_splits,
+                             max_work_items=max_work_items, min_split_tokens=min_split_tokens)
         self.host_plan: Plan | None = None
         self.tiling: dict | None = None
         self._buffers: dict[str, torch.Tensor] = {}
@@ -87,13 +87,6 @@ class AscendDecodeWrapper:
         self._stale = True
 
     # -- host side ---------------------------------------------------------------------------
-    def plan_spec(self) -> PlanSpec:
-        """The planning settings of this wrapper (shared with every backend's wrapper)."""
-        return PlanSpec(self.num_q_heads, self.num_kv_heads, self.head_dim, self.page_size,
-                        kv_elem_bytes=torch.empty(0, dtype=self.kv_dtype).element_size(), policy=self.policy,
-                        device=self.profile, graph_stable=self.graph_stable, max_splits=self.max_splits,
-                        max_work_items=self.max_work_items, min_split_tokens=self.min_split_tokens)
-
     def plan(self, seq_lens, q_lens=None, query_start_loc=None, window_left=None, *, scale=None,
              soft_cap=None, max_pages: int | None = None, num_pages: int | None = None) -> Plan:
         """Plan a batch from host lengths and prepare the device buffers (may allocate)."""
@@ -117,7 +110,9 @@ class AscendDecodeWrapper:
             raise ValueError(f"plan: made for Hkv={plan.num_kv_heads}, page_size={plan.page_size}; this wrapper "
                              f"has Hkv={self.num_kv_heads}, page_size={self.page_size}")
         self.host_plan = plan
-        self._seq_lens = plan_seq_lens(plan) if seq_lens is None else np.asarray(seq_lens, np.int64).reshape(-1)
+        if seq_lens is not None:
+            plan.check_batch(host(seq_lens))
+        self._seq_lens = plan.covered_seq_lens()
         self._attn = (None if scale is None else float(scale), None if soft_cap is None else float(soft_cap),
                       normalize_window(window_left))
         old = self._pages or (None, None)
@@ -135,8 +130,8 @@ class AscendDecodeWrapper:
         max_pages, num_pages = self._pages
         t, tiling_bytes, words = tl.build_buffers(
             p, seq_lens=self._seq_lens, num_q_heads=self.num_q_heads, head_dim=self.head_dim,
-            page_size=self.page_size, max_pages=max_pages, num_pages=num_pages, dtype=_dtype_name(self.dtype),
-            kv_dtype=_dtype_name(self.kv_dtype), scale=self.head_dim ** -0.5 if scale is None else scale,
+            page_size=self.page_size, max_pages=max_pages, num_pages=num_pages, dtype=torch_dtype_name(self.dtype),
+            kv_dtype=torch_dtype_name(self.kv_dtype), scale=self.head_dim ** -0.5 if scale is None else scale,
             soft_cap=soft_cap, window_left=window_left, profile=self.profile,
             # a captured launch keeps its block count: graph-stable plans use every core
             block_dim=get_profile(self.profile).units if self.graph_stable else None)
@@ -224,7 +219,8 @@ class AscendDecodeWrapper:
                               query_start_loc, scale=attn[0], soft_cap=attn[1], window_left=attn[2],
                               k_scale=k_scale, v_scale=v_scale, k_offset=k_offset, v_offset=v_offset,
                               supported_head_dims=supported_head_dims(), backend="ascend")
-            check_plan_matches(self.host_plan, self._seq_lens, seq_lens, query_start_loc)
+            self.host_plan.check_batch(None if seq_lens is None else host(seq_lens),
+                                       None if query_start_loc is None else host(query_start_loc))
         b = self._buffers
         out = b["out"] if out is None else out
         lse = b["lse"] if lse is None else lse
@@ -247,41 +243,4 @@ class AscendDecodeWrapper:
         for name in ("q", "k_cache", "v_cache", "block_table"):
             if not named[name].is_contiguous():
                 raise ValueError(f"{name}: must be contiguous (the kernels address it densely)")
-        if q.dim() != 3 or tuple(q.shape[1:]) != (self.num_q_heads, self.head_dim):
-            raise ValueError(f"q: must be [T, {self.num_q_heads}, {self.head_dim}], got {tuple(q.shape)}")
-        if k_cache.dim() != 4 or tuple(k_cache.shape[1:]) != (self.page_size, self.num_kv_heads, self.head_dim):
-            raise ValueError(f"k_cache: must be [num_pages, {self.page_size}, {self.num_kv_heads}, {self.head_dim}], "
-                             f"got {tuple(k_cache.shape)}")
-        if tuple(v_cache.shape) != tuple(k_cache.shape):
-            raise ValueError(f"v_cache: shape must equal k_cache's {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
-        p = self.host_plan
-        if block_table.dim() != 2 or block_table.shape[0] != p.batch_size:
-            raise ValueError(f"plan: made for {p.batch_size} requests, "
-                             f"block_table has shape {tuple(block_table.shape)}")
-        if q.shape[0] != p.num_rows:
-            raise ValueError(f"plan: made for {p.num_rows} query rows, q has {q.shape[0]}")
-
-
-def plan_seq_lens(plan: Plan) -> np.ndarray:
-    """Per request, the end of its last work item: its seq_len (0 for an empty request)."""
-    n = plan.num_valid_items
-    seq = np.zeros(plan.batch_size, np.int64)
-    np.maximum.at(seq, plan.item_request[:n], plan.item_kv_end[:n])
-    return seq
-
-
-def check_plan_matches(plan: Plan, planned_seq_lens: np.ndarray, seq_lens=None, query_start_loc=None) -> None:
-    """Raise ``ValueError`` when the batch's lengths are not the ones the plan was made for."""
-    if seq_lens is not None:
-        sl = host(seq_lens).astype(np.int64)
-        if sl.shape != planned_seq_lens.shape or not np.array_equal(sl, planned_seq_lens):
-            bad = np.flatnonzero(sl != planned_seq_lens) if sl.shape == planned_seq_lens.shape else [0]
-            raise ValueError(f"plan: made for other seq_lens (first difference at request {int(bad[0])}); "
-                             "call plan() for this batch")
-    if query_start_loc is not None and not np.array_equal(host(query_start_loc).astype(np.int32),
-                                                          plan.query_start_loc):
-        raise ValueError("plan: made for other query rows per request (query_start_loc differs)")
-
-
-def _dtype_name(dt: torch.dtype) -> str:
-    return str(dt).replace("torch.", "")
+        self.spec.check_shapes(self.host_plan, q, k_cache, v_cache, block_table)

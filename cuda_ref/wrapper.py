@@ -15,17 +15,16 @@ so ``run()`` can be captured in a CUDA graph once and replayed while the lengths
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from splitkv_common.plan import Plan, PlanSpec
+from splitkv_common.plan import Plan, PlannedWrapper, PlanSpec
 from splitkv_common.torch_io import as_torch_dtype
 from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, host, normalize_window
 
 from . import INTERPRET
 from .launch import DevicePlan, KernelConfig, launch_decode
 
-class DecodeWrapper:
+class DecodeWrapper(PlannedWrapper):
     """Split-KV decode attention over a paged KV cache ``[num_pages, page_size, Hkv, D]``.
 
     Args:
@@ -48,14 +47,13 @@ class DecodeWrapper:
                  min_split_tokens: int | None = None, fuse_merge: bool | None = None,
                  config: KernelConfig | None = None):
         check_gqa(num_q_heads, num_kv_heads)
-        self.num_q_heads, self.num_kv_heads = int(num_q_heads), int(num_kv_heads)
-        self.head_dim, self.page_size = int(head_dim), int(page_size)
         self.dtype = as_torch_dtype(dtype)
         self.kv_dtype = self.dtype if kv_dtype is None else as_torch_dtype(kv_dtype)
         self.device = torch.device(device if device is not None else ("cpu" if INTERPRET else "cuda"))
-        self.profile, self.policy = profile, policy
-        self.graph_stable, self.max_splits, self.max_work_items = graph_stable, max_splits, max_work_items
-        self.min_split_tokens = min_split_tokens
+        self.spec = PlanSpec(int(num_q_heads), int(num_kv_heads), int(head_dim), int(page_size),
+                             kv_elem_bytes=torch.empty(0, dtype=self.kv_dtype).element_size(), policy=policy,
+                             device=profile, graph_stable=graph_stable, max_splits=max_splits,
+                             max_work_items=max_work_items, min_split_tokens=min_split_tokens)
         self.fuse_merge, self.config = fuse_merge, config
         self.merge = True  # False leaves the merge launch out (benchmarks time stage 1 alone)
         self.pdl: bool | None = None  # merge by programmatic dependent launch; None: where available
@@ -64,13 +62,6 @@ class DecodeWrapper:
         self._buffers: dict[str, torch.Tensor] = {}
 
     # -- host side -----------------------------------------------------------------------------
-    def plan_spec(self) -> PlanSpec:
-        """The planning settings of this wrapper (shared with every backend's wrapper)."""
-        return PlanSpec(self.num_q_heads, self.num_kv_heads, self.head_dim, self.page_size,
-                        kv_elem_bytes=torch.empty(0, dtype=self.kv_dtype).element_size(), policy=self.policy,
-                        device=self.profile, graph_stable=self.graph_stable, max_splits=self.max_splits,
-                        max_work_items=self.max_work_items, min_split_tokens=self.min_split_tokens)
-
     def plan(self, seq_lens, q_lens=None, query_start_loc=None, window_left=None) -> Plan:
         """Make the shared plan for a batch (host arrays) and copy it to the device."""
         plan = self.plan_spec().make(host(seq_lens), None if q_lens is None else host(q_lens),
@@ -129,7 +120,7 @@ class DecodeWrapper:
             check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale=scale,
                               soft_cap=soft_cap, window_left=window_left, k_scale=k_scale, v_scale=v_scale,
                               k_offset=k_offset, v_offset=v_offset, backend="triton")
-            check_plan_matches(self.host_plan, host(seq_lens), host(query_start_loc))
+            self.host_plan.check_batch(host(seq_lens), host(query_start_loc))
         b = self._buffers
         launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, self.dplan, b["out"], b["lse"],
                       b["part_o"], b["part_lse"], b["counters"],
@@ -155,7 +146,6 @@ class DecodeWrapper:
     def check(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
               k_scale=None, v_scale=None, k_offset=None, v_offset=None) -> None:
         """Metadata checks (no host sync): dtypes, devices, layouts, and the plan against the batch."""
-        p = self.dplan
         named = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
                      query_start_loc=query_start_loc, k_scale=k_scale, v_scale=v_scale, k_offset=k_offset,
                      v_offset=v_offset)
@@ -169,13 +159,9 @@ class DecodeWrapper:
             x = named[name]
             if x.dim() >= 1 and x.stride(-1) != 1:
                 raise ValueError(f"{name}: the last (head-dim) axis must be contiguous, got strides {x.stride()}")
-        if q.dim() != 3 or tuple(q.shape[1:]) != (self.num_q_heads, self.head_dim):
-            raise ValueError(f"q: must be [T, {self.num_q_heads}, {self.head_dim}], got {tuple(q.shape)}")
-        if k_cache.dim() != 4 or tuple(k_cache.shape[1:]) != (self.page_size, self.num_kv_heads, self.head_dim):
-            raise ValueError(f"k_cache: must be [num_pages, {self.page_size}, {self.num_kv_heads}, {self.head_dim}], "
-                             f"got {tuple(k_cache.shape)}")
-        if tuple(v_cache.shape) != tuple(k_cache.shape) or v_cache.stride() != k_cache.stride():
-            raise ValueError(f"v_cache: shape and strides must equal k_cache's, got {tuple(v_cache.shape)}")
+        if v_cache.stride() != k_cache.stride():
+            raise ValueError(f"v_cache: strides must equal k_cache's {k_cache.stride()}, got {v_cache.stride()}")
+        self.spec.check_shapes(self.host_plan, q, k_cache, v_cache, block_table, seq_lens, query_start_loc)
         for name, x in (("k_offset", k_offset), ("v_offset", v_offset)):
             if x is not None and (k_offset is None or v_offset is None):
                 raise ValueError("k_offset, v_offset: give both or neither")
@@ -186,27 +172,3 @@ class DecodeWrapper:
                 if tuple(x.shape) not in ((self.num_kv_heads,), (self.num_kv_heads, self.head_dim)) or \
                         tuple(x.shape) != tuple(k_scale.shape) or (x.dim() == 2 and x.stride(1) != 1):
                     raise ValueError(f"{name}: must be [Hkv] or contiguous [Hkv, D] like k_scale, got {tuple(x.shape)}")
-        if block_table.dim() != 2 or block_table.shape[0] != p.batch_size:
-            raise ValueError(f"plan: made for {p.batch_size} requests, block_table has shape {tuple(block_table.shape)}")
-        if tuple(seq_lens.shape) != (p.batch_size,) or tuple(query_start_loc.shape) != (p.batch_size + 1,):
-            raise ValueError(f"plan: made for {p.batch_size} requests, seq_lens has shape {tuple(seq_lens.shape)}, "
-                             f"query_start_loc {tuple(query_start_loc.shape)}")
-        if q.shape[0] != p.num_rows:
-            raise ValueError(f"plan: made for {p.num_rows} query rows, q has {q.shape[0]}")
-
-
-def check_plan_matches(plan: Plan, seq_lens: np.ndarray, query_start_loc: np.ndarray) -> None:
-    """Raise ``ValueError`` when ``plan`` was not made for these lengths (host arrays)."""
-    if plan.batch_size != seq_lens.shape[0]:
-        raise ValueError(f"plan: made for {plan.batch_size} requests, the batch has {seq_lens.shape[0]}")
-    if not np.array_equal(plan.query_start_loc, np.asarray(query_start_loc).astype(np.int32)):
-        raise ValueError("plan: made for other query rows per request (query_start_loc differs)")
-    n = plan.num_valid_items
-    req, end = plan.item_request[:n], plan.item_kv_end[:n]
-    covered = np.zeros(plan.batch_size, np.int64)
-    np.maximum.at(covered, req, end)
-    bad = np.flatnonzero(covered != np.asarray(seq_lens).astype(np.int64))
-    if bad.size:
-        b = int(bad[0])
-        raise ValueError(f"plan: covers {int(covered[b])} KV tokens of request {b}, whose seq_len is "
-                         f"{int(seq_lens[b])}; plan again for this batch")

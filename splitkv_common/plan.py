@@ -117,6 +117,30 @@ class Plan:
         tokens = (self.item_kv_end - self.item_kv_start)[: self.num_valid_items].astype(np.int64).sum()
         return int(tokens) * int(head_dim) * 2 * int(kv_elem_bytes)
 
+    def covered_seq_lens(self) -> np.ndarray:
+        """``[B]`` int64: per request, the end of its last work item, i.e. the ``seq_len`` the plan was
+        made for (0 for an empty request)."""
+        n = self.num_valid_items
+        seq = np.zeros(self.batch_size, np.int64)
+        np.maximum.at(seq, self.item_request[:n], self.item_kv_end[:n])
+        return seq
+
+    def check_batch(self, seq_lens=None, query_start_loc=None) -> None:
+        """Raise ``ValueError`` unless the batch's host ``seq_lens [B]`` / ``query_start_loc [B + 1]``
+        (either may be omitted) are the ones this plan was made for."""
+        if seq_lens is not None:
+            sl = np.asarray(seq_lens).astype(np.int64).reshape(-1)
+            if sl.shape[0] != self.batch_size:
+                raise ValueError(f"plan: made for {self.batch_size} requests, the batch has {sl.shape[0]}")
+            bad = np.flatnonzero(sl != self.covered_seq_lens())
+            if bad.size:
+                b = int(bad[0])
+                raise ValueError(f"plan: covers {int(self.covered_seq_lens()[b])} KV tokens of request {b}, whose "
+                                 f"seq_len is {int(sl[b])}; plan again for this batch")
+        if query_start_loc is not None and not np.array_equal(np.asarray(query_start_loc).astype(np.int64).reshape(-1),
+                                                              self.query_start_loc):
+            raise ValueError("plan: made for other query rows per request (query_start_loc differs)")
+
     def describe(self) -> str:
         """A human-readable summary with the reason for the choice."""
         lines = [
@@ -360,6 +384,27 @@ class PlanSpec:
     max_work_items: int | None = None
     min_split_tokens: int | None = None
 
+    def check_shapes(self, plan: Plan, q, k_cache, v_cache, block_table, seq_lens=None, query_start_loc=None) -> None:
+        """The metadata checks of a batch against these settings and ``plan`` (shapes only: no device
+        memory is read): ``q [T, Hq, D]`` with ``T`` the plan's rows, ``k_cache``/``v_cache``
+        ``[num_pages, page_size, Hkv, D]``, ``block_table [B, max_pages]``, ``seq_lens [B]``,
+        ``query_start_loc [B + 1]`` with ``B`` the plan's requests. Raises ``ValueError``."""
+        Hq, Hkv, D, page = self.num_q_heads, self.num_kv_heads, self.head_dim, self.page_size
+        if len(q.shape) != 3 or tuple(q.shape[1:]) != (Hq, D):
+            raise ValueError(f"q: must be [T, {Hq}, {D}], got {tuple(q.shape)}")
+        if len(k_cache.shape) != 4 or tuple(k_cache.shape[1:]) != (page, Hkv, D):
+            raise ValueError(f"k_cache: must be [num_pages, {page}, {Hkv}, {D}], got {tuple(k_cache.shape)}")
+        if tuple(v_cache.shape) != tuple(k_cache.shape):
+            raise ValueError(f"v_cache: shape must equal k_cache's {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+        B = plan.batch_size
+        if len(block_table.shape) != 2 or block_table.shape[0] != B:
+            raise ValueError(f"plan: made for {B} requests, block_table has shape {tuple(block_table.shape)}")
+        for name, x, n in (("seq_lens", seq_lens, B), ("query_start_loc", query_start_loc, B + 1)):
+            if x is not None and tuple(x.shape) != (n,):
+                raise ValueError(f"plan: made for {B} requests, {name} has shape {tuple(x.shape)} (must be [{n}])")
+        if q.shape[0] != plan.num_rows:
+            raise ValueError(f"plan: made for {plan.num_rows} query rows, q has {q.shape[0]}")
+
     def make(self, seq_lens, q_lens=None, query_start_loc=None, window_left: int | None = None) -> Plan:
         """Plan a batch: ``seq_lens [B]`` and optional ``q_lens [B]`` / ``query_start_loc [B + 1]``
         (host arrays); ``window_left`` None or ``-1`` for no window."""
@@ -374,3 +419,26 @@ class PlanSpec:
                          head_dim=self.head_dim, kv_elem_bytes=self.kv_elem_bytes,
                          window_left=normalize_window(window_left), graph_stable=self.graph_stable,
                          **{k: v for k, v in caps.items() if v is not None})
+
+
+class PlannedWrapper:
+    """What every backend's ``plan()`` / ``run()`` wrapper shares: its settings as one
+    :class:`PlanSpec` (``self.spec``), read back as attributes, and planning through it."""
+
+    spec: PlanSpec
+
+    num_q_heads = property(lambda self: self.spec.num_q_heads, doc="Hq")
+    num_kv_heads = property(lambda self: self.spec.num_kv_heads, doc="Hkv")
+    head_dim = property(lambda self: self.spec.head_dim, doc="D")
+    page_size = property(lambda self: self.spec.page_size, doc="tokens per KV page")
+    profile = property(lambda self: self.spec.device, doc="the planner's device profile")
+    policy = property(lambda self: self.spec.policy, doc="the split policy")
+    graph_stable = property(lambda self: self.spec.graph_stable, doc="fixed-shape plans for graph replay")
+    max_splits = property(lambda self: self.spec.max_splits)
+    max_work_items = property(lambda self: self.spec.max_work_items)
+    min_split_tokens = property(lambda self: self.spec.min_split_tokens)
+
+    def plan_spec(self) -> PlanSpec:
+        """The planning settings of this wrapper (shared with every backend's wrapper)."""
+        return self.spec
+

@@ -204,7 +204,7 @@ def test_run_checks_metadata_and_the_plan():
         w.run(t["q"][:2], *args[1:])
     with pytest.raises(ValueError, match="must be contiguous"):
         w.run(t["q"].transpose(0, 1).contiguous().transpose(0, 1), *args[1:])
-    with pytest.raises(ValueError, match="plan: made for other seq_lens"):
+    with pytest.raises(ValueError, match="plan: covers 37 KV tokens of request 0, whose seq_len is 36"):
         w.run(*args, seq_lens=(t["seq_lens"] - 1).clamp(min=0), validate=True)
     with pytest.raises(ValueError, match="AscendDecodeWrapper|head dim 12"):
         AscendDecodeWrapper(4, 2, 12, 16, device="cpu")

@@ -267,23 +267,30 @@ def _auto_candidates(longest: int, min_split: int, page: int, cap: int) -> list:
     return cands
 
 
+@functools.lru_cache(maxsize=64)
+def _column(values: tuple) -> np.ndarray:
+    """``values`` as a read-only int64 ``[C, 1]`` column (the candidates, the same most steps)."""
+    a = np.array(values, np.int64)[:, None]
+    a.flags.writeable = False
+    return a
+
+
 def _candidate_stats(sp: _Spans, ql, cands: list):
     """Per candidate split length (``[C, B]`` arrays reduced over the batch): ranges in the batch,
     partial rows (query rows x ranges), the most ranges of one request and the longest range (tokens).
     Lists of Python ints, candidate 0 (no split) first."""
     B = sp.end.shape[0]
-    lens = sp.end if sp.at_zero else sp.end - sp.start
     rows0 = B if ql is None else int(ql.sum())
-    longest_end = int(lens.max())
+    longest_end = int((sp.end if sp.at_zero else sp.end - sp.start).max())   # the longest range unsplit
     ranges, rows, most, longest = [B], [rows0], [1], [longest_end]
     if len(cands) == 1:
         return ranges, rows, most, longest
-    s = np.array(cands[1:], np.int64)[:, None]
+    s = _column(tuple(cands[1:]))
     q = sp.last // s                                   # [C - 1, B] the split holding the last position
     extra = q if sp.at_zero else q - sp.start // s     # ranges - 1
-    per_c = (extra.sum(axis=1) + B).tolist()
+    per_c = [x + B for x in extra.sum(axis=1).tolist()]
     ranges += per_c
-    rows += per_c if ql is None else (extra @ ql + rows0).tolist()
+    rows += per_c if ql is None else [x + rows0 for x in (extra @ ql).tolist()]
     if sp.at_zero:
         # ranges start on multiples of s: the most ranges are the longest request's, the longest
         # range a whole split or the longest request
@@ -420,7 +427,7 @@ def _request_splits(sp: _Spans, batch: _Batch, split: int, page: int):
         n = _range_counts(sp, split)
         most = sp.max_last // split + 1 if sp.at_zero else int(n.max())
     if most > limit:
-        s = np.full(B, s, np.int64) if np.ndim(s) == 0 else s
+        s = np.full(B, s, np.int64) if not isinstance(s, np.ndarray) else s
         _grow_to_cap(sp, s, n, limit, page)
         most = int(n.max())
     return s, n, most
@@ -461,12 +468,12 @@ def _fill_uniform(buf: np.ndarray, sp: _Spans, s, B: int, hkv: int, N: int):
         return
     j = _iota(N, np.int64)
     split[...] = j
-    if sp.at_zero and np.ndim(s) == 0:
+    if sp.at_zero and not isinstance(s, np.ndarray):
         a = j * s                                  # [N]: the same cuts for every request
         kv_start[...] = a
         kv_end[...] = np.minimum(sp.end[:, None], a + s)[:, None, :]
         return
-    s_col = s if np.ndim(s) == 0 else s[:, None]
+    s_col = s if not isinstance(s, np.ndarray) else s[:, None]
     b = (sp.start[:, None] // s_col + j + 1) * s_col
     kv_start[...] = np.maximum(sp.start[:, None], b - s_col)[:, None, :]
     kv_end[...] = np.minimum(sp.end[:, None], b)[:, None, :]
@@ -503,7 +510,7 @@ def _fill_ragged_into(buf: np.ndarray, sp: _Spans, s, n: np.ndarray, hkv: int, W
     np.subtract(np.arange(W, dtype=dt), np.repeat(seg_off, seg_len), out=split)
     item_count = n * hkv
     end_i = np.repeat(sp.end.astype(dt), item_count)
-    if sp.at_zero and np.ndim(s) == 0:
+    if sp.at_zero and not isinstance(s, np.ndarray):
         # ranges start on multiples of s: [j * s, min(end, (j + 1) * s))
         s = int(s)
         np.multiply(split, s, out=kv_start)

@@ -20,7 +20,7 @@ output row is written by the same path.
 from __future__ import annotations
 
 import functools
-import math
+import operator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -188,7 +188,7 @@ def _check_inputs(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, po
                   head_dim, min_split_tokens, max_splits) -> _Batch:
     """Parse and validate the arguments (errors in the documented order)."""
     prof = get_profile(device)
-    pol = policy if isinstance(policy, SplitPolicy) else _parse_policy(str(policy))
+    pol = _parse_policy(policy) if isinstance(policy, str) else SplitPolicy.parse(policy)
     seq = np.asarray(seq_lens).astype(np.int64).reshape(-1)
     B = seq.shape[0]
     if B and seq.min() < 0:
@@ -224,7 +224,7 @@ def _check_inputs(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, po
     return _Batch(prof, pol, seq, ql, qsl, int(qsl[-1]), hq, min_split, cap)
 
 
-_parse_policy = functools.lru_cache(maxsize=64)(SplitPolicy.parse)
+_parse_policy = functools.lru_cache(maxsize=64)(SplitPolicy.parse)   # policy text -> the (frozen) policy
 
 
 def _spans(batch: _Batch, window_left, page: int) -> _Spans:
@@ -581,6 +581,7 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
     """
     batch = _check_inputs(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, policy, device,
                           num_q_heads, head_dim, min_split_tokens, max_splits)
+    num_kv_heads = operator.index(num_kv_heads)   # a Python int from here (work-item counts, shifts)
     sp = _spans(batch, window_left, page_size)
     split, reason, est = _choose_split(sp, batch, num_kv_heads=num_kv_heads, head_dim=head_dim,
                                        kv_elem_bytes=kv_elem_bytes, page=page_size)

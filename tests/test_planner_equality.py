@@ -152,6 +152,8 @@ def test_same_plans_on_edges(page):
         ([50, 9], dict(graph_stable=True, max_splits=7, max_work_items=0)),
         ([2**31 - 100, 2**30 + 7, 5, 0, 2**31 - 1], dict(policy="size:1024", max_splits=8)),  # int32 limit
         ([2**31 - 100, 2**30 + 7, 5, 0], dict(policy="count:3", window_left=5000, num_kv_heads=3)),
+        (np.array([100, 7, 0], np.int32), dict(num_kv_heads=np.int64(3), page_size=np.int64(page),
+                                               policy="auto", min_split_tokens=np.int64(page))),  # NumPy ints
         ([30, -1], {}), ([30], dict(policy=f"size:{page + 1}" if page > 1 else "size:0")),    # errors
         ([30, 40], dict(query_start_loc=[0, 2, 1])), ([30, 40], dict(max_splits=0)),
     ]

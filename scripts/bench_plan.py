@@ -6,8 +6,9 @@ kept as the tests' reference), the old one side by side. Shapes: Hq 32 / Hkv 8 /
 lengths drawn uniformly from 512-8192 (a fixed seed per batch size), device profile h200.
 
 Each point runs the planner in blocks of calls for about ``--seconds``; the median (and the minimum)
-of the per-call times of the blocks is reported, as wall time and as this process's CPU time (on a
-shared machine the CPU time is the less disturbed figure). For graph-stable points the table also
+of the per-call times of the blocks is taken, as wall time and as this process's CPU time (on a
+shared machine the CPU time is the less disturbed figure). The sweep over all points is repeated
+``--repeat`` times (the old planner once) and the table shows the median over the sweeps. For graph-stable points the table also
 shows the memory floor: the time to allocate and fill the padded work-item arrays alone
 (5 x ``B * Hkv * max_splits`` int32, request -1 and zeros), which any planner producing that plan pays.
 
@@ -107,6 +108,8 @@ def main(argv=None):
     ap.add_argument("--old-seconds", type=float, default=None,
                     help="time per point for the old planner (default: --seconds)")
     ap.add_argument("--no-old", action="store_true", help="skip the old planner")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="sweeps of the new planner; the table shows the median over them (default 3)")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
 
@@ -118,28 +121,44 @@ def main(argv=None):
                 machine=f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.processor() or platform.system()}",
                 command=" ".join([os.path.basename(sys.executable)] + sys.argv), shape=SHAPE,
                 lengths="uniform 512-8192, seed = batch size", old_planner=old is not None)
+    points = [(B, pol, gs) for B in args.batch for pol in args.policy for gs in graph]
+    runs = {p: [] for p in points}       # one result per sweep
+    floors = {B: [] for B in args.batch}
+    for rep in range(args.repeat):
+        for B in args.batch:
+            seq = np.random.default_rng(B).integers(512, 8193, B)
+            if True in graph:
+                floors[B].append(padding_floor(B, min(args.seconds, 0.5)))
+            for pol in args.policy:
+                for gs in graph:
+                    kw = dict(SHAPE, policy=pol, graph_stable=gs)
+                    new = time_call(lambda: make_plan(seq, **kw), args.seconds)
+                    o = None
+                    if old is not None and rep == 0:   # the old planner is slow and far apart: one sweep
+                        o = time_call(lambda: old(seq, **kw), args.old_seconds or args.seconds, min_blocks=3)
+                    runs[(B, pol, gs)].append(dict(new=new, old=o))
+        print(f"sweep {rep + 1}/{args.repeat} done", file=sys.stderr, flush=True)
+
+    def med(xs, key):
+        return statistics.median(x[key] for x in xs)
+
     rows = []
     hdr = (f"{'B':>5} {'policy':>9} {'graph':>5} | {'new µs':>9} {'cpu µs':>9} {'pad floor':>9} | "
            f"{'old µs':>10} {'speed-up':>8}")
     print(hdr)
     print("-" * len(hdr))
-    for B in args.batch:
-        seq = np.random.default_rng(B).integers(512, 8193, B)
-        floor = padding_floor(B, min(args.seconds, 0.5)) if True in graph else None
-        for pol in args.policy:
-            for gs in graph:
-                kw = dict(SHAPE, policy=pol, graph_stable=gs)
-                new = time_call(lambda: make_plan(seq, **kw), args.seconds)
-                row = dict(batch=B, policy=pol, graph_stable=gs, new=new, old=None,
-                           padding_floor=floor if gs else None)
-                if old is not None:
-                    row["old"] = time_call(lambda: old(seq, **kw), args.old_seconds or args.seconds, min_blocks=3)
-                rows.append(row)
-                o = row["old"]
-                pad = f"{floor['median_us']:>9.1f}" if gs else f"{'-':>9}"
-                print(f"{B:>5} {pol:>9} {str(gs):>5} | {new['median_us']:>9.1f} {new['cpu_median_us']:>9.1f} {pad} | "
-                      + (f"{o['median_us']:>10.1f} {o['median_us'] / new['median_us']:>7.0f}x" if o else
-                         f"{'-':>10} {'-':>8}"), flush=True)
+    for B, pol, gs in points:
+        sweeps = runs[(B, pol, gs)]
+        new = [r["new"] for r in sweeps]
+        o = sweeps[0]["old"]
+        row = dict(batch=B, policy=pol, graph_stable=gs, new_median_us=med(new, "median_us"),
+                   new_cpu_median_us=med(new, "cpu_median_us"), new_sweeps=new, old=o,
+                   padding_floor_median_us=med(floors[B], "median_us") if gs else None)
+        rows.append(row)
+        pad = f"{row['padding_floor_median_us']:>9.1f}" if gs else f"{'-':>9}"
+        print(f"{B:>5} {pol:>9} {str(gs):>5} | {row['new_median_us']:>9.1f} {row['new_cpu_median_us']:>9.1f} {pad} | "
+              + (f"{o['median_us']:>10.1f} {o['median_us'] / row['new_median_us']:>7.0f}x" if o else
+                 f"{'-':>10} {'-':>8}"))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, results=rows), f, indent=1)

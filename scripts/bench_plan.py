@@ -8,9 +8,10 @@ lengths drawn uniformly from 512-8192 (a fixed seed per batch size), device prof
 Each point runs the planner in blocks of calls for about ``--seconds``; the median (and the minimum)
 of the per-call times of the blocks is taken, as wall time and as this process's CPU time (on a
 shared machine the CPU time is the less disturbed figure). The sweep over all points is repeated
-``--repeat`` times (the old planner once) and the table shows the median over the sweeps. For graph-stable points the table also
-shows the memory floor: the time to allocate and fill the padded work-item arrays alone
-(5 x ``B * Hkv * max_splits`` int32, request -1 and zeros), which any planner producing that plan pays.
+``--repeat`` times (the old planner once) and the table shows the median over the sweeps. For
+graph-stable points the table also shows the memory floor: the time to allocate and fill the padded
+work-item arrays alone (5 x ``B * Hkv * max_splits`` int32, request -1 and zeros), which any planner
+producing that plan pays.
 
     python scripts/bench_plan.py --out plan_times.json
     python scripts/bench_plan.py --batch 1 64 --policy auto --seconds 0.5

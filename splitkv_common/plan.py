@@ -483,7 +483,6 @@ def _fill_ragged(buf: np.ndarray, sp: _Spans, s, n: np.ndarray, hkv: int, W: int
     """Work items for ragged range counts: one segment per (request, KV head) holding its ``n``
     ranges, ``j`` counting up inside each. Item-sized arithmetic is done in int32 (the plan's type)
     straight into the buffer's rows."""
-    B = n.shape[0]
     if int(sp.end.max()) + int(np.max(s)) >= 2**31:   # positions near the int32 limit: go wide
         wide = np.zeros((5, W), np.int64)
         _fill_ragged_into(wide, sp, s, n, hkv, W)

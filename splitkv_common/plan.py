@@ -19,7 +19,8 @@ output row is written by the same path.
 
 from __future__ import annotations
 
-import math
+import functools
+import operator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -164,46 +165,414 @@ def visible_range(seq_len: int, q_len: int, window_left: int | None) -> tuple[in
     return lo, seq_len
 
 
-def _round_up(x: int, m: int) -> int:
+def _round_up(x, m):
+    """``x`` rounded up to a multiple of ``m`` (ints or int64 arrays)."""
     return -(-x // m) * m
 
 
-def _ranges(lo: int, hi: int, split: int, page: int) -> list[tuple[int, int]]:
-    """Cut ``[lo, hi)`` at multiples of ``split`` (``0``: no cut), starting at the page holding ``lo``."""
-    if hi <= lo:
-        return [(0, 0)]
-    start = (lo // page) * page
-    if split <= 0:
-        return [(start, hi)]
-    out = []
-    a = start
-    while a < hi:
-        b = min(hi, (a // split + 1) * split)
-        out.append((a, b))
-        a = b
-    return out
+# --- the planner, as array steps ----------------------------------------------------------------
+#
+# A request's ranges follow from three numbers: ``start`` (the page holding its first visible
+# position), ``end`` (its length) and its split length ``s``. With ``f = start // s`` there are
+# ``(end - 1) // s - f + 1`` ranges and range ``j`` is ``[max(start, (f + j) * s), min(end, (f + j + 1) * s))``.
+# So every step works on ``[B]`` arrays (``[C, B]`` for the ``auto`` candidates), never on lists of
+# ranges. A request that sees nothing is planned as ``start = end = 0`` (its one empty range); a
+# request that is not split has one range ``[start, end)`` whatever ``s`` is.
 
 
-def _estimate_us(spans, q_lens, split: int, *, num_kv_heads: int, num_q_heads: int, head_dim: int,
-                 kv_elem_bytes: int, page: int, prof: DeviceProfile) -> tuple[float, float, int]:
-    """Cost model: (attention µs, merge µs, work items) for a uniform split length (0: none)."""
-    items_bytes = []
-    partial_rows = 0
-    for (lo, hi), ql in zip(spans, q_lens):
-        rngs = _ranges(lo, hi, split, page)
-        partial_rows += ql * len(rngs)
-        items_bytes.extend([(b - a) * head_dim * 2 * kv_elem_bytes for a, b in rngs] * num_kv_heads)
-    total = sum(items_bytes)
-    w = len(items_bytes)
-    waves = math.ceil(w / (prof.units * prof.items_per_unit))
-    t_attn = (prof.launch_us + max(total / (prof.bandwidth_gbps * 1e3),
-                                   max(items_bytes) / (prof.unit_bandwidth_gbps * 1e3))
-              + waves * prof.item_overhead_us)
-    multi = any(len(_ranges(lo, hi, split, page)) > 1 for lo, hi in spans)
-    t_merge = 0.0
-    if multi:
-        t_merge = prof.launch_us + 2 * partial_rows * num_q_heads * (head_dim + 1) * 4 / (prof.bandwidth_gbps * 1e3)
-    return t_attn, t_merge, w
+@dataclass(slots=True)
+class _Batch:
+    """The checked inputs of :func:`make_plan` (int64 host arrays)."""
+
+    prof: DeviceProfile
+    pol: SplitPolicy
+    seq: np.ndarray          # [B] lengths
+    ql: np.ndarray | None    # [B] query rows, None: one each
+    qsl: np.ndarray          # [B + 1]
+    rows: int                # T, the query rows
+    hq: int
+    min_split: int
+    cap: int
+
+
+@dataclass(slots=True)
+class _Spans:
+    """What each request reads: ``[start, end)``, the start on a page boundary (``[B]`` int64)."""
+
+    start: np.ndarray     # the page holding the first visible position (0 where nothing is visible)
+    end: np.ndarray       # seq_len (0 where nothing is visible)
+    last: np.ndarray      # max(end - 1, 0), for range counts
+    raw_span: np.ndarray  # seq_len minus the page holding lo, requests that see nothing included
+    longest: int          # the longest raw span (the ``auto`` candidates stop below it)
+    max_last: int         # the largest ``last``
+    at_zero: bool         # every start is 0 (no window): the ``start`` terms drop out
+
+
+def _check_inputs(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, policy, device, num_q_heads,
+                  head_dim, min_split_tokens, max_splits) -> _Batch:
+    """Parse and validate the arguments (errors in the documented order)."""
+    prof = get_profile(device)
+    pol = _parse_policy(policy) if isinstance(policy, str) else SplitPolicy.parse(policy)
+    seq = np.asarray(seq_lens).astype(np.int64).reshape(-1)
+    B = seq.shape[0]
+    if B and seq.min() < 0:
+        raise ValueError(f"seq_lens: must be >= 0, got {seq[seq < 0][:4].tolist()}")
+    if page_size <= 0:
+        raise ValueError(f"page_size: must be positive, got {page_size}")
+    if num_kv_heads <= 0:
+        raise ValueError(f"num_kv_heads: must be positive, got {num_kv_heads}")
+    if query_start_loc is not None:
+        qsl = np.asarray(query_start_loc).astype(np.int64).reshape(-1)
+        if qsl.shape[0] != B + 1 or qsl[0] != 0 or (np.diff(qsl) < 0).any():
+            raise ValueError("query_start_loc: must be [B + 1], start at 0 and be non-decreasing")
+        ql = np.diff(qsl)
+    elif q_lens is None:
+        ql, qsl = None, np.arange(B + 1, dtype=np.int64)
+    else:
+        ql = np.asarray(q_lens).astype(np.int64).reshape(-1)
+        if ql.shape[0] != B:
+            raise ValueError(f"q_lens: must have one entry per request ({B}), got {ql.shape[0]}")
+        if B and ql.min() < 0:
+            raise ValueError("q_lens: must be >= 0")
+        qsl = np.zeros(B + 1, np.int64)
+        np.cumsum(ql, out=qsl[1:])
+    hq = num_q_heads if num_q_heads is not None else num_kv_heads
+    if hq <= 0 or hq % num_kv_heads:
+        raise ValueError(f"num_q_heads: must be a positive multiple of num_kv_heads (GQA), got {hq} and {num_kv_heads}")
+    if head_dim <= 0:
+        raise ValueError(f"head_dim: must be positive, got {head_dim}")
+    min_split = prof.min_split_tokens if min_split_tokens is None else int(min_split_tokens)
+    cap = prof.max_splits if max_splits is None else int(max_splits)
+    if cap <= 0:
+        raise ValueError(f"max_splits: must be positive, got {cap}")
+    return _Batch(prof, pol, seq, ql, qsl, int(qsl[-1]), hq, min_split, cap)
+
+
+_parse_policy = functools.lru_cache(maxsize=64)(SplitPolicy.parse)   # policy text -> the (frozen) policy
+
+
+def _spans(batch: _Batch, window_left, page: int) -> _Spans:
+    """:func:`visible_range` of every request, its start moved down to a page boundary."""
+    seq = batch.seq
+    last = np.maximum(seq - 1, 0)
+    longest = int(seq.max()) if seq.shape[0] else 0
+    if window_left is None or window_left < 0:   # everything visible: [0, seq_len)
+        return _Spans(np.zeros(seq.shape[0], np.int64), seq, last, seq, longest, max(longest - 1, 0), True)
+    ql = 1 if batch.ql is None else batch.ql
+    lo = np.maximum(seq - ql - window_left, 0)
+    raw_start = lo // page * page
+    raw_span = seq - raw_start
+    longest = int(raw_span.max()) if seq.shape[0] else 0
+    empty = seq <= lo                            # no row sees anything: one empty range
+    if empty.any():
+        start, end = np.where(empty, 0, raw_start), np.where(empty, 0, seq)
+        last = np.maximum(end - 1, 0)
+    else:
+        start, end = raw_start, seq
+    return _Spans(start, end, last, raw_span, longest, int(last.max(initial=0)), not start.any())
+
+
+def _range_counts(sp: _Spans, s) -> np.ndarray:
+    """Ranges per request for split length(s) ``s > 0`` (an int, ``[B]`` or ``[C, 1]``)."""
+    if sp.at_zero:
+        return sp.last // s + 1
+    return sp.last // s - sp.start // s + 1
+
+
+def _auto_candidates(longest: int, min_split: int, page: int, cap: int) -> list:
+    """``auto``'s split lengths: none (0), then the page-rounded minimum doubled while under the
+    longest request, leaving out those that would cut it into more than ``cap`` splits."""
+    cands = [0]
+    s = _round_up(max(min_split, page), page)
+    while s < longest:
+        if -(-longest // s) <= cap:
+            cands.append(s)
+        s *= 2
+    return cands
+
+
+@functools.lru_cache(maxsize=64)
+def _column(values: tuple) -> np.ndarray:
+    """``values`` as a read-only int64 ``[C, 1]`` column (the candidates, the same most steps)."""
+    a = np.array(values, np.int64)[:, None]
+    a.flags.writeable = False
+    return a
+
+
+def _candidate_stats(sp: _Spans, ql, cands: list):
+    """Per candidate split length (``[C, B]`` arrays reduced over the batch): ranges in the batch,
+    partial rows (query rows x ranges), the most ranges of one request and the longest range (tokens).
+    Lists of Python ints, candidate 0 (no split) first."""
+    B = sp.end.shape[0]
+    rows0 = B if ql is None else int(ql.sum())
+    longest_end = int((sp.end if sp.at_zero else sp.end - sp.start).max())   # the longest range unsplit
+    ranges, rows, most, longest = [B], [rows0], [1], [longest_end]
+    if len(cands) == 1:
+        return ranges, rows, most, longest
+    s = _column(tuple(cands[1:]))
+    q = sp.last // s                                   # [C - 1, B] the split holding the last position
+    extra = q if sp.at_zero else q - sp.start // s     # ranges - 1
+    per_c = [x + B for x in extra.sum(axis=1).tolist()]
+    ranges += per_c
+    rows += per_c if ql is None else [x + rows0 for x in (extra @ ql).tolist()]
+    if sp.at_zero:
+        # ranges start on multiples of s: the most ranges are the longest request's, the longest
+        # range a whole split or the longest request
+        most += [sp.max_last // c + 1 for c in cands[1:]]
+        longest += [min(c, longest_end) for c in cands[1:]]
+        return ranges, rows, most, longest
+    most_c = extra.max(axis=1) + 1
+    most += most_c.tolist()
+    # three ranges or more: a whole split is the longest; otherwise the longer of the end ranges
+    longest += cands[1:]
+    short = np.flatnonzero(most_c < 3)
+    if short.size:
+        s_, q_ = s[short], q[short]
+        first = np.minimum(sp.end, (sp.start // s_ + 1) * s_) - sp.start
+        tail = sp.end - np.maximum(sp.start, q_ * s_)
+        for i, v in zip(short.tolist(), np.maximum(first, tail).max(axis=1).tolist()):
+            longest[i + 1] = v
+    return ranges, rows, most, longest
+
+
+def _choose_auto(sp: _Spans, batch: _Batch, *, num_kv_heads: int, head_dim: int, kv_elem_bytes: int,
+                 page: int):
+    """``auto``: the cost model (``docs/planner.md``) for every candidate, the cheapest taken, fewer
+    splits preferred unless more gain over 3 %. Returns the split length, the reason, the estimates."""
+    prof, B = batch.prof, batch.seq.shape[0]
+    if B == 0:
+        return 0, "auto: empty batch", {}
+    cands = _auto_candidates(sp.longest, batch.min_split, page, batch.cap)
+    ranges, rows, most, longest = _candidate_stats(sp, batch.ql, cands)
+    token_bytes = head_dim * 2 * kv_elem_bytes
+    lens_total = int(sp.end.sum()) if sp.at_zero else int((sp.end - sp.start).sum())
+    # the terms of the model (docs/planner.md), each computed as the loop planner did, bit for bit
+    bw, unit_bw = prof.bandwidth_gbps * 1e3, prof.unit_bandwidth_gbps * 1e3
+    launch, per_wave, slots = prof.launch_us, prof.item_overhead_us, prof.units * prof.items_per_unit
+    t_stream = lens_total * num_kv_heads * token_bytes / bw   # the same tokens whatever the split
+    merge_bytes = 2 * batch.hq * (head_dim + 1) * 4            # per partial row (o and lse, written and read)
+    est = {}
+    best_c = best_t = None
+    for c, r, pr, m, lg in zip(cands, ranges, rows, most, longest):
+        w = r * num_kv_heads
+        t_attn = launch + max(t_stream, lg * token_bytes / unit_bw) + -(-w // slots) * per_wave
+        if m > 1:
+            t_merge = launch + pr * merge_bytes / bw
+            # rounded as NumPy rounds (multiply, round half to even, divide), as it always was
+            est[c] = {"attention_us": round(t_attn, 3), "merge_us": round(t_merge * 1000.0) / 1000.0,
+                      "work_items": w}
+            total = t_attn + t_merge
+        else:
+            est[c] = {"attention_us": round(t_attn, 3), "merge_us": 0.0, "work_items": w}
+            total = t_attn + 0.0
+        # prefer fewer splits unless the gain is over 3 %
+        if best_c is None or total < best_t * 0.97:
+            best_c, best_t = c, total
+    return best_c, _auto_reason(best_c, est, B * num_kv_heads, prof), est
+
+
+def _auto_reason(split: int, est: dict, par: int, prof: DeviceProfile) -> str:
+    none_t = est[0]["attention_us"] + est[0]["merge_us"]
+    if split == 0 and par >= prof.units:
+        return (f"auto on {prof.name}: {par} (request, KV head) items already occupy "
+                f"{prof.units} units; splitting would add merge and per-split cost "
+                f"(no split est. {none_t:.1f} µs)")
+    if split == 0:
+        return (f"auto on {prof.name}: {par} (request, KV head) items for {prof.units} units, but the "
+                f"history is too short for splitting to pay for its merge and per-split cost "
+                f"(no split est. {none_t:.1f} µs)")
+    e = est[split]
+    return (f"auto on {prof.name}: only {par} (request, KV head) items for {prof.units} units; "
+            f"splits of {split} tokens give {e['work_items']} items, est. "
+            f"{e['attention_us']:.1f} µs attention + {e['merge_us']:.1f} µs merge "
+            f"vs {none_t:.1f} µs unsplit")
+
+
+def _choose_split(sp: _Spans, batch: _Batch, *, num_kv_heads: int, head_dim: int, kv_elem_bytes: int,
+                  page: int):
+    """The policy's uniform split length (0: none, or per request for ``fixed_count``), the reason and
+    the ``auto`` estimates."""
+    pol = batch.pol
+    if pol.kind == "none":
+        return 0, "policy none: one work item per (request, KV head)", {}
+    if pol.kind == "fixed_size":
+        if pol.value % page:
+            raise ValueError(f"split_size: {pol.value} tokens is not a multiple of page_size {page}")
+        return pol.value, f"fixed split size {pol.value} tokens (batch-invariant boundaries)", {}
+    if pol.kind == "fixed_count":
+        return 0, f"fixed split count {pol.value} per request (split length rounded up to the page size)", {}
+    return _choose_auto(sp, batch, num_kv_heads=num_kv_heads, head_dim=head_dim, kv_elem_bytes=kv_elem_bytes,
+                        page=page)
+
+
+def _grow_to_cap(sp: _Spans, s: np.ndarray, n: np.ndarray, limit: int, page: int):
+    """Grow the split length of the requests with more than ``limit`` ranges until they fit.
+
+    ``s``, ``n``: ``[B]`` split lengths and range counts, updated in place. Such a request first takes
+    ``ceil(span / limit)`` rounded up to the page size; absolute boundaries can still give one range
+    more, and then its length grows a page at a time from the larger of its policy length and that
+    try's first range, until the count fits.
+    """
+    over = np.flatnonzero(n > limit)
+    start, end, last = sp.start[over], sp.end[over], sp.last[over]
+    s2 = _round_up(-(-(end - start) // limit), page)
+    bad = np.flatnonzero(last // s2 - start // s2 + 1 > limit)
+    if bad.size:
+        st, en, la = start[bad], end[bad], last[bad]
+        first = np.minimum(en, (st // s2[bad] + 1) * s2[bad]) - st      # that try's first range
+        g = _round_up(np.maximum(s[over[bad]], first) + page, page)
+        todo = np.arange(bad.size)
+        while todo.size:
+            f = st[todo] // g[todo]
+            still = la[todo] // g[todo] - f + 1 > limit
+            todo, f = todo[still], f[still]
+            first = np.minimum(en[todo], (f + 1) * g[todo]) - st[todo]
+            g[todo] = _round_up(np.maximum(g[todo], first) + page, page)
+        s2[bad] = g
+    s[over] = s2
+    n[over] = last // s2 - start // s2 + 1
+
+
+def _request_splits(sp: _Spans, batch: _Batch, split: int, page: int):
+    """Each request's split length (an int when uniform, else ``[B]``; 0: no request split), range
+    count ``[B]`` (int64) and the most ranges of one request, under the policy's rule and the cap."""
+    pol, B = batch.pol, batch.seq.shape[0]
+    if B == 0 or (split == 0 and pol.kind != "fixed_count"):
+        return 0, np.ones(B, np.int64), 1
+    if pol.kind == "fixed_count":
+        span = sp.raw_span
+        # no span only where nothing is visible: one empty range whatever the length
+        s = np.where(span > 0, _round_up(np.maximum(-(-span // pol.value), 1), page), page)
+        limit = min(batch.cap, pol.value)   # a window start off a split boundary can add a range
+        n = _range_counts(sp, s)
+        most = int(n.max())
+    else:
+        s, limit = split, batch.cap
+        n = _range_counts(sp, split)
+        most = sp.max_last // split + 1 if sp.at_zero else int(n.max())
+    if most > limit:
+        s = np.full(B, s, np.int64) if not isinstance(s, np.ndarray) else s
+        _grow_to_cap(sp, s, n, limit, page)
+        most = int(n.max())
+    return s, n, most
+
+
+def _alloc_items(W: int, capacity: int | None) -> np.ndarray:
+    """One ``[5, size]`` int32 buffer whose rows are the work-item arrays: ``W`` valid entries to
+    fill, then padding (request -1, zeros)."""
+    size = W if capacity is None else capacity
+    if capacity is not None and W > capacity:
+        raise ValueError(f"max_work_items: the batch needs {W} work items, over the capacity {capacity}")
+    buf = np.empty((5, size), np.int32)
+    if size > W:
+        buf[0, W:] = -1
+        buf[1:, W:] = 0
+    return buf
+
+
+@functools.lru_cache(maxsize=64)
+def _iota(n: int, dtype=np.int32) -> np.ndarray:
+    """``arange(n)``, cached and read-only (the small index vectors every plan broadcasts)."""
+    a = np.arange(n, dtype=dtype)
+    a.flags.writeable = False
+    return a
+
+
+def _fill_uniform(buf: np.ndarray, sp: _Spans, s, B: int, hkv: int, N: int):
+    """Work items when every request has ``N`` ranges: ``[B, Hkv, N]`` views, broadcast writes."""
+    if B == 0:
+        return
+    req, head, split, kv_start, kv_end = buf[:, :B * hkv * N].reshape(5, B, hkv, N)
+    req[...] = _iota(B)[:, None, None]
+    head[...] = _iota(hkv)[:, None]
+    if N == 1:   # one range: [start, end)
+        split[...] = 0
+        kv_start[...] = sp.start[:, None, None]
+        kv_end[...] = sp.end[:, None, None]
+        return
+    j = _iota(N, np.int64)
+    split[...] = j
+    if sp.at_zero and not isinstance(s, np.ndarray):
+        a = j * s                                  # [N]: the same cuts for every request
+        kv_start[...] = a
+        kv_end[...] = np.minimum(sp.end[:, None], a + s)[:, None, :]
+        return
+    s_col = s if not isinstance(s, np.ndarray) else s[:, None]
+    b = (sp.start[:, None] // s_col + j + 1) * s_col
+    kv_start[...] = np.maximum(sp.start[:, None], b - s_col)[:, None, :]
+    kv_end[...] = np.minimum(sp.end[:, None], b)[:, None, :]
+
+
+def _fill_ragged(buf: np.ndarray, sp: _Spans, s, n: np.ndarray, hkv: int, W: int):
+    """Work items for ragged range counts: one segment per (request, KV head) holding its ``n``
+    ranges, ``j`` counting up inside each. Item-sized arithmetic is done in int32 (the plan's type)
+    straight into the buffer's rows."""
+    if int(sp.end.max()) + int(np.max(s)) >= 2**31:   # positions near the int32 limit: go wide
+        wide = np.zeros((5, W), np.int64)
+        _fill_ragged_into(wide, sp, s, n, hkv, W)
+        buf[:, :W] = wide
+        return
+    _fill_ragged_into(buf, sp, s, n, hkv, W)
+
+
+def _fill_ragged_into(buf: np.ndarray, sp: _Spans, s, n: np.ndarray, hkv: int, W: int):
+    """:func:`_fill_ragged`'s arithmetic, in ``buf``'s integer type."""
+    B = n.shape[0]
+    dt = buf.dtype
+    req, head, split, kv_start, kv_end = buf[:, :W]
+    seg_len = np.repeat(n, hkv)                                       # [B * Hkv]
+    seg_off = np.zeros(B * hkv, dt)
+    np.cumsum(seg_len[:-1], out=seg_off[1:])
+    seg = np.repeat(np.arange(B * hkv, dtype=dt), seg_len)            # [W] the item's segment
+    if hkv & (hkv - 1) == 0:                                          # a power of two: shift and mask
+        np.right_shift(seg, hkv.bit_length() - 1, out=req)
+        np.bitwise_and(seg, hkv - 1, out=head)
+    else:
+        np.floor_divide(seg, hkv, out=req)
+        np.subtract(seg, req * hkv, out=head)
+    np.subtract(np.arange(W, dtype=dt), np.repeat(seg_off, seg_len), out=split)
+    item_count = n * hkv
+    end_i = np.repeat(sp.end.astype(dt), item_count)
+    if sp.at_zero and not isinstance(s, np.ndarray):
+        # ranges start on multiples of s: [j * s, min(end, (j + 1) * s))
+        s = int(s)
+        np.multiply(split, s, out=kv_start)
+        np.add(kv_start, s, out=kv_end)
+        np.minimum(kv_end, end_i, out=kv_end)
+        return
+    s_b = np.broadcast_to(np.asarray(s, np.int64), (B,))
+    s_i = np.repeat(s_b.astype(dt), item_count)
+    b = (np.repeat((sp.start // s_b).astype(dt), item_count) + split + 1) * s_i   # the range's split end
+    np.maximum(np.repeat(sp.start.astype(dt), item_count), b - s_i, out=kv_start)
+    np.minimum(end_i, b, out=kv_end)
+
+
+def _work_items(sp: _Spans, s, n: np.ndarray, most: int, hkv: int, capacity: int | None):
+    """The work-item arrays (int32 rows of one buffer): request-major, then KV head, then split;
+    padded to ``capacity`` (graph-stable plans) with ``item_request = -1`` and empty ranges.
+    Returns them and the count of valid items."""
+    B = n.shape[0]
+    R = int(n.sum()) if B else 0
+    W = R * hkv
+    buf = _alloc_items(W, capacity)
+    if R == B * most:
+        _fill_uniform(buf, sp, s, B, hkv, most)
+    else:
+        _fill_ragged(buf, sp, s, n, hkv, W)
+    return buf, W
+
+
+def _row_slots(batch: _Batch, num_splits: np.ndarray, graph_stable: bool):
+    """``row_slot_start``, ``row_num_splits`` (``[T]`` int32) and ``num_slots``."""
+    T = batch.rows
+    if T == 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32), 0
+    row_ns = num_splits.copy() if batch.ql is None else np.repeat(num_splits, batch.ql)
+    if graph_stable:
+        return np.arange(0, T * batch.cap, batch.cap, dtype=np.int32), row_ns, T * batch.cap
+    row_start = np.zeros(T, np.int64)
+    np.cumsum(row_ns[:-1], out=row_start[1:])
+    return row_start.astype(np.int32), row_ns, int(row_start[-1]) + int(row_ns[-1])
 
 
 def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query_start_loc=None,
@@ -228,138 +597,30 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
         graph_stable: fixed shapes for graph replay: ``max_splits`` slots per query row and
             ``max_work_items`` work items (padded with ``item_request = -1``).
         max_work_items: capacity of a graph-stable plan (default ``B * Hkv * max_splits``).
+
+    The steps, each on ``[B]`` arrays (``docs/planner.md``): check the inputs, the visible spans, the
+    policy's split length (``auto``: every candidate costed at once), each request's split length and
+    range count under the cap, the work items, the partial slots.
     """
-    prof = get_profile(device)
-    pol = SplitPolicy.parse(policy)
-    seq = np.asarray(seq_lens).astype(np.int64).reshape(-1)
-    B = seq.shape[0]
-    if (seq < 0).any():
-        raise ValueError(f"seq_lens: must be >= 0, got {seq[seq < 0][:4].tolist()}")
-    if page_size <= 0:
-        raise ValueError(f"page_size: must be positive, got {page_size}")
-    if num_kv_heads <= 0:
-        raise ValueError(f"num_kv_heads: must be positive, got {num_kv_heads}")
-    if query_start_loc is not None:
-        qsl = np.asarray(query_start_loc).astype(np.int64).reshape(-1)
-        if qsl.shape[0] != B + 1 or qsl[0] != 0 or (np.diff(qsl) < 0).any():
-            raise ValueError("query_start_loc: must be [B + 1], start at 0 and be non-decreasing")
-        ql = np.diff(qsl)
-    else:
-        ql = np.ones(B, np.int64) if q_lens is None else np.asarray(q_lens).astype(np.int64).reshape(-1)
-        if ql.shape[0] != B:
-            raise ValueError(f"q_lens: must have one entry per request ({B}), got {ql.shape[0]}")
-        if (ql < 0).any():
-            raise ValueError("q_lens: must be >= 0")
-        qsl = np.concatenate([[0], np.cumsum(ql)])
-    hq = num_q_heads if num_q_heads is not None else num_kv_heads
-    if hq <= 0 or hq % num_kv_heads:
-        raise ValueError(f"num_q_heads: must be a positive multiple of num_kv_heads (GQA), got {hq} and {num_kv_heads}")
-    if head_dim <= 0:
-        raise ValueError(f"head_dim: must be positive, got {head_dim}")
-    min_split = prof.min_split_tokens if min_split_tokens is None else int(min_split_tokens)
-    cap = prof.max_splits if max_splits is None else int(max_splits)
-    if cap <= 0:
-        raise ValueError(f"max_splits: must be positive, got {cap}")
-    spans = [visible_range(int(s), int(q), window_left) for s, q in zip(seq, ql)]
-    longest = max([hi - (lo // page_size) * page_size for lo, hi in spans], default=0)
-    est = {}
-
-    if pol.kind == "none":
-        split, reason = 0, "policy none: one work item per (request, KV head)"
-    elif pol.kind == "fixed_size":
-        if pol.value % page_size:
-            raise ValueError(f"split_size: {pol.value} tokens is not a multiple of page_size {page_size}")
-        split, reason = pol.value, f"fixed split size {pol.value} tokens (batch-invariant boundaries)"
-    elif pol.kind == "fixed_count":
-        split = 0  # per request below
-        reason = f"fixed split count {pol.value} per request (split length rounded up to the page size)"
-    else:
-        kw = dict(num_kv_heads=num_kv_heads, num_q_heads=hq, head_dim=head_dim, kv_elem_bytes=kv_elem_bytes,
-                  page=page_size, prof=prof)
-        cands = [0]
-        s = _round_up(max(min_split, page_size), page_size)
-        while s < longest:
-            cands.append(s)
-            s *= 2
-        best = None
-        for c in cands:
-            if c and math.ceil(longest / c) > cap:
-                continue
-            if not spans:
-                break
-            ta, tm, w = _estimate_us(spans, ql, c, **kw)
-            est[c] = {"attention_us": round(ta, 3), "merge_us": round(tm, 3), "work_items": w}
-            total = ta + tm
-            # prefer fewer splits unless the gain is over 3 %
-            if best is None or total < best[1] * 0.97:
-                best = (c, total)
-        split = best[0] if best else 0
-        if not est:
-            reason = "auto: empty batch"
-        else:
-            none_t = est[0]["attention_us"] + est[0]["merge_us"]
-            par = B * num_kv_heads
-            if split == 0 and par >= prof.units:
-                reason = (f"auto on {prof.name}: {par} (request, KV head) items already occupy "
-                          f"{prof.units} units; splitting would add merge and per-split cost "
-                          f"(no split est. {none_t:.1f} µs)")
-            elif split == 0:
-                reason = (f"auto on {prof.name}: {par} (request, KV head) items for {prof.units} units, but the "
-                          f"history is too short for splitting to pay for its merge and per-split cost "
-                          f"(no split est. {none_t:.1f} µs)")
-            else:
-                e = est[split]
-                reason = (f"auto on {prof.name}: only {par} (request, KV head) items for {prof.units} units; "
-                          f"splits of {split} tokens give {e['work_items']} items, est. "
-                          f"{e['attention_us']:.1f} µs attention + {e['merge_us']:.1f} µs merge "
-                          f"vs {none_t:.1f} µs unsplit")
-
-    # per-request ranges
-    per_req: list[list[tuple[int, int]]] = []
-    for (lo, hi), q in zip(spans, ql):
-        if pol.kind == "fixed_count":
-            span = hi - (lo // page_size) * page_size
-            s_b = _round_up(max(1, math.ceil(span / pol.value)), page_size) if span > 0 else 0
-        else:
-            s_b = split
-        rngs = _ranges(lo, hi, s_b, page_size)
-        # fixed_count: a window start off a split boundary can add a range; the count is a cap too
-        limit = min(cap, pol.value) if pol.kind == "fixed_count" else cap
-        if len(rngs) > limit:  # grow the split length to respect the cap
-            span = hi - (lo // page_size) * page_size
-            rngs = _ranges(lo, hi, _round_up(math.ceil(span / limit), page_size), page_size)
-            while len(rngs) > limit:  # absolute boundaries can add one range; grow again
-                s_b = _round_up(max(s_b, (rngs[1][0] - rngs[0][0])) + page_size, page_size)
-                rngs = _ranges(lo, hi, s_b, page_size)
-        per_req.append(rngs)
-
-    num_splits = np.array([len(r) for r in per_req], np.int32)
-    T = int(qsl[-1])
-    row_req = np.repeat(np.arange(B), ql)
-    row_ns = num_splits[row_req] if T else np.zeros(0, np.int32)
+    batch = _check_inputs(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, policy, device,
+                          num_q_heads, head_dim, min_split_tokens, max_splits)
+    num_kv_heads = operator.index(num_kv_heads)   # a Python int from here (work-item counts, shifts)
+    sp = _spans(batch, window_left, page_size)
+    split, reason, est = _choose_split(sp, batch, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                                       kv_elem_bytes=kv_elem_bytes, page=page_size)
+    s, n, most = _request_splits(sp, batch, split, page_size)
+    num_splits = n.astype(np.int32)
+    row_start, row_ns, num_slots = _row_slots(batch, num_splits, graph_stable)
+    capacity = None
     if graph_stable:
-        row_start = (np.arange(T) * cap).astype(np.int32)
-        num_slots = T * cap
-    else:
-        row_start = np.concatenate([[0], np.cumsum(row_ns)[:-1]]).astype(np.int32) if T else np.zeros(0, np.int32)
-        num_slots = int(row_ns.sum())
-
-    items = [(b, h, j, a, e) for b, rngs in enumerate(per_req) for h in range(num_kv_heads)
-             for j, (a, e) in enumerate(rngs)]
-    n_valid = len(items)
-    if graph_stable:
-        cap_items = B * num_kv_heads * cap if max_work_items is None else int(max_work_items)
-        if n_valid > cap_items:
-            raise ValueError(f"max_work_items: the batch needs {n_valid} work items, over the capacity {cap_items}")
-        items += [(-1, 0, 0, 0, 0)] * (cap_items - n_valid)
-    arr = np.array(items, np.int32).reshape(-1, 5)
+        capacity = batch.seq.shape[0] * num_kv_heads * batch.cap if max_work_items is None else int(max_work_items)
+    (req, head, jsplit, kv_start, kv_end), n_valid = _work_items(sp, s, n, most, num_kv_heads, capacity)
     return Plan(
-        item_request=arr[:, 0].copy(), item_kv_head=arr[:, 1].copy(), item_split=arr[:, 2].copy(),
-        item_kv_start=arr[:, 3].copy(), item_kv_end=arr[:, 4].copy(), num_valid_items=n_valid,
-        num_splits=num_splits, query_start_loc=qsl.astype(np.int32), row_slot_start=row_start,
-        row_num_splits=row_ns.astype(np.int32), num_slots=int(num_slots), num_kv_heads=int(num_kv_heads),
-        page_size=int(page_size), policy=pol, split_tokens=int(split), graph_stable=bool(graph_stable),
-        reason=reason, estimates_us=est)
+        item_request=req, item_kv_head=head, item_split=jsplit, item_kv_start=kv_start, item_kv_end=kv_end,
+        num_valid_items=n_valid, num_splits=num_splits, query_start_loc=batch.qsl.astype(np.int32),
+        row_slot_start=row_start, row_num_splits=row_ns, num_slots=int(num_slots),
+        num_kv_heads=int(num_kv_heads), page_size=int(page_size), policy=batch.pol, split_tokens=int(split),
+        graph_stable=bool(graph_stable), reason=reason, estimates_us=est)
 
 
 @dataclass(frozen=True)

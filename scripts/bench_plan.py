@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Time the split planner: ``make_plan`` per decode step, over batch sizes, policies and graph stability.
+
+Times the package's planner and, when ``tests/planner_oracle.py`` exists (the previous loop planner,
+kept as the tests' reference), the old one side by side. Shapes: Hq 32 / Hkv 8 / D 128, page 16,
+lengths drawn uniformly from 512-8192 (a fixed seed per batch size), device profile h200.
+
+Each point runs the planner in blocks of calls for about ``--seconds``; the median (and the minimum)
+of the per-call times of the blocks is taken, as wall time and as this process's CPU time (on a
+shared machine the CPU time is the less disturbed figure). The sweep over all points is repeated
+``--repeat`` times (the old planner once) and the table shows the median over the sweeps. For
+graph-stable points the table also shows the memory floor: the time to allocate and fill the padded
+work-item arrays alone (5 x ``B * Hkv * max_splits`` int32, request -1 and zeros), which any planner
+producing that plan pays.
+
+    python scripts/bench_plan.py --out plan_times.json
+    python scripts/bench_plan.py --batch 1 64 --policy auto --seconds 0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from splitkv_common.devices import get_profile  # noqa: E402
+from splitkv_common.plan import make_plan  # noqa: E402
+
+SHAPE = dict(num_kv_heads=8, num_q_heads=32, head_dim=128, page_size=16, device="h200")
+
+
+def load_oracle():
+    """The previous loop planner from the tests, or None when the file is not there."""
+    path = os.path.join(ROOT, "tests", "planner_oracle.py")
+    if not os.path.exists(path):
+        return None
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("planner_oracle", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.make_plan
+
+
+def git_state():
+    """``(commit, dirty)`` of the repository, or ``(None, None)`` outside git."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                                    capture_output=True, text=True, check=True).stdout.strip())
+        return commit, dirty
+    except (OSError, subprocess.CalledProcessError):
+        return None, None
+
+
+def time_call(fn, seconds: float, min_blocks: int = 7):
+    """Per-call times (µs) of ``fn``: blocks of calls sized to about 2 ms, for ``seconds`` in all.
+    Returns median and minimum of the blocks, wall and CPU."""
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    one = max(time.perf_counter() - t0, 1e-7)
+    per_block = max(1, int(0.002 / one))
+    wall, cpu = [], []
+    deadline = time.perf_counter() + seconds
+    while len(wall) < min_blocks or time.perf_counter() < deadline:
+        w0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(per_block):
+            fn()
+        wall.append((time.perf_counter() - w0) / per_block * 1e6)
+        cpu.append((time.process_time() - c0) / per_block * 1e6)
+        if len(wall) >= 10000:
+            break
+    return dict(median_us=statistics.median(wall), min_us=min(wall), cpu_median_us=statistics.median(cpu),
+                blocks=len(wall), calls_per_block=per_block)
+
+
+def padding_floor(B: int, seconds: float):
+    """The time (µs) to allocate and fill the five padded work-item arrays of a graph-stable plan."""
+    size = B * SHAPE["num_kv_heads"] * get_profile(SHAPE["device"]).max_splits
+
+    def fill():
+        buf = np.empty((5, size), np.int32)
+        buf[0] = -1
+        buf[1:] = 0
+        return buf
+
+    return time_call(fill, seconds)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64, 256, 1024])
+    ap.add_argument("--policy", nargs="+", default=["auto", "size:256"])
+    ap.add_argument("--graph-stable", choices=["both", "on", "off"], default="both")
+    ap.add_argument("--seconds", type=float, default=1.0, help="time per point and planner (default 1)")
+    ap.add_argument("--old-seconds", type=float, default=None,
+                    help="time per point for the old planner (default: --seconds)")
+    ap.add_argument("--no-old", action="store_true", help="skip the old planner")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="sweeps of the new planner; the table shows the median over them (default 3)")
+    ap.add_argument("--out", help="write the results as JSON here")
+    args = ap.parse_args(argv)
+
+    old = None if args.no_old else load_oracle()
+    graph = {"both": [False, True], "on": [True], "off": [False]}[args.graph_stable]
+    commit, dirty = git_state()
+    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                commit=commit, dirty=dirty, python=platform.python_version(), numpy=np.__version__,
+                machine=f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.processor() or platform.system()}",
+                command=" ".join([os.path.basename(sys.executable)] + sys.argv), shape=SHAPE,
+                lengths="uniform 512-8192, seed = batch size", old_planner=old is not None)
+    points = [(B, pol, gs) for B in args.batch for pol in args.policy for gs in graph]
+    runs = {p: [] for p in points}       # one result per sweep
+    floors = {B: [] for B in args.batch}
+    for rep in range(args.repeat):
+        for B in args.batch:
+            seq = np.random.default_rng(B).integers(512, 8193, B)
+            if True in graph:
+                floors[B].append(padding_floor(B, min(args.seconds, 0.5)))
+            for pol in args.policy:
+                for gs in graph:
+                    kw = dict(SHAPE, policy=pol, graph_stable=gs)
+                    new = time_call(lambda: make_plan(seq, **kw), args.seconds)
+                    o = None
+                    if old is not None and rep == 0:   # the old planner is slow and far apart: one sweep
+                        o = time_call(lambda: old(seq, **kw), args.old_seconds or args.seconds, min_blocks=3)
+                    runs[(B, pol, gs)].append(dict(new=new, old=o))
+        print(f"sweep {rep + 1}/{args.repeat} done", file=sys.stderr, flush=True)
+
+    def med(xs, key):
+        return statistics.median(x[key] for x in xs)
+
+    rows = []
+    hdr = (f"{'B':>5} {'policy':>9} {'graph':>5} | {'new µs':>9} {'cpu µs':>9} {'pad floor':>9} | "
+           f"{'old µs':>10} {'speed-up':>8}")
+    print(hdr)
+    print("-" * len(hdr))
+    for B, pol, gs in points:
+        sweeps = runs[(B, pol, gs)]
+        new = [r["new"] for r in sweeps]
+        o = sweeps[0]["old"]
+        row = dict(batch=B, policy=pol, graph_stable=gs, new_median_us=med(new, "median_us"),
+                   new_cpu_median_us=med(new, "cpu_median_us"), new_sweeps=new, old=o,
+                   padding_floor_median_us=med(floors[B], "median_us") if gs else None)
+        rows.append(row)
+        pad = f"{row['padding_floor_median_us']:>9.1f}" if gs else f"{'-':>9}"
+        print(f"{B:>5} {pol:>9} {str(gs):>5} | {row['new_median_us']:>9.1f} {row['new_cpu_median_us']:>9.1f} {pad} | "
+              + (f"{o['median_us']:>10.1f} {o['median_us'] / row['new_median_us']:>7.0f}x" if o else
+                 f"{'-':>10} {'-':>8}"))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(meta=meta, results=rows), f, indent=1)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""The vectorised planner makes the previous loop planner's plans, bit for bit.
+
+Every array field equal (``np.array_equal``, same dtype), every scalar field, the ``reason`` text and
+the ``estimates_us`` dict equal, on a generated corpus: ragged lengths including 0, sliding windows,
+multi-query rows (``q_lens`` and ``query_start_loc``, zero-row requests included), every policy,
+the caps, graph-stable padding, every device profile, page sizes 1 / 8 / 16 / 128. Errors are
+compared too: both planners raise ``ValueError`` with the same message, or neither does.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner_oracle import make_plan as oracle_make_plan
+from splitkv_common.devices import PROFILES
+from splitkv_common.plan import make_plan
+
+ARRAY_FIELDS = ("item_request", "item_kv_head", "item_split", "item_kv_start", "item_kv_end", "num_splits",
+                "query_start_loc", "row_slot_start", "row_num_splits")
+PAGES = [1, 8, 16, 128]
+
+
+def assert_same_plan(got, want):
+    """Field by field: arrays equal with the same dtype and shape, scalars and texts equal."""
+    for f in dataclasses.fields(want):
+        a, b = getattr(got, f.name), getattr(want, f.name)
+        if f.name in ARRAY_FIELDS:
+            assert isinstance(a, np.ndarray), f.name
+            assert a.dtype == b.dtype, (f.name, a.dtype, b.dtype)
+            assert a.shape == b.shape, (f.name, a.shape, b.shape)
+            assert np.array_equal(a, b), (f.name, a, b)
+        elif f.name == "policy":
+            assert (a.kind, a.value) == (b.kind, b.value)
+        else:
+            assert type(a) is type(b), (f.name, type(a), type(b))
+            assert a == b, (f.name, a, b)
+    # the estimates: same candidates in the same order, the same rounded floats (bit for bit; the
+    # loop planner's merge figures were NumPy floats, a float subclass) and item counts
+    assert list(got.estimates_us) == list(want.estimates_us)
+    for k, v in want.estimates_us.items():
+        g = got.estimates_us[k]
+        assert list(g) == list(v) == ["attention_us", "merge_us", "work_items"]
+        for x in ("attention_us", "merge_us"):
+            assert isinstance(g[x], float) and float(g[x]).hex() == float(v[x]).hex(), (k, x, g[x], v[x])
+        assert type(g["work_items"]) is int and g["work_items"] == v["work_items"]
+
+
+def both(seq, **kw):
+    """Plan with both planners; the same plan, or the same ``ValueError`` from each."""
+    try:
+        want = oracle_make_plan(seq, **kw)
+    except ValueError as e:
+        with pytest.raises(ValueError) as got_err:
+            make_plan(seq, **kw)
+        assert str(got_err.value) == str(e)
+        return None
+    got = make_plan(seq, **kw)
+    assert_same_plan(got, want)
+    return got
+
+
+# --- the generated corpus -----------------------------------------------------------------------
+
+
+def _policy(page):
+    return st.one_of(
+        st.just("none"), st.just("auto"),
+        st.integers(1, 40).map(lambda k: f"size:{k * page}"),
+        st.integers(1, 70).map(lambda k: f"count:{k}"),
+    )
+
+
+def _lengths(max_len):
+    # mostly ragged, with zeros and exact page / split multiples over-represented
+    return st.one_of(st.integers(0, max_len), st.just(0), st.sampled_from([1, 16, 128, 256, 512, 1024, 4096]))
+
+
+@st.composite
+def corpus_case(draw):
+    page = draw(st.sampled_from(PAGES))
+    max_len = draw(st.sampled_from([40, 600, 5000, 40000]))
+    seq = draw(st.lists(_lengths(max_len), min_size=0, max_size=draw(st.sampled_from([1, 4, 12, 40]))))
+    hkv = draw(st.sampled_from([1, 2, 8]))
+    kw = dict(num_kv_heads=hkv, page_size=page, num_q_heads=hkv * draw(st.sampled_from([1, 4])),
+              head_dim=draw(st.sampled_from([64, 128])), kv_elem_bytes=draw(st.sampled_from([1, 2])),
+              policy=draw(_policy(page)), device=draw(st.sampled_from(sorted(PROFILES))))
+    rows = draw(st.sampled_from(["default", "ones", "multi", "qsl"]))
+    if rows != "default":
+        q = draw(st.lists(st.integers(0 if rows != "ones" else 1, 1 if rows == "ones" else 6),
+                          min_size=len(seq), max_size=len(seq)))
+        if rows == "qsl":
+            kw["query_start_loc"] = np.concatenate([[0], np.cumsum(q, dtype=np.int64)]).astype(np.int32)
+        else:
+            kw["q_lens"] = q
+    kw["window_left"] = draw(st.one_of(st.none(), st.just(-1), st.integers(0, 8), st.integers(0, 3000)))
+    if draw(st.booleans()):
+        kw["min_split_tokens"] = draw(st.sampled_from([0, 1, page, 64, 256, 512, 1000, 8192]))
+    if draw(st.booleans()):
+        kw["max_splits"] = draw(st.integers(1, 80))
+    kw["graph_stable"] = draw(st.booleans())
+    if kw["graph_stable"] and draw(st.booleans()):
+        kw["max_work_items"] = draw(st.integers(0, 4000))
+    return seq, kw
+
+
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=corpus_case())
+def test_same_plans_as_the_loop_planner(case):
+    seq, kw = case
+    both(seq, **kw)
+
+
+@settings(max_examples=400, deadline=None)
+@given(seq=st.lists(st.integers(1, 300), min_size=1, max_size=6), page=st.sampled_from(PAGES),
+       window=st.integers(0, 300), qmax=st.integers(0, 8), limit=st.integers(1, 5),
+       pol=st.sampled_from(["size", "count"]), k=st.integers(1, 12), data=st.data())
+def test_same_plans_where_the_cap_grows_the_split(seq, page, window, qmax, limit, pol, k, data):
+    """Windows off a split boundary with a tight cap: the split length grows (the planner's retry path)."""
+    q_lens = data.draw(st.lists(st.integers(0, qmax), min_size=len(seq), max_size=len(seq)))
+    policy = f"size:{k * page}" if pol == "size" else f"count:{k}"
+    both(seq, num_kv_heads=2, page_size=page, q_lens=q_lens, policy=policy, window_left=window,
+         max_splits=limit, device="h200")
+
+
+# --- fixed cases: the benchmark's shapes and the edges -------------------------------------------
+
+
+@pytest.mark.parametrize("B", [0, 1, 16, 64, 256, 1024])
+@pytest.mark.parametrize("policy", ["auto", "size:256", "count:4", "none"])
+@pytest.mark.parametrize("graph_stable", [False, True])
+def test_same_plans_at_serving_shapes(B, policy, graph_stable):
+    rng = np.random.default_rng(B)
+    seq = rng.integers(512, 8193, B)
+    for device in ("h200", "910b2", "cpu"):
+        both(seq, num_kv_heads=8, num_q_heads=32, head_dim=128, page_size=16, policy=policy, device=device,
+             graph_stable=graph_stable)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_same_plans_on_edges(page):
+    cases = [
+        ([], {}), ([0], {}), ([0, 0, 0], dict(graph_stable=True)),
+        ([1], dict(policy="count:1")), ([page * 64], dict(policy="auto", min_split_tokens=page)),
+        ([10**6], dict(policy="auto")), ([10**6, 3], dict(policy=f"size:{page}")),
+        ([100, 7, 0], dict(q_lens=[0, 0, 0], window_left=0)),            # zero rows and window 0: empty spans
+        ([100, 7, 0], dict(q_lens=[3, 0, 2], window_left=2, policy="count:5")),
+        ([5000, 1000, 16, 0], dict(max_splits=3, policy="auto", min_split_tokens=page)),
+        ([50, 9], dict(graph_stable=True, max_splits=7, max_work_items=5, policy=f"size:{page}")),  # error
+        ([50, 9], dict(graph_stable=True, max_splits=7, max_work_items=0)),
+        ([2**31 - 100, 2**30 + 7, 5, 0, 2**31 - 1], dict(policy="size:1024", max_splits=8)),  # int32 limit
+        ([2**31 - 100, 2**30 + 7, 5, 0], dict(policy="count:3", window_left=5000, num_kv_heads=3)),
+        (np.array([100, 7, 0], np.int32), dict(num_kv_heads=np.int64(3), page_size=np.int64(page),
+                                               policy="auto", min_split_tokens=np.int64(page))),  # NumPy ints
+        ([30, -1], {}), ([30], dict(policy=f"size:{page + 1}" if page > 1 else "size:0")),    # errors
+        ([30, 40], dict(query_start_loc=[0, 2, 1])), ([30, 40], dict(max_splits=0)),
+    ]
+    for seq, extra in cases:
+        kw = dict(num_kv_heads=2, page_size=page)
+        kw.update(extra)
+        both(seq, **kw)

@@ -2,17 +2,23 @@
 """On an Ascend NPU node: a small model in vLLM Ascend with the splitkv plugin off, then on.
 
 NOT RUN YET (no NPU where it was written). Each mode runs in its own process (the plugin is read
-at vLLM start-up), greedy, the same prompts; the script then compares:
+when vLLM starts), greedy, the same prompts, in one cudagraph mode (``--graph-mode``; passed to vLLM
+explicitly, so the run exercises the mode it names). The script then checks:
 
+* that the plugin really ran in the model's processes: the routed-step counters are collected from
+  vLLM's workers (``llm.collective_rpc(splitkv_vllm.stats.worker_stats)``, else the per-worker stats
+  files of ``stats_dir``), not read in this driver process. The "on" run must show routed steps > 0,
+  and in FULL_DECODE_ONLY / FULL_AND_PIECEWISE graph captures > 0 and refreshed replays > 0; in plain
+  FULL the plugin leaves captures to vLLM Ascend, so captures must be 0. The "off" run must show no
+  routed step. Any of these failing fails the run (exit 1), whatever the tokens say;
 * tokens: the greedy continuations must be identical, or, where they diverge, the logprobs of the
-  first diverging position must be within ``--logprob-tol`` (default 0.05 nats: fp16/bf16
-  rounding of two different but correct kernels can flip a near-tie);
+  first diverging position must be within ``--logprob-tol`` (default 0.05 nats: fp16/bf16 rounding
+  of two different but correct kernels can flip a near-tie);
 * decode throughput: output tokens per second of a long-decode batch, off vs on.
 
-It also checks that the plugin was active in the "on" run (``splitkv_vllm.plugin.status()``) and
-inactive in the "off" run. Usage (see docs/vllm-ascend.md)::
+Usage (see docs/vllm-ascend.md)::
 
-    python scripts/vllm_ascend_e2e.py --model Qwen/Qwen2.5-0.5B-Instruct --out reports/vllm-ascend-e2e.json
+    python scripts/vllm_ascend_e2e.py --model Qwen/Qwen2.5-0.5B-Instruct --graph-mode eager
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 PROMPTS = [
@@ -32,19 +39,45 @@ PROMPTS = [
     "List the first ten prime numbers:",
     "Once upon a time, in a village by the mountains,",
 ]
+GRAPH_MODES = ("eager", "PIECEWISE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "FULL")
+FULL_ROUTED = ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+
+
+def llm_kwargs(args, on: bool, stats_dir: str) -> dict:
+    """The ``LLM(...)`` arguments of one run: the graph mode given explicitly, the plugin through
+    ``additional_config`` (as vLLM Ascend's own switches are given)."""
+    kw = dict(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, gpu_memory_utilization=0.8,
+              seed=0, additional_config={"splitkv": {"enable": on, "strict": on, "stats_dir": stats_dir}})
+    if args.graph_mode == "eager":
+        kw["enforce_eager"] = True
+    else:
+        kw["enforce_eager"] = False
+        kw["compilation_config"] = {"cudagraph_mode": args.graph_mode}
+    return kw
+
+
+def collect_stats(llm, stats_dir: str) -> dict:
+    """The plugin's counters from the model's processes: collective_rpc first, the stats files else."""
+    from splitkv_vllm import stats
+
+    try:
+        per_worker = list(llm.collective_rpc(stats.worker_stats))
+        source = "collective_rpc"
+    except Exception as e:  # noqa: BLE001 - an executor that cannot send a callable
+        per_worker, source = stats.read_dir(stats_dir), f"stats files ({type(e).__name__} from collective_rpc)"
+    return {"source": source, "per_worker": per_worker, "total": stats.total(per_worker)}
 
 
 def worker(args) -> dict:
-    """Runs inside one mode's process: generate, time, report."""
+    """Runs inside one mode's process: generate, time, collect the workers' counters."""
     from vllm import LLM, SamplingParams
 
-    from splitkv_vllm import plugin
-
-    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, enforce_eager=args.eager,
-              gpu_memory_utilization=0.8, seed=0)
+    on = os.environ.get("SPLITKV_E2E_ON") == "1"
+    stats_dir = os.environ["SPLITKV_VLLM_STATS_DIR"]
+    llm = LLM(**llm_kwargs(args, on, stats_dir))
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, logprobs=1)
     outs = llm.generate(PROMPTS, greedy)
-    result = {"plugin": plugin.status(), "samples": []}
+    result = {"samples": []}
     for o in outs:
         c = o.outputs[0]
         lps = [next(iter(lp.values())).logprob if lp else None for lp in (c.logprobs or [])]
@@ -57,33 +90,69 @@ def worker(args) -> dict:
     res = llm.generate(batch, sp)
     dt = time.perf_counter() - t0
     result["decode_tokens_per_s"] = sum(len(r.outputs[0].token_ids) for r in res) / dt
+    result["stats"] = collect_stats(llm, stats_dir)
     return result
 
 
 def run_mode(args, on: bool) -> dict:
-    env = dict(os.environ, SPLITKV_VLLM_ENABLE="1" if on else "0", SPLITKV_VLLM_STRICT="1" if on else "0")
-    cmd = [sys.executable, __file__, "--worker", *sys.argv[1:]]
+    """One run in its own process (the plugin and vLLM read their settings at start-up)."""
+    stats_dir = tempfile.mkdtemp(prefix=f"splitkv-e2e-{'on' if on else 'off'}-")
+    env = dict(os.environ, SPLITKV_E2E_ON="1" if on else "0", SPLITKV_VLLM_STATS_DIR=stats_dir,
+               VLLM_ALLOW_INSECURE_SERIALIZATION="1")  # collective_rpc sends worker_stats by reference
+    for var in ("SPLITKV_VLLM_ENABLE", "SPLITKV_VLLM_STRICT"):  # the run's additional_config decides
+        env.pop(var, None)
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", *args.argv]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if p.returncode:
         raise SystemExit(f"mode {'on' if on else 'off'} failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def routing_problems(off: dict, on: dict, graph_mode: str) -> list[str]:
+    """Why the runs do not show the plugin doing what the mode promises (empty: they do)."""
+    problems = []
+    t_on = on.get("stats", {}).get("total", {})
+    t_off = off.get("stats", {}).get("total", {})
+    if not t_on.get("workers"):
+        problems.append("on: no worker reported its splitkv counters (neither collective_rpc nor stats files)")
+    if graph_mode == "FULL":
+        if t_on.get("graph_captures", 0):
+            problems.append(f"on: {t_on['graph_captures']} graph captures in FULL mode (the plugin must leave them "
+                            "to vLLM Ascend)")
+    elif graph_mode in FULL_ROUTED:
+        if t_on.get("routed_steps", 0) <= 0:
+            problems.append("on: 0 routed steps (the eager warm-up of each graph size is a routed step)")
+        if t_on.get("graph_captures", 0) <= 0:
+            problems.append(f"on: 0 graph captures on splitkv in {graph_mode}")
+        if t_on.get("graph_refreshes", 0) <= 0:
+            problems.append(f"on: 0 replays of a splitkv graph in {graph_mode}")
+    elif t_on.get("routed_steps", 0) <= 0:
+        problems.append(f"on: 0 routed steps in {graph_mode} mode: the plugin did not route anything")
+    if any(t_off.get(k, 0) for k in ("routed_steps", "graph_captures")):
+        problems.append(f"off: the plugin routed work while switched off ({t_off})")
+    return problems
+
+
 def compare(off: dict, on: dict, tol: float) -> dict:
     report = {"identical": 0, "diverged_within_tol": 0, "failed": []}
+    if len(off["samples"]) != len(on["samples"]):
+        report["failed"].append({"samples": [len(off["samples"]), len(on["samples"])]})
     for i, (a, b) in enumerate(zip(off["samples"], on["samples"])):
         if a["tokens"] == b["tokens"]:
             report["identical"] += 1
             continue
         k = next(j for j, (x, y) in enumerate(zip(a["tokens"] + [None], b["tokens"] + [None])) if x != y)
-        la, lb = a["logprobs"][k], b["logprobs"][k]
+        la = a["logprobs"][k] if k < len(a["logprobs"]) else None
+        lb = b["logprobs"][k] if k < len(b["logprobs"]) else None
         diff = abs(la - lb) if la is not None and lb is not None else float("inf")
-        (report["failed"].append({"prompt": i, "position": k, "logprob_diff": diff}) if diff > tol
-         else report.__setitem__("diverged_within_tol", report["diverged_within_tol"] + 1))
+        if diff > tol:
+            report["failed"].append({"prompt": i, "position": k, "logprob_diff": diff})
+        else:
+            report["diverged_within_tol"] += 1
     return report
 
 
-def main() -> int:
+def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct")
     ap.add_argument("--dtype", default="bfloat16")
@@ -91,28 +160,38 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--decode-tokens", type=int, default=512)
-    ap.add_argument("--eager", action="store_true", help="enforce_eager (no aclgraph)")
+    ap.add_argument("--graph-mode", choices=GRAPH_MODES, default="FULL_DECODE_ONLY",
+                    help="eager (enforce_eager) or the cudagraph_mode vLLM is given")
     ap.add_argument("--logprob-tol", type=float, default=0.05)
     ap.add_argument("--out", default="reports/vllm-ascend-e2e.json")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    args.argv = [a for a in argv if a != "--worker"]
+    return args
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse(argv)
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
     off, on = run_mode(args, False), run_mode(args, True)
-    if off["plugin"]["active"] or not on["plugin"]["active"]:
-        print(f"plugin state wrong: off={off['plugin']}, on={on['plugin']}")
-        return 1
+    problems = routing_problems(off, on, args.graph_mode)
     cmp = compare(off, on, args.logprob_tol)
     from splitkv_common.provenance import provenance
 
-    summary = {"provenance": provenance(), "model": args.model, "dtype": args.dtype, "eager": args.eager, "tokens": cmp,
-               "decode_tokens_per_s": {"off": off["decode_tokens_per_s"], "on": on["decode_tokens_per_s"]}}
+    summary = {"provenance": provenance(), "model": args.model, "dtype": args.dtype, "graph_mode": args.graph_mode,
+               "routing": {"problems": problems, "on": on.get("stats"), "off": off.get("stats")},
+               "tokens": cmp,
+               "decode_tokens_per_s": {"off": off.get("decode_tokens_per_s"), "on": on.get("decode_tokens_per_s")}}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(summary, f, indent=1)
     print(json.dumps(summary, indent=1))
-    return 1 if cmp["failed"] else 0
+    for p in problems:
+        print(f"FAIL: {p}", file=sys.stderr)
+    return 1 if problems or cmp["failed"] else 0
 
 
 if __name__ == "__main__":

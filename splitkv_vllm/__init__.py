@@ -1,7 +1,10 @@
 """vLLM / vLLM Ascend plugin: route decode-only attention batches through splitkv.
 
 * :mod:`splitkv_vllm.plugin`: the ``vllm.general_plugins`` entry point (``register``), off unless
-  ``SPLITKV_VLLM_ENABLE=1``.
+  switched on (``additional_config["splitkv"]["enable"]`` or ``SPLITKV_VLLM_ENABLE=1``).
+* :mod:`splitkv_vllm.settings`: the settings (``additional_config["splitkv"]``, environment overrides).
+* :mod:`splitkv_vllm.stats`: per-worker counters and how to collect them; :mod:`splitkv_vllm.log`: the
+  ``vllm.splitkv_vllm`` logger; :mod:`splitkv_vllm.upstream`: the edits that would land the op in vLLM Ascend.
 * :mod:`splitkv_vllm.adapter`: vLLM Ascend's attention metadata -> our plan and call (torch only).
 * :mod:`splitkv_vllm.dispatch`: the one function that picks the implementation (the Ascend C
   operator on an NPU, the plain torch split-then-merge elsewhere).

@@ -26,15 +26,25 @@ short-extend queries, which our causal-tail rule computes exactly), causal, on l
 plain decoder self-attention without ALiBi, attention sinks or a quantized (C8) KV cache, head dim
 at most 256. Mixed prefill+decode batches stay on vLLM Ascend's single FIA call.
 
-Sliding window: vLLM's ``sliding_window = W`` lets a query at position ``p`` see ``p - W + 1 .. p``
-(FlashAttention's ``window_size = (W - 1, 0)``), which is our ``window_left = W - 1``.
+Sliding window. vLLM's definition: ``sliding_window = W`` lets a query at position ``p`` see
+``p - W + 1 .. p``, W keys (FlashAttention's ``window_size = (W - 1, 0)``): our ``window_left = W - 1``
+(:func:`window_left_from_vllm`). vLLM Ascend does not compute that: it calls FIA with
+``sparse_mode = 4`` (band), ``pre_tokens = W``, ``next_tokens = 0``, for prefill and decode alike, and
+FIA's band keeps the keys ``diag - pre_tokens .. diag + next_tokens`` (torch_npu's documented band
+mask for the FlashAttention family masks ``tril(k = -pre_tokens - 1)`` and ``triu(k = next_tokens + 1)``),
+so each query sees W + 1 keys. A model served by vLLM Ascend is therefore served with W + 1 keys
+everywhere (prefill included); a decode through splitkv must do the same or it disagrees with the
+prefill that wrote the same context: the layer's ``window_left`` is ``W``
+(:func:`window_left_like_vllm_ascend`). Whether FIA honours ``pre_tokens`` for one-row TND decode
+(its docs say ``pre_tokens`` is ignored when the query's S is 1 in other layouts) is not confirmed on
+a node, so window layers stay on vLLM Ascend's path unless the deployer opts in
+(``route_window_layers`` / ``SPLITKV_VLLM_WINDOW=1``).
 
 This module is the eager path (:func:`forward_decode`); full-graph mode is :mod:`splitkv_vllm.graph`.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +52,8 @@ import torch
 
 from ascend_ops.support import MAX_HEAD_DIM, profile
 from splitkv_common.plan import Plan, make_plan
+
+from . import settings
 
 ROUTED_STATES = ("DecodeOnly", "SpecDecoding", "ChunkedPrefill")
 _DECODER = "decoder"
@@ -51,12 +63,23 @@ def _state_name(state) -> str:
     return getattr(state, "name", None) or str(state).rsplit(".", 1)[-1]
 
 
-def window_left_from_vllm(sliding_window) -> int | None:
-    """vLLM's ``sliding_window`` (tokens a query sees, itself included) -> our ``window_left``."""
+def _window(sliding_window) -> int | None:
     if sliding_window is None:
         return None
     w = int(sliding_window[0] if isinstance(sliding_window, (tuple, list)) else sliding_window)
-    return None if w <= 0 else w - 1
+    return None if w <= 0 else w
+
+
+def window_left_from_vllm(sliding_window) -> int | None:
+    """vLLM's definition: ``sliding_window`` W (keys a query sees, itself included) -> ``window_left = W - 1``."""
+    w = _window(sliding_window)
+    return None if w is None else w - 1
+
+
+def window_left_like_vllm_ascend(sliding_window) -> int | None:
+    """What vLLM Ascend computes for the same layer: FIA band with ``pre_tokens = W``, ``next_tokens = 0``
+    sees the query's own key and W before it: ``window_left = W``."""
+    return _window(sliding_window)
 
 
 @dataclass(frozen=True)
@@ -72,19 +95,40 @@ class LayerSpec:
     layer_unsupported: str | None
 
     @classmethod
-    def from_impl(cls, impl, soft_cap=None) -> "LayerSpec":
-        why = layer_unsupported(impl, soft_cap)
+    def from_impl(cls, impl, soft_cap=None, head_size_v=None) -> "LayerSpec":
+        why = layer_unsupported(impl, soft_cap, head_size_v=head_size_v)
         return cls(int(impl.num_heads), int(impl.num_kv_heads), int(impl.head_size), float(impl.scale),
-                   window_left_from_vllm(getattr(impl, "sliding_window", None)),
+                   window_left_like_vllm_ascend(getattr(impl, "sliding_window", None)),
                    None if not soft_cap else float(soft_cap), why)
 
 
 def soft_cap_routed() -> bool:
-    return os.environ.get("SPLITKV_VLLM_SOFT_CAP", "0") == "1"
+    return settings.current().route_soft_cap
 
 
-def layer_unsupported(impl, soft_cap=None) -> str | None:
+def window_routed() -> bool:
+    return settings.current().route_window_layers
+
+
+def cache_unsupported(layer: "LayerSpec", key_cache, value_cache) -> str | None:
+    """``None`` when the layer's caches have the shape we read (``[blocks, block_size, Hkv, D]``, V's head
+    size equal to K's), else why not."""
+    if key_cache is None or value_cache is None:
+        return "no KV cache bound to the layer yet"
+    if key_cache.dim() != 4 or value_cache.dim() != 4:
+        return f"KV cache of {key_cache.dim()} dims (expected [blocks, block_size, Hkv, D])"
+    dk, dv = int(key_cache.shape[-1]), int(value_cache.shape[-1])
+    if dv != dk:
+        return f"V head size {dv} differs from K head size {dk}"
+    if dk != layer.head_size or int(key_cache.shape[2]) != layer.num_kv_heads:
+        return f"KV cache heads/size {tuple(key_cache.shape[2:])} differ from the layer's ({layer.num_kv_heads}, {layer.head_size})"
+    return None
+
+
+def layer_unsupported(impl, soft_cap=None, head_size_v=None) -> str | None:
     """``None`` when this layer's decode can run through splitkv, else the reason."""
+    if head_size_v is not None and int(head_size_v) != int(impl.head_size):
+        return f"V head size {head_size_v} differs from K head size {impl.head_size}"
     if getattr(impl, "alibi_slopes", None) is not None:
         return "ALiBi slopes"
     if getattr(impl, "sinks", None) is not None:
@@ -101,6 +145,9 @@ def layer_unsupported(impl, soft_cap=None) -> str | None:
         return f"head size {impl.head_size} > {MAX_HEAD_DIM}"
     if int(impl.num_heads) % int(impl.num_kv_heads):
         return "num_heads is not a multiple of num_kv_heads"
+    if window_left_like_vllm_ascend(getattr(impl, "sliding_window", None)) is not None and not window_routed():
+        return ("sliding window: vLLM Ascend's FIA band (pre_tokens = W) is matched (W + 1 keys) but not yet "
+                "confirmed on a node (route_window_layers / SPLITKV_VLLM_WINDOW=1 routes it)")
     if soft_cap and not soft_cap_routed():
         return ("logits soft cap: vLLM Ascend's own prefill path does not apply it, so decode through splitkv "
                 "would disagree with prefill (SPLITKV_VLLM_SOFT_CAP=1 routes it anyway)")
@@ -156,9 +203,8 @@ def host_lengths(meta) -> tuple[np.ndarray, np.ndarray]:
 
 
 def plan_options() -> dict:
-    """Planner settings from the environment: ``SPLITKV_VLLM_POLICY`` (auto), ``SPLITKV_ASCEND_PROFILE``."""
-    return dict(policy=os.environ.get("SPLITKV_VLLM_POLICY", "auto"),
-                device=profile())
+    """Planner settings: the ``policy`` setting (``SPLITKV_VLLM_POLICY``, auto), ``SPLITKV_ASCEND_PROFILE``."""
+    return dict(policy=settings.current().policy, device=profile())
 
 
 def make_batch(meta, *, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, kv_elem_bytes: int = 2,

@@ -9,18 +9,26 @@ runs through splitkv; everything else goes to the parent unchanged. PCP/DCP impl
 builders and the MLA/SFA/DSA backends are left alone (the parent's ``get_impl_cls`` /
 ``get_builder_cls`` answer is kept whenever it is not the plain class).
 
-Graphs: in vLLM Ascend's piecewise aclgraph mode attention runs eagerly between the captured
-pieces, so routed steps go through splitkv as in eager mode. In full-graph mode
-(``FULL_DECODE_ONLY`` / ``FULL``), the backend's metadata builder
-(:class:`SplitKVAscendMetadataBuilder`) marks each step's metadata; an eager step of a graph size
-(vLLM's warm-up before each capture) makes the fixed buffers of that size
-(:class:`splitkv_vllm.dispatch.GraphDecoder`); the capture (``_EXTRA_CTX.capturing``) records our
-kernels on those buffers; and before every later step of that size the builder re-plans the padded
-batch and rewrites the buffers in place (host, on the current stream, before the runner enqueues the
-replay; stream order puts the copies after the previous replay and before this one). vLLM
-Ascend's own ``update_graph_params`` (run after the replay is enqueued, through events its captured
-FIA tasks wait on) has nothing of ours to update. A capture that cannot use the buffers (no warm-up,
-a draft model, a graph of mixed batches, ``SPLITKV_VLLM_IMPL=torch``) goes to the parent, as before.
+Graph modes (:data:`splitkv_vllm.graph.GRAPH_MODE_ROUTING`): a step is routed by what its
+metadata says (decode-only: no prefill rows), in every mode, wherever attention runs eagerly: eager
+mode, PIECEWISE (attention runs between the captured pieces), and the steps the full-graph modes run
+eagerly. Full graphs run our op in ``FULL_DECODE_ONLY`` and ``FULL_AND_PIECEWISE``, where vLLM
+replays a full graph only for uniform-decode batches. In plain ``FULL`` vLLM Ascend keys every graph
+non-uniform, so the graph of a size replays mixed batches as well: captures stay on vLLM Ascend's
+path and the builder makes and refreshes no graph buffers (said once in the log).
+
+Full graphs (routed modes): the backend's metadata builder (:class:`SplitKVAscendMetadataBuilder`)
+marks each step's metadata; an eager step of a graph size (vLLM's warm-up before each capture)
+makes the fixed buffers of that size (:class:`splitkv_vllm.graph.GraphDecoder`); the capture
+(``_EXTRA_CTX.capturing``) records our kernels on those buffers; and before every later step of that
+size the builder re-plans the padded batch and rewrites the buffers in place (host, on the current
+stream, before the runner enqueues the replay). vLLM Ascend's own ``update_graph_params`` has nothing
+of ours to update. A capture that cannot use the buffers (no warm-up, a draft model,
+``impl=torch``) goes to the parent, as before. The buffers' bytes are reserved while vLLM loads the
+model (so its memory profile counts them) and handed back just before the buffers are made.
+
+Every routed step first calls vLLM Ascend's ``record_attention_compute_start()`` (the KV-pool
+transfer fence its own ``forward_impl`` records), and is counted in :mod:`splitkv_vllm.stats`.
 
 This module imports vLLM Ascend (and so torch_npu): only the platform loads it, by name.
 """
@@ -29,11 +37,11 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from vllm_ascend.attention import attention_v1 as _v1
 
-from . import adapter, graph
-
-logger = logging.getLogger("splitkv_vllm")
+from . import adapter, graph, settings, stats
+from .log import logger, once
 
 _PARENT_BACKEND = _v1.AscendAttentionBackend
 _PARENT_IMPL = _v1.AscendAttentionBackendImpl
@@ -41,7 +49,6 @@ _PARENT_IMPL = _v1.AscendAttentionBackendImpl
 # impl constructor order in vLLM Ascend: num_heads, head_size, scale, num_kv_heads, alibi_slopes,
 # sliding_window, kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name
 _SOFT_CAP_POS = 7
-_LOGGED: set[str] = set()
 
 
 _PARENT_BUILDER = _v1.AscendAttentionMetadataBuilder
@@ -60,7 +67,7 @@ def _graph_unsupported() -> str | None:
     from . import dispatch
 
     if dispatch.requested_impl() == "torch":
-        return "SPLITKV_VLLM_IMPL=torch (graph mode needs the operator)"
+        return "impl=torch (graph mode needs the operator)"
     try:
         from vllm_ascend.ascend_forward_context import _EXTRA_CTX
         if getattr(_EXTRA_CTX, "is_draft_model", False):
@@ -70,30 +77,73 @@ def _graph_unsupported() -> str | None:
     return None
 
 
-def _capture_unsupported() -> str | None:
-    """``None`` when the graph being captured replays only batches our refresh covers, else why not."""
-    why = _graph_unsupported()
-    if why:
-        return why
-    try:
-        from vllm.forward_context import get_forward_context
-        desc = getattr(get_forward_context(), "batch_descriptor", None)
-    except Exception as e:  # noqa: BLE001
-        return f"no forward context ({type(e).__name__})"
-    if desc is None or not getattr(desc, "uniform", False):
-        return "graph of mixed batches (only uniform-decode graphs are routed)"
-    return None
+def _capture_unsupported(mode) -> str | None:
+    """``None`` when a capture in cudagraph ``mode`` may record our op, else why not."""
+    if not graph.full_graphs_routed(mode):
+        return graph.mode_routing(mode)
+    return _graph_unsupported()
+
+
+def _mode(obj):
+    cc = getattr(getattr(obj, "vllm_config", None), "compilation_config", None)
+    if cc is None:
+        cc = getattr(obj, "compilation_config", None)
+    return getattr(cc, "cudagraph_mode", None)
 
 
 def _graph_sizes(builder) -> frozenset:
-    """The token counts vLLM captures full graphs for (empty when full graphs are off)."""
+    """The token counts of the full graphs that run our op (empty when none do: no buffers, no refresh)."""
     cc = getattr(builder, "compilation_config", None)
     mode = getattr(cc, "cudagraph_mode", None)
+    if not graph.full_graphs_routed(mode):
+        return frozenset()
+    return frozenset(int(n) for n in (getattr(cc, "cudagraph_capture_sizes", None) or ()))
+
+
+def _fence() -> None:
+    """vLLM Ascend's KV-pool transfer fence, as its own ``forward_impl`` records it first thing."""
+    fn = getattr(_v1, "record_attention_compute_start", None)
+    if fn is not None:
+        fn()
+
+
+def _device():
+    npu = getattr(torch, "npu", None)
     try:
-        full = bool(mode is not None and mode.has_full_cudagraphs())
+        if npu is not None and npu.is_available():
+            return torch.device("npu", npu.current_device())
     except Exception:  # noqa: BLE001
-        full = False
-    return frozenset(int(n) for n in (getattr(cc, "cudagraph_capture_sizes", None) or ())) if full else frozenset()
+        pass
+    return torch.device("cpu")
+
+
+_ESTIMATES: dict = {}
+
+
+def _reserve_graph_memory(impl, layer: adapter.LayerSpec, soft_cap) -> None:
+    """While vLLM loads the model: hold the bytes our graph buffers will take (one set per layer constants)."""
+    cfg = getattr(impl, "vllm_config", None)
+    mode = _mode(impl)
+    if (layer.layer_unsupported or not graph.full_graphs_routed(mode) or not settings.current().reserve_graph_memory
+            or settings.current().impl == "torch"):
+        return
+    try:
+        mc, cc = cfg.model_config, cfg.cache_config
+        dtype = mc.dtype if isinstance(mc.dtype, torch.dtype) else getattr(torch, str(mc.dtype))
+        kv = str(getattr(impl, "kv_cache_dtype", "auto"))
+        kv_dtype = dtype if kv == "auto" else {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(kv, dtype)
+        sizes = tuple(cfg.compilation_config.cudagraph_capture_sizes or ())
+        key = (layer.num_heads, layer.num_kv_heads, layer.head_size, int(cc.block_size), dtype, kv_dtype, layer.scale,
+               layer.soft_cap, layer.window_left, int(mc.max_model_len), sizes)
+        if key not in _ESTIMATES:
+            _ESTIMATES[key] = graph.estimate_graph_bytes(
+                num_q_heads=layer.num_heads, num_kv_heads=layer.num_kv_heads, head_dim=layer.head_size,
+                page_size=int(cc.block_size), dtype=dtype, kv_dtype=kv_dtype, max_model_len=int(mc.max_model_len),
+                capture_sizes=sizes, window_left=layer.window_left, soft_cap=layer.soft_cap, scale=layer.scale)
+        graph.reserve_graph_memory(key, _ESTIMATES[key], _device())
+    except Exception as e:  # noqa: BLE001 - a reserve we cannot size is logged, never fatal
+        once(logging.WARNING, "splitkv: graph buffer memory not reserved before profiling (%s: %s)",
+             type(e).__name__, e)
 
 
 class SplitKVAscendMetadataBuilder(_PARENT_BUILDER):
@@ -113,28 +163,50 @@ class SplitKVAscendAttentionImpl(_PARENT_IMPL):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        settings.configure(getattr(self, "vllm_config", None))
         cap = kwargs.get("logits_soft_cap", args[_SOFT_CAP_POS] if len(args) > _SOFT_CAP_POS else None)
-        self._splitkv_layer = adapter.LayerSpec.from_impl(self, soft_cap=cap)
+        self._splitkv_layer = adapter.LayerSpec.from_impl(self, soft_cap=cap, head_size_v=kwargs.get("head_size_v"))
+        self._splitkv_cache_why = None  # checked once the caches are bound (V head size, layout)
+        self._splitkv_cache_checked = False
         if self._splitkv_layer.layer_unsupported:
-            logger.info("splitkv: layer stays on vLLM Ascend's path: %s", self._splitkv_layer.layer_unsupported)
+            once(logging.INFO, "splitkv: layer stays on vLLM Ascend's path: %s", self._splitkv_layer.layer_unsupported)
         self.splitkv_routed_steps = 0
         self.splitkv_graph_captures = 0
+        _reserve_graph_memory(self, self._splitkv_layer, cap)
+
+    def _splitkv_unsupported(self, attn_metadata) -> str | None:
+        layer = self._splitkv_layer
+        if layer.layer_unsupported:
+            return layer.layer_unsupported
+        if self.key_cache is None:
+            return "no KV cache bound to the layer yet"
+        if not self._splitkv_cache_checked:
+            self._splitkv_cache_why = adapter.cache_unsupported(layer, self.key_cache, self.value_cache)
+            self._splitkv_cache_checked = True
+            if self._splitkv_cache_why:
+                once(logging.INFO, "splitkv: layer stays on vLLM Ascend's path: %s", self._splitkv_cache_why)
+        return self._splitkv_cache_why or adapter.batch_unsupported(attn_metadata)
 
     def forward_impl(self, query, key, value, kv_cache, attn_metadata, output):
         layer = self._splitkv_layer
-        why = layer.layer_unsupported or adapter.batch_unsupported(attn_metadata)
-        if why or self.key_cache is None:
+        why = self._splitkv_unsupported(attn_metadata)
+        if why:
+            stats.note_fallback(why)
             return super().forward_impl(query, key, value, kv_cache, attn_metadata, output)
         if _capturing():
-            why = _capture_unsupported() or graph.graph_unsupported(layer, query, self.key_cache, attn_metadata)
+            why = _capture_unsupported(_mode(self)) or graph.graph_unsupported(layer, query, self.key_cache,
+                                                                               attn_metadata)
             if why:
-                if why not in _LOGGED:
-                    _LOGGED.add(why)
-                    logger.info("splitkv: full-graph capture stays on vLLM Ascend's path: %s", why)
+                once(logging.INFO, "splitkv: full-graph capture stays on vLLM Ascend's path: %s", why)
+                stats.note_fallback(f"capture: {why}")
                 return super().forward_impl(query, key, value, kv_cache, attn_metadata, output)
+            _fence()
             self.splitkv_graph_captures += 1
+            stats.note_capture()
             return graph.forward_graph(layer, query, self.key_cache, self.value_cache, attn_metadata, output)
+        _fence()
         self.splitkv_routed_steps += 1
+        stats.note_routed(attn_metadata)
         if getattr(attn_metadata, "_splitkv_graph_group", None) is not None and not _graph_unsupported():
             graph.prepare_graph(layer, query, self.key_cache, attn_metadata)
         return adapter.forward_decode(layer, query, self.key_cache, self.value_cache, attn_metadata, output)

@@ -1,6 +1,7 @@
 """The one function the plugin calls: decode attention by the best implementation for the device.
 
-Implementations (``SPLITKV_VLLM_IMPL`` forces one; default ``auto``):
+Implementations (the ``impl`` setting, ``SPLITKV_VLLM_IMPL``, forces one; default ``auto``; an unknown
+value is logged once and read as ``auto``):
 
 * ``ascend``: the Ascend C operator through :class:`ascend_ops.AscendDecodeWrapper` (the NPU
   kernel; on the CPU the operator's CPU kernel, used by the tests here).
@@ -14,29 +15,24 @@ Full-graph mode (graph-stable buffers refreshed in place) is :mod:`splitkv_vllm.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
 from splitkv_common.plan import Plan
 
-logger = logging.getLogger("splitkv_vllm")
+from . import settings
+from .log import once
 
-IMPLS = ("auto", "ascend", "torch")
-_WARNED: set[str] = set()
+IMPLS = settings.IMPLS
 
 
 def _warn_once(msg: str) -> None:
-    if msg not in _WARNED:
-        _WARNED.add(msg)
-        logger.warning(msg)
+    once(logging.WARNING, msg)
 
 
 def requested_impl() -> str:
-    impl = os.environ.get("SPLITKV_VLLM_IMPL", "auto").strip().lower() or "auto"
-    if impl not in IMPLS:
-        raise ValueError(f"SPLITKV_VLLM_IMPL: unknown {impl!r}; expected one of {IMPLS}")
-    return impl
+    """The ``impl`` setting (``auto`` / ``ascend`` / ``torch``); never raises (a bogus value reads as ``auto``)."""
+    return settings.current().impl
 
 
 def ascend_unavailable(device: torch.device) -> str | None:

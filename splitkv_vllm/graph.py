@@ -16,7 +16,6 @@ Eager (non-graph) decode is :mod:`splitkv_vllm.adapter` and :mod:`splitkv_vllm.d
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +24,7 @@ import torch
 from ascend_ops.support import DEFAULT_PROFILE
 from splitkv_common.plan import Plan
 
+from . import settings
 from .adapter import LayerSpec, batch_unsupported, host_lengths, plan_options
 
 
@@ -54,6 +54,7 @@ class GraphDecoder:
     block_table: torch.Tensor | None = None
     _lengths: tuple | None = None  # (seq_lens [max_reqs], query_start_loc [max_reqs + 1]), host int32
     plans: dict = field(default_factory=dict)  # plan per (Hkv, page, Hq, D, kv bytes, window) of the last refresh
+    captured: bool = False  # a graph was captured on these buffers (each later refresh precedes a replay)
 
     @staticmethod
     def key(*, num_q_heads, num_kv_heads, head_dim, page_size, dtype, kv_dtype, scale, soft_cap, window_left) -> tuple:
@@ -164,22 +165,107 @@ GRAPH_DECODERS: dict = {}
 
 
 def graph_options() -> dict:
-    """Capacity of the graph-stable plans: ``SPLITKV_VLLM_GRAPH_MAX_SPLITS`` (8) partial slots per query
-    row, ``SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS`` (default ``max_reqs * Hkv * max_splits``, never exceeded)."""
-    def env_int(name, default):
-        text = os.environ.get(name, "").strip()
-        if not text:
-            return default
-        try:
-            v = int(text)
-        except ValueError:
-            raise ValueError(f"{name}: expected a positive integer, got {text!r}") from None
-        if v <= 0:
-            raise ValueError(f"{name}: expected a positive integer, got {v}")
-        return v
+    """Capacity of the graph-stable plans: ``graph_max_splits`` (``SPLITKV_VLLM_GRAPH_MAX_SPLITS``, 8) partial
+    slots per query row, ``graph_max_work_items`` (``SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS``, default
+    ``max_reqs * Hkv * max_splits``, never exceeded). Malformed values are logged and replaced by the default."""
+    s = settings.current()
+    return dict(max_splits=s.graph_max_splits, max_work_items=s.graph_max_work_items)
 
-    return dict(max_splits=env_int("SPLITKV_VLLM_GRAPH_MAX_SPLITS", GRAPH_MAX_SPLITS_DEFAULT),
-                max_work_items=env_int("SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS", None))
+
+# Which cudagraph modes put our op inside full graphs (vLLM Ascend at VLLM_ASCEND_REFERENCE).
+# vLLM Ascend's patch of CudagraphDispatcher._create_padded_batch_descriptor keeps a batch's uniform
+# flag only when the mode has FULL graphs and is not plain FULL: in FULL_DECODE_ONLY and
+# FULL_AND_PIECEWISE a full graph is keyed (and so replayed) only by uniform-decode batches, which
+# are decode-only by construction; in plain FULL every batch is keyed non-uniform, so the one graph
+# of a size replays decode-only and mixed (prefill + decode) batches alike, and a decode-only kernel
+# captured in it would be replayed on prefill rows. Attention of PIECEWISE graphs runs eagerly.
+GRAPH_MODE_ROUTING = {
+    "NONE": ("eager", "no graphs: every decode-only step is routed eagerly"),
+    "PIECEWISE": ("eager", "attention runs eagerly between the captured pieces: every decode-only step is routed"),
+    "FULL_DECODE_ONLY": ("full", "uniform-decode full graphs are captured on our op; other steps run eagerly "
+                                 "and their decode-only ones are routed"),
+    "FULL_AND_PIECEWISE": ("full", "uniform-decode full graphs are captured on our op; other steps run piecewise "
+                                   "(attention eager) and their decode-only ones are routed"),
+    "FULL": ("none", "vLLM Ascend keys every FULL graph non-uniform, so one graph per size replays mixed batches "
+                     "too: captures stay on vLLM Ascend's path; only eager steps (over the largest capture size) "
+                     "are routed, and no graph buffers are made"),
+}
+
+
+def mode_name(mode) -> str:
+    """``CUDAGraphMode.FULL_DECODE_ONLY`` / ``"FULL_DECODE_ONLY"`` / ``None`` -> ``"FULL_DECODE_ONLY"`` / ``"NONE"``."""
+    if mode is None:
+        return "NONE"
+    name = getattr(mode, "name", None) or str(mode).rsplit(".", 1)[-1]
+    return str(name).upper()
+
+
+def full_graphs_routed(mode) -> bool:
+    """Whether full graphs captured in ``mode`` run our op (and so need graph buffers)."""
+    return GRAPH_MODE_ROUTING.get(mode_name(mode), ("none", ""))[0] == "full"
+
+
+def mode_routing(mode) -> str:
+    """One line: what the plugin routes in cudagraph ``mode``."""
+    name = mode_name(mode)
+    return f"{name}: " + GRAPH_MODE_ROUTING.get(name, ("none", "unknown mode: captures stay on vLLM Ascend's path"))[1]
+
+
+# -- memory: the graph buffers are made after vLLM sized the KV cache; hold their bytes during profiling --
+
+_RESERVE: dict = {}   # device str -> {"tensor", "bytes", "keys"}
+
+
+def estimate_graph_bytes(*, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, dtype, kv_dtype,
+                         max_model_len: int, capture_sizes, window_left=None, soft_cap=None, scale=1.0) -> int:
+    """Bytes of the graph buffers one set of layer constants takes over all ``capture_sizes``: planned on
+    the host (CPU tensors) with the capacity the real buffers get, so the sizes are the real ones."""
+    opts = graph_options()
+    max_pages = -(-int(max_model_len) // int(page_size))
+    total = 0
+    k_cache = torch.empty((1, int(page_size), int(num_kv_heads), int(head_dim)), dtype=kv_dtype)
+    for n in sorted({int(x) for x in capture_sizes}):
+        dec = GraphDecoder(num_tokens=n, max_reqs=n + 1, max_splits=opts["max_splits"],
+                           max_work_items=opts["max_work_items"], profile=plan_options()["device"],
+                           policy=plan_options()["policy"])
+        key = GraphDecoder.key(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                               page_size=page_size, dtype=dtype, kv_dtype=kv_dtype, scale=scale, soft_cap=soft_cap,
+                               window_left=window_left)
+        w = dec.add(key, k_cache=k_cache, max_pages=max_pages)
+        dec.refresh(np.ones(n, np.int32), np.arange(n + 1, dtype=np.int32), torch.zeros((n, max_pages), dtype=torch.int32))
+        total += dec.block_table.numel() * dec.block_table.element_size()
+        total += sum(b.numel() * b.element_size() for b in w._buffers.values())
+    return total
+
+
+def reserve_graph_memory(key: tuple, nbytes: int, device) -> None:
+    """Hold ``nbytes`` more on ``device`` (once per set of layer constants) until :func:`release_graph_memory`.
+
+    Called while vLLM loads the model, before its profile run: the profile then counts these bytes as
+    used, and the KV cache is sized without them. The graph warm-up releases the block just before it
+    makes the real buffers, so the caching allocator hands the same memory back."""
+    dev = str(device)
+    r = _RESERVE.setdefault(dev, {"tensor": None, "bytes": 0, "keys": set()})
+    if key in r["keys"] or nbytes <= 0:
+        return
+    r["keys"].add(key)
+    r["bytes"] += int(nbytes)
+    r["tensor"] = None  # one block of the new total (freeing the old one first)
+    r["tensor"] = torch.empty(r["bytes"], dtype=torch.uint8, device=device)
+
+
+def release_graph_memory(device=None) -> int:
+    """Free the reserved block(s); returns the bytes released."""
+    freed = 0
+    for dev in list(_RESERVE):
+        if device is None or dev == str(device):
+            freed += _RESERVE[dev]["bytes"] if _RESERVE[dev]["tensor"] is not None else 0
+            _RESERVE[dev]["tensor"] = None
+    return freed
+
+
+def reserved_bytes(device=None) -> int:
+    return sum(r["bytes"] for d, r in _RESERVE.items() if r["tensor"] is not None and (device is None or d == str(device)))
 
 
 def graph_lengths(meta) -> tuple[np.ndarray, np.ndarray]:
@@ -228,6 +314,10 @@ def refresh_graph_step(meta, group) -> None:
     bt = meta.block_tables[:sl.shape[0]]
     dec.refresh(sl, qsl, bt if bt.dtype == torch.int32 else bt.to(torch.int32))
     meta._splitkv_graph_decoder = dec
+    if dec.captured:
+        from . import stats
+
+        stats.note_refresh()
 
 
 def _graph_key(layer: LayerSpec, query, key_cache):
@@ -248,6 +338,7 @@ def prepare_graph(layer: LayerSpec, query, key_cache, meta) -> None:
     key = _graph_key(layer, query, key_cache)
     if dec.has(key):
         return
+    release_graph_memory(key_cache.device)  # the reserve held during profiling: hand it to the real buffers
     qsl, sl = graph_lengths(meta)
     bt = meta.block_tables[:sl.shape[0]]
     dec.add(key, k_cache=key_cache, max_pages=int(bt.shape[1]))  # planned at once if the step is refreshed
@@ -278,6 +369,7 @@ def forward_graph(layer: LayerSpec, query: torch.Tensor, key_cache: torch.Tensor
     host read, no allocation, so a capture of it replays with each step's refreshed plan.
     """
     dec = meta._splitkv_graph_decoder
+    dec.captured = True
     n = dec.num_tokens
     q = query.view(n, layer.num_heads, layer.head_size)
     dec.run(_graph_key(layer, query, key_cache), q, key_cache, value_cache,

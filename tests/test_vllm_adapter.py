@@ -58,12 +58,49 @@ def test_empty_request_gives_zero_rows():
     assert (out[0] == 0).all() and (out[2] == 0).all()
 
 
-def test_sliding_window_maps_to_window_left():
-    assert window_left_from_vllm(None) is None
-    assert window_left_from_vllm(4096) == 4095
-    W = 100
-    step = make_step([1, 1, 2], [90, 400, 333], decode_threshold=2, seed=5, window_left=W - 1)
-    _check(step, Impl(8, 64, 0.125, 2, sliding_window=W), TOL[torch.float16])
+def vllm_ascend_window_fia(step, impl):
+    """The FIA call vLLM Ascend makes for a causal window layer (``forward_fused_infer_attention``, the
+    ``sliding_window is not None`` branch, for prefill and decode alike), run through the emulation of
+    FIA's documented semantics: TND, ``sparse_mode=4``, ``pre_tokens=W``, ``next_tokens=0``, the 2048
+    mask, the cache viewed ``[num_blocks, block_size, Hkv * D]`` (``_get_fia_params``)."""
+    from ascend.fia_emulation import check_call, fake_fia
+    from ascend_ops.cann_fia import MASK_SIZE
+
+    meta = step.meta
+    nb, bs = step.key_cache.shape[:2]
+    kwargs = dict(atten_mask=torch.triu(torch.ones(MASK_SIZE, MASK_SIZE, dtype=torch.bool), 1),
+                  block_table=meta.block_tables, input_layout="TND", block_size=int(bs),
+                  actual_seq_lengths=list(meta.actual_seq_lengths_q), actual_seq_lengths_kv=list(meta.seq_lens_list),
+                  num_key_value_heads=impl.num_kv_heads, num_heads=impl.num_heads, scale=impl.scale,
+                  pre_tokens=int(impl.sliding_window), next_tokens=0, sparse_mode=4)
+    T = int(meta.actual_seq_lengths_q[-1])
+    args = (step.query[:T], step.key_cache.view(nb, bs, -1), step.value_cache.view(nb, bs, -1))
+    assert check_call(args, kwargs) == [], "the call binds to FIA's recorded schema"
+    out, _ = fake_fia(*args, **kwargs)
+    return out.float()
+
+
+@pytest.mark.parametrize("W", [1, 7, 100, 128])
+def test_window_layer_matches_vllm_ascends_own_attention(monkeypatch, W):
+    """Decode (and spec-decode rows) of a window layer through splitkv equals what vLLM Ascend's FIA call
+    computes for the same layer and step: W + 1 keys (FIA's band counts ``pre_tokens`` keys before the
+    query's own). vLLM's W-key definition (``window_left = W - 1``) would differ by that one key."""
+    assert window_left_from_vllm(None) is None and window_left_from_vllm(4096) == 4095
+    impl = Impl(8, 64, 0.125, 2, sliding_window=W)
+    assert "sliding window" in adapter.layer_unsupported(impl), "opt-in only until a node confirms it"
+    monkeypatch.setenv("SPLITKV_VLLM_WINDOW", "1")
+    step = make_step([1, 1, 2, 1], [90, 400, 333, W + 1], decode_threshold=2, seed=5)
+    layer = LayerSpec.from_impl(impl)
+    assert layer.layer_unsupported is None and layer.window_left == W
+    ref = vllm_ascend_window_fia(step, impl)
+    T = ref.shape[0]
+    out = torch.zeros_like(step.query)
+    forward_decode(layer, step.query, step.key_cache, step.value_cache, step.meta, out, impl="torch")
+    assert (out[:T].float() - ref).abs().max() < 2e-3
+    vllm_def = torch.zeros_like(step.query)
+    forward_decode(LayerSpec(**{**layer.__dict__, "window_left": W - 1}), step.query, step.key_cache,
+                   step.value_cache, step.meta, vllm_def, impl="torch")
+    assert (vllm_def[:T].float() - ref).abs().max() > 1e-2, "W keys (vLLM's definition) is not what vLLM Ascend computes"
 
 
 def test_graph_stable_plan_keeps_shapes_as_lengths_change():

@@ -26,7 +26,7 @@ from splitkv_common.inputs import DecodeInputs
 from splitkv_common.reference import dense_attention
 from splitkv_vllm import graph
 from splitkv_vllm.graph import GraphDecoder
-from test_vllm_plugin import _fake_vllm_ascend, _impl
+from test_vllm_plugin import CUDAGraphMode, _fake_vllm_ascend, _impl, fresh_plugin_state, vllm_config  # noqa: F401
 from test_vllm_shapes import AscendAttentionState, AscendMetadata
 
 N = 8                    # the captured graph's token count (uniform decode, one query per request)
@@ -36,21 +36,26 @@ WINDOW = 100             # the second layer's vLLM sliding_window
 DT = torch.float16
 
 
-class FullDecodeOnly:
-    @staticmethod
-    def has_full_cudagraphs():
-        return True
+SIZES = [4, N, 16]
 
 
-@pytest.fixture
-def env(monkeypatch):
-    monkeypatch.delenv("SPLITKV_VLLM_IMPL", raising=False)
-    monkeypatch.delenv("SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS", raising=False)
+def padded_descriptor(mode: str, num_tokens: int, uniform_decode: bool):
+    """vLLM's BatchDescriptor as vLLM Ascend's patch of ``CudagraphDispatcher._create_padded_batch_descriptor``
+    makes it: the uniform flag survives only in modes with FULL graphs other than plain FULL."""
+    m = CUDAGraphMode[mode]
+    uniform = bool(uniform_decode and m.has_full_cudagraphs() and m is not CUDAGraphMode.FULL)
+    return types.SimpleNamespace(num_tokens=num_tokens, uniform=uniform)
+
+
+def make_env(monkeypatch, mode="FULL_DECODE_ONLY"):
     monkeypatch.setenv("SPLITKV_VLLM_GRAPH_MAX_SPLITS", "8")
     monkeypatch.setenv("SPLITKV_VLLM_POLICY", "size:256")  # long requests split (auto: too few for it here)
+    monkeypatch.setenv("SPLITKV_VLLM_WINDOW", "1")  # the second layer has a window
+    monkeypatch.setenv("SPLITKV_VLLM_RESERVE_GRAPH_MEMORY", "0")
     monkeypatch.setattr(graph, "GRAPH_DECODERS", {})
-    _, v1 = _fake_vllm_ascend(monkeypatch)
-    desc = types.SimpleNamespace(batch_descriptor=types.SimpleNamespace(num_tokens=N, uniform=True))
+    cfg = vllm_config(mode=mode, sizes=SIZES)
+    _, v1 = _fake_vllm_ascend(monkeypatch, cfg)
+    desc = types.SimpleNamespace(batch_descriptor=padded_descriptor(mode, N, uniform_decode=True))
     fwd = types.ModuleType("vllm.forward_context")
     fwd.get_forward_context = lambda: desc
     vllm = types.ModuleType("vllm")
@@ -61,8 +66,6 @@ def env(monkeypatch):
     g = np.random.default_rng(0)
     caches = [torch.from_numpy(g.standard_normal((NUM_BLOCKS, BLOCK, HKV, D)).astype(np.float32)).to(DT)
               for _ in range(2)]
-    cfg = types.SimpleNamespace(compilation_config=types.SimpleNamespace(cudagraph_mode=FullDecodeOnly(),
-                                                                         cudagraph_capture_sizes=[4, N, 16]))
     builder = backend.SplitKVAscendAttentionBackend.get_builder_cls()(None, ["l0", "l1"], cfg, "cpu")
     layers = [_impl(backend), _impl(backend, sliding_window=WINDOW)]
     for impl in layers:
@@ -70,7 +73,12 @@ def env(monkeypatch):
     ctx = sys.modules["vllm_ascend.ascend_forward_context"]._EXTRA_CTX
     return types.SimpleNamespace(backend=backend, builder=builder, layers=layers, caches=caches, ctx=ctx, desc=desc,
                                  query=torch.zeros(N, HQ, D, dtype=DT),                 # the runner's persistent buffers
-                                 outputs=[torch.zeros(N, HQ * D, dtype=DT) for _ in layers], g=g)
+                                 outputs=[torch.zeros(N, HQ * D, dtype=DT) for _ in layers], g=g, v1=v1)
+
+
+@pytest.fixture
+def env(monkeypatch):
+    return make_env(monkeypatch)
 
 
 def graph_step(e, seq_lens, *, pad="uniform", stale_pad_len=77):
@@ -102,7 +110,7 @@ def graph_step(e, seq_lens, *, pad="uniform", stale_pad_len=77):
                           block_tables=torch.from_numpy(bt.copy()), causal=True)
     ref_inputs = [DecodeInputs(e.query[:B].float().numpy(), *(c.float().numpy() for c in e.caches), bt[:B].copy(),
                                np.asarray(seq_lens, np.int32), np.arange(B + 1, dtype=np.int32), dtype="float16",
-                               scale=impl.scale, window_left=None if impl.sliding_window is None else WINDOW - 1)
+                               scale=impl.scale, window_left=None if impl.sliding_window is None else WINDOW)
                   for impl in e.layers]
     return meta, ref_inputs
 
@@ -231,16 +239,86 @@ def test_eager_steps_of_other_sizes_are_unchanged(env):
         assert np.abs(out[:3].view(3, HQ, D).float().numpy() - dense_attention(inputs)[0]).max() < 2e-3
 
 
-def test_capture_without_warm_up_or_of_mixed_graphs_stays_on_vllm_ascend(env, monkeypatch):
+def test_capture_without_warm_up_stays_on_vllm_ascend(env, monkeypatch):
     e = env
     meta, _ = graph_step(e, [10, 20])
     capture(e, monkeypatch, e.builder.build(0, meta))      # no eager step of this size before
     assert [impl.parent_calls for impl in e.layers] == [1, 1]
-    forward_all(e, e.builder.build(0, graph_step(e, [10, 20])[0]))  # warm-up
-    e.desc.batch_descriptor.uniform = False
-    capture(e, monkeypatch, e.builder.build(0, graph_step(e, [10, 20])[0]))
-    assert [impl.parent_calls for impl in e.layers] == [2, 2]
     assert [impl.splitkv_graph_captures for impl in e.layers] == [0, 0]
+
+
+@pytest.mark.parametrize("mode", ["FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
+def test_routed_full_graph_modes(monkeypatch, mode):
+    """Full graphs run our op where vLLM replays them only for uniform-decode batches; routing is decided
+    by the metadata (decode-only), whatever the descriptor's uniform flag says."""
+    from splitkv_vllm import stats
+
+    e = make_env(monkeypatch, mode)
+    e.desc.batch_descriptor.uniform = False                # not consulted
+    dec, replay = warm_up_and_capture(e, monkeypatch)
+    meta, ref_inputs = graph_step(e, [700, 3, 1500])
+    e.builder.build(0, meta)
+    replay()
+    check_step(e, dec, ref_inputs, 3)
+    snap = stats.snapshot()
+    assert snap["graph_captures"] == 2 and snap["graph_refreshes"] == 1 and snap["routed_steps"] == 1
+    assert e.v1.fence_calls == 2 + 2, "the fence at the warm-up and at the capture of each layer"
+
+
+def test_full_mode_never_captures_our_op_nor_makes_buffers(monkeypatch, caplog):
+    """Plain FULL: vLLM Ascend keys every graph non-uniform, so a graph of size N replays mixed batches too.
+    No buffers, no refresh, captures on vLLM Ascend's path; eager decode-only steps are still routed."""
+    import logging
+
+    from splitkv_vllm import stats
+
+    e = make_env(monkeypatch, "FULL")
+    assert e.desc.batch_descriptor.uniform is False
+    caplog.set_level(logging.INFO, logger="vllm")
+    meta, _ = graph_step(e, [300, 5, 1000, 129])
+    forward_all(e, e.builder.build(0, meta))               # the eager warm-up at a graph size
+    assert graph.GRAPH_DECODERS == {} and getattr(meta, "_splitkv_graph_group", None) is None
+    assert [impl.splitkv_routed_steps for impl in e.layers] == [1, 1]
+    capture(e, monkeypatch, e.builder.build(0, graph_step(e, [17, 2, 640])[0]))
+    assert [impl.parent_calls for impl in e.layers] == [1, 1]
+    assert stats.snapshot()["graph_captures"] == 0
+    assert any("FULL: vLLM Ascend keys every FULL graph" in r.getMessage() for r in caplog.records)
+
+
+def test_piecewise_mode_routes_eagerly_and_makes_no_buffers(monkeypatch):
+    """PIECEWISE: attention runs eagerly between the pieces (vLLM Ascend's capture flag is still set while
+    the pieces are captured): no buffers; the capture-time attention goes to the parent, every replayed
+    step's attention is an eager routed step."""
+    e = make_env(monkeypatch, "PIECEWISE")
+    capture(e, monkeypatch, e.builder.build(0, graph_step(e, [10, 20])[0]))
+    assert graph.GRAPH_DECODERS == {} and [impl.parent_calls for impl in e.layers] == [1, 1]
+    meta, ref_inputs = graph_step(e, [40, 500, 3])
+    forward_all(e, e.builder.build(0, meta))
+    assert [impl.splitkv_routed_steps for impl in e.layers] == [1, 1]
+    for out, inputs in zip(e.outputs, ref_inputs):
+        assert np.abs(out[:3].view(3, HQ, D).float().numpy() - dense_attention(inputs)[0]).max() < 2e-3
+
+
+def test_graph_buffer_memory_is_reserved_before_profiling(monkeypatch):
+    """The impls are built while vLLM loads the model, before its profile run: in a routed full-graph mode
+    each set of layer constants holds the bytes its graph buffers will take; the warm-up hands them back."""
+    e = make_env(monkeypatch, "FULL_DECODE_ONLY")
+    monkeypatch.setenv("SPLITKV_VLLM_RESERVE_GRAPH_MEMORY", "1")
+    monkeypatch.setattr(graph, "_RESERVE", {})
+    monkeypatch.setattr(e.backend, "_ESTIMATES", {})
+    layers = [_impl(e.backend), _impl(e.backend, sliding_window=WINDOW), _impl(e.backend)]
+    held = graph.reserved_bytes()
+    assert held > 0 and len(e.backend._ESTIMATES) == 2, "one estimate per set of layer constants"
+    for impl in layers[:2]:
+        impl.key_cache, impl.value_cache = e.caches
+    e.layers = layers[:2]
+    meta, _ = graph_step(e, [300, 5, 1000, 129])
+    forward_all(e, e.builder.build(0, meta))               # warm-up of one size: the reserve is released
+    assert graph.reserved_bytes() == 0
+    dec = graph.GRAPH_DECODERS[(e.builder, N)]
+    made = dec.block_table.numel() * 4 + sum(b.numel() * b.element_size() for w in dec.wrappers.values()
+                                             for b in w._buffers.values())
+    assert 0 < made < held, "the reserve covers every capture size, the warm-up made one"
 
 
 def test_work_item_capacity_is_a_clear_error(env, monkeypatch):
@@ -255,9 +333,8 @@ def test_work_item_capacity_is_a_clear_error(env, monkeypatch):
     assert dec.max_work_items == 20
     with pytest.raises(ValueError, match="max_reqs"):
         dec.refresh(np.ones(N + 2, np.int32), np.arange(N + 3), torch.zeros(N + 2, 16, dtype=torch.int32))
-    monkeypatch.setenv("SPLITKV_VLLM_GRAPH_MAX_SPLITS", "0")
-    with pytest.raises(ValueError, match="SPLITKV_VLLM_GRAPH_MAX_SPLITS"):
-        graph.graph_options()
+    monkeypatch.setenv("SPLITKV_VLLM_GRAPH_MAX_SPLITS", "0")  # malformed: logged, the default is used
+    assert graph.graph_options()["max_splits"] == graph.GRAPH_MAX_SPLITS_DEFAULT
 
 
 def test_graph_decoder_needs_graph_stable_shapes():

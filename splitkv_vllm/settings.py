@@ -1,0 +1,156 @@
+"""The plugin's settings: vLLM's ``additional_config["splitkv"]``, overridden by environment variables.
+
+Like vLLM Ascend's own switches, the settings live in vLLM's ``additional_config``
+(``--additional-config '{"splitkv": {"enable": true}}'`` or ``LLM(..., additional_config=...)``);
+each has an environment variable that, when set, wins (for a quick switch without editing the
+launch command). Unknown or malformed values never raise: they are logged once and the default is
+used (the plugin promises never to stop vLLM, unless ``strict`` asks it to).
+
+=====================  ===================================  =========  ==========================================
+key                    environment variable                 default    meaning
+=====================  ===================================  =========  ==========================================
+enable                 SPLITKV_VLLM_ENABLE                  false      route decode-only steps through splitkv
+strict                 SPLITKV_VLLM_STRICT                  false      a missing piece raises instead of a warning
+impl                   SPLITKV_VLLM_IMPL                    auto       auto / ascend / torch
+route_window_layers    SPLITKV_VLLM_WINDOW                  false      route sliding-window layers (not yet
+                                                                       confirmed on a node; see docs)
+route_soft_cap         SPLITKV_VLLM_SOFT_CAP                false      route layers with a logits soft cap
+policy                 SPLITKV_VLLM_POLICY                  auto       planner split policy
+graph_max_splits       SPLITKV_VLLM_GRAPH_MAX_SPLITS        8          full graphs: partial slots per query row
+graph_max_work_items   SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS    (bound)    full graphs: work-item capacity
+reserve_graph_memory   SPLITKV_VLLM_RESERVE_GRAPH_MEMORY    true       hold the graph buffers' bytes during
+                                                                       vLLM's memory profiling
+stats_dir              SPLITKV_VLLM_STATS_DIR               (none)     each worker writes its counters here
+=====================  ===================================  =========  ==========================================
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, fields, replace
+
+from .log import once
+
+CONFIG_KEY = "splitkv"
+IMPLS = ("auto", "ascend", "torch")
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off", "")
+
+
+@dataclass(frozen=True)
+class Settings:
+    enable: bool = False
+    strict: bool = False
+    impl: str = "auto"
+    route_window_layers: bool = False
+    route_soft_cap: bool = False
+    policy: str = "auto"
+    graph_max_splits: int = 8
+    graph_max_work_items: int | None = None
+    reserve_graph_memory: bool = True
+    stats_dir: str | None = None
+
+
+ENV = {
+    "enable": "SPLITKV_VLLM_ENABLE", "strict": "SPLITKV_VLLM_STRICT", "impl": "SPLITKV_VLLM_IMPL",
+    "route_window_layers": "SPLITKV_VLLM_WINDOW", "route_soft_cap": "SPLITKV_VLLM_SOFT_CAP",
+    "policy": "SPLITKV_VLLM_POLICY", "graph_max_splits": "SPLITKV_VLLM_GRAPH_MAX_SPLITS",
+    "graph_max_work_items": "SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS",
+    "reserve_graph_memory": "SPLITKV_VLLM_RESERVE_GRAPH_MEMORY", "stats_dir": "SPLITKV_VLLM_STATS_DIR",
+}
+DEFAULTS = Settings()
+
+# additional_config["splitkv"] of this process's vLLM config, once seen (configure())
+_CONFIG: dict = {}
+_CONFIG_SEEN = [False]
+
+
+def _bad(source: str, key: str, value, why: str):
+    once(logging.WARNING, "splitkv: %s %s=%r ignored (%s); using the default %r", source, key, value, why,
+         getattr(DEFAULTS, key))
+    return getattr(DEFAULTS, key)
+
+
+def _parse(key: str, value, source: str):
+    default = getattr(DEFAULTS, key)
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in TRUE:
+            return True
+        if text in FALSE:
+            return False
+        return _bad(source, key, value, "expected true/false")
+    if key == "impl":
+        text = str(value).strip().lower() or "auto"
+        return text if text in IMPLS else _bad(source, key, value, f"expected one of {IMPLS}")
+    if key in ("graph_max_splits", "graph_max_work_items"):
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return default
+        try:
+            v = int(value)
+        except (TypeError, ValueError):
+            return _bad(source, key, value, "expected a positive integer")
+        return v if v > 0 else _bad(source, key, value, "expected a positive integer")
+    if key == "stats_dir":
+        return str(value) if value else None
+    return str(value).strip() or default
+
+
+def configure(vllm_config=None) -> dict:
+    """Read ``additional_config["splitkv"]`` from ``vllm_config`` (default: vLLM's current config, if
+    vLLM is imported and has one). Returns the dict read (empty when none). Never raises."""
+    if vllm_config is None:
+        try:
+            import sys
+
+            if "vllm" not in sys.modules:
+                return dict(_CONFIG)
+            from vllm.config import get_current_vllm_config
+
+            vllm_config = get_current_vllm_config()
+        except Exception:  # noqa: BLE001
+            return dict(_CONFIG)
+    extra = getattr(vllm_config, "additional_config", None) or {}
+    section = extra.get(CONFIG_KEY, {}) if isinstance(extra, dict) else {}
+    if not isinstance(section, dict):
+        _bad("additional_config", CONFIG_KEY, section, "expected a mapping")
+        section = {}
+    unknown = sorted(set(section) - {f.name for f in fields(Settings)})
+    if unknown:
+        once(logging.WARNING, "splitkv: additional_config.splitkv: unknown keys %s ignored", unknown)
+    if section or not _CONFIG_SEEN[0]:
+        _CONFIG.clear()
+        _CONFIG.update({k: v for k, v in section.items() if k not in unknown})
+        _CONFIG_SEEN[0] = bool(section) or _CONFIG_SEEN[0]
+    return dict(_CONFIG)
+
+
+def reset() -> None:
+    """Forget the configuration read by :func:`configure` (tests)."""
+    _CONFIG.clear()
+    _CONFIG_SEEN[0] = False
+
+
+def env_set(key: str) -> bool:
+    """Whether the environment variable of ``key`` is set (it then overrides additional_config)."""
+    return ENV[key] in os.environ
+
+
+def current() -> Settings:
+    """The settings now: defaults, then ``additional_config["splitkv"]``, then set environment variables."""
+    s = DEFAULTS
+    values = {}
+    for key, value in _CONFIG.items():
+        values[key] = _parse(key, value, "additional_config.splitkv")
+    for key, var in ENV.items():
+        if var in os.environ:
+            values[key] = _parse(key, os.environ[var], var)
+    return replace(s, **values)
+
+
+def as_dict(s: Settings | None = None) -> dict:
+    s = s or current()
+    return {f.name: getattr(s, f.name) for f in fields(s)}

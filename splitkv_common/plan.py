@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .devices import DeviceProfile, get_profile
+from .validation import check_plan_limits
 
 POLICIES = ("auto", "fixed_size", "fixed_count", "none")
 
@@ -230,6 +231,7 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
         max_work_items: capacity of a graph-stable plan (default ``B * Hkv * max_splits``).
     """
     prof = get_profile(device)
+    check_plan_limits(seq_lens, num_kv_heads=num_kv_heads, page_size=page_size, q_lens=q_lens, query_start_loc=query_start_loc, policy=policy, window_left=window_left, max_splits=max_splits, graph_stable=graph_stable, max_work_items=max_work_items, default_max_splits=prof.max_splits)  # noqa: E501
     pol = SplitPolicy.parse(policy)
     seq = np.asarray(seq_lens).astype(np.int64).reshape(-1)
     B = seq.shape[0]

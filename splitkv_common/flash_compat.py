@@ -46,6 +46,8 @@ import numpy as np
 import torch
 
 from .plan import make_plan
+from .validation import _is_real as _is_number
+from .validation import check_page_ids, check_scalars
 
 
 class Decode(Protocol):
@@ -121,6 +123,8 @@ def _paged_view(q, k_cache, v_cache, block_table, cache_batch_idx):
         if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2 or block_table.shape[0] != B:
             raise ValueError(f"block_table: must be a [B={B}, max_blocks] int32 tensor, got "
                              f"{tuple(block_table.shape) if isinstance(block_table, torch.Tensor) else type(block_table).__name__}")
+        if block_table.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"block_table: dtype must be int32 or int64, got {block_table.dtype}")
         page = k_cache.shape[1]
         return k_cache, v_cache, block_table.to(torch.int32), page, block_table.shape[1] * page
     rows = torch.arange(B, device=q.device) if cache_batch_idx is None else cache_batch_idx.to(q.device).long()
@@ -174,8 +178,11 @@ def make_flash_attn_with_kvcache(decode: Decode, where: str) -> Callable:
         if causal:
             right = 0
         policy = _policy(num_splits)
+        # FlashAttention spells "no cap" softcap=0.0; the shared rule is None (docs/conventions.md)
+        soft_cap = None if softcap is None or (_is_number(softcap) and softcap == 0) else softcap
+        check_scalars(softmax_scale, soft_cap, None)
         scale = float(D ** -0.5 if softmax_scale is None else softmax_scale)
-        soft_cap = None if not softcap else float(softcap)
+        soft_cap = None if soft_cap is None else float(soft_cap)
 
         if block_table is not None and cache_seqlens is None:
             raise ValueError("cache_seqlens: required with block_table (a paged cache has no implied length)")
@@ -188,6 +195,11 @@ def make_flash_attn_with_kvcache(decode: Decode, where: str) -> Callable:
             bad = int(np.argmax((host_total - new < 0) | (host_total > capacity)))
             raise ValueError(f"cache_seqlens: request {bad} would attend {int(host_total[bad])} tokens"
                              f"{f' ({new} new)' if new else ''}; must lie in [0, {capacity}] (its cache capacity)")
+        if B and bt.numel():
+            # the data is on the host (lengths were read above): a page id a row would read or a new
+            # token would be written to must lie in the cache, never index from its end
+            src = bt if block_table is None else block_table  # before any int32 narrowing
+            check_page_ids(src.cpu().numpy(), host_total.astype(np.int64), bt.shape[1], page, k_cache.shape[0])
         _append(k_cache, v_cache, k, v, bt, page, lengths)
 
         q_rows = q.reshape(B * Sq, Hq, D)

@@ -103,7 +103,7 @@ def check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_lo
     B, max_pages, sl = _check_block_table_and_lengths(block_table, seq_lens, page)
     _check_query_start_loc(query_start_loc, T, B)
     if B:
-        _check_page_ids(block_table, sl, max_pages, page, P)
+        check_page_ids(block_table, sl, max_pages, page, P)
     check_scalars(scale, soft_cap, window_left)
     return DecodeDims(T, Hq, Hkv, D, P, page, B, max_pages, qd, kd)
 
@@ -213,7 +213,7 @@ def _check_query_start_loc(query_start_loc, T, B) -> None:
                          f"{qsl[:8].tolist()}{'...' if qsl.size > 8 else ''}")
 
 
-def _check_page_ids(block_table, sl, max_pages, page, P) -> None:
+def check_page_ids(block_table, sl, max_pages, page, P) -> None:
     """Every block-table entry a request uses (its first ``ceil(seq_len / page)`` pages) is in ``[0, P)``."""
     bt = host(block_table).astype(np.int64)
     used = (np.arange(max_pages)[None, :] * page) < sl[:, None]
@@ -250,6 +250,7 @@ def check_scalars(scale=None, soft_cap=None, window_left=None) -> None:
 
 
 _check_scalars = check_scalars
+_check_page_ids = check_page_ids
 
 
 def normalize_window(window_left) -> int | None:

@@ -252,6 +252,11 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
                              soft_cap=soft_cap, window_left=window_left, k_scale=k_scale, v_scale=v_scale,
                              k_offset=k_offset, v_offset=v_offset, supported_head_dims=supported_head_dims(),
                              backend="ascend")
+    sl = host(seq_lens)
+    qsl = None if query_start_loc is None else host(query_start_loc)
+    if plan is not None:  # a plan from outside: checked before anything runs
+        plan.validate(sl, qsl if qsl is not None else np.arange(dims.batch_size + 1), window_left=window_left,
+                      num_kv_heads=dims.num_kv_heads)
     if q.device.type == "cpu":
         why = runtime_unavailable()
         raise RuntimeError(f"{QUALNAME}: q is a CPU tensor; the operator runs on an Ascend NPU"
@@ -259,15 +264,11 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
     require_npu_kernel(q.device)
     w = AscendDecodeWrapper(dims.num_q_heads, dims.num_kv_heads, dims.head_dim, dims.page_size, dtype=q.dtype,
                             kv_dtype=k_cache.dtype, device=q.device, profile=profile, policy=policy)
-    sl = host(seq_lens)
-    qsl = None if query_start_loc is None else host(query_start_loc)
     const = dict(scale=scale, soft_cap=soft_cap, window_left=window_left, max_pages=dims.max_pages,
                  num_pages=dims.num_pages)
     if plan is None:
         w.plan(sl, query_start_loc=qsl, **const)
     else:
-        plan.validate(sl, qsl if qsl is not None else np.arange(dims.batch_size + 1), window_left=window_left,
-                      num_kv_heads=dims.num_kv_heads)
         w.set_plan(plan, seq_lens=sl, **const)
     bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
     return w.run(q, k_cache, v_cache, bt, scale=scale, soft_cap=soft_cap, window_left=window_left,

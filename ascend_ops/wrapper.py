@@ -213,6 +213,10 @@ class AscendDecodeWrapper(PlannedWrapper):
         planned = self._attn
         attn = (planned[0] if scale is None else float(scale), planned[1] if soft_cap is None else float(soft_cap),
                 planned[2] if window_left is None else normalize_window(window_left))
+        for name, x, rank in (("block_table", block_table, 2), ("k_cache", k_cache, 4)):
+            if not isinstance(x, torch.Tensor) or x.dim() != rank:
+                raise ValueError(f"{name}: must be a {rank}-D tensor, got "
+                                 f"{list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
         pages = (int(block_table.shape[1]), int(k_cache.shape[0]))
         if self._stale or attn != planned or pages != self._pages:
             # first run() after a plan() that did not know the pages, or other constants:
@@ -259,6 +263,17 @@ class AscendDecodeWrapper(PlannedWrapper):
                               on_device=lambda d: d.type == self.device.type)
         if block_table.dtype != torch.int32:
             raise TypeError(f"block_table: dtype must be int32 for the ascend backend, got {block_table.dtype}")
+        Hkv, D = self.num_kv_heads, self.head_dim
+        for name, ref in (("k_scale", None), ("v_scale", None), ("k_offset", "k_scale"), ("v_offset", "v_scale")):
+            x = named[name]
+            if x is None:
+                continue
+            if tuple(x.shape) not in ((Hkv,), (Hkv, D)) or (ref is not None and named[ref] is not None
+                                                             and tuple(x.shape) != tuple(named[ref].shape)):
+                raise ValueError(f"{name}: must be [Hkv] or [Hkv, D] = [{Hkv}] or [{Hkv}, {D}] (an offset: its "
+                                 f"scale's shape), got {list(x.shape)}")
+            if x.dtype != torch.float32:
+                raise TypeError(f"{name}: dtype must be float32, got {x.dtype}")
         for name in ("q", "k_cache", "v_cache", "block_table"):
             if not named[name].is_contiguous():
                 raise ValueError(f"{name}: must be contiguous (the kernels address it densely)")

@@ -47,7 +47,7 @@ import torch
 
 from .plan import make_plan
 from .validation import _is_real as _is_number
-from .validation import check_page_ids, check_scalars
+from .validation import check_gqa, check_page_ids, check_scalars
 
 
 class Decode(Protocol):
@@ -99,9 +99,12 @@ def _as_lengths(cache_seqlens, B: int, device, default: int) -> torch.Tensor:
 
 def _check_window(window_size) -> tuple[int, int]:
     try:
-        left, right = (int(x) for x in window_size)
+        left, right = window_size
     except (TypeError, ValueError):
         raise ValueError(f"window_size: must be a pair (left, right) of ints, got {window_size!r}") from None
+    if not all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) for x in (left, right)):
+        raise ValueError(f"window_size: must be a pair (left, right) of ints, got {window_size!r}")
+    left, right = int(left), int(right)
     if left < -1 or right < -1:
         raise ValueError(f"window_size: each side must be >= 0, or -1 for unbounded, got {window_size!r}")
     return left, right
@@ -171,16 +174,31 @@ def make_flash_attn_with_kvcache(decode: Decode, where: str) -> Callable:
             if not isinstance(x, torch.Tensor) or x.dim() != 4:
                 raise ValueError(f"{name}: must be a 4-D tensor, got "
                                  f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v), ("block_table", block_table),
+                        ("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx)):
+            if isinstance(x, torch.Tensor) and x.device != q.device:
+                raise ValueError(f"{name}: on {x.device}, must be on q's device {q.device}")
         if tuple(v_cache.shape) != tuple(k_cache.shape):
             raise ValueError(f"v_cache: must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
         B, Sq, Hq, D = q.shape
+        if min(Hq, D) <= 0 or min(k_cache.shape[1:]) <= 0:
+            raise ValueError(f"q, k_cache: heads, head dim and page size must be positive, got q {tuple(q.shape)}, "
+                             f"k_cache {tuple(k_cache.shape)}")
+        if k_cache.shape[3] != D:
+            raise ValueError(f"k_cache: head dim {k_cache.shape[3]} must equal q's head dim {D}")
+        check_gqa(Hq, k_cache.shape[2])
         left, right = _check_window(window_size)
         if causal:
             right = 0
         policy = _policy(num_splits)
         # FlashAttention spells "no cap" softcap=0.0; the shared rule is None (docs/conventions.md)
         soft_cap = None if softcap is None or (_is_number(softcap) and softcap == 0) else softcap
-        check_scalars(softmax_scale, soft_cap, None)
+        try:
+            check_scalars(softmax_scale, soft_cap, None)
+        except ValueError as e:  # name FlashAttention's arguments
+            msg = str(e)
+            raise ValueError(msg.replace("scale:", "softmax_scale:", 1) if msg.startswith("scale:")
+                             else msg.replace("soft_cap:", "softcap:", 1)) from None
         scale = float(D ** -0.5 if softmax_scale is None else softmax_scale)
         soft_cap = None if soft_cap is None else float(soft_cap)
 

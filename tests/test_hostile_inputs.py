@@ -208,6 +208,10 @@ RUNNERS = {"numpy": run_numpy, "reference": run_reference, "torch": run_torch, "
            "ascend-wrapper": run_ascend_wrapper, "ascend-sim": run_ascend_sim, "triton": run_triton}
 DEFAULT_ENTRIES = ("numpy", "reference", "torch", "flash", "ascend-wrapper")
 TRITON_PENDING = "the Triton side's hardening (page-id masking, wrapper checks) lands separately"
+TRITON_ISOLATION = ("Triton multiplies masked lanes' V by 0 (NaN * 0 is NaN): a value a row cannot see leaks; "
+                    "the kernel must select with tl.where on the values")
+TRITON_NAN = ("Triton gives inf, or a finite lse, where the shared rule makes the row NaN (out and lse): "
+              "the kernel must flag non-finite K/V/q a row sees")
 TWIN_NAN = ("the Ascend C kernel reads a NaN score or value as an empty split (finite row); the shared rule "
             "makes the row NaN: the kernel is being rewritten")
 
@@ -347,26 +351,26 @@ CASES = [
          SameAsClean(), entries=TORCH_ONLY, override={"ascend-wrapper": R(ValueError, r"^block_table: must be contiguous")}),
     # --- page ids ----------------------------------------------------------------------------------
     Case("page-id-minus-1", lambda: poke(base(), "bt", (1, 2), -1), R(ValueError, r"^block_table: entry \[1, 2\]"),
-         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton"), xfail={"triton": TRITON_PENDING}),
+         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton")),
     Case("page-id-num-pages", lambda: poke(base(), "bt", (0, 1), NUM_PAGES), R(ValueError, r"^block_table: entry \[0, 1\]"),
-         entries=DEFAULT_ENTRIES + ("ascend-sim",)),
+         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton")),
     Case("page-id-very-negative", lambda: poke(base(), "bt", (0, 0), -(2**31)), R(ValueError, r"^block_table: entry")),
     Case("page-id-int64-huge", lambda: replace(base(), bt=poke(base(), "bt", (1, 0), 0).bt.astype(np.int64) + np.array(
         [[0, 0, 0, 0], [2**40, 0, 0, 0], [0, 0, 0, 0]])), R((ValueError, TypeError), r"^block_table:")),
     Case("page-id-minus-1-unused", lambda: poke(base(), "bt", (0, 3), -1), SameAsClean(),
          entries=DEFAULT_ENTRIES + ("ascend-sim",)),
     Case("page-id-garbage-empty-request", lambda: poke(base(), "bt", 2, [-7, 99, -1, 10**6]), SameAsClean(),
-         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton"), xfail={"triton": TRITON_PENDING}),
+         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton")),
     # --- lengths -----------------------------------------------------------------------------------
     Case("seq-over-capacity", lambda: poke(base(), "seq", 0, 17), R(ValueError, SEQ),
-         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton"), xfail={"triton": TRITON_PENDING}),
+         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton")),
     Case("seq-negative", lambda: poke(base(), "seq", 1, -1), R(ValueError, SEQ)),
     Case("seq-2-pow-31", lambda: replace(base(), seq=np.array([6, 2**31, 0], np.int64)), R(ValueError, SEQ)),
     Case("seq-2-pow-40", lambda: replace(base(), seq=np.array([6, 2**40, 0], np.int64)), R(ValueError, SEQ)),
     Case("seq-int64-min", lambda: replace(base(), seq=np.array([6, -(2**63), 0], np.int64)), R(ValueError, SEQ)),
     # --- scalars -----------------------------------------------------------------------------------
     Case("soft-cap-0", lambda: replace(base(), soft_cap=0.0), R(ValueError, CAP),
-         entries=DEFAULT_ENTRIES + ("triton",), override={"flash": SameAsClean()}, xfail={"triton": TRITON_PENDING}),
+         entries=DEFAULT_ENTRIES + ("triton",), override={"flash": SameAsClean()}),
     Case("soft-cap-negative", lambda: replace(base(), soft_cap=-1.0), R(ValueError, CAP)),
     Case("soft-cap-nan", lambda: replace(base(), soft_cap=NAN), R(ValueError, CAP)),
     Case("soft-cap-inf", lambda: replace(base(), soft_cap=INF), R(ValueError, CAP)),
@@ -383,49 +387,49 @@ CASES = [
     Case("scale-str", lambda: replace(base(), scale="0.25"), R(ValueError, FLASH_SCALE)),
     # --- values no row may see: bit-identical to a clean run -----------------------------------
     Case("nan-null-block", lambda: poke(poke(base(), "k", 0, NAN), "v", 0, NAN), SameAsClean(),
-         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton"), xfail={"triton": TRITON_PENDING}),
+         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton")),
     Case("inf-null-block", lambda: poke(poke(base(), "k", 0, INF), "v", 0, -INF), SameAsClean(),
-         entries=DEFAULT_ENTRIES + ("ascend-sim",)),
+         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton")),
     Case("nan-null-slot-0", lambda: poke(base(), "v", (0, 0), NAN), SameAsClean(),
          entries=DEFAULT_ENTRIES + ("ascend-sim",)),
     Case("nan-past-seq-len", lambda: poke(poke(base(), "k", (5, slice(2, 4)), NAN), "v", (5, slice(2, 4)), INF),
-         SameAsClean(), entries=DEFAULT_ENTRIES + ("ascend-sim",)),
+         SameAsClean(), entries=DEFAULT_ENTRIES + ("ascend-sim", "triton")),
     Case("nan-last-page-tail", lambda: poke(base(), "v", (7, slice(1, 4)), NAN), SameAsClean(),
          entries=DEFAULT_ENTRIES + ("ascend-sim",)),
     Case("nan-unassigned-pages", lambda: poke(poke(base(), "k", [4, 6, 8, 9], NAN), "v", [4, 6, 8, 9], NAN),
          SameAsClean(), entries=DEFAULT_ENTRIES + ("ascend-sim",)),
     Case("nan-causally-masked", lambda: poke(replace(base("multi")), "v", (5, 1, 0), NAN),
-         NaNRows(((1, 0), (1, 1)), base="multi"), entries=NO_FLASH + ("ascend-sim",),
-         xfail={"ascend-sim": TWIN_NAN}),
+         NaNRows(((1, 0), (1, 1)), base="multi"), entries=NO_FLASH + ("ascend-sim", "triton"),
+         xfail={"triton": TRITON_NAN, "ascend-sim": TWIN_NAN}),
     Case("nan-k-causally-masked", lambda: poke(replace(base("multi")), "k", (5, 1, 1), NAN),
          NaNRows(((1, 2), (1, 3)), base="multi"), entries=NO_FLASH + ("ascend-sim",),
          xfail={"ascend-sim": TWIN_NAN}),
     Case("nan-windowed-out", lambda: poke(replace(base("window")), "v", (2, 1), NAN), SameAsClean(base="window"),
-         entries=DEFAULT_ENTRIES + ("ascend-sim",)),
+         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton"),
+         xfail={"triton": TRITON_ISOLATION}),
     Case("nan-before-window-page", lambda: poke(replace(base("window")), "k", 1, NAN), SameAsClean(base="window")),
     Case("inf-q-of-empty-request", lambda: poke(base(), "q", 2, INF), SameAsClean()),
     # --- values a row can see: that row is NaN, the others bit-identical ------------------------
     Case("nan-k-visible", lambda: poke(base(), "k", (2, 1, 1), NAN), NaNRows(((1, 2), (1, 3))),
-         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton"), xfail={"ascend-sim": TWIN_NAN, "triton": TRITON_PENDING}),
+         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton"), xfail={"ascend-sim": TWIN_NAN}),
     Case("inf-v-visible", lambda: poke(base(), "v", (3, 0, 0), INF), NaNRows(((0, 0), (0, 1))),
-         entries=DEFAULT_ENTRIES + ("ascend-sim",), xfail={"ascend-sim": TWIN_NAN}),
+         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton"), xfail={"triton": TRITON_NAN, "ascend-sim": TWIN_NAN}),
     Case("minus-inf-k-visible", lambda: poke(base(), "k", (7, 0, 0), -INF), NaNRows(((1, 0), (1, 1))),
-         entries=DEFAULT_ENTRIES + ("ascend-sim",), xfail={"ascend-sim": TWIN_NAN}),
+         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton"), xfail={"ascend-sim": TWIN_NAN}),
     Case("minus-inf-k-visible-soft-cap", lambda: replace(poke(base(), "k", (7, 0, 0), -INF), soft_cap=5.0),
          NaNRows(((1, 0), (1, 1)), base="softcap")),
     Case("nan-q-one-head", lambda: poke(base(), "q", (0, 3, 5), NAN), NaNRows(((0, 3),)),
-         entries=DEFAULT_ENTRIES + ("ascend-sim",), xfail={"ascend-sim": TWIN_NAN}),
+         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton"), xfail={"ascend-sim": TWIN_NAN}),
     Case("nan-k-visible-window", lambda: poke(replace(base("window")), "k", (2, 2, 0), NAN),
          NaNRows(((1, 0), (1, 1)), base="window")),
     Case("nan-int8-scale", _int8(k_scale=np.array([NAN, 0.02], np.float32)),
          NaNRows(((0, 0), (0, 1), (1, 0), (1, 1)), base="int8"), entries=NO_FLASH),
     # --- empty batches and shared pages --------------------------------------------------------
-    Case("empty-batch", _empty_batch, Empty(0), entries=DEFAULT_ENTRIES + ("ascend-sim", "triton"),
-         xfail={"triton": TRITON_PENDING}),
-    Case("no-query-rows", _no_rows, Empty(0), entries=NO_FLASH + ("ascend-sim",)),
+    Case("empty-batch", _empty_batch, Empty(0), entries=DEFAULT_ENTRIES + ("ascend-sim", "triton")),
+    Case("no-query-rows", _no_rows, Empty(0), entries=NO_FLASH + ("ascend-sim", "triton")),
     Case("all-lengths-zero", lambda: replace(base(), seq=np.zeros(3, np.int32)), Empty(3, empty_rows=True),
-         entries=DEFAULT_ENTRIES + ("ascend-sim",)),
-    Case("shared-pages", _shared_pages, MatchesReference(), entries=DEFAULT_ENTRIES + ("ascend-sim",)),
+         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton")),
+    Case("shared-pages", _shared_pages, MatchesReference(), entries=DEFAULT_ENTRIES + ("ascend-sim", "triton")),
 ]
 
 

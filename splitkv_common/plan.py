@@ -143,7 +143,7 @@ class Plan:
             raise ValueError("plan: made for other query rows per request (query_start_loc differs)")
 
     def validate(self, seq_lens=None, query_start_loc=None, *, window_left=None, num_kv_heads: int | None = None,
-                 batch_size: int | None = None) -> "Plan":
+                 batch_size: int | None = None, coverage: bool = True) -> "Plan":
         """Check a plan that came from outside (vectorised NumPy, no device memory): raise
         ``ValueError`` naming the field and the broken rule, else return the plan.
 
@@ -160,7 +160,8 @@ class Plan:
           ``row_slot_start + row_num_splits <= num_slots``, and no two rows share a slot.
 
         ``seq_lens`` / ``query_start_loc`` (host arrays), ``window_left``, ``num_kv_heads`` and
-        ``batch_size`` are the batch's, when known.
+        ``batch_size`` are the batch's, when known. ``coverage=False`` checks the ranges are disjoint
+        but not that they cover the span (a context-parallel shard's plan covers its own part).
         """
         from .validation import normalize_window
 
@@ -252,7 +253,10 @@ class Plan:
             first[1:] = g[1:] != g[:-1]
             last = np.ones(n, bool)
             last[:-1] = g[1:] != g[:-1]
-            gap = ~first[1:] & (s_[1:] != e_[:-1]) if n > 1 else np.zeros(0, bool)
+            if coverage:
+                gap = ~first[1:] & (s_[1:] != e_[:-1]) if n > 1 else np.zeros(0, bool)
+            else:
+                gap = ~first[1:] & (s_[1:] < e_[:-1]) & (s_[1:] < e_[1:]) if n > 1 else np.zeros(0, bool)
             if gap.any():
                 i = int(np.argmax(gap)) + 1
                 b, h = divmod(int(g[i]), Hkv)
@@ -262,9 +266,14 @@ class Plan:
             page = int(self.page_size)
             lo_page = (lo[gb] // page) * page
             some = hi[gb] > lo[gb]
-            bad_first = first & ((s_ > lo[gb]) | (s_ < lo_page)) & some
-            bad_last = last & (e_ != hi[gb]) & some
-            bad_empty = ~some & (e_ != s_)  # nothing visible: only empty ranges
+            if coverage:
+                bad_first = first & ((s_ > lo[gb]) | (s_ < lo_page)) & some
+                bad_last = last & (e_ != hi[gb]) & some
+                bad_empty = ~some & (e_ != s_)  # nothing visible: only empty ranges
+            else:  # within the request's positions only
+                bad_first = np.zeros(n, bool)
+                bad_last = (e_ > hi[gb]) & (e_ > s_) & (seq_lens is not None)
+                bad_empty = bad_first
             for bad, what in ((bad_first, "starts"), (bad_last, "ends"), (bad_empty, "ends")):
                 if bad.any():
                     i = int(np.argmax(bad))

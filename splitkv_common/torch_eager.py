@@ -87,6 +87,11 @@ def _check_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, pla
                           window_left=window_left, backend="torch", **quant)
         plan.validate(seq_lens.cpu().numpy(), query_start_loc.cpu().numpy(), window_left=window_left,
                       num_kv_heads=k_cache.shape[2])
+    elif validate is False:
+        # internal callers (context-parallel shards): a partial plan and an upcast q are legal; the
+        # plan's structure is still checked and out-of-range page ids are masked below
+        plan.validate(window_left=window_left, num_kv_heads=k_cache.shape[2], batch_size=block_table.shape[0],
+                      coverage=False)
     else:
         devs = {x.device for x in tensors.values() if x is not None}
         if len(devs) > 1:
@@ -119,7 +124,9 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
         validate: ``"auto"`` (default): the full shared checks when every tensor is on the CPU (the
             data is on the host: an out-of-range page id a row would read is refused), metadata,
             scalar and plan checks only on a device (no host sync; there an out-of-range page id
-            is masked: its positions count as invisible); ``True``: always the full checks.
+            is masked: its positions count as invisible); ``True``: always the full checks;
+            ``False`` (internal callers such as context-parallel shards, whose plan covers part of
+            each request and whose q may be upcast): the scalars and the plan's structure only.
 
     Isolation (``docs/conventions.md``): a lane only reads positions of its own request's
     ``[start, end)`` range, and values at positions a row cannot see never enter its arithmetic

@@ -151,15 +151,20 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
     pl = torch.full((plan.num_slots, Hq), float("-inf"), dtype=torch.float32, device=dev)
     qsl = query_start_loc.to(dev).long()
     q_lens = qsl[1:] - qsl[:-1]
-    # only items with KV positions and query rows compute; the rest leave their slots empty (0, -inf)
-    live = ((p["end"] > p["start"]) & (q_lens[p["request"]] > 0)) if plan.num_valid_items else None
-    W = int(live.sum()) if live is not None else 0
+    # only items with KV positions and query rows compute; the rest leave their slots empty (0, -inf).
+    # Sizes come from the host plan: no host sync on a device.
+    n = plan.num_valid_items
+    h_len = (plan.item_kv_end[:n].astype(np.int64) - plan.item_kv_start[:n])
+    h_ql = np.diff(plan.query_start_loc.astype(np.int64))[plan.item_request[:n]]
+    h_live = (h_len > 0) & (h_ql > 0)
+    W = int(h_live.sum())
     if W:
+        live = torch.as_tensor(np.flatnonzero(h_live), device=dev)
         req, head, split = p["request"][live], p["kv_head"][live], p["split"][live]
         start, end = p["start"][live], p["end"][live]
         lens = end - start
-        L = int(lens.max())
-        qmax = int(q_lens[req].max())
+        L = int(h_len[h_live].max())
+        qmax = int(h_ql[h_live].max())
         lane = torch.arange(L, device=dev)
         in_range = lane[None, :] < lens[:, None]                                    # [W, L]
         # padding lanes read the item's own first position: never another request's page

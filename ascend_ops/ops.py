@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from splitkv_common.plan import Plan
-from splitkv_common.torch_io import TORCH_DTYPES
+from splitkv_common.torch_io import TORCH_DTYPES, torch_dtype_name
 from splitkv_common.validation import check_decode_args, host
 
 from .support import DEFAULT_PROFILE, KV_QUANT_DTYPE, Q_DTYPES, supported_head_dims
@@ -89,8 +89,48 @@ def _check_meta(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, worksp
         raise ValueError(f"out: must be {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
     if lse.dtype != torch.float32 or tuple(lse.shape) != tuple(q.shape[:2]):
         raise ValueError(f"lse: must be float32 {tuple(q.shape[:2])}, got {lse.dtype} {tuple(lse.shape)}")
-    if not 0 < block_dim <= 65535:
-        raise ValueError(f"block_dim: must be in [1, 65535], got {block_dim}")
+    if kv_quant is not None and k_cache.dtype != torch.int8:
+        raise ValueError(f"kv_quant: only with an int8 KV cache (k_cache is {k_cache.dtype})")
+    if not isinstance(block_dim, int) or isinstance(block_dim, bool) or not 0 < block_dim <= 65535:
+        raise ValueError(f"block_dim: must be an int in [1, 65535], got {block_dim!r}")
+    named = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, kv_quant=kv_quant, plan=plan,
+                 tiling=tiling, workspace=workspace, out=out, lse=lse)
+    for name, x in named.items():
+        if x is None:
+            continue
+        if x.device != q.device:
+            raise ValueError(f"{name}: on {x.device}, must be on q's device {q.device}")
+        if not x.is_contiguous():
+            raise ValueError(f"{name}: must be contiguous (the kernels address it densely)")
+
+
+def _check_tiling(t: dict, q, k_cache, block_table, plan, workspace) -> None:
+    """Where the tiling is on the host (the CPU kernel): the tensors agree with the sizes the kernels
+    would trust (rows, heads, pages, buffer lengths). The NPU binding cannot read the device tiling
+    without a sync: there the wrapper's checks against its host plan stand in."""
+    from . import tiling as tl
+
+    T, Hq, D = (int(x) for x in q.shape)
+    P, page, Hkv, _ = (int(x) for x in k_cache.shape)
+    B, max_pages = (int(x) for x in block_table.shape)
+    for field, want, have, name in (("numRows", T, t["numRows"], "q"), ("numQHeads", Hq, t["numQHeads"], "q"),
+                                    ("headDim", D, t["headDim"], "q"), ("numKVHeads", Hkv, t["numKVHeads"], "k_cache"),
+                                    ("pageSize", page, t["pageSize"], "k_cache"), ("numPages", P, t["numPages"], "k_cache"),
+                                    ("batch", B, t["batch"], "block_table"),
+                                    ("maxPages", max_pages, t["maxPages"], "block_table")):
+        if int(have) != want:
+            raise ValueError(f"{name}: has {field} = {want}, the plan/tiling buffers were built for {int(have)} "
+                             f"(plan again for this batch)")
+    if t["qDtype"] != tl.DTYPE_CODES[torch_dtype_name(q.dtype)]:
+        raise TypeError(f"q: dtype {q.dtype} is not the one the tiling was built for")
+    need = 0
+    for key, n in (("itemsOffset", 5 * int(t["numItems"])), ("qslOffset", B + 1), ("seqLensOffset", B),
+                   ("rowSlotOffset", T), ("rowNumOffset", T)):
+        need = max(need, int(t[key]) + n)
+    if plan.numel() < need:
+        raise ValueError(f"plan: {plan.numel()} words, the tiling's offsets need {need}")
+    if workspace.numel() * 4 < int(t["workspaceBytes"]):
+        raise ValueError(f"workspace: {workspace.numel() * 4} bytes, the tiling needs {int(t['workspaceBytes'])}")
 
 
 @torch.library.register_fake(QUALNAME, lib=_LIB)
@@ -106,6 +146,7 @@ def _cpu_kernel(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, worksp
 
     _check_meta(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, workspace, out, lse, block_dim)
     t = tl.unpack_tiling(tiling.numpy().tobytes())
+    _check_tiling(t, q, k_cache, block_table, plan, workspace)
     host_plan, seq_lens, qsl = plan_from_words(plan.numpy(), t)
     quant = {}
     if kv_quant is not None:
@@ -211,6 +252,11 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
                              soft_cap=soft_cap, window_left=window_left, k_scale=k_scale, v_scale=v_scale,
                              k_offset=k_offset, v_offset=v_offset, supported_head_dims=supported_head_dims(),
                              backend="ascend")
+    sl = host(seq_lens)
+    qsl = None if query_start_loc is None else host(query_start_loc)
+    if plan is not None:  # a plan from outside: checked before anything runs
+        plan.validate(sl, qsl if qsl is not None else np.arange(dims.batch_size + 1), window_left=window_left,
+                      num_kv_heads=dims.num_kv_heads)
     if q.device.type == "cpu":
         why = runtime_unavailable()
         raise RuntimeError(f"{QUALNAME}: q is a CPU tensor; the operator runs on an Ascend NPU"
@@ -218,14 +264,11 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
     require_npu_kernel(q.device)
     w = AscendDecodeWrapper(dims.num_q_heads, dims.num_kv_heads, dims.head_dim, dims.page_size, dtype=q.dtype,
                             kv_dtype=k_cache.dtype, device=q.device, profile=profile, policy=policy)
-    sl = host(seq_lens)
-    qsl = None if query_start_loc is None else host(query_start_loc)
     const = dict(scale=scale, soft_cap=soft_cap, window_left=window_left, max_pages=dims.max_pages,
                  num_pages=dims.num_pages)
     if plan is None:
         w.plan(sl, query_start_loc=qsl, **const)
     else:
-        plan.check_batch(sl, qsl)
         w.set_plan(plan, seq_lens=sl, **const)
     bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
     return w.run(q, k_cache, v_cache, bt, scale=scale, soft_cap=soft_cap, window_left=window_left,

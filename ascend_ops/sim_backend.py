@@ -165,7 +165,12 @@ def run_split(inputs: DecodeInputs, plan: Plan, til: tl.Tiling | None = None, gu
 
 
 def run_twin(inputs: DecodeInputs, plan: Plan, profile: str = PROFILE) -> tuple[np.ndarray, np.ndarray]:
-    """Split then combine on the twin: ``(out [T, Hq, D] float32 values of q's dtype, lse [T, Hq] float32)``."""
+    """Split then combine on the twin: ``(out [T, Hq, D] float32 values of q's dtype, lse [T, Hq] float32)``.
+
+    The inputs (host arrays) and the plan are checked first: the twin's kernels trust both."""
+    inputs.validate()
+    plan.validate(inputs.seq_lens, inputs.query_start_loc, window_left=inputs.window_left,
+                  num_kv_heads=inputs.k_cache.shape[2])
     til = tl.build_tiling(inputs, plan, profile)
     ws, _, _ = run_split(inputs, plan, til)
     lib = twin_library()

@@ -18,7 +18,8 @@ from splitkv_common.devices import get_profile
 from splitkv_common.npu_probe import torch_npu_imported
 from splitkv_common.torch_io import as_torch_dtype, torch_dtype_name
 from splitkv_common.plan import Plan, PlannedWrapper, PlanSpec
-from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, host, normalize_window
+from splitkv_common.validation import (check_decode_args, check_gqa, check_scalars, check_wrapper_tensors, host,
+                                       normalize_window)
 
 from . import ops
 from .ops import QUALNAME, pack_kv_quant
@@ -90,6 +91,7 @@ class AscendDecodeWrapper(PlannedWrapper):
     def plan(self, seq_lens, q_lens=None, query_start_loc=None, window_left=None, *, scale=None,
              soft_cap=None, max_pages: int | None = None, num_pages: int | None = None) -> Plan:
         """Plan a batch from host lengths and prepare the device buffers (may allocate)."""
+        check_scalars(scale, soft_cap, window_left)
         p = self.plan_spec().make(host(seq_lens), None if q_lens is None else host(q_lens),
                                   None if query_start_loc is None else host(query_start_loc), window_left)
         self.set_plan(p, seq_lens=host(seq_lens), scale=scale, soft_cap=soft_cap, window_left=window_left,
@@ -106,12 +108,16 @@ class AscendDecodeWrapper(PlannedWrapper):
         to the previous plan's, else are read from the tensors at the first ``run()``. When all are
         known the device buffers are refreshed now, so that ``run()`` does no host work.
         """
+        check_scalars(scale, soft_cap, window_left)
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan: expected a splitkv_common.plan.Plan, got {type(plan).__name__}")
         if plan.num_kv_heads != self.num_kv_heads or plan.page_size != self.page_size:
             raise ValueError(f"plan: made for Hkv={plan.num_kv_heads}, page_size={plan.page_size}; this wrapper "
                              f"has Hkv={self.num_kv_heads}, page_size={self.page_size}")
+        # a plan from outside is trusted by the kernels: items, ranges and slots are checked here
+        plan.validate(None if seq_lens is None else host(seq_lens), window_left=window_left,
+                      num_kv_heads=self.num_kv_heads)
         self.host_plan = plan
-        if seq_lens is not None:
-            plan.check_batch(host(seq_lens))
         self._seq_lens = plan.covered_seq_lens()
         self._attn = (None if scale is None else float(scale), None if soft_cap is None else float(soft_cap),
                       normalize_window(window_left))
@@ -203,9 +209,14 @@ class AscendDecodeWrapper(PlannedWrapper):
         """
         if self.host_plan is None:
             raise RuntimeError("plan: call plan() (or set_plan()) before run()")
+        check_scalars(scale, soft_cap, window_left)
         planned = self._attn
         attn = (planned[0] if scale is None else float(scale), planned[1] if soft_cap is None else float(soft_cap),
                 planned[2] if window_left is None else normalize_window(window_left))
+        for name, x, rank in (("block_table", block_table, 2), ("k_cache", k_cache, 4)):
+            if not isinstance(x, torch.Tensor) or x.dim() != rank:
+                raise ValueError(f"{name}: must be a {rank}-D tensor, got "
+                                 f"{list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
         pages = (int(block_table.shape[1]), int(k_cache.shape[0]))
         if self._stale or attn != planned or pages != self._pages:
             # first run() after a plan() that did not know the pages, or other constants:
@@ -224,11 +235,23 @@ class AscendDecodeWrapper(PlannedWrapper):
         b = self._buffers
         out = b["out"] if out is None else out
         lse = b["lse"] if lse is None else lse
+        self._check_outputs(q, out, lse)
         quant = pack_kv_quant(k_scale, v_scale, k_offset, v_offset, num_kv_heads=self.num_kv_heads,
                               head_dim=self.head_dim, device=q.device)
         ops.decode_attention_op(q, k_cache, v_cache, block_table, quant, b["plan"], b["tiling"], b["workspace"], out,
                                 lse, int(self.tiling["blockDim"]))
         return out, lse
+
+    def _check_outputs(self, q, out, lse) -> None:
+        """``out [T, Hq, D]`` in q's dtype and ``lse [T, Hq]`` float32, on q's device, contiguous."""
+        for name, x, shape, dt in (("out", out, tuple(q.shape), q.dtype), ("lse", lse, tuple(q.shape[:2]), torch.float32)):
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"{name}: expected a torch tensor, got {type(x).__name__}")
+            if tuple(x.shape) != shape or x.dtype != dt:
+                raise ValueError(f"{name}: must be {list(shape)} {dt}, got {list(x.shape)} {x.dtype}")
+            if x.device != q.device or not x.is_contiguous():
+                raise ValueError(f"{name}: must be contiguous on q's device {q.device}, got {x.device}"
+                                 f"{'' if x.is_contiguous() else ' (not contiguous)'}")
 
     def check(self, q, k_cache, v_cache, block_table, k_scale=None, v_scale=None, k_offset=None,
               v_offset=None) -> None:
@@ -240,6 +263,17 @@ class AscendDecodeWrapper(PlannedWrapper):
                               on_device=lambda d: d.type == self.device.type)
         if block_table.dtype != torch.int32:
             raise TypeError(f"block_table: dtype must be int32 for the ascend backend, got {block_table.dtype}")
+        Hkv, D = self.num_kv_heads, self.head_dim
+        for name, ref in (("k_scale", None), ("v_scale", None), ("k_offset", "k_scale"), ("v_offset", "v_scale")):
+            x = named[name]
+            if x is None:
+                continue
+            if tuple(x.shape) not in ((Hkv,), (Hkv, D)) or (ref is not None and named[ref] is not None
+                                                             and tuple(x.shape) != tuple(named[ref].shape)):
+                raise ValueError(f"{name}: must be [Hkv] or [Hkv, D] = [{Hkv}] or [{Hkv}, {D}] (an offset: its "
+                                 f"scale's shape), got {list(x.shape)}")
+            if x.dtype != torch.float32:
+                raise TypeError(f"{name}: dtype must be float32, got {x.dtype}")
         for name in ("q", "k_cache", "v_cache", "block_table"):
             if not named[name].is_contiguous():
                 raise ValueError(f"{name}: must be contiguous (the kernels address it densely)")

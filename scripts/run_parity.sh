@@ -7,4 +7,5 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 py="$("$root/scripts/setup_env.sh" | tail -n 1)"
 cd "$root"
 mkdir -p reports
-exec "$py" -m splitkv_common.cli parity --report reports/parity.md --report reports/parity.json "$@"
+# --force: each run replaces the previous reports (written atomically)
+exec "$py" -m splitkv_common.cli parity --force --report reports/parity.md --report reports/parity.json "$@"

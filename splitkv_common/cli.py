@@ -59,8 +59,13 @@ def _heads(text: str) -> tuple[int, int]:
 def _cmd_plan(args) -> int:
     from .plan import make_plan
 
+    from .validation import MAX_BATCH, check_plan_limits
+
     seq = args.seq_lens
     batch = args.batch if args.batch is not None else len(seq)
+    if not 0 <= batch <= MAX_BATCH:  # before any list of that size is built
+        print(f"error: --batch: {batch} requests, must lie in [0, MAX_BATCH = {MAX_BATCH}]", file=sys.stderr)
+        return 2
     if len(seq) == 1:
         seq = seq * batch
     if len(seq) != batch:
@@ -70,11 +75,14 @@ def _cmd_plan(args) -> int:
     q_lens = args.q_lens * batch if args.q_lens and len(args.q_lens) == 1 else args.q_lens
     hq, hkv = args.heads
     try:
+        check_plan_limits(seq, num_kv_heads=hkv, page_size=args.page_size, q_lens=q_lens, policy=args.policy,
+                          window_left=args.window_left, max_splits=args.max_splits, graph_stable=args.graph_stable,
+                          default_max_splits=PROFILES[args.device].max_splits if args.device in PROFILES else 64)
         plan = make_plan(np.array(seq), num_kv_heads=hkv, num_q_heads=hq, head_dim=args.head_dim,
                          page_size=args.page_size, q_lens=q_lens, policy=args.policy, device=args.device,
                          kv_elem_bytes=args.kv_bytes, window_left=args.window_left,
                          graph_stable=args.graph_stable, max_splits=args.max_splits)
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     info = {
@@ -123,9 +131,22 @@ def _cmd_backends(args) -> int:
 
 def _cmd_parity(args) -> int:
     from .parity.cases import catalog
-    from .parity.harness import run_parity
+    from .parity.harness import check_report_path, run_parity
     from .parity.registry import discover
 
+    paths = args.report or ()
+    if len(set(map(os.path.abspath, paths))) != len(paths):
+        print("error: --report: the same file is given twice", file=sys.stderr)
+        return 2
+    for path in paths:  # before the run: a bad path fails in milliseconds, not after the catalog
+        try:
+            check_report_path(path, force=args.force)
+        except OSError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     known = discover()
     names = args.backend or sorted(known)
     unknown = [n for n in names if n not in known]
@@ -146,8 +167,12 @@ def _cmd_parity(args) -> int:
         return 0
     report = run_parity([known[n] for n in names], cases, progress=_progress_wanted(args))
     print(report.to_json() if args.json else report.to_markdown())
-    for path in args.report or ():
-        report.write(path)
+    for path in paths:
+        try:
+            report.write(path, force=args.force)
+        except OSError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         print(f"report written to {path}", file=sys.stderr if args.json else sys.stdout)
     if not report.results:
         print("error: no backend could run (see 'unavailable' above)", file=sys.stderr)
@@ -199,7 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--cases", default=None, help="filter: glob or substring of case names, comma-separated")
     pa.add_argument("--size", choices=("small", "full", "all"), default="small",
                     help="small (CI), full (long contexts, production heads) or all")
-    pa.add_argument("--report", action="append", help="write the report to FILE.md or FILE.json (repeatable)")
+    pa.add_argument("--report", action="append",
+                    help="write the report to FILE.md or FILE.json (repeatable); written atomically, never over "
+                         "an existing file without --force; the path is checked before the run")
+    pa.add_argument("--force", action="store_true", help="replace report files that exist (default: refuse)")
     pa.add_argument("--list", action="store_true", help="list the selected cases and exit")
     pa.add_argument("--no-progress", "--quiet", dest="no_progress", action="store_true",
                     help="no progress bar (the default when stderr is not a terminal)")

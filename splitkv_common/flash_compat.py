@@ -46,6 +46,8 @@ import numpy as np
 import torch
 
 from .plan import make_plan
+from .validation import _is_real as _is_number
+from .validation import check_gqa, check_page_ids, check_scalars
 
 
 class Decode(Protocol):
@@ -97,9 +99,12 @@ def _as_lengths(cache_seqlens, B: int, device, default: int) -> torch.Tensor:
 
 def _check_window(window_size) -> tuple[int, int]:
     try:
-        left, right = (int(x) for x in window_size)
+        left, right = window_size
     except (TypeError, ValueError):
         raise ValueError(f"window_size: must be a pair (left, right) of ints, got {window_size!r}") from None
+    if not all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) for x in (left, right)):
+        raise ValueError(f"window_size: must be a pair (left, right) of ints, got {window_size!r}")
+    left, right = int(left), int(right)
     if left < -1 or right < -1:
         raise ValueError(f"window_size: each side must be >= 0, or -1 for unbounded, got {window_size!r}")
     return left, right
@@ -121,6 +126,8 @@ def _paged_view(q, k_cache, v_cache, block_table, cache_batch_idx):
         if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2 or block_table.shape[0] != B:
             raise ValueError(f"block_table: must be a [B={B}, max_blocks] int32 tensor, got "
                              f"{tuple(block_table.shape) if isinstance(block_table, torch.Tensor) else type(block_table).__name__}")
+        if block_table.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"block_table: dtype must be int32 or int64, got {block_table.dtype}")
         page = k_cache.shape[1]
         return k_cache, v_cache, block_table.to(torch.int32), page, block_table.shape[1] * page
     rows = torch.arange(B, device=q.device) if cache_batch_idx is None else cache_batch_idx.to(q.device).long()
@@ -167,15 +174,33 @@ def make_flash_attn_with_kvcache(decode: Decode, where: str) -> Callable:
             if not isinstance(x, torch.Tensor) or x.dim() != 4:
                 raise ValueError(f"{name}: must be a 4-D tensor, got "
                                  f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v), ("block_table", block_table),
+                        ("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx)):
+            if isinstance(x, torch.Tensor) and x.device != q.device:
+                raise ValueError(f"{name}: on {x.device}, must be on q's device {q.device}")
         if tuple(v_cache.shape) != tuple(k_cache.shape):
             raise ValueError(f"v_cache: must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
         B, Sq, Hq, D = q.shape
+        if min(Hq, D) <= 0 or min(k_cache.shape[1:]) <= 0:
+            raise ValueError(f"q, k_cache: heads, head dim and page size must be positive, got q {tuple(q.shape)}, "
+                             f"k_cache {tuple(k_cache.shape)}")
+        if k_cache.shape[3] != D:
+            raise ValueError(f"k_cache: head dim {k_cache.shape[3]} must equal q's head dim {D}")
+        check_gqa(Hq, k_cache.shape[2])
         left, right = _check_window(window_size)
         if causal:
             right = 0
         policy = _policy(num_splits)
+        # FlashAttention spells "no cap" softcap=0.0; the shared rule is None (docs/conventions.md)
+        soft_cap = None if softcap is None or (_is_number(softcap) and softcap == 0) else softcap
+        try:
+            check_scalars(softmax_scale, soft_cap, None)
+        except ValueError as e:  # name FlashAttention's arguments
+            msg = str(e)
+            raise ValueError(msg.replace("scale:", "softmax_scale:", 1) if msg.startswith("scale:")
+                             else msg.replace("soft_cap:", "softcap:", 1)) from None
         scale = float(D ** -0.5 if softmax_scale is None else softmax_scale)
-        soft_cap = None if not softcap else float(softcap)
+        soft_cap = None if soft_cap is None else float(soft_cap)
 
         if block_table is not None and cache_seqlens is None:
             raise ValueError("cache_seqlens: required with block_table (a paged cache has no implied length)")
@@ -188,6 +213,11 @@ def make_flash_attn_with_kvcache(decode: Decode, where: str) -> Callable:
             bad = int(np.argmax((host_total - new < 0) | (host_total > capacity)))
             raise ValueError(f"cache_seqlens: request {bad} would attend {int(host_total[bad])} tokens"
                              f"{f' ({new} new)' if new else ''}; must lie in [0, {capacity}] (its cache capacity)")
+        if B and bt.numel():
+            # the data is on the host (lengths were read above): a page id a row would read or a new
+            # token would be written to must lie in the cache, never index from its end
+            src = bt if block_table is None else block_table  # before any int32 narrowing
+            check_page_ids(src.cpu().numpy(), host_total.astype(np.int64), bt.shape[1], page, k_cache.shape[0])
         _append(k_cache, v_cache, k, v, bt, page, lengths)
 
         q_rows = q.reshape(B * Sq, Hq, D)

@@ -7,7 +7,9 @@ For states ``(o_i, lse_i)`` of the same query row and head over disjoint KV rang
     lse = m + log(sum_i w_i)
     out = sum_i w_i o_i / sum_i w_i
 
-All states empty: ``out = 0, lse = -inf``. lse is natural-log; ``+inf`` on input means empty.
+All states empty: ``out = 0, lse = -inf``. lse is natural-log; ``+inf`` on input means empty (its
+``o`` is ignored, whatever it holds). NaN propagates: a NaN lse gives ``out = lse = NaN``, a NaN or
+inf ``o`` of a non-empty state gives ``out = NaN`` (the torch merge does the same).
 The merge is commutative and associative up to rounding, not bitwise order-independent.
 """
 
@@ -30,7 +32,7 @@ def merge_states(o, lse, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
         ``(out, lse)``: float32 ``o.shape`` without the split axis, float32 ``lse.shape`` without it.
     """
     o = np.asarray(o)
-    lse = canonical_lse(lse)
+    lse = canonical_lse(lse, allow_nan=True)
     if o.shape[:-1] != lse.shape:
         raise ValueError(f"o: shape {o.shape} must be lse.shape {lse.shape} + (D,)")
     if lse.ndim == 0:
@@ -47,8 +49,11 @@ def merge_states(o, lse, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
     w = np.where(empty, 0.0, np.exp(np.where(empty, 0.0, lse64 - m_safe)))
     total = w.sum(axis=0)
     total_safe = np.where(all_empty, 1.0, total)
-    out = (w[..., None] * np.where(empty[..., None], 0.0, o64)).sum(axis=0) / total_safe[..., None]
-    out = np.where(all_empty[..., None], 0.0, out)
+    o_ok = np.where(empty[..., None], 0.0, o64)
+    bad_o = (~empty[..., None] & ~np.isfinite(o64)).any(axis=0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = (w[..., None] * np.where(np.isfinite(o_ok), o_ok, 0.0)).sum(axis=0) / total_safe[..., None]
+    out = np.where(all_empty[..., None], 0.0, np.where(bad_o, np.nan, out))
     out_lse = np.where(all_empty, -np.inf, m_safe + np.log(total_safe))
     return out.astype(np.float32), out_lse.astype(np.float32)
 

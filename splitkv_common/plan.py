@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .devices import DeviceProfile, get_profile
+from .validation import check_plan_limits
 
 POLICIES = ("auto", "fixed_size", "fixed_count", "none")
 
@@ -141,6 +142,163 @@ class Plan:
         if query_start_loc is not None and not np.array_equal(np.asarray(query_start_loc).astype(np.int64).reshape(-1),
                                                               self.query_start_loc):
             raise ValueError("plan: made for other query rows per request (query_start_loc differs)")
+
+    def validate(self, seq_lens=None, query_start_loc=None, *, window_left=None, num_kv_heads: int | None = None,
+                 batch_size: int | None = None, coverage: bool = True) -> "Plan":
+        """Check a plan that came from outside (vectorised NumPy, no device memory): raise
+        ``ValueError`` naming the field and the broken rule, else return the plan.
+
+        * shapes: item arrays ``[W]``, ``num_splits [B]``, ``query_start_loc [B + 1]`` from 0,
+          non-decreasing, ``row_slot_start`` / ``row_num_splits [T]``;
+        * valid items: ``0 <= request < B``, ``0 <= kv_head < Hkv``, ``0 <= split < num_splits[request]``,
+          ``0 <= start <= end``; each (request, KV head, split) once; items past ``num_valid_items``
+          are padding (request ``-1``, empty range);
+        * coverage: each (request, KV head)'s ranges are disjoint, contiguous and cover exactly its
+          visible span (:func:`visible_range`, from ``seq_lens``, default the plan's coverage):
+          the first starts at or before the span's start (at most its page), the last ends at
+          ``seq_len``;
+        * slots: each row merges its request's ``num_splits`` slots,
+          ``row_slot_start + row_num_splits <= num_slots``, and no two rows share a slot.
+
+        ``seq_lens`` / ``query_start_loc`` (host arrays), ``window_left``, ``num_kv_heads`` and
+        ``batch_size`` are the batch's, when known. ``coverage=False`` checks the ranges are disjoint
+        but not that they cover the span (a context-parallel shard's plan covers its own part).
+        """
+        from .validation import normalize_window
+
+        def fail(msg):
+            raise ValueError(f"plan: {msg}")
+
+        arrays = {k: np.asarray(getattr(self, k)) for k in ("item_request", "item_kv_head", "item_split",
+                                                              "item_kv_start", "item_kv_end", "num_splits",
+                                                              "query_start_loc", "row_slot_start", "row_num_splits")}
+        for k, a in arrays.items():
+            if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+                fail(f"{k} must be a 1-D integer array, got {a.dtype} {a.shape}")
+        a = {k: v.astype(np.int64) for k, v in arrays.items()}
+        W = a["item_request"].shape[0]
+        for k in ("item_kv_head", "item_split", "item_kv_start", "item_kv_end"):
+            if a[k].shape[0] != W:
+                fail(f"{k} has {a[k].shape[0]} entries, item_request {W}")
+        n = int(self.num_valid_items)
+        if not 0 <= n <= W:
+            fail(f"num_valid_items {n} must lie in [0, {W}] (the work items)")
+        B = a["num_splits"].shape[0]
+        if batch_size is not None and B != int(batch_size):
+            fail(f"made for {B} requests, the batch has {batch_size}")
+        Hkv = int(self.num_kv_heads)
+        if num_kv_heads is not None and Hkv != int(num_kv_heads):
+            fail(f"made for {Hkv} KV heads, the batch has {num_kv_heads}")
+        if Hkv <= 0 or int(self.page_size) <= 0:
+            fail(f"num_kv_heads ({Hkv}) and page_size ({self.page_size}) must be positive")
+        qsl = a["query_start_loc"]
+        if qsl.shape[0] != B + 1 or qsl[0] != 0 or (np.diff(qsl) < 0).any():
+            fail(f"query_start_loc must be [B + 1] = [{B + 1}], start at 0 and be non-decreasing")
+        if query_start_loc is not None:
+            given = np.asarray(query_start_loc).astype(np.int64).reshape(-1)
+            if not np.array_equal(given, qsl):
+                fail("made for other query rows per request (query_start_loc differs)")
+        T = int(qsl[-1])
+        rs, rn = a["row_slot_start"], a["row_num_splits"]
+        if rs.shape[0] != T or rn.shape[0] != T:
+            fail(f"row_slot_start and row_num_splits must be [T] = [{T}] (query_start_loc[-1]), got "
+                 f"{rs.shape[0]} and {rn.shape[0]}")
+        ns = a["num_splits"]
+        if B and (ns < 1).any():
+            fail(f"num_splits of request {int(np.argmax(ns < 1))} is {int(ns.min())}; every request has >= 1 split")
+        # padding items
+        pad = slice(n, W)
+        if (a["item_request"][pad] != -1).any() or (a["item_kv_start"][pad] != a["item_kv_end"][pad]).any():
+            fail(f"items past num_valid_items ({n}) must be padding: request -1 and an empty range")
+        req, head, split = a["item_request"][:n], a["item_kv_head"][:n], a["item_split"][:n]
+        start, end = a["item_kv_start"][:n], a["item_kv_end"][:n]
+        for name, x, hi in (("item_request", req, B), ("item_kv_head", head, Hkv)):
+            bad = (x < 0) | (x >= hi)
+            if bad.any():
+                w = int(np.argmax(bad))
+                fail(f"{name}[{w}] = {int(x[w])} is out of range [0, {hi})")
+        bad = (split < 0) | (split >= ns[req])
+        if bad.any():
+            w = int(np.argmax(bad))
+            fail(f"item_split[{w}] = {int(split[w])} is out of range [0, {int(ns[req[w]])}) (num_splits of "
+                 f"request {int(req[w])})")
+        bad = (start < 0) | (end < start)
+        if bad.any():
+            w = int(np.argmax(bad))
+            fail(f"item {w} has range [{int(start[w])}, {int(end[w])}); ranges must satisfy 0 <= start <= end")
+        # each (request, head, split) exactly once, and each (request, head) has num_splits items
+        key = (req * Hkv + head) * (int(ns.max(initial=1)) + 1) + split
+        if np.unique(key).size != n:
+            fail("two work items have the same (request, KV head, split)")
+        count = np.bincount(req * Hkv + head, minlength=B * Hkv).reshape(B, Hkv) if B else np.zeros((0, Hkv), np.int64)
+        bad = count != ns[:, None]
+        if bad.any():
+            b, h = (int(i) for i in np.argwhere(bad)[0])
+            fail(f"request {b}, KV head {h} has {int(count[b, h])} work items, its num_splits is {int(ns[b])}")
+        # coverage: per (request, head), sorted by start, contiguous, from the span's page to seq_len
+        if seq_lens is not None:
+            seq = np.asarray(seq_lens).astype(np.int64).reshape(-1)
+            if seq.shape[0] != B:
+                fail(f"made for {B} requests, seq_lens has {seq.shape[0]}")
+        else:
+            seq = self.covered_seq_lens()
+        ql = np.diff(qsl)
+        wl = normalize_window(window_left)
+        lo = np.zeros(B, np.int64) if wl is None else np.maximum(0, seq - ql - wl)
+        lo = np.where(seq > 0, lo, 0)
+        hi = np.maximum(seq, 0)
+        if n:
+            order = np.lexsort((end, start, req * Hkv + head))
+            g, s_, e_ = (req * Hkv + head)[order], start[order], end[order]
+            first = np.ones(n, bool)
+            first[1:] = g[1:] != g[:-1]
+            last = np.ones(n, bool)
+            last[:-1] = g[1:] != g[:-1]
+            if coverage:
+                gap = ~first[1:] & (s_[1:] != e_[:-1]) if n > 1 else np.zeros(0, bool)
+            else:
+                gap = ~first[1:] & (s_[1:] < e_[:-1]) & (s_[1:] < e_[1:]) if n > 1 else np.zeros(0, bool)
+            if gap.any():
+                i = int(np.argmax(gap)) + 1
+                b, h = divmod(int(g[i]), Hkv)
+                fail(f"request {b}, KV head {h}: ranges [{int(s_[i - 1])}, {int(e_[i - 1])}) and "
+                     f"[{int(s_[i])}, {int(e_[i])}) overlap or leave a gap")
+            gb = g // Hkv
+            page = int(self.page_size)
+            lo_page = (lo[gb] // page) * page
+            some = hi[gb] > lo[gb]
+            if coverage:
+                bad_first = first & ((s_ > lo[gb]) | (s_ < lo_page)) & some
+                bad_last = last & (e_ != hi[gb]) & some
+                bad_empty = ~some & (e_ != s_)  # nothing visible: only empty ranges
+            else:  # within the request's positions only
+                bad_first = np.zeros(n, bool)
+                bad_last = (e_ > hi[gb]) & (e_ > s_) & (seq_lens is not None)
+                bad_empty = bad_first
+            for bad, what in ((bad_first, "starts"), (bad_last, "ends"), (bad_empty, "ends")):
+                if bad.any():
+                    i = int(np.argmax(bad))
+                    b, h = divmod(int(g[i]), Hkv)
+                    fail(f"request {b}, KV head {h}: its ranges {what} at {int(s_[i] if what == 'starts' else e_[i])}; "
+                         f"its visible span is [{int(lo[b])}, {int(hi[b])}) (seq_len {int(seq[b])}); plan again")
+        # slots
+        if T:
+            row_req = np.repeat(np.arange(B), ql)
+            bad = rn != ns[row_req]
+            if bad.any():
+                t = int(np.argmax(bad))
+                fail(f"row {t} merges {int(rn[t])} slots, its request {int(row_req[t])} has {int(ns[row_req[t]])} splits")
+            bad = (rs < 0) | (rs + rn > int(self.num_slots))
+            if bad.any():
+                t = int(np.argmax(bad))
+                fail(f"row {t}: slots [{int(rs[t])}, {int(rs[t] + rn[t])}) are outside [0, num_slots = {self.num_slots})")
+            o = np.argsort(rs, kind="stable")
+            if T > 1 and (rs[o][:-1] + rn[o][:-1] > rs[o][1:]).any():
+                i = int(np.argmax(rs[o][:-1] + rn[o][:-1] > rs[o][1:]))
+                fail(f"rows {int(o[i])} and {int(o[i + 1])} share partial slots")
+        if int(self.num_slots) < 0:
+            fail(f"num_slots must be >= 0, got {self.num_slots}")
+        return self
 
     def describe(self) -> str:
         """A human-readable summary with the reason for the choice."""
@@ -602,6 +760,10 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
     policy's split length (``auto``: every candidate costed at once), each request's split length and
     range count under the cap, the work items, the partial slots.
     """
+    check_plan_limits(seq_lens, num_kv_heads=num_kv_heads, page_size=page_size, q_lens=q_lens,
+                      query_start_loc=query_start_loc, policy=policy, window_left=window_left,
+                      max_splits=max_splits, graph_stable=graph_stable, max_work_items=max_work_items,
+                      default_max_splits=get_profile(device).max_splits)
     batch = _check_inputs(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, policy, device,
                           num_q_heads, head_dim, min_split_tokens, max_splits)
     num_kv_heads = operator.index(num_kv_heads)   # a Python int from here (work-item counts, shifts)

@@ -46,33 +46,57 @@ def _scores(q, k, scale, soft_cap, group, dtype=np.float64):
     return s
 
 
+def _finite(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(x with non-finite values replaced by 0, [...] True where the last axis holds one)``: a
+    value at a position a row cannot see must never enter the arithmetic (0 * NaN is NaN)."""
+    fin = np.isfinite(x)
+    return np.where(fin, x, 0).astype(x.dtype, copy=False), ~fin.all(-1)
+
+
+def _poisoned(bad_q: np.ndarray, bad_kv: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``[nq, H]``: rows whose q (``bad_q [nq, H]``) or a visible position (``bad_kv [n, H]`` or
+    ``[n, 1]``, ``mask [nq, 1, n]``) holds NaN or inf, among the rows that see something."""
+    sees_bad = (mask & bad_kv.T[None, :, :]).any(-1)
+    return (bad_q | sees_bad) & mask.any(-1)
+
+
 def _request_scores(inp: DecodeInputs, K: np.ndarray, V: np.ndarray, dtype):
-    """For each request with rows and history: ``(r0, r1, s, mask, v)``, its rows ``[r0, r1)``,
-    scores ``s [nq, Hq, n]`` in ``dtype``, visibility ``mask [nq, 1, n]`` and values ``v [n, Hq, D]``."""
+    """For each request with rows and history: ``(r0, r1, s, mask, v, bad)``, its rows ``[r0, r1)``,
+    scores ``s [nq, Hq, n]`` in ``dtype``, visibility ``mask [nq, 1, n]``, values ``v [n, Hq, D]``
+    (non-finite values zeroed) and ``bad [nq, Hq]``: rows that see a NaN / inf (or have one in q)."""
     group = inp.q.shape[1] // inp.k_cache.shape[2]
     qsl = inp.query_start_loc
     for b, sl in enumerate(np.asarray(inp.seq_lens, np.int64)):
         r0, r1, n = int(qsl[b]), int(qsl[b + 1]), int(sl)
         if r1 == r0 or n == 0:
             continue
-        k = gather_kv(K, inp.block_table, b, 0, n)
-        v = np.repeat(gather_kv(V, inp.block_table, b, 0, n), group, axis=1)
-        s = _scores(inp.q[r0:r1], k, inp.scale, inp.soft_cap, group, dtype)
-        yield r0, r1, s, visible(n, r1 - r0, np.arange(n), inp.window_left)[:, None, :], v
+        k, bad_k = _finite(gather_kv(K, inp.block_table, b, 0, n))
+        v, bad_v = _finite(gather_kv(V, inp.block_table, b, 0, n))
+        v = np.repeat(v, group, axis=1)
+        q, bad_q = _finite(np.asarray(inp.q[r0:r1]))
+        s = _scores(q, k, inp.scale, inp.soft_cap, group, dtype)
+        mask = visible(n, r1 - r0, np.arange(n), inp.window_left)[:, None, :]
+        bad = _poisoned(bad_q, np.repeat(bad_k | bad_v, group, axis=1), mask)
+        yield r0, r1, s, mask, v, bad
 
 
 def dense_attention(inp: DecodeInputs) -> tuple[np.ndarray, np.ndarray]:
-    """float64 ground truth: ``out [T, Hq, D]`` float64, ``lse [T, Hq]`` float64 (natural log)."""
+    """float64 ground truth: ``out [T, Hq, D]`` float64, ``lse [T, Hq]`` float64 (natural log).
+
+    The inputs are checked first (the shared rules: a page id a row would read outside
+    ``[0, num_pages)`` is refused, never read as NumPy's "last page")."""
+    inp.validate()
     T, Hq, D = inp.q.shape
     out = np.zeros((T, Hq, D))
     lse = np.full((T, Hq), -np.inf)
-    for r0, r1, s, mask, v in _request_scores(inp, *inp.dequantized_kv(), np.float64):
+    for r0, r1, s, mask, v, bad in _request_scores(inp, *inp.dequantized_kv(), np.float64):
         any_vis = mask.any(-1)
         m = np.where(any_vis, np.max(np.where(mask, s, -np.inf), axis=-1), 0.0)
         p = np.where(mask, np.exp(np.where(mask, s, m[..., None]) - m[..., None]), 0.0)
         l = np.where(any_vis, p.sum(-1), 1.0)
-        out[r0:r1] = np.where(any_vis[..., None], np.einsum("qhn,nhd->qhd", p, v) / l[..., None], 0.0)
-        lse[r0:r1] = np.where(any_vis, m + np.log(l), -np.inf)
+        out[r0:r1] = np.where(bad[..., None], np.nan,
+                              np.where(any_vis[..., None], np.einsum("qhn,nhd->qhd", p, v) / l[..., None], 0.0))
+        lse[r0:r1] = np.where(bad, np.nan, np.where(any_vis, m + np.log(l), -np.inf))
     return out, lse
 
 
@@ -114,20 +138,27 @@ def split_partials(inp: DecodeInputs, plan: Plan) -> tuple[np.ndarray, np.ndarra
         slots = plan.row_slot_start[r0:r1] + j
         if e <= a or r1 == r0:
             continue  # empty split: the slot keeps (0, -inf)
-        k = gather_kv(K, inp.block_table, b, a, e)[:, h:h + 1]         # [n, 1, D]
-        v = gather_kv(V, inp.block_table, b, a, e)[:, h]               # [n, D]
-        s = _scores(inp.q[r0:r1, heads], k, inp.scale, inp.soft_cap, group, np.float32)  # [nq, G, n]
+        k, bad_k = _finite(gather_kv(K, inp.block_table, b, a, e)[:, h:h + 1])   # [n, 1, D]
+        v, bad_v = _finite(gather_kv(V, inp.block_table, b, a, e)[:, h])         # [n, D]
+        q, bad_q = _finite(np.asarray(inp.q[r0:r1, heads], np.float32))          # [nq, G, D]
+        s = _scores(q, k, inp.scale, inp.soft_cap, group, np.float32)            # [nq, G, n]
         mask = visible(int(inp.seq_lens[b]), r1 - r0, np.arange(a, e), inp.window_left)[:, None, :]
         o, lse = partial_state(s, v[None, None], np.broadcast_to(mask, s.shape))
-        po[slots, heads] = o
-        pl[slots, heads] = lse
+        bad = _poisoned(bad_q, (bad_k | bad_v[:, None]), mask)                  # [nq, G]
+        po[slots, heads] = np.where(bad[..., None], np.float32(np.nan), o)
+        pl[slots, heads] = np.where(bad, np.float32(np.nan), lse)
     return po, pl
 
 
 def split_attention(inp: DecodeInputs, plan: Plan | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Split-then-merge by a plan (default: ``auto`` for ``cpu``): ``out [T, Hq, D]`` float32 holding
     values of ``inp.dtype``, ``lse [T, Hq]`` float32 (natural log)."""
-    plan = plan if plan is not None else inp.plan("auto", device="cpu")
+    inp.validate()
+    if plan is None:
+        plan = inp.plan("auto", device="cpu")
+    else:
+        plan.validate(inp.seq_lens, inp.query_start_loc, window_left=inp.window_left,
+                      num_kv_heads=inp.k_cache.shape[2])
     po, pl = split_partials(inp, plan)
     out, lse = merge_rows(po, pl, plan.row_slot_start, plan.row_num_splits)
     return round_to(out, inp.dtype), lse
@@ -143,12 +174,13 @@ def plain_attention(inp: DecodeInputs) -> np.ndarray:
     dt = inp.dtype
     out = np.zeros(inp.q.shape, np.float32)
     K, V = (round_to(x.astype(np.float32), dt) for x in inp.dequantized_kv())
-    for r0, r1, s, mask, v in _request_scores(inp, K, V, np.float32):
+    inp.validate()
+    for r0, r1, s, mask, v, bad in _request_scores(inp, K, V, np.float32):
         s = round_to(s, dt)
         any_vis = mask.any(-1)
         m = np.where(any_vis, np.max(np.where(mask, s, -np.inf), axis=-1), 0.0).astype(np.float32)
         p = round_to(np.where(mask, np.exp(np.where(mask, s, m[..., None]) - m[..., None]), 0.0), dt)
         l = p.sum(-1, dtype=np.float32)
         o = np.einsum("qhn,nhd->qhd", p, v).astype(np.float32) / np.where(any_vis, l, 1.0)[..., None]
-        out[r0:r1] = np.where(any_vis[..., None], round_to(o, dt), 0.0)
+        out[r0:r1] = np.where(bad[..., None], np.nan, np.where(any_vis[..., None], round_to(o, dt), 0.0))
     return out

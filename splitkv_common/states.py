@@ -46,10 +46,11 @@ class IFAState(NamedTuple):
     sum: np.ndarray
 
 
-def canonical_lse(lse) -> np.ndarray:
-    """Return float32 lse with the ``+inf`` empty sentinel mapped to ``-inf``. NaN is rejected."""
+def canonical_lse(lse, allow_nan: bool = False) -> np.ndarray:
+    """Return float32 lse with the ``+inf`` empty sentinel mapped to ``-inf``. NaN is rejected
+    unless ``allow_nan`` (the merge propagates a computed NaN: docs/conventions.md)."""
     lse = np.asarray(lse, dtype=np.float32)
-    if np.isnan(lse).any():
+    if not allow_nan and np.isnan(lse).any():
         raise ValueError("lse: NaN is not a valid log-sum-exp (empty splits are -inf or +inf)")
     return np.where(np.isposinf(lse), np.float32(-np.inf), lse)
 

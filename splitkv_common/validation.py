@@ -103,8 +103,8 @@ def check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_lo
     B, max_pages, sl = _check_block_table_and_lengths(block_table, seq_lens, page)
     _check_query_start_loc(query_start_loc, T, B)
     if B:
-        _check_page_ids(block_table, sl, max_pages, page, P)
-    _check_scalars(scale, soft_cap, window_left)
+        check_page_ids(block_table, sl, max_pages, page, P)
+    check_scalars(scale, soft_cap, window_left)
     return DecodeDims(T, Hq, Hkv, D, P, page, B, max_pages, qd, kd)
 
 
@@ -183,6 +183,8 @@ def _check_block_table_and_lengths(block_table, seq_lens, page) -> tuple[int, in
     if dtype_name(seq_lens) not in INDEX_DTYPES:
         raise TypeError(f"seq_lens: dtype must be int32 or int64, got {dtype_name(seq_lens)}")
     sl = host(seq_lens).astype(np.int64)
+    if B and int(sl.max()) > MAX_SEQ_LEN:
+        raise ValueError(f"seq_lens: {int(sl.max())} tokens, over the limit MAX_SEQ_LEN = {MAX_SEQ_LEN}")
     if (sl < 0).any():
         raise ValueError(f"seq_lens: negative lengths are invalid, got {sl[sl < 0][:4].tolist()}")
     owned = max_pages * page
@@ -211,7 +213,7 @@ def _check_query_start_loc(query_start_loc, T, B) -> None:
                          f"{qsl[:8].tolist()}{'...' if qsl.size > 8 else ''}")
 
 
-def _check_page_ids(block_table, sl, max_pages, page, P) -> None:
+def check_page_ids(block_table, sl, max_pages, page, P) -> None:
     """Every block-table entry a request uses (its first ``ceil(seq_len / page)`` pages) is in ``[0, P)``."""
     bt = host(block_table).astype(np.int64)
     used = (np.arange(max_pages)[None, :] * page) < sl[:, None]
@@ -222,16 +224,155 @@ def _check_page_ids(block_table, sl, max_pages, page, P) -> None:
                          f"(num_pages of k_cache)")
 
 
-def _check_scalars(scale, soft_cap, window_left) -> None:
-    """``scale`` and ``soft_cap`` finite and positive when given; ``window_left`` None, -1 or >= 0."""
-    if scale is not None and not (isinstance(scale, numbers.Real) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale: must be a finite positive number, got {scale!r}")
-    if soft_cap is not None and not (isinstance(soft_cap, numbers.Real) and math.isfinite(soft_cap) and soft_cap > 0):
-        raise ValueError(f"soft_cap: must be None or a finite positive number, got {soft_cap!r}")
-    if window_left is not None and not (isinstance(window_left, (int, np.integer)) and window_left >= -1):
+def _is_real(x) -> bool:
+    """A real number that is not a bool (``True`` is not a scale)."""
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
+
+
+def check_scalars(scale=None, soft_cap=None, window_left=None) -> None:
+    """The one meaning of the attention's scalars, checked by every entry point (cheap, no arrays).
+
+    * ``scale``: None (``1/sqrt(D)``) or a finite number ``> 0`` (a negative scale is refused);
+    * ``soft_cap``: None (no cap) or a finite number ``> 0`` (``0`` is not "no cap": map
+      FlashAttention's ``softcap=0.0`` to None before the call);
+    * ``window_left``: None or ``-1`` (no window), or an int ``>= 0`` (not a bool or a float).
+
+    Anything else raises ``ValueError`` naming the argument and the rule.
+    """
+    if scale is not None and not (_is_real(scale) and math.isfinite(float(scale)) and float(scale) > 0):
+        raise ValueError(f"scale: must be a finite positive number (or None for 1/sqrt(D)), got {scale!r}")
+    if soft_cap is not None and not (_is_real(soft_cap) and math.isfinite(float(soft_cap)) and float(soft_cap) > 0):
+        raise ValueError(f"soft_cap: must be None or a finite positive number (0 is not 'no cap': pass None), "
+                         f"got {soft_cap!r}")
+    if window_left is not None and not (isinstance(window_left, (int, np.integer))
+                                        and not isinstance(window_left, (bool, np.bool_)) and window_left >= -1):
         raise ValueError(f"window_left: must be None, -1 (no window) or a non-negative int, got {window_left!r}")
 
 
+_check_scalars = check_scalars
+_check_page_ids = check_page_ids
+
+
 def normalize_window(window_left) -> int | None:
-    """``None`` or ``-1`` mean no window (the vLLM / FlashInfer spelling); otherwise the int."""
+    """``None`` or ``-1`` mean no window (the vLLM / FlashInfer spelling); otherwise the int ``>= 0``.
+    Anything else (``-2``, ``-5``, a float) is refused (:func:`check_scalars`)."""
+    check_scalars(window_left=window_left)
     return None if window_left is None or int(window_left) < 0 else int(window_left)
+
+
+# ---------------------------------------------------------------------------------------------
+# Size limits: absurd sizes are refused before any planning work, naming the limit
+# ---------------------------------------------------------------------------------------------
+
+#: Longest request (KV tokens): plans and kernels store positions as int32.
+MAX_SEQ_LEN = 2**31 - 1
+#: Requests in one batch.
+MAX_BATCH = 1 << 20
+#: Query rows in one batch (``T``).
+MAX_QUERY_ROWS = 1 << 22
+#: Work items a plan may have, counted as the policy cuts the batch before the ``max_splits`` cap
+#: (one per (request, KV head) at least).
+MAX_WORK_ITEMS = 1 << 22
+#: Partial slots of a plan (``o [num_slots, Hq, D]``): graph-stable plans reserve ``T * max_splits``.
+MAX_PARTIAL_SLOTS = 1 << 26
+#: KV heads.
+MAX_KV_HEADS = 1 << 16
+
+
+def as_int64_lengths(x, name: str) -> np.ndarray:
+    """Host int64 copy of an integer vector (``seq_lens``, ``q_lens``, ``query_start_loc``); values
+    outside int64, or non-integers, are refused naming ``name`` (never a raw ``OverflowError``)."""
+    try:
+        a = np.asarray(host(x) if hasattr(x, "detach") else x)
+        if a.dtype == object:
+            a = a.astype(np.int64)  # Python ints beyond int64 raise OverflowError
+        if a.dtype.kind == "f" and not (np.isfinite(a).all() and (a == np.round(a)).all()):
+            raise ValueError
+        if a.dtype.kind not in "iuf" and a.size:
+            raise ValueError
+        if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
+            raise OverflowError
+        return a.astype(np.int64).reshape(-1)
+    except OverflowError:
+        raise ValueError(f"{name}: a value does not fit int64 (limit MAX_SEQ_LEN = {MAX_SEQ_LEN})") from None
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: must be integers") from None
+
+
+def check_plan_limits(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query_start_loc=None,
+                      policy="auto", window_left=None, max_splits: int | None = None,
+                      graph_stable: bool = False, max_work_items: int | None = None,
+                      default_max_splits: int = 64) -> None:
+    """Refuse a batch too large to plan, in milliseconds, naming the limit (the constants above).
+
+    Called first by :func:`splitkv_common.plan.make_plan` and by ``splitkv plan``. Counts are
+    int64 on the host; ``seq_len`` must fit int32 (:data:`MAX_SEQ_LEN`); the work items the policy
+    would make (before the ``max_splits`` cap, which the planner applies after cutting) are at most
+    :data:`MAX_WORK_ITEMS`.
+    """
+    from .plan import SplitPolicy  # plan imports this module
+
+    seq = as_int64_lengths(seq_lens, "seq_lens")
+    B = int(seq.shape[0])
+    if B > MAX_BATCH:
+        raise ValueError(f"seq_lens: {B} requests, over the limit MAX_BATCH = {MAX_BATCH}")
+    if B and int(seq.max()) > MAX_SEQ_LEN:
+        b = int(np.argmax(seq))
+        raise ValueError(f"seq_lens: request {b} has {int(seq[b])} tokens, over the limit MAX_SEQ_LEN = "
+                         f"{MAX_SEQ_LEN} (positions are int32)")
+    for name, v in (("num_kv_heads", num_kv_heads), ("page_size", page_size)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):
+            raise TypeError(f"{name}: must be an int, got {type(v).__name__} {v!r}")
+        if v <= 0:
+            raise ValueError(f"{name}: must be positive, got {v}")
+    if num_kv_heads > MAX_KV_HEADS:
+        raise ValueError(f"num_kv_heads: {num_kv_heads}, over the limit MAX_KV_HEADS = {MAX_KV_HEADS}")
+    if page_size > MAX_SEQ_LEN:
+        raise ValueError(f"page_size: {page_size}, over the limit MAX_SEQ_LEN = {MAX_SEQ_LEN}")
+    check_scalars(window_left=window_left)
+    if query_start_loc is not None:
+        qsl = as_int64_lengths(query_start_loc, "query_start_loc")
+        ql = np.diff(qsl) if qsl.size else np.zeros(0, np.int64)
+        T = int(qsl[-1]) if qsl.size else 0
+    elif q_lens is not None:
+        ql = as_int64_lengths(q_lens, "q_lens")
+        T = int(ql.sum()) if ql.size else 0
+    else:
+        ql, T = np.ones(B, np.int64), B
+    if T > MAX_QUERY_ROWS or (ql.size and int(ql.max()) > MAX_QUERY_ROWS):
+        raise ValueError(f"q_lens: {T} query rows, over the limit MAX_QUERY_ROWS = {MAX_QUERY_ROWS}")
+    if max_splits is not None:
+        if not isinstance(max_splits, (int, np.integer)) or isinstance(max_splits, (bool, np.bool_)):
+            raise TypeError(f"max_splits: must be an int, got {type(max_splits).__name__}")
+        if max_splits > MAX_WORK_ITEMS:
+            raise ValueError(f"max_splits: {max_splits}, over the limit MAX_WORK_ITEMS = {MAX_WORK_ITEMS}")
+    cap = default_max_splits if max_splits is None else max(int(max_splits), 1)
+    if B * num_kv_heads > MAX_WORK_ITEMS:
+        raise ValueError(f"seq_lens, num_kv_heads: {B} requests x {num_kv_heads} KV heads = {B * num_kv_heads} "
+                         f"work items at least, over the limit MAX_WORK_ITEMS = {MAX_WORK_ITEMS}")
+    try:
+        pol = SplitPolicy.parse(policy)
+    except ValueError:
+        return  # make_plan reports a bad policy
+    if pol.kind in ("fixed_size", "fixed_count") and B and ql.shape[0] == B:
+        w = normalize_window(window_left)
+        lo = np.zeros(B, np.int64) if w is None else np.maximum(0, seq - ql - w)
+        lo = (lo // page_size) * page_size
+        if pol.kind == "fixed_size":
+            split = max(int(pol.value), 1)
+            ranges = np.where(seq > 0, -(-seq // split) - lo // split, 1)
+        else:
+            pages = -(-(seq - lo) // page_size)
+            ranges = np.where(seq > 0, np.minimum(int(pol.value) + 1, pages + 1), 1)
+        items = int(np.clip(ranges, 1, None).sum()) * int(num_kv_heads)
+        if items > MAX_WORK_ITEMS:
+            raise ValueError(f"policy: {pol} cuts this batch into {items} work items before the max_splits "
+                             f"cap, over the limit MAX_WORK_ITEMS = {MAX_WORK_ITEMS}; use a larger split")
+    if graph_stable:
+        n = B * num_kv_heads * cap if max_work_items is None else max_work_items
+        if not isinstance(n, (int, np.integer)) or n > MAX_WORK_ITEMS:
+            raise ValueError(f"max_work_items: {n} (graph-stable capacity), over the limit MAX_WORK_ITEMS = "
+                             f"{MAX_WORK_ITEMS}")
+        if T * cap > MAX_PARTIAL_SLOTS:
+            raise ValueError(f"max_splits: {T} rows x {cap} slots = {T * cap} partial slots, over the limit "
+                             f"MAX_PARTIAL_SLOTS = {MAX_PARTIAL_SLOTS}")

@@ -176,8 +176,15 @@ def test_merge_errors():
         merge_states(np.zeros((0, 3, 4)), np.zeros((0, 3)))
     with pytest.raises(ValueError, match="lse"):
         merge_states(np.zeros(4), np.zeros(()))
-    with pytest.raises(ValueError, match="NaN"):
-        merge_states(np.zeros((2, 4)), np.array([0.0, np.nan]))
+
+
+def test_merge_propagates_nan_like_the_torch_merge():
+    out, lse = merge_states(np.zeros((2, 4)), np.array([0.0, np.nan]))
+    assert np.isnan(out).all() and np.isnan(lse)
+    out, lse = merge_states(np.array([[np.nan] * 4, [1.0] * 4]), np.array([-np.inf, 0.0]))
+    assert np.array_equal(out, np.ones(4, np.float32)) and lse == 0  # an empty state's o is ignored
+    out, lse = merge_states(np.array([[np.inf] * 4, [1.0] * 4]), np.array([0.0, 0.0]))
+    assert np.isnan(out).all() and np.isfinite(lse)
 
 
 # --- pairs and plan rows ----------------------------------------------------------------------

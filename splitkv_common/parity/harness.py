@@ -10,6 +10,8 @@ unsupported cases are reported per backend, never counted as passes.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -82,10 +84,52 @@ class ParityReport:
         return json.dumps({"provenance": self.provenance, "ok": self.ok, "counts": self.counts(), "unavailable": self.unavailable,
                            "results": [r.as_dict() for r in self.results]}, indent=1, default=float)
 
-    def write(self, path: str) -> None:
+    def write(self, path: str, force: bool = False) -> None:
+        """Write the report (JSON for ``.json``, Markdown for ``.md``) atomically: a temporary file in
+        the same directory, then ``os.replace``, so a reader never sees half a report and a failed
+        write loses nothing. An existing file is kept (``FileExistsError``) unless ``force``."""
+        check_report_path(path, force)
         text = self.to_json() if str(path).endswith(".json") else self.to_markdown()
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+        d = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(prefix=".splitkv-report-", suffix=".tmp", dir=d)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            if force:
+                os.replace(tmp, path)
+            else:
+                os.link(tmp, path)  # fails if the file appeared meanwhile: never overwrite without force
+                os.unlink(tmp)
+        except FileExistsError:
+            os.unlink(tmp)
+            raise FileExistsError(f"report: {path} exists; pass --force (force=True) to replace it") from None
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
+REPORT_SUFFIXES = (".md", ".json")
+
+
+def check_report_path(path, force: bool = False) -> None:
+    """Refuse a report path before any work: the suffix is ``.md`` or ``.json``, the directory exists
+    and is writable, and the file does not exist unless ``force`` (then it must be a file)."""
+    p = str(path)
+    if not p.endswith(REPORT_SUFFIXES):
+        raise ValueError(f"report: {p} must end in .md or .json")
+    d = os.path.dirname(os.path.abspath(p))
+    if not os.path.isdir(d):
+        raise FileNotFoundError(f"report: directory {d} does not exist (create it first)")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise PermissionError(f"report: directory {d} is not writable")
+    if os.path.lexists(p):
+        if not force:
+            raise FileExistsError(f"report: {p} exists; pass --force (force=True) to replace it")
+        if not os.path.isfile(p):
+            raise IsADirectoryError(f"report: {p} exists and is not a regular file")
 
 
 class _NoBar:
@@ -111,8 +155,9 @@ def _progress(total: int, enabled: bool):
     return _NoBar()
 
 
-def run_case(backend: Backend, case: Case, reference=None) -> CaseResult:
-    """Run one case on one (available) backend and judge it."""
+def run_case(backend: Backend, case: Case, reference=None, plan=None) -> CaseResult:
+    """Run one case on one (available) backend and judge it. ``plan`` (default: the case's policy
+    for the backend's device profile) is checked with :meth:`Plan.validate` before the run."""
     inputs = case.build()
     inputs.validate()
     if reference is None:
@@ -122,7 +167,10 @@ def run_case(backend: Backend, case: Case, reference=None) -> CaseResult:
     why = backend.unsupported(inputs)
     if why:
         return CaseResult(backend.name, case.name, UNSUPPORTED, message=why)
-    plan = inputs.plan(case.policy, device=backend.device, **case.plan_kwargs)
+    if plan is None:
+        plan = inputs.plan(case.policy, device=backend.device, **case.plan_kwargs)
+    plan.validate(inputs.seq_lens, inputs.query_start_loc, window_left=inputs.window_left,
+                  num_kv_heads=inputs.k_cache.shape[2])
     plan_txt = f"{plan.policy}: splits {plan.num_splits.tolist()[:8]}{'...' if plan.batch_size > 8 else ''}"
     t0 = time.perf_counter()
     try:

@@ -41,7 +41,8 @@ def check_scalars(scale, soft_cap, window_left) -> None:
         raise ValueError(f"window_left: must be None, -1 (no window) or an int >= 0, got {window_left!r}")
 
 
-def _sig(x):
+def tensor_signature(x):
+    """What the checks of a tensor depend on: ``(shape, strides, dtype, device)`` (None for None)."""
     return None if x is None else (x.shape, x.stride(), x.dtype, x.device)
 
 
@@ -56,7 +57,7 @@ class SignatureCache:
 
     @staticmethod
     def key(tensors, extra=()) -> tuple:
-        return tuple(map(_sig, tensors)) + tuple((type(e), e) for e in extra)
+        return tuple(map(tensor_signature, tensors)) + tuple((type(e), e) for e in extra)
 
     def __contains__(self, key) -> bool:
         return key in self._seen

@@ -33,7 +33,7 @@ from splitkv_common.torch_io import as_torch_dtype
 from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, host, normalize_window
 
 from . import INTERPRET
-from .checks import SignatureCache, check_launch, check_plan, check_scalars
+from .checks import SignatureCache, check_launch, check_plan, check_scalars, tensor_signature
 from .launch import DevicePlan, KernelConfig, launch_decode
 
 class DecodeWrapper(PlannedWrapper):
@@ -76,6 +76,7 @@ class DecodeWrapper(PlannedWrapper):
         self.debug = os.environ.get("SPLITKV_DEBUG", "") not in ("", "0")
         self._checked = SignatureCache()
         self._plan_pages = 0  # block-table columns the current plan reads
+        self._plan_sig = None
         self._num_pages = 0   # num_pages of the last run's cache (for check_errors' message)
 
     # -- host side -----------------------------------------------------------------------------
@@ -100,6 +101,7 @@ class DecodeWrapper(PlannedWrapper):
         self.dplan = DevicePlan.from_plan(plan, group, self.device, out=reuse)
         self.host_plan = plan
         self._plan_pages = plan_pages
+        self._plan_sig = (plan.batch_size, plan.num_rows, plan_pages)  # what check() depends on in the plan
         if "errors" not in self._buffers:  # allocated once: a captured graph keeps its address
             self._buffers["errors"] = torch.zeros(4, dtype=torch.int32, device=self.device)
         T, Hq, D = plan.num_rows, self.num_q_heads, self.head_dim
@@ -193,15 +195,16 @@ class DecodeWrapper(PlannedWrapper):
         """Metadata checks (no host sync): ranks, shapes, strides, dtypes, devices, scalars, and the
         plan against the batch. A signature (each tensor's shape, strides, dtype and device, the
         scalars, the plan's sizes) that passed once is remembered: repeating it costs one lookup."""
-        tensors = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale, k_offset, v_offset)
-        plan = self.host_plan
+        s = tensor_signature  # spelled out: this runs on every call (about 20 attribute reads and one set lookup)
         try:
-            key = SignatureCache.key(tensors, (scale, soft_cap, window_left, plan.batch_size, plan.num_rows,
-                                               self._plan_pages))
+            key = (s(q), s(k_cache), s(v_cache), s(block_table), s(seq_lens), s(query_start_loc), s(k_scale),
+                   s(v_scale), s(k_offset), s(v_offset), self._plan_sig, type(scale), scale, type(soft_cap), soft_cap,
+                   type(window_left), window_left)
+            if key in self._checked:
+                return
         except (AttributeError, TypeError):  # not tensors, or unhashable scalars: the full checks say what
             key = None
-        if key is not None and key in self._checked:
-            return
+        plan = self.host_plan
         check_scalars(scale, soft_cap, window_left)
         named = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
                      query_start_loc=query_start_loc, k_scale=k_scale, v_scale=v_scale, k_offset=k_offset,

@@ -22,6 +22,11 @@ import numbers
 import numpy as np
 import torch
 
+try:  # the shared rules, where splitkv_common has them public: one meaning for every backend
+    from splitkv_common.validation import check_scalars as _shared_check_scalars
+except ImportError:
+    _shared_check_scalars = None
+
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 
 
@@ -31,7 +36,10 @@ def _finite_positive(x) -> bool:
 
 def check_scalars(scale, soft_cap, window_left) -> None:
     """``scale`` None or a finite float > 0; ``soft_cap`` None or a finite float > 0; ``window_left``
-    None, -1 (no window) or an int >= 0. Raises ``ValueError`` naming the argument."""
+    None, -1 (no window) or an int >= 0. Raises ``ValueError`` naming the argument. Calls the shared
+    ``splitkv_common.validation.check_scalars`` where it exists (the same rules)."""
+    if _shared_check_scalars is not None:
+        _shared_check_scalars(scale, soft_cap, window_left)
     if scale is not None and not _finite_positive(scale):
         raise ValueError(f"scale: must be None or a finite float > 0, got {scale!r}")
     if soft_cap is not None and not _finite_positive(soft_cap):

@@ -36,6 +36,20 @@ from . import INTERPRET
 from .checks import SignatureCache, check_launch, check_plan, check_scalars, tensor_signature
 from .launch import DevicePlan, KernelConfig, launch_decode
 
+def _shared_plan_check(plan: Plan, num_kv_heads: int) -> None:
+    """``plan.validate()``, where ``splitkv_common`` has it, with the arguments it takes of
+    ``num_kv_heads`` and ``coverage=False`` (a context-parallel shard's plan covers only its part;
+    the memory-safety rules are :func:`cuda_ref.checks.check_plan`'s)."""
+    shared = getattr(plan, "validate", None)
+    if not callable(shared):
+        return
+    params = inspect.signature(shared).parameters
+    kw = {k: v for k, v in (("num_kv_heads", num_kv_heads), ("coverage", False)) if k in params}
+    if all(p.default is not p.empty or p.name in kw or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+           for p in params.values()):
+        shared(**kw)
+
+
 class DecodeWrapper(PlannedWrapper):
     """Split-KV decode attention over a paged KV cache ``[num_pages, page_size, Hkv, D]``.
 
@@ -92,9 +106,7 @@ class DecodeWrapper(PlannedWrapper):
         if plan.num_kv_heads != self.num_kv_heads or plan.page_size != self.page_size:
             raise ValueError(f"plan: made for Hkv={plan.num_kv_heads}, page_size={plan.page_size}; this wrapper "
                              f"has Hkv={self.num_kv_heads}, page_size={self.page_size}")
-        shared = getattr(plan, "validate", None)  # the shared plan check, where splitkv_common has one
-        if callable(shared) and not any(p.default is p.empty for p in inspect.signature(shared).parameters.values()):
-            shared()
+        _shared_plan_check(plan, self.num_kv_heads)
         plan_pages = check_plan(plan, self.num_kv_heads)
         group = self.num_q_heads // self.num_kv_heads
         reuse = self.dplan if (self.graph_stable and self.dplan is not None) else None

@@ -219,16 +219,20 @@ def test_op_with_a_corrupt_plan_stays_in_bounds():
 
 # -- scalars ----------------------------------------------------------------------------------------
 
-BAD_SCALARS = [("soft_cap", 0.0, "soft_cap: must be None or a finite float > 0, got 0.0"),
-               ("soft_cap", -1.0, "soft_cap: must be None"), ("soft_cap", float("nan"), "soft_cap: must be None"),
-               ("soft_cap", float("inf"), "soft_cap: must be None"), ("soft_cap", True, "soft_cap: must be None"),
-               ("scale", 0.0, "scale: must be None or a finite float > 0"), ("scale", float("nan"), "scale: must"),
-               ("scale", -0.5, "scale: must"), ("window_left", -2, "window_left: must be None, -1"),
-               ("window_left", 1.5, "window_left: must"), ("window_left", True, "window_left: must")]
+# messages: the rule's start, as both cuda_ref.checks and the shared validation word it
+BAD_SCALARS = [("soft_cap", 0.0, "soft_cap: must be None or a finite"), ("soft_cap", -1.0, "soft_cap: must be None"),
+               ("soft_cap", float("nan"), "soft_cap: must be None"), ("soft_cap", float("inf"), "soft_cap: must be None"),
+               ("soft_cap", True, "soft_cap: must be None"), ("scale", 0.0, "scale: must be"),
+               ("scale", float("nan"), "scale: must be"), ("scale", -0.5, "scale: must be"),
+               ("window_left", -2, "window_left: must be None, -1"), ("window_left", 1.5, "window_left: must be"),
+               ("window_left", True, "window_left: must be")]
 
 
 @pytest.mark.parametrize("name,value,msg", BAD_SCALARS, ids=[f"{n}={v}" for n, v, _ in BAD_SCALARS])
 def test_illegal_scalars_are_refused(clean, name, value, msg):
+    if checks._shared_check_scalars is None and name == "soft_cap" and value == 0.0:
+        with pytest.raises(ValueError, match=r"^soft_cap: must be None or a finite float > 0, got 0\.0$"):
+            checks.check_scalars(None, 0.0, None)
     inp, w, x, _ = clean
     with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(".", r"\.")):
         w.run(**x, **{name: value})
@@ -360,3 +364,18 @@ def test_large_soft_cap_end_to_end():
     np.testing.assert_allclose(lse.cpu().numpy(), rl, rtol=2e-6, atol=2e-6)
     acc = accuracy.check(out.cpu().numpy(), lse.cpu().numpy(), ro, rl, plain_attention(inp), inp.dtype)
     assert acc.passed, acc.reason
+
+
+def test_set_plan_calls_the_shared_plan_check_where_it_exists():
+    inp = _inputs()
+    w = _wrapper(inp)
+    plan = inp.plan("size:8")
+    seen = {}
+
+    class WithValidate(type(plan)):
+        def validate(self, seq_lens=None, *, num_kv_heads=None, coverage=True):
+            seen.update(num_kv_heads=num_kv_heads, coverage=coverage)
+            return self
+
+    w.set_plan(WithValidate(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}))
+    assert seen == {"num_kv_heads": 2, "coverage": False}

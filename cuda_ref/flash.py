@@ -15,8 +15,9 @@ def triton_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *
     _, page, Hkv, _ = k_cache.shape
     w = DecodeWrapper(Hq, Hkv, D, page, dtype=q.dtype, kv_dtype=k_cache.dtype, device=q.device, policy=policy)
     w.plan(seq_lens.cpu().numpy(), query_start_loc=query_start_loc.cpu().numpy(), window_left=window_left)
+    # the lengths were just read on the host (a sync already): check the block table's values too
     return w.run(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale=scale, soft_cap=soft_cap,
-                 window_left=window_left)
+                 window_left=window_left, validate=True)
 
 
 flash_attn_with_kvcache = make_flash_attn_with_kvcache(triton_decode, "the Triton kernels")

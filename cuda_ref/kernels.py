@@ -83,7 +83,7 @@ def split_kv_kernel(
     Q, K, V, BLOCK_TABLE, SEQ_LENS, QUERY_START,
     ITEM_REQ, ITEM_HEAD, ITEM_SPLIT, ITEM_START, ITEM_END,
     NUM_SPLITS, ROW_SLOT,
-    PART_O, PART_LSE, OUT, OUT_LSE, COUNTERS,
+    PART_O, PART_LSE, OUT, OUT_LSE, COUNTERS, ERRORS,
     K_SCALE, V_SCALE, K_OFFSET, V_OFFSET,
     qk_scale, soft_cap, window_left,
     stride_qt, stride_qh,
@@ -93,25 +93,36 @@ def split_kv_kernel(
     stride_ps, stride_ph, stride_ls, stride_lh,
     stride_ot, stride_oh, stride_lot, stride_loh,
     stride_sh,
-    NUM_KV_HEADS,
+    NUM_KV_HEADS, NUM_PAGES, KV_CAP, NUM_ROWS, NUM_SLOTS, BATCH,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
     DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr, FUSE_MERGE: tl.constexpr,
     SCALE_PER_CHANNEL: tl.constexpr = False, MERGE_CHUNK: tl.constexpr = 16,
     LAUNCH_DEPENDENTS: tl.constexpr = False, MULTI_ROW_BLOCKS: tl.constexpr = True,
+    BOUNDS: tl.constexpr = True, COUNT_ERRORS: tl.constexpr = False,
 ):
     """Stage 1, one program per (work item, block of packed query rows), in named steps: load the
     work item, load its packed query rows and int8 scales, walk the KV range (:func:`_kv_loop`),
     then store the split's state (:func:`_split_state`) as the final output (:func:`_store_final`)
     or a partial (:func:`_store_partial`), the last split merging with ``FUSE_MERGE``
-    (:func:`_merge_if_last`). The helpers are inlined by Triton: one kernel, as written in one piece."""
+    (:func:`_merge_if_last`). The helpers are inlined by Triton: one kernel, as written in one piece.
+
+    Bounds (``BOUNDS``, on except to measure its cost): whatever the values of the plan, the block
+    table, ``seq_lens`` or ``query_start_loc``, no address outside the tensors is formed for a load
+    or store that is not masked off. A work item whose request is outside ``[0, BATCH)`` or KV head
+    outside ``[0, NUM_KV_HEADS)`` is read as padding; KV positions stop at ``KV_CAP`` (the block
+    table's columns x ``PAGE``); query rows outside ``[0, NUM_ROWS)`` and partial slots outside
+    ``[0, NUM_SLOTS)`` are masked; a page id outside ``[0, NUM_PAGES)`` masks its tokens (they
+    count as absent) and, with ``COUNT_ERRORS``, is reported in ``ERRORS`` (int32 ``[4]``:
+    programs that met one, then the first reporter's request, logical page and page id)."""
     if LAUNCH_DEPENDENTS:  # let the merge launch now: it waits for this grid in gdc_wait
         gdc_launch_dependents()
     item = tl.program_id(0)
     mblock = tl.program_id(1)
     b, h, split, start, end, seq_len, r0, q_len, n_split = _load_work_item(
-        ITEM_REQ, ITEM_HEAD, ITEM_SPLIT, ITEM_START, ITEM_END, SEQ_LENS, QUERY_START, NUM_SPLITS, item)
+        ITEM_REQ, ITEM_HEAD, ITEM_SPLIT, ITEM_START, ITEM_END, SEQ_LENS, QUERY_START, NUM_SPLITS, item,
+        NUM_KV_HEADS, KV_CAP, BATCH, BOUNDS)
     if MULTI_ROW_BLOCKS:  # a request may have fewer packed rows than the grid (one query row: never)
         if mblock * BLOCK_M >= q_len * GROUP:
             return
@@ -122,8 +133,10 @@ def split_kv_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     i = offs_m // GROUP
     g = offs_m % GROUP
-    row_ok = i < q_len
     t = r0 + i
+    row_ok = i < q_len
+    if BOUNDS:
+        row_ok = row_ok & ((t >= 0) & (t < NUM_ROWS))
     hq = h * GROUP + g
     d_ok = offs_d < HEAD_DIM
     q = _load_q(Q, t, hq, offs_d, row_ok, d_ok, stride_qt, stride_qh, KV_INT8, DOT_IEEE, UPCAST)
@@ -137,10 +150,13 @@ def split_kv_kernel(
     bt_row = BLOCK_TABLE + b.to(tl.int64) * stride_bt
     k_base = K + h.to(tl.int64) * stride_kh
     v_base = V + h.to(tl.int64) * stride_vh
-    m_i, l_i, acc = _kv_loop(q, q_pos, m_i, l_i, acc, bt_row, k_base, v_base, start, end, offs_n, offs_d, d_ok,
-                             k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left,
-                             stride_kp, stride_kt, stride_vp, stride_vt,
-                             PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW, DOT_IEEE, UPCAST)
+    m_i, l_i, acc, bad_pos = _kv_loop(q, q_pos, m_i, l_i, acc, bt_row, k_base, v_base, start, end, offs_n, offs_d,
+                                      d_ok, k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left, NUM_PAGES,
+                                      stride_kp, stride_kt, stride_vp, stride_vt,
+                                      PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW, DOT_IEEE, UPCAST,
+                                      BOUNDS)
+    if COUNT_ERRORS:
+        _report_bad_page(ERRORS, bt_row, b, bad_pos, PAGE)
 
     o, lse = _split_state(acc, m_i, l_i)
     out_mask = row_ok[:, None] & d_ok[None, :]
@@ -149,34 +165,49 @@ def split_kv_kernel(
                      stride_loh)
     else:
         _store_partial(PART_O, PART_LSE, ROW_SLOT, o, lse, t, hq, split, offs_d, row_ok, out_mask,
-                       stride_ps, stride_ph, stride_ls, stride_lh)
+                       stride_ps, stride_ph, stride_ls, stride_lh, NUM_SLOTS, BOUNDS)
         if FUSE_MERGE:
             if q_len > 0:  # not for padding items (nor requests without query rows)
                 _merge_if_last(PART_O, PART_LSE, OUT, OUT_LSE, ROW_SLOT, COUNTERS, b, h, mblock, r0, q_len, n_split,
-                               offs_d, d_ok, NUM_KV_HEADS, stride_ps, stride_ph, stride_ls, stride_lh,
+                               offs_d, d_ok, NUM_KV_HEADS, NUM_ROWS, NUM_SLOTS, stride_ps, stride_ph, stride_ls,
+                               stride_lh,
                                stride_ot, stride_oh, stride_lot, stride_loh, GROUP, BLOCK_M, MERGE_CHUNK)
 
 
 @triton.jit
-def _load_work_item(ITEM_REQ, ITEM_HEAD, ITEM_SPLIT, ITEM_START, ITEM_END, SEQ_LENS, QUERY_START, NUM_SPLITS, item):
+def _load_work_item(ITEM_REQ, ITEM_HEAD, ITEM_SPLIT, ITEM_START, ITEM_END, SEQ_LENS, QUERY_START, NUM_SPLITS, item,
+                    NUM_KV_HEADS, KV_CAP, BATCH, BOUNDS: tl.constexpr):
     """The work item's fields and its request's: ``(b, h, split, start, end, seq_len, r0, q_len, n_split)``.
 
     A padding item of a graph-stable plan (request ``-1``) becomes an empty range of request 0
-    with no query rows, so it reads and writes nothing. No branch on a loaded value before the KV
-    loop: the work item's fields, then the request's, then the first tiles' page ids are each one
-    round trip to memory, not one per branch."""
+    with no query rows, so it reads and writes nothing; with ``BOUNDS`` so does an item whose
+    request or KV head is out of range (its request's fields are not even loaded), and the range
+    is clipped to ``[0, KV_CAP)``. No branch on a loaded value before the KV loop: the work item's
+    fields, then the request's, then the first tiles' page ids are each one round trip to memory,
+    not one per branch."""
     b = tl.load(ITEM_REQ + item)
     h = tl.load(ITEM_HEAD + item)
     split = tl.load(ITEM_SPLIT + item)
     start = tl.load(ITEM_START + item)
     end = tl.load(ITEM_END + item)
     valid = b >= 0  # False: a padding item of a graph-stable plan, which reads and writes nothing
-    b = tl.maximum(b, 0)
-    end = tl.where(valid, end, start)
-    seq_len = tl.load(SEQ_LENS + b)
-    r0 = tl.load(QUERY_START + b)
-    q_len = tl.where(valid, tl.load(QUERY_START + b + 1) - r0, 0)
-    n_split = tl.load(NUM_SPLITS + b)
+    if BOUNDS:
+        valid = valid & ((b < BATCH) & ((h >= 0) & (h < NUM_KV_HEADS)))
+        b = tl.where(valid, b, 0)
+        h = tl.where(valid, h, 0)
+        start = tl.maximum(start, 0)
+        end = tl.where(valid, tl.minimum(end, KV_CAP), start)
+        seq_len = tl.load(SEQ_LENS + b, mask=valid, other=0)
+        r0 = tl.load(QUERY_START + b, mask=valid, other=0)
+        q_len = tl.where(valid, tl.load(QUERY_START + b + 1, mask=valid, other=0) - r0, 0)
+        n_split = tl.load(NUM_SPLITS + b, mask=valid, other=1)
+    else:
+        b = tl.maximum(b, 0)
+        end = tl.where(valid, end, start)
+        seq_len = tl.load(SEQ_LENS + b)
+        r0 = tl.load(QUERY_START + b)
+        q_len = tl.where(valid, tl.load(QUERY_START + b + 1) - r0, 0)
+        n_split = tl.load(NUM_SPLITS + b)
     return b, h, split, start, end, seq_len, r0, q_len, n_split
 
 
@@ -185,7 +216,7 @@ def _load_q(Q, t, hq, offs_d, row_ok, d_ok, stride_qt, stride_qh,
             KV_INT8: tl.constexpr, DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr):
     """The packed query rows ``[BLOCK_M, BLOCK_D]`` (row ``m``: query row ``t[m]``, head ``hq[m]``),
     float32 where the dot runs in float32."""
-    q_ptr = Q + t.to(tl.int64)[:, None] * stride_qt + hq[:, None] * stride_qh + offs_d[None, :]
+    q_ptr = Q + t.to(tl.int64)[:, None] * stride_qt + hq.to(tl.int64)[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptr, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     if (UPCAST or KV_INT8) or DOT_IEEE:
         q = q.to(tl.float32)
@@ -212,20 +243,30 @@ def _load_kv_scales(K_SCALE, V_SCALE, K_OFFSET, V_OFFSET, h, stride_sh, offs_d, 
 
 @triton.jit
 def _kv_loop(q, q_pos, m_i, l_i, acc, bt_row, k_base, v_base, start, end, offs_n, offs_d, d_ok,
-             k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left,
+             k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left, NUM_PAGES,
              stride_kp, stride_kt, stride_vp, stride_vt,
              PAGE: tl.constexpr, BLOCK_N: tl.constexpr, KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr,
-             SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr):
+             SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr,
+             BOUNDS: tl.constexpr):
     """The online softmax over KV positions ``[start, end)`` in tiles of ``BLOCK_N``: returns the
-    updated ``(m_i, l_i, acc)`` (base-2 running max, sum of weights, weighted sum of V rows).
+    updated ``(m_i, l_i, acc)`` (base-2 running max, sum of weights, weighted sum of V rows) and
+    ``bad_pos`` (``[BLOCK_N]``: per lane the first position whose page id was outside
+    ``[0, NUM_PAGES)``, ``INT32_MAX`` if none; such tokens are masked like positions past the end).
 
     A plain counted loop whose loads are all unconditional (masked) and computed from the loop
     index alone: page ids of the tile's tokens, then the K and V gathers through them. Triton's
     software pipeliner turns this chain into asynchronous copies ``num_stages`` tiles ahead."""
+    bad_pos = tl.full([BLOCK_N], 2147483647, tl.int32)
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + offs_n
         kv_ok = pos < end
-        page = tl.load(bt_row + pos // PAGE, mask=kv_ok, other=0).to(tl.int64)
+        page = tl.load(bt_row + pos // PAGE, mask=kv_ok, other=0)
+        if BOUNDS:  # an out-of-range page id: its tokens are absent (and the first is remembered)
+            page_ok = (page >= 0) & (page < NUM_PAGES)
+            bad_pos = tl.minimum(bad_pos, tl.where(kv_ok, tl.where(page_ok, 2147483647, pos), 2147483647))
+            kv_ok = kv_ok & page_ok
+            page = tl.where(page_ok, page, 0)
+        page = page.to(tl.int64)
         slot = (pos % PAGE).to(tl.int64)
         tile_ok = kv_ok[:, None] & d_ok[None, :]
         k_raw = tl.load(k_base + (page * stride_kp + slot * stride_kt)[:, None] + offs_d[None, :],
@@ -239,8 +280,7 @@ def _kv_loop(q, q_pos, m_i, l_i, acc, bt_row, k_base, v_base, start, end, offs_n
         else:
             s = tl.dot(q, tl.trans(k))
         if SOFT_CAP:
-            x = s * (qk_scale / soft_cap)  # tanh(x) = 1 - 2 / (exp(2x) + 1), exact at both ends
-            s = soft_cap * LOG2E * (1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0))
+            s = soft_cap * LOG2E * _tanh(s * (qk_scale / soft_cap))
         else:
             s = s * (qk_scale * LOG2E)
         visible = kv_ok[None, :] & (pos[None, :] <= q_pos[:, None])
@@ -260,7 +300,34 @@ def _kv_loop(q, q_pos, m_i, l_i, acc, bt_row, k_base, v_base, start, end, offs_n
             pv = tl.dot(p.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
-    return m_i, l_i, acc
+    return m_i, l_i, acc, bad_pos
+
+
+@triton.jit
+def _tanh(x):
+    """``tanh(x)`` in float32 to a few ulp relative for every ``x`` (the soft cap ``cap * tanh(s / cap)``
+    stays accurate for caps large against the scores): the odd Taylor polynomial to ``x^9`` for
+    ``|x| < 0.25`` (truncation below 1e-8 relative), ``1 - 2 / (exp(2x) + 1)`` above, where it no
+    longer cancels (and saturates to +-1 without inf / inf). Branch-free: both, then a select."""
+    x2 = x * x
+    poly = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * (
+        -0.05396825396825397 + x2 * 0.021869488536155203))))
+    expo = 1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)
+    return tl.where(tl.abs(x) < 0.25, poly, expo)
+
+
+@triton.jit
+def _report_bad_page(ERRORS, bt_row, b, bad_pos, PAGE: tl.constexpr):
+    """Count a program that met an out-of-range page id in ``ERRORS[0]``; the first to count writes
+    its request, logical page and the page id to ``ERRORS[1:4]`` (read after the launch)."""
+    first = tl.min(bad_pos, 0)
+    if first < 2147483647:
+        old = tl.atomic_add(ERRORS, 1)
+        if old == 0:
+            col = first // PAGE
+            tl.store(ERRORS + 1, b)
+            tl.store(ERRORS + 2, col)
+            tl.store(ERRORS + 3, tl.load(bt_row + col))
 
 
 @triton.jit
@@ -276,23 +343,29 @@ def _split_state(acc, m_i, l_i):
 @triton.jit
 def _store_final(OUT, OUT_LSE, o, lse, t, hq, offs_d, row_ok, out_mask, stride_ot, stride_oh, stride_lot, stride_loh):
     """The only split of its rows: ``o`` (in the output's dtype) and ``lse`` straight to the output."""
-    tl.store(OUT + t.to(tl.int64)[:, None] * stride_ot + hq[:, None] * stride_oh + offs_d[None, :],
+    t64 = t.to(tl.int64)
+    hq64 = hq.to(tl.int64)
+    tl.store(OUT + t64[:, None] * stride_ot + hq64[:, None] * stride_oh + offs_d[None, :],
              o.to(OUT.dtype.element_ty), mask=out_mask)
-    tl.store(OUT_LSE + t * stride_lot + hq * stride_loh, lse, mask=row_ok)
+    tl.store(OUT_LSE + t64 * stride_lot + hq64 * stride_loh, lse, mask=row_ok)
 
 
 @triton.jit
 def _store_partial(PART_O, PART_LSE, ROW_SLOT, o, lse, t, hq, split, offs_d, row_ok, out_mask,
-                   stride_ps, stride_ph, stride_ls, stride_lh):
-    """One split of several: the float32 state to partial slot ``row_slot_start[t] + split``."""
-    slot_id = (tl.load(ROW_SLOT + t, mask=row_ok, other=0) + split).to(tl.int64)
+                   stride_ps, stride_ph, stride_ls, stride_lh, NUM_SLOTS, BOUNDS: tl.constexpr):
+    """One split of several: the float32 state to partial slot ``row_slot_start[t] + split`` (with
+    ``BOUNDS``, only if that slot is in ``[0, NUM_SLOTS)``)."""
+    slot_id = tl.load(ROW_SLOT + t, mask=row_ok, other=0).to(tl.int64) + split
+    if BOUNDS:
+        row_ok = row_ok & ((slot_id >= 0) & (slot_id < NUM_SLOTS))
+        out_mask = out_mask & row_ok[:, None]
     tl.store(PART_O + slot_id[:, None] * stride_ps + hq[:, None] * stride_ph + offs_d[None, :], o, mask=out_mask)
     tl.store(PART_LSE + slot_id * stride_ls + hq * stride_lh, lse, mask=row_ok)
 
 
 @triton.jit
 def _merge_if_last(PART_O, PART_LSE, OUT, OUT_LSE, ROW_SLOT, COUNTERS, b, h, mblock, r0, q_len, n_split,
-                   offs_d, d_ok, NUM_KV_HEADS, stride_ps, stride_ph, stride_ls, stride_lh,
+                   offs_d, d_ok, NUM_KV_HEADS, NUM_ROWS, NUM_SLOTS, stride_ps, stride_ph, stride_ls, stride_lh,
                    stride_ot, stride_oh, stride_lot, stride_loh,
                    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, MERGE_CHUNK: tl.constexpr):
     """The fused merge: the last of the request's splits to finish (a per-(request, KV head, row
@@ -308,19 +381,22 @@ def _merge_if_last(PART_O, PART_LSE, OUT, OUT_LSE, ROW_SLOT, COUNTERS, b, h, mbl
             r_m = mblock * BLOCK_M + rr
             r_t = r0 + r_m // GROUP
             r_h = h * GROUP + r_m % GROUP
-            first = tl.load(ROW_SLOT + r_t).to(tl.int64)
-            o_m, lse_m = _merge_row(PART_O, PART_LSE, first, 1, n_split, r_h, offs_d, d_ok,
+            r_in = (r_t >= 0) & (r_t < NUM_ROWS)  # rows of a query_start_loc the plan was not made for
+            first = tl.load(ROW_SLOT + r_t, mask=r_in, other=0).to(tl.int64)
+            o_m, lse_m = _merge_row(PART_O, PART_LSE, first, 1, n_split, r_h, offs_d, d_ok, NUM_SLOTS,
                                     stride_ps, stride_ph, stride_ls, stride_lh, MERGE_CHUNK, True)
-            tl.store(OUT + r_t.to(tl.int64) * stride_ot + r_h * stride_oh + offs_d,
-                     o_m.to(OUT.dtype.element_ty), mask=d_ok)
-            tl.store(OUT_LSE + r_t * stride_lot + r_h * stride_loh, lse_m)
+            r64 = r_t.to(tl.int64)
+            tl.store(OUT + r64 * stride_ot + r_h * stride_oh + offs_d, o_m.to(OUT.dtype.element_ty),
+                     mask=d_ok & r_in)
+            tl.store(OUT_LSE + r64 * stride_lot + r_h * stride_loh, lse_m, mask=r_in)
         tl.atomic_xchg(counter, 0)
 
 
 @triton.jit
-def _merge_row(PART_O, PART_LSE, first, slot_step, n, head, offs_d, d_ok,
+def _merge_row(PART_O, PART_LSE, first, slot_step, n, head, offs_d, d_ok, n_slots,
                stride_ps, stride_ph, stride_ls, stride_lh, CHUNK: tl.constexpr, BYPASS_L1: tl.constexpr):
-    """Merge the states in slots ``first + j * slot_step`` (``j < n``) of one (row, head):
+    """Merge the states in slots ``first + j * slot_step`` (``j < n``) of one (row, head); slots
+    outside ``[0, n_slots)`` are read as empty (never loaded):
     ``m = max lse``, ``w = exp(lse - m)``, ``out = sum w o / sum w``, ``lse = m + log sum w``
     (natural log); ``lse = +-inf`` is empty. Returns ``(o [BLOCK_D], lse)``.
 
@@ -332,9 +408,10 @@ def _merge_row(PART_O, PART_LSE, first, slot_step, n, head, offs_d, d_ok,
     m = tl.full([], float("-inf"), tl.float32)
     l = tl.full([], 0.0, tl.float32)
     u = tl.zeros(offs_d.shape, tl.float32)
+    n = tl.minimum(n, n_slots)  # more would only read empty slots
     for j0 in range(0, n, CHUNK):
-        ok = j0 + offs_c < n
         sid = first + (j0 + offs_c).to(tl.int64) * slot_step
+        ok = (j0 + offs_c < n) & ((sid >= 0) & (sid < n_slots))
         lse_ptr = PART_LSE + sid * stride_ls + head * stride_lh
         o_ptr = PART_O + sid[:, None] * stride_ps + head * stride_ph + offs_d[None, :]
         if BYPASS_L1:  # the fused merge reads what other programs of the same launch wrote
@@ -366,7 +443,7 @@ def merge_kernel(
     PART_O, PART_LSE, OUT, OUT_LSE, ROW_SLOT, ROW_NS,
     stride_ps, stride_ph, stride_ls, stride_lh,
     stride_ot, stride_oh, stride_lot, stride_loh,
-    slot_step,
+    slot_step, NUM_SLOTS,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SKIP_SINGLE: tl.constexpr,
     CHUNK: tl.constexpr = 16, WAIT_PRIMARY: tl.constexpr = False,
 ):
@@ -385,7 +462,8 @@ def merge_kernel(
     first = tl.load(ROW_SLOT + t).to(tl.int64)
     if WAIT_PRIMARY:
         gdc_wait()
-    o, lse = _merge_row(PART_O, PART_LSE, first, slot_step, n, h, offs_d, d_ok,
+    o, lse = _merge_row(PART_O, PART_LSE, first, slot_step, n, h, offs_d, d_ok, NUM_SLOTS,
                         stride_ps, stride_ph, stride_ls, stride_lh, CHUNK, False)
-    tl.store(OUT + t.to(tl.int64) * stride_ot + h * stride_oh + offs_d, o.to(OUT.dtype.element_ty), mask=d_ok)
-    tl.store(OUT_LSE + t * stride_lot + h * stride_loh, lse)
+    t64 = t.to(tl.int64)
+    tl.store(OUT + t64 * stride_ot + h * stride_oh + offs_d, o.to(OUT.dtype.element_ty), mask=d_ok)
+    tl.store(OUT_LSE + t64 * stride_lot + h * stride_loh, lse)

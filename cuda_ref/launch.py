@@ -21,6 +21,11 @@ from . import kernels
 _FIELDS = ("item_request", "item_kv_head", "item_split", "item_kv_start", "item_kv_end",
            "num_splits", "row_slot_start", "row_num_splits")
 
+# False drops the kernels' bounds masks (kernels.split_kv_kernel's BOUNDS): only for measuring their
+# cost (scripts/h200_perf_check.py --overhead) on trusted inputs; never set it elsewhere.
+_KERNEL_BOUNDS = True
+_INT32_MAX = 2 ** 31 - 1
+
 
 @dataclass(frozen=True)
 class KernelConfig:
@@ -159,8 +164,14 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
                   out, lse, part_o, part_lse, counters=None, *, scale: float, soft_cap=None, window_left=None,
                   k_scale=None, v_scale=None, k_offset=None, v_offset=None, config: KernelConfig | None = None,
                   fuse_merge: bool = False, interpret: bool = False, merge: bool = True,
-                  batch_invariant: bool = True, pdl: bool | None = None) -> None:
+                  batch_invariant: bool = True, pdl: bool | None = None, errors=None) -> None:
     """Stage 1 (and stage 2 unless fused) into the caller's buffers. No allocation, no host sync.
+
+    The caller checks the metadata (:func:`cuda_ref.checks.check_launch`; the wrapper and the op do).
+    Whatever the values in the index tensors and the plan, the kernels stay inside the tensors they
+    are given (out-of-range page ids are masked, rows and slots bounded by the buffers' sizes);
+    ``errors`` (int32 ``[4]``, zeroed by the caller) counts out-of-range page ids
+    (:meth:`cuda_ref.wrapper.DecodeWrapper.check_errors` reads it).
 
     Shapes: ``q [T, Hq, D]``, ``k_cache``/``v_cache [P, page, Hkv, D]`` (last dim contiguous),
     ``out [T, Hq, D]`` (q's dtype), ``lse [T, Hq]`` float32, ``part_o [>= num_slots, Hq, D]`` and
@@ -183,6 +194,14 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
     block_d = max(16, triton.next_power_of_2(D))
     sh, per_channel = _scale_layout(k_scale)
     dummy = seq_lens
+    # the bounds the kernel keeps whatever the values: sizes of the tensors it was given
+    batch = min(block_table.shape[0], seq_lens.shape[0], query_start_loc.shape[0] - 1, dplan.batch_size)
+    num_rows = min(T, out.shape[0], lse.shape[0], dplan.num_rows)
+    num_slots = min(part_o.shape[0], part_lse.shape[0])
+    kv_cap = min(block_table.shape[1] * page, _INT32_MAX)
+    if fuse_merge and counters.numel() < batch * Hkv * dplan.row_blocks:
+        raise ValueError(f"counters: {counters.numel()} entries, the fused merge needs {batch * Hkv * dplan.row_blocks}")
+    win = 0 if window_left is None else min(int(window_left), 1 << 30)  # wider than any position: no window
     with_merge = merge and not fuse_merge and (dplan.max_splits > 1 or dplan.graph_stable) and T > 0
     sms, can_pdl = _device_traits(q.device)
     pdl = with_merge and not interpret and (can_pdl if pdl is None else bool(pdl))
@@ -193,23 +212,23 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
             dplan.view("item_request"), dplan.view("item_kv_head"), dplan.view("item_split"),
             dplan.view("item_kv_start"), dplan.view("item_kv_end"),
             dplan.view("num_splits"), dplan.view("row_slot_start"),
-            part_o, part_lse, out, lse, counters if fuse_merge else dummy,
+            part_o, part_lse, out, lse, counters if fuse_merge else dummy, errors if errors is not None else dummy,
             k_scale if k_scale is not None else dummy, v_scale if v_scale is not None else dummy,
             k_offset if k_offset is not None else dummy, v_offset if v_offset is not None else dummy,
-            float(scale), float(soft_cap or 1.0), int(window_left if window_left is not None else 0),
+            float(scale), float(soft_cap if soft_cap is not None else 1.0), win,
             q.stride(0), q.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             block_table.stride(0),
             part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
             out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-            sh, Hkv,
+            sh, Hkv, k_cache.shape[0], kv_cap, num_rows, num_slots, batch,
             GROUP=group, PAGE=page, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=dplan.block_m, BLOCK_N=cfg.block_n,
             KV_INT8=kv_int8, HAS_OFFSET=k_offset is not None, SOFT_CAP=soft_cap is not None,
             HAS_WINDOW=window_left is not None, DOT_IEEE=dot_ieee, UPCAST=interpret, FUSE_MERGE=fuse_merge,
             SCALE_PER_CHANNEL=per_channel, MERGE_CHUNK=merge_chunk(block_d),
             LAUNCH_DEPENDENTS=pdl and dplan.num_items * dplan.row_blocks <= 2 * sms,
-            MULTI_ROW_BLOCKS=dplan.row_blocks > 1,
+            MULTI_ROW_BLOCKS=dplan.row_blocks > 1, BOUNDS=_KERNEL_BOUNDS, COUNT_ERRORS=errors is not None,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if with_merge:
         launch_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), dplan.view("row_num_splits"),
@@ -222,8 +241,9 @@ def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, 
     ``row_slot_start[t] + j * slot_step``, ``j < row_num_splits[t]``, of ``part_o [S, H, D]`` /
     ``part_lse [S, H]``, one program per (row, head). With ``skip_single`` rows of one split are
     left as they are. ``pdl``: the launch follows the previous kernel on the stream by programmatic
-    dependent launch (the kernel waits for it before reading the partial states)."""
-    T = out.shape[0]
+    dependent launch (the kernel waits for it before reading the partial states). Slots outside
+    ``part_o`` / ``part_lse`` are read as empty, whatever the plan says."""
+    T = min(out.shape[0], lse.shape[0], row_slot_start.shape[0], row_num_splits.shape[0])
     H, D = part_o.shape[1], part_o.shape[2]
     if T == 0 or H == 0:
         return
@@ -233,5 +253,5 @@ def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, 
         part_o, part_lse, out, lse, row_slot_start, row_num_splits,
         part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-        slot_step, HEAD_DIM=D, BLOCK_D=block_d, SKIP_SINGLE=skip_single,
+        slot_step, min(part_o.shape[0], part_lse.shape[0]), HEAD_DIM=D, BLOCK_D=block_d, SKIP_SINGLE=skip_single,
         CHUNK=merge_chunk(block_d), WAIT_PRIMARY=pdl, num_warps=num_warps, **extra)

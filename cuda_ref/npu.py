@@ -92,6 +92,7 @@ def run_triton_npu(inputs: DecodeInputs, plan: Plan):
 
     from splitkv_common.torch_io import from_torch, to_torch
 
+    from .checks import check_launch, check_plan
     from .launch import DevicePlan, KernelConfig, launch_decode
 
     t = to_torch(inputs, npu_device())
@@ -99,6 +100,10 @@ def run_triton_npu(inputs: DecodeInputs, plan: Plan):
     T, Hq, D = q.shape
     group = Hq // k.shape[2]
     max_m, block_n = npu_tile(D, inputs.dtype, inputs.kv_dtype)
+    check_launch(q, k, t["v_cache"], t["block_table"], t["seq_lens"], t["query_start_loc"], k_scale=t["k_scale"],
+                 v_scale=t["v_scale"], k_offset=t["k_offset"], v_offset=t["v_offset"], scale=inputs.scale,
+                 soft_cap=inputs.soft_cap, window_left=inputs.window_left)
+    check_plan(plan, k.shape[2])
     dplan = DevicePlan.from_plan(plan, group, q.device, max_block_m=max_m)
     out = torch.empty_like(q)
     lse = torch.empty(T, Hq, dtype=torch.float32, device=q.device)

@@ -8,6 +8,10 @@ graph-captured decoding use :class:`cuda_ref.wrapper.DecodeWrapper` (``plan()`` 
   plan_shape, scale, soft_cap, window_left, k_scale, v_scale, k_offset, v_offset) -> (out, lse)``:
   ``plan_data`` is a :class:`~cuda_ref.launch.DevicePlan`'s int32 buffer and ``plan_shape`` its sizes
   (:func:`plan_args` gives both); ``out [T, Hq, D]`` in q's dtype, ``lse [T, Hq]`` float32 natural log.
+  Before the launch the real kernel checks every argument's metadata and the plan's sizes against
+  the tensors (:func:`check_decode_op`: no host sync, cached per signature); the fake kernel checks
+  nothing. The plan's values are not read on the host: the kernels bound every address by the
+  tensors' sizes whatever they are (a wrong plan gives a wrong result, never a wild access).
 * ``merge_states(o, lse) -> (out, lse)``: states of any backend stacked on the first axis,
   ``o [S, N, H, D]`` (any float dtype), ``lse [S, N, H]`` natural log (``-inf`` or ``+inf`` = empty);
   returns float32 ``out [N, H, D]`` and ``lse [N, H]`` (the rule of ``splitkv_common.merge``).
@@ -20,7 +24,50 @@ from typing import Optional
 import torch
 
 from . import INTERPRET
+from .checks import SignatureCache, check_launch
 from .launch import DevicePlan, launch_decode, launch_merge
+
+_checked = SignatureCache(256)
+
+
+def check_decode_op(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, plan_data, plan_shape, scale,
+                    soft_cap=None, window_left=None, k_scale=None, v_scale=None, k_offset=None,
+                    v_offset=None) -> None:
+    """The real kernel's checks before any allocation or launch (metadata only, remembered per
+    signature): :func:`cuda_ref.checks.check_launch`, ``plan_shape`` = ``[items, B, T, slots,
+    max_splits, block_m, row_blocks, graph_stable]`` matching the tensors (``T`` q's rows, ``B``
+    block_table's), ``plan_data`` a contiguous int32 buffer of exactly the plan's size on q's
+    device. Raises ``TypeError`` / ``ValueError`` naming the argument."""
+    tensors = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, plan_data, k_scale, v_scale, k_offset,
+               v_offset)
+    try:
+        key = SignatureCache.key(tensors, (scale, soft_cap, window_left, tuple(plan_shape)))
+    except (AttributeError, TypeError):
+        key = None
+    if key is not None and key in _checked:
+        return
+    check_launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale=k_scale, v_scale=v_scale,
+                 k_offset=k_offset, v_offset=v_offset, scale=scale, soft_cap=soft_cap, window_left=window_left)
+    if scale is None:
+        raise ValueError("scale: required by decode_attention, got None")
+    if len(plan_shape) != 8 or any(int(x) < 0 for x in plan_shape):
+        raise ValueError(f"plan_shape: must be 8 sizes >= 0 (plan_args), got {list(plan_shape)}")
+    n_items, B, T, n_slots, max_splits, block_m, row_blocks, stable = (int(x) for x in plan_shape)
+    if T != q.shape[0]:
+        raise ValueError(f"q: the plan is for {T} query rows, q has {q.shape[0]}")
+    if B != block_table.shape[0]:
+        raise ValueError(f"block_table: the plan is for {B} requests, block_table has {block_table.shape[0]} rows")
+    if block_m not in (16, 32, 64, 128) or row_blocks < 1:
+        raise ValueError(f"plan_shape: block_m must be 16, 32, 64 or 128 and row_blocks >= 1, got {block_m}, "
+                         f"{row_blocks}")
+    if not isinstance(plan_data, torch.Tensor) or plan_data.dtype != torch.int32 or plan_data.dim() != 1 \
+            or plan_data.device != q.device or (plan_data.numel() > 1 and plan_data.stride(0) != 1):
+        raise ValueError("plan_data: must be a contiguous 1-D int32 tensor on q's device (plan_args)")
+    need = sum(DevicePlan.sizes(n_items, B, T))
+    if plan_data.numel() != need:
+        raise ValueError(f"plan_data: {plan_data.numel()} entries, plan_shape {list(plan_shape)} needs {need}")
+    if key is not None:
+        _checked.add(key)
 
 
 def plan_args(dplan: DevicePlan) -> tuple[torch.Tensor, list[int]]:
@@ -36,6 +83,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      window_left: Optional[int] = None, k_scale: Optional[torch.Tensor] = None,
                      v_scale: Optional[torch.Tensor] = None, k_offset: Optional[torch.Tensor] = None,
                      v_offset: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    check_decode_op(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, plan_data, plan_shape, scale,
+                    soft_cap, window_left, k_scale, v_scale, k_offset, v_offset)
     n_items, B, T, n_slots, max_splits, block_m, row_blocks, stable = plan_shape
     _, Hq, D = q.shape
     Hkv = k_cache.shape[2]
@@ -64,6 +113,10 @@ def merge_states(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torc
         raise ValueError(f"lse: shape {tuple(lse.shape)} must be o.shape[:-1] = {(S, N, H)}")
     if S == 0:
         raise ValueError("o, lse: the split axis is empty; at least one state is needed")
+    if lse.device != o.device:
+        raise ValueError(f"lse: on {lse.device}, expected {o.device} (o's device)")
+    if not o.dtype.is_floating_point or not lse.dtype.is_floating_point:
+        raise TypeError(f"o, lse: float dtypes required, got {o.dtype}, {lse.dtype}")
     po = o.reshape(S * N, H, D)
     if po.stride(-1) != 1:
         po = po.contiguous()

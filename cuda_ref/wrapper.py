@@ -11,9 +11,20 @@ so ``run()`` can be captured in a CUDA graph once and replayed while the lengths
     w.plan(lens0); g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g): out, lse = w.run(...)
     seq_lens.copy_(new_lens); w.plan(new_lens_host); g.replay()
+
+Safety: ``run()`` checks every call's metadata (shapes, strides, dtypes, devices, scalars; no host
+sync, so also while a graph is captured), cached per signature so a repeated shape costs a dict
+lookup. Values it cannot see without a sync are made harmless in the kernels: a block-table entry
+outside ``[0, num_pages)`` reads as an absent page and is counted in a small device-side error
+buffer; :meth:`DecodeWrapper.check_errors` (a host sync) raises on it; ``wrapper.debug = True`` (or
+``SPLITKV_DEBUG=1``) calls it after every eager ``run()``. ``set_plan()`` checks the plan against
+itself and the wrapper (``cuda_ref.checks.check_plan``).
 """
 
 from __future__ import annotations
+
+import inspect
+import os
 
 import torch
 
@@ -22,7 +33,22 @@ from splitkv_common.torch_io import as_torch_dtype
 from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, host, normalize_window
 
 from . import INTERPRET
+from .checks import SignatureCache, check_launch, check_plan, check_scalars, tensor_signature
 from .launch import DevicePlan, KernelConfig, launch_decode
+
+def _shared_plan_check(plan: Plan, num_kv_heads: int) -> None:
+    """``plan.validate()``, where ``splitkv_common`` has it, with the arguments it takes of
+    ``num_kv_heads`` and ``coverage=False`` (a context-parallel shard's plan covers only its part;
+    the memory-safety rules are :func:`cuda_ref.checks.check_plan`'s)."""
+    shared = getattr(plan, "validate", None)
+    if not callable(shared):
+        return
+    params = inspect.signature(shared).parameters
+    kw = {k: v for k, v in (("num_kv_heads", num_kv_heads), ("coverage", False)) if k in params}
+    if all(p.default is not p.empty or p.name in kw or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+           for p in params.values()):
+        shared(**kw)
+
 
 class DecodeWrapper(PlannedWrapper):
     """Split-KV decode attention over a paged KV cache ``[num_pages, page_size, Hkv, D]``.
@@ -60,6 +86,12 @@ class DecodeWrapper(PlannedWrapper):
         self.host_plan: Plan | None = None
         self.dplan: DevicePlan | None = None
         self._buffers: dict[str, torch.Tensor] = {}
+        # check_errors() after every eager run() (a host sync): for debugging
+        self.debug = os.environ.get("SPLITKV_DEBUG", "") not in ("", "0")
+        self._checked = SignatureCache()
+        self._plan_pages = 0  # block-table columns the current plan reads
+        self._plan_sig = None
+        self._num_pages = 0   # num_pages of the last run's cache (for check_errors' message)
 
     # -- host side -----------------------------------------------------------------------------
     def plan(self, seq_lens, q_lens=None, query_start_loc=None, window_left=None) -> Plan:
@@ -74,10 +106,16 @@ class DecodeWrapper(PlannedWrapper):
         if plan.num_kv_heads != self.num_kv_heads or plan.page_size != self.page_size:
             raise ValueError(f"plan: made for Hkv={plan.num_kv_heads}, page_size={plan.page_size}; this wrapper "
                              f"has Hkv={self.num_kv_heads}, page_size={self.page_size}")
+        _shared_plan_check(plan, self.num_kv_heads)
+        plan_pages = check_plan(plan, self.num_kv_heads)
         group = self.num_q_heads // self.num_kv_heads
         reuse = self.dplan if (self.graph_stable and self.dplan is not None) else None
         self.dplan = DevicePlan.from_plan(plan, group, self.device, out=reuse)
         self.host_plan = plan
+        self._plan_pages = plan_pages
+        self._plan_sig = (plan.batch_size, plan.num_rows, plan_pages)  # what check() depends on in the plan
+        if "errors" not in self._buffers:  # allocated once: a captured graph keeps its address
+            self._buffers["errors"] = torch.zeros(4, dtype=torch.int32, device=self.device)
         T, Hq, D = plan.num_rows, self.num_q_heads, self.head_dim
         need = {
             "out": ((T, Hq, D), self.dtype), "lse": ((T, Hq), torch.float32),
@@ -105,17 +143,19 @@ class DecodeWrapper(PlannedWrapper):
             validate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention for the planned batch: ``(out [T, Hq, D] in q's dtype, lse [T, Hq] float32)``.
 
-        Shapes, dtypes, devices and the plan's match with the batch are checked without reading
-        device memory; ``validate=True`` adds the shared value checks (block-table ranges, lengths:
-        a host sync, so not inside a graph). The returned tensors are the wrapper's own buffers,
-        overwritten by the next ``run()``.
+        Shapes, strides, dtypes, devices, scalars and the plan's match with the batch are checked
+        on every call without reading device memory (cached per signature); ``validate=True`` adds
+        the shared value checks (block-table ranges, lengths: a host sync, so not inside a graph).
+        Without it, out-of-range page ids are masked and counted (:meth:`check_errors`). The
+        returned tensors are the wrapper's own buffers, overwritten by the next ``run()``.
         """
         if self.dplan is None:
             raise RuntimeError("plan: call plan() (or set_plan()) before run()")
         if query_start_loc is None:
             query_start_loc = self._default_qsl(q.shape[0], block_table.shape[0], q.device)
+        self.check(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale, k_offset, v_offset,
+                   scale=scale, soft_cap=soft_cap, window_left=window_left)
         window_left = normalize_window(window_left)
-        self.check(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale, k_offset, v_offset)
         if validate:
             check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale=scale,
                               soft_cap=soft_cap, window_left=window_left, k_scale=k_scale, v_scale=v_scale,
@@ -128,8 +168,26 @@ class DecodeWrapper(PlannedWrapper):
                       window_left=window_left, k_scale=k_scale, v_scale=v_scale, k_offset=k_offset,
                       v_offset=v_offset, config=self.config, fuse_merge=self._fused(), interpret=INTERPRET,
                       merge=self.merge, batch_invariant=self.host_plan.policy.kind in ("fixed_size", "none"),
-                      pdl=self.pdl)
+                      pdl=self.pdl, errors=b["errors"])
+        self._num_pages = k_cache.shape[0]
+        if self.debug and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+            self.check_errors()
         return b["out"], b["lse"]
+
+    def check_errors(self) -> None:
+        """Raise ``RuntimeError`` if a kernel since the last call met a block-table entry outside
+        ``[0, num_pages)`` (its tokens were read as absent), naming the first (request, logical page,
+        page id) it saw; the error buffer is reset either way. Reads device memory: a host sync."""
+        e = self._buffers.get("errors")
+        if e is None:
+            return
+        count, req, col, page = (int(v) for v in e.tolist())
+        if count:
+            e.zero_()
+            raise RuntimeError(
+                f"block_table: page ids outside [0, {self._num_pages}) (num_pages of k_cache) in {count} kernel "
+                f"program(s); their tokens were read as absent. First seen: request {req}, logical page {col}, "
+                f"page id {page}")
 
     def _fused(self) -> bool:
         return bool(self.fuse_merge)
@@ -144,31 +202,33 @@ class DecodeWrapper(PlannedWrapper):
         return buf
 
     def check(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
-              k_scale=None, v_scale=None, k_offset=None, v_offset=None) -> None:
-        """Metadata checks (no host sync): dtypes, devices, layouts, and the plan against the batch."""
+              k_scale=None, v_scale=None, k_offset=None, v_offset=None, *, scale=None, soft_cap=None,
+              window_left=None) -> None:
+        """Metadata checks (no host sync): ranks, shapes, strides, dtypes, devices, scalars, and the
+        plan against the batch. A signature (each tensor's shape, strides, dtype and device, the
+        scalars, the plan's sizes) that passed once is remembered: repeating it costs one lookup."""
+        s = tensor_signature  # spelled out: this runs on every call (about 20 attribute reads and one set lookup)
+        try:
+            key = (s(q), s(k_cache), s(v_cache), s(block_table), s(seq_lens), s(query_start_loc), s(k_scale),
+                   s(v_scale), s(k_offset), s(v_offset), self._plan_sig, type(scale), scale, type(soft_cap), soft_cap,
+                   type(window_left), window_left)
+            if key in self._checked:
+                return
+        except (AttributeError, TypeError):  # not tensors, or unhashable scalars: the full checks say what
+            key = None
+        plan = self.host_plan
+        check_scalars(scale, soft_cap, window_left)
         named = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
                      query_start_loc=query_start_loc, k_scale=k_scale, v_scale=v_scale, k_offset=k_offset,
                      v_offset=v_offset)
         check_wrapper_tensors(named, tensor_type=torch.Tensor, dtype=self.dtype, kv_dtype=self.kv_dtype,
                               int8_kv=self.kv_dtype == torch.int8, device=self.device,
                               on_device=lambda d: d == self.device or d.type == self.device.type == "cuda")
-        for name in ("block_table", "seq_lens", "query_start_loc"):
-            if named[name].dtype != torch.int32:
-                raise TypeError(f"{name}: dtype must be int32 for the triton backend, got {named[name].dtype}")
-        for name in ("q", "k_cache", "v_cache"):
-            x = named[name]
-            if x.dim() >= 1 and x.stride(-1) != 1:
-                raise ValueError(f"{name}: the last (head-dim) axis must be contiguous, got strides {x.stride()}")
-        if v_cache.stride() != k_cache.stride():
-            raise ValueError(f"v_cache: strides must equal k_cache's {k_cache.stride()}, got {v_cache.stride()}")
-        self.spec.check_shapes(self.host_plan, q, k_cache, v_cache, block_table, seq_lens, query_start_loc)
-        for name, x in (("k_offset", k_offset), ("v_offset", v_offset)):
-            if x is not None and (k_offset is None or v_offset is None):
-                raise ValueError("k_offset, v_offset: give both or neither")
-        for name, x in (("k_scale", k_scale), ("v_scale", v_scale), ("k_offset", k_offset), ("v_offset", v_offset)):
-            if x is not None:
-                if x.dtype != torch.float32:
-                    raise TypeError(f"{name}: dtype must be float32, got {x.dtype}")
-                if tuple(x.shape) not in ((self.num_kv_heads,), (self.num_kv_heads, self.head_dim)) or \
-                        tuple(x.shape) != tuple(k_scale.shape) or (x.dim() == 2 and x.stride(1) != 1):
-                    raise ValueError(f"{name}: must be [Hkv] or contiguous [Hkv, D] like k_scale, got {tuple(x.shape)}")
+        self.spec.check_shapes(plan, q, k_cache, v_cache, block_table, seq_lens, query_start_loc)
+        check_launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale=k_scale, v_scale=v_scale,
+                     k_offset=k_offset, v_offset=v_offset)
+        if block_table.shape[1] < self._plan_pages:
+            raise ValueError(f"plan: reads {self._plan_pages} pages of a request; block_table has only "
+                             f"{block_table.shape[1]} columns")
+        if key is not None:
+            self._checked.add(key)

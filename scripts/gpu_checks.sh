@@ -3,7 +3,7 @@
 # step by step into OUTDIR; every step runs even if an earlier one failed, the exit status says
 # whether all passed.
 #
-#   scripts/gpu_checks.sh OUTDIR perf ncu check bench
+#   scripts/gpu_checks.sh OUTDIR perf ncu check bench hostile overhead
 #
 #   perf   scripts/h200_perf_check.py: variants at the key points under both L2 flushes
 #   ncu    Nsight Compute: each kernel's own duration and DRAM bytes at B1 x 16k and B64 x 2k
@@ -11,6 +11,10 @@
 #          fused merge), every case in CUDA-graph replay with new lengths, bitwise batch invariance,
 #          compute-sanitizer memcheck on a representative subset
 #   bench  scripts/bench_decode.py: the full sweep (JSON, markdown table, PNG)
+#   hostile  scripts/h200_check.py --hostile under compute-sanitizer memcheck: out-of-range page ids,
+#          huge lengths, corrupt plans, strided indices (expect "ERROR SUMMARY: 0 errors", exit 0)
+#   overhead scripts/h200_perf_check.py --overhead: the cost of the always-on checks at B1x16k and
+#          B64x2k (OUTDIR/overhead/overhead.json; target at most 1 % of the decode time)
 set -u
 out=${1:?usage: gpu_checks.sh OUTDIR STEP...}
 shift
@@ -43,12 +47,23 @@ for step in "$@"; do
       compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/h200_check.py --out "$out/check/mc" \
           --quick --cases "$memcheck_cases" >"$out/check/memcheck.log" 2>&1 &
       pids+=($!)
+      compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/h200_check.py --out "$out/check/hostile" \
+          --hostile >"$out/check/memcheck_hostile.log" 2>&1 &
+      pids+=($!)
       for p in "${pids[@]}"; do wait "$p" || status=1; done
       grep -h -E "FAIL|ERROR|ok=|bitwise|passed|Exit|errors" "$out"/check/*.log | sort | uniq -c | head -60 ;;
     bench)
       python3 scripts/bench_decode.py --out "$out/bench" --iters 12 --also-flush write \
           --partial "$out/bench/partial.json" 2>&1 \
           | tee "$out/bench.log" | grep -v '%|' || status=1 ;;
+    hostile)
+      mkdir -p "$out/hostile"
+      compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/h200_check.py --out "$out/hostile" \
+          --hostile >"$out/hostile/memcheck.log" 2>&1 || status=1
+      grep -E "hostile|ERROR SUMMARY|Error" "$out/hostile/memcheck.log" | tail -n 45 ;;
+    overhead)
+      python3 scripts/h200_perf_check.py --out "$out/overhead" --overhead B1x16k,B64x2k --iters 30 --flush read \
+          2>&1 | tee "$out/overhead.log" || status=1 ;;
     *) echo "unknown step $step" >&2; status=2 ;;
   esac
   echo "== $step done in $(( $(date +%s) - start )) s (status so far $status)"

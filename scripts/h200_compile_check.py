@@ -34,14 +34,14 @@ TARGET = GPUTarget("cuda", 90, 32)
 PTRS = {"Q": "bf16", "K": "bf16", "V": "bf16", "OUT": "bf16", "PART_O": "fp32", "PART_LSE": "fp32",
         "OUT_LSE": "fp32", "K_SCALE": "fp32", "V_SCALE": "fp32", "K_OFFSET": "fp32", "V_OFFSET": "fp32"}
 I32_PTRS = ("BLOCK_TABLE", "SEQ_LENS", "QUERY_START", "ITEM_REQ", "ITEM_HEAD", "ITEM_SPLIT", "ITEM_START",
-            "ITEM_END", "NUM_SPLITS", "ROW_SLOT", "COUNTERS")
+            "ITEM_END", "NUM_SPLITS", "ROW_SLOT", "COUNTERS", "ERRORS")
 
 ALIGNED_INTS = ("stride_qt", "stride_qh", "stride_kp", "stride_kt", "stride_kh", "stride_vp", "stride_vt",
                 "stride_vh", "stride_ps", "stride_ph", "stride_ls", "stride_ot", "stride_oh", "stride_lot")
 BASE = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=64, KV_INT8=False,
             HAS_OFFSET=False, SOFT_CAP=False, HAS_WINDOW=False, DOT_IEEE=False, UPCAST=False,
             FUSE_MERGE=False, SCALE_PER_CHANNEL=False, MERGE_CHUNK=32,
-            MULTI_ROW_BLOCKS=False)
+            MULTI_ROW_BLOCKS=False, BOUNDS=True, COUNT_ERRORS=True)
 
 
 def variants():

@@ -11,6 +11,13 @@ backend. Method as ``bench_decode.py``: CUDA-graph replay after an L2 flush, med
 
     python scripts/h200_perf_check.py --out DIR [--points B1x16k,B64x2k] [--flush read,write]
     python scripts/h200_perf_check.py --eager-once B1x16k     # one eager call of each (for ncu)
+    python scripts/h200_perf_check.py --out DIR --overhead B1x16k,B64x2k   # cost of the safety checks
+
+``--overhead`` writes ``DIR/overhead.json``: per point, the replayed graph of ``run()`` with the
+kernels' bounds masks (the default) and without them (``launch._KERNEL_BOUNDS = False``, the
+previous kernel), the host time of ``run()``'s metadata checks on a repeated signature (the cached
+path) and uncached, and eager ``run()`` against an eager launch with no checks at all; each cost as
+a percentage of the default graph's decode time (target: at most 1 %).
 """
 
 from __future__ import annotations
@@ -124,6 +131,77 @@ def measure_point(name, timers, ceiling):
     return r
 
 
+def _host_us(fn, n=2000) -> float:
+    """Median over 5 rounds of the mean host time of ``fn()`` (µs)."""
+    rounds = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        rounds.append((time.perf_counter() - t0) / n * 1e6)
+    return sorted(rounds)[2]
+
+
+def _eager_us(fn, n=300) -> float:
+    """Wall time per call of ``n`` back-to-back eager calls, then one synchronize (µs)."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def overhead(names, timer):
+    """The cost of the always-on checks at each point (see the module docstring)."""
+    from cuda_ref import launch as L
+    from cuda_ref.checks import SignatureCache
+    out = []
+    for name in names.split(","):
+        B, ctx = POINTS[name]
+        q, k, v, bt, seq = make_point(B, ctx, 32, 8, 128, torch.bfloat16)
+        run, plan, w = make_runner(q, k, v, bt, seq)
+        qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
+        r = dict(point=name, B=B, ctx=ctx, splits=int(plan.max_splits))
+        r["graph_us"] = timer(run)
+        L._KERNEL_BOUNDS = False
+        try:
+            run_u, _, w_u = make_runner(q, k, v, bt, seq)
+            r["graph_unbounded_kernel_us"] = timer(run_u)
+            out_u = w_u.run(q, k, v, bt, seq, qsl)[0].clone()
+        finally:
+            L._KERNEL_BOUNDS = True
+        r["bitwise_same_as_unbounded"] = bool(torch.equal(run()[0], out_u))
+        r["host_checks_cached_us"] = _host_us(lambda: w.check(q, k, v, bt, seq, qsl))
+
+        def uncached():
+            w._checked = SignatureCache()
+            w.check(q, k, v, bt, seq, qsl)
+        r["host_checks_uncached_us"] = _host_us(uncached, 300)
+        b = w._buffers
+
+        def bare():  # what run() launches, without any check
+            L.launch_decode(q, k, v, bt, seq, qsl, w.dplan, b["out"], b["lse"], b["part_o"], b["part_lse"],
+                            b["counters"], scale=128 ** -0.5, config=w.config, fuse_merge=False,
+                            batch_invariant=False, errors=b["errors"])
+        r["eager_run_us"] = _eager_us(run)
+        r["eager_bare_launch_us"] = _eager_us(bare)
+        d = r["graph_us"]
+        r["pct"] = {"kernel_bounds": 100 * (d - r["graph_unbounded_kernel_us"]) / r["graph_unbounded_kernel_us"],
+                    "host_checks_cached": 100 * r["host_checks_cached_us"] / d,
+                    "eager_run_vs_bare": 100 * (r["eager_run_us"] - r["eager_bare_launch_us"]) / r["eager_bare_launch_us"]}
+        print(f"{name}: graph {d:.2f} us (no bounds {r['graph_unbounded_kernel_us']:.2f}), host checks "
+              f"{r['host_checks_cached_us']:.2f} us cached / {r['host_checks_uncached_us']:.1f} uncached, eager run "
+              f"{r['eager_run_us']:.1f} vs bare {r['eager_bare_launch_us']:.1f} us; "
+              + ", ".join(f"{kk} {vv:+.2f}%" for kk, vv in r["pct"].items()), flush=True)
+        out.append(r)
+        del q, k, v, bt, seq, w, w_u
+        torch.cuda.empty_cache()
+    return out
+
+
 def eager_once(names):
     """One eager call of each implementation at each point (for a profiler such as ncu)."""
     for name in names.split(","):
@@ -151,11 +229,21 @@ def main(argv=None):
     ap.add_argument("--flush", default="read,write", help="comma-separated flush methods (bench_decode.Timer)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--eager-once", default=None, metavar="POINTS")
+    ap.add_argument("--overhead", default=None, metavar="POINTS",
+                    help="the cost of the safety checks at these points (e.g. B1x16k,B64x2k): DIR/overhead.json")
     a = ap.parse_args(argv)
     if a.eager_once:
         eager_once(a.eager_once)
         return 0
     os.makedirs(a.out, exist_ok=True)
+    if a.overhead:
+        timer = Timer(a.iters, flush=a.flush.split(",")[0])
+        res = dict(provenance=provenance(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                   triton=importlib.import_module("triton").__version__, flush=timer.flush_mode,
+                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), points=overhead(a.overhead, timer))
+        with open(os.path.join(a.out, "overhead.json"), "w") as f:
+            json.dump(res, f, indent=1)
+        return 0
     timers = {fl: Timer(a.iters, flush=fl) for fl in a.flush.split(",")}
     res = dict(provenance=provenance(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                triton=importlib.import_module("triton").__version__,

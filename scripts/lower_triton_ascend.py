@@ -119,7 +119,7 @@ def _split_constexprs(d, qd, kvq, g, bm, bn, cap=False, win=False, page=PAGE_SIZ
                 KV_INT8=kvq, HAS_OFFSET=kvq, SOFT_CAP=cap, HAS_WINDOW=win,
                 DOT_IEEE=(qd == "fp32" or kvq), UPCAST=False, FUSE_MERGE=False,
                 SCALE_PER_CHANNEL=bool(kvq and per_channel), MERGE_CHUNK=16,
-                LAUNCH_DEPENDENTS=False, MULTI_ROW_BLOCKS=True)
+                LAUNCH_DEPENDENTS=False, MULTI_ROW_BLOCKS=True, BOUNDS=True, COUNT_ERRORS=False)
 
 
 def split_kv_variants(quick: bool = False) -> list[Variant]:
@@ -179,13 +179,14 @@ def split_kv_signature(v: Variant) -> dict:
         "Q": p(q), "K": p(kv), "V": p(kv), "BLOCK_TABLE": p("i32"), "SEQ_LENS": p("i32"), "QUERY_START": p("i32"),
         "ITEM_REQ": p("i32"), "ITEM_HEAD": p("i32"), "ITEM_SPLIT": p("i32"), "ITEM_START": p("i32"),
         "ITEM_END": p("i32"), "NUM_SPLITS": p("i32"), "ROW_SLOT": p("i32"),
-        "PART_O": p("fp32"), "PART_LSE": p("fp32"), "OUT": p(q), "OUT_LSE": p("fp32"), "COUNTERS": p("i32"),
+        "PART_O": p("fp32"), "PART_LSE": p("fp32"), "OUT": p(q), "OUT_LSE": p("fp32"), "COUNTERS": p("i32"), "ERRORS": p("i32"),
         "K_SCALE": p("fp32"), "V_SCALE": p("fp32"), "K_OFFSET": p("fp32"), "V_OFFSET": p("fp32"),
         "qk_scale": "fp32", "soft_cap": "fp32", "window_left": "i32",
     }
     for s in ("stride_qt", "stride_qh", "stride_kp", "stride_kt", "stride_kh", "stride_vp", "stride_vt",
               "stride_vh", "stride_bt", "stride_ps", "stride_ph", "stride_ls", "stride_lh", "stride_ot",
-              "stride_oh", "stride_lot", "stride_loh", "stride_sh", "NUM_KV_HEADS"):
+              "stride_oh", "stride_lot", "stride_loh", "stride_sh", "NUM_KV_HEADS", "NUM_PAGES", "KV_CAP",
+              "NUM_ROWS", "NUM_SLOTS", "BATCH"):
         sig[s] = "i32"
     for k in v.constexprs:
         sig[k] = "constexpr"
@@ -197,7 +198,7 @@ def merge_signature(v: Variant) -> dict:
     sig = {"PART_O": "*fp32", "PART_LSE": "*fp32", "OUT": f"*{q}", "OUT_LSE": "*fp32", "ROW_SLOT": "*i32",
            "ROW_NS": "*i32"}
     for s in ("stride_ps", "stride_ph", "stride_ls", "stride_lh", "stride_ot", "stride_oh", "stride_lot",
-              "stride_loh", "slot_step"):
+              "stride_loh", "slot_step", "NUM_SLOTS"):
         sig[s] = "i32"
     for k in v.constexprs:
         sig[k] = "constexpr"

@@ -1,0 +1,221 @@
+"""Checks the Triton entry points make before a launch, and the plan check of ``set_plan``.
+
+* :func:`check_scalars`: ``scale``, ``soft_cap``, ``window_left`` (the shared rules of
+  ``docs/conventions.md``; the message names the argument and the rule).
+* :func:`check_launch`: the metadata of a launch (ranks, shapes, dtypes, devices, strides): no
+  device memory is read, so no host sync; safe inside a CUDA graph capture.
+* :class:`SignatureCache`: remembers the signatures (shapes, strides, dtypes, devices, scalars) that
+  passed, so a repeated call costs one tuple and one dict lookup.
+* :func:`check_plan`: a plan's internal consistency (vectorised NumPy, host only): every work item's
+  request, KV head, split and range, every row's partial slots inside the workspace.
+
+The kernels do not rely on these for memory safety (they bound every address by the sizes of the
+tensors they are given, ``cuda_ref.kernels``); these turn a wrong call into a clear error instead
+of a silently wrong or partial result.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+import torch
+
+try:  # the shared rules, where splitkv_common has them public: one meaning for every backend
+    from splitkv_common.validation import check_scalars as _shared_check_scalars
+except ImportError:
+    _shared_check_scalars = None
+
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+
+
+def _finite_positive(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def check_scalars(scale, soft_cap, window_left) -> None:
+    """``scale`` None or a finite float > 0; ``soft_cap`` None or a finite float > 0; ``window_left``
+    None, -1 (no window) or an int >= 0. Raises ``ValueError`` naming the argument. Calls the shared
+    ``splitkv_common.validation.check_scalars`` where it exists (the same rules)."""
+    if _shared_check_scalars is not None:
+        _shared_check_scalars(scale, soft_cap, window_left)
+    if scale is not None and not _finite_positive(scale):
+        raise ValueError(f"scale: must be None or a finite float > 0, got {scale!r}")
+    if soft_cap is not None and not _finite_positive(soft_cap):
+        raise ValueError(f"soft_cap: must be None or a finite float > 0, got {soft_cap!r}")
+    if window_left is not None and not (isinstance(window_left, numbers.Integral)
+                                        and not isinstance(window_left, bool) and window_left >= -1):
+        raise ValueError(f"window_left: must be None, -1 (no window) or an int >= 0, got {window_left!r}")
+
+
+def tensor_signature(x):
+    """What the checks of a tensor depend on: ``(shape, strides, dtype, device)`` (None for None)."""
+    return None if x is None else (x.shape, x.stride(), x.dtype, x.device)
+
+
+class SignatureCache:
+    """A bounded set of call signatures that passed the checks. ``key(*tensors, extra=...)`` is the
+    tuple of each tensor's (shape, strides, dtype, device) plus ``extra`` (hashable scalars, with
+    their types, so ``True`` is not ``1``)."""
+
+    def __init__(self, size: int = 64):
+        self.size = size
+        self._seen: set = set()
+
+    @staticmethod
+    def key(tensors, extra=()) -> tuple:
+        return tuple(map(tensor_signature, tensors)) + tuple((type(e), e) for e in extra)
+
+    def __contains__(self, key) -> bool:
+        return key in self._seen
+
+    def add(self, key) -> None:
+        if len(self._seen) >= self.size:
+            self._seen.clear()
+        self._seen.add(key)
+
+
+def _contiguous_axis(name, x, axis, what) -> None:
+    if x.numel() > 0 and x.shape[axis] > 1 and x.stride(axis) != 1:
+        raise ValueError(f"{name}: the {what} axis must have stride 1 (the kernels read it as one contiguous run), "
+                         f"got strides {tuple(x.stride())} for shape {tuple(x.shape)}; pass .contiguous()")
+
+
+def check_launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, k_scale=None, v_scale=None,
+                 k_offset=None, v_offset=None, scale=None, soft_cap=None, window_left=None) -> None:
+    """Metadata of a launch of the split kernels (no device memory read). Ranks and shapes
+    (``q [T, Hq, D]``, ``k_cache == v_cache [P, page, Hkv, D]``, ``block_table [B, max_pages]``,
+    ``seq_lens [B]``, ``query_start_loc [B + 1]``, int8 scales ``[Hkv]`` / ``[Hkv, D]`` and offsets
+    like them), dtypes (q float, the cache q's or int8 with scales, indices int32), one device,
+    strides (the head-dim axis of q and the cache, the page axis of ``block_table``, ``seq_lens``,
+    ``query_start_loc`` and a per-channel scale's channel axis contiguous; ``v_cache`` strided as
+    ``k_cache``) and the scalars. Raises ``TypeError`` / ``ValueError`` naming the argument."""
+    named = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
+                 query_start_loc=query_start_loc, k_scale=k_scale, v_scale=v_scale, k_offset=k_offset,
+                 v_offset=v_offset)
+    for name, x in named.items():
+        if x is None:
+            if name in ("k_scale", "v_scale", "k_offset", "v_offset"):
+                continue
+            raise TypeError(f"{name}: required, got None")
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch tensor, got {type(x).__name__}")
+        if x.device != q.device:
+            raise ValueError(f"{name}: on {x.device}, expected {q.device} (q's device)")
+    if q.dim() != 3:
+        raise ValueError(f"q: must be [T, Hq, D], got shape {tuple(q.shape)}")
+    if k_cache.dim() != 4:
+        raise ValueError(f"k_cache: must be [num_pages, page_size, Hkv, D], got shape {tuple(k_cache.shape)}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache: shape {tuple(v_cache.shape)} must equal k_cache's {tuple(k_cache.shape)}")
+    T, Hq, D = q.shape
+    P, page, Hkv, Dk = k_cache.shape
+    if Hq <= 0 or Hkv <= 0 or page <= 0:
+        raise ValueError(f"q, k_cache: heads and page size must be positive (q {tuple(q.shape)}, "
+                         f"k_cache {tuple(k_cache.shape)})")
+    if Dk != D:
+        raise ValueError(f"k_cache: head dim {Dk} must equal q's head dim {D}")
+    if not MIN_HEAD_DIM <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"q: head dim {D} outside [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}] (triton)")
+    if Hq % Hkv:
+        raise ValueError(f"q: Hq % Hkv must be 0 (GQA group size), got Hq={Hq}, Hkv={Hkv}")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"q: dtype must be float16, bfloat16 or float32, got {q.dtype}")
+    if k_cache.dtype != v_cache.dtype:
+        raise TypeError(f"v_cache: dtype {v_cache.dtype} must equal k_cache's {k_cache.dtype}")
+    int8 = k_cache.dtype == torch.int8
+    if not int8 and k_cache.dtype != q.dtype:
+        raise TypeError(f"k_cache: dtype must equal q's ({q.dtype}) or be int8, got {k_cache.dtype}")
+    _check_scales(int8, Hkv, D, k_scale, v_scale, k_offset, v_offset)
+    if block_table.dim() != 2:
+        raise ValueError(f"block_table: must be [B, max_pages], got shape {tuple(block_table.shape)}")
+    B = block_table.shape[0]
+    if tuple(seq_lens.shape) != (B,):
+        raise ValueError(f"seq_lens: must be [B] = [{B}] (one per block_table row), got shape {tuple(seq_lens.shape)}")
+    if tuple(query_start_loc.shape) != (B + 1,):
+        raise ValueError(f"query_start_loc: must be [B + 1] = [{B + 1}], got shape {tuple(query_start_loc.shape)}")
+    for name in ("block_table", "seq_lens", "query_start_loc"):
+        if named[name].dtype != torch.int32:
+            raise TypeError(f"{name}: dtype must be int32 for the triton backend, got {named[name].dtype}")
+    for name in ("q", "k_cache", "v_cache"):
+        _contiguous_axis(name, named[name], -1, "last (head-dim)")
+    if v_cache.stride() != k_cache.stride():
+        raise ValueError(f"v_cache: strides must equal k_cache's {k_cache.stride()}, got {v_cache.stride()}")
+    _contiguous_axis("block_table", block_table, 1, "page")
+    _contiguous_axis("seq_lens", seq_lens, 0, "request")
+    _contiguous_axis("query_start_loc", query_start_loc, 0, "request")
+    check_scalars(scale, soft_cap, window_left)
+
+
+def _check_scales(int8, Hkv, D, k_scale, v_scale, k_offset, v_offset) -> None:
+    if int8 and (k_scale is None or v_scale is None):
+        raise ValueError("k_scale, v_scale: required when the KV cache is int8")
+    given = [(n, x) for n, x in (("k_scale", k_scale), ("v_scale", v_scale), ("k_offset", k_offset),
+                                  ("v_offset", v_offset)) if x is not None]
+    if not int8:
+        if given:
+            raise ValueError(f"{given[0][0]}: only valid with an int8 KV cache")
+        return
+    if (k_offset is None) != (v_offset is None):
+        raise ValueError("k_offset, v_offset: give both or neither")
+    for name, x in given:
+        if x.dtype != torch.float32:
+            raise TypeError(f"{name}: dtype must be float32, got {x.dtype}")
+        if tuple(x.shape) not in ((Hkv,), (Hkv, D)) or x.shape != k_scale.shape:
+            raise ValueError(f"{name}: must be [Hkv] = [{Hkv}] or [Hkv, D] = [{Hkv}, {D}] like k_scale "
+                             f"{tuple(k_scale.shape)}, got {tuple(x.shape)}")
+        if x.dim() == 2 and D > 1 and x.stride(1) != 1:
+            raise ValueError(f"{name}: the channel axis must be contiguous, got strides {tuple(x.stride())}")
+        if x.stride(0) != k_scale.stride(0):
+            raise ValueError(f"{name}: strides must equal k_scale's {tuple(k_scale.stride())}, got {tuple(x.stride())}")
+
+
+def check_plan(plan, num_kv_heads: int) -> int:
+    """A plan's consistency, vectorised (host NumPy; ``set_plan`` calls it): work items of a request in
+    ``[-1, B)`` (``-1``: padding), valid items with a KV head in ``[0, Hkv)``, a split in
+    ``[0, num_splits[request])`` and a range ``0 <= start <= end``; ``query_start_loc`` from 0,
+    non-decreasing, to the plan's rows; every row's ``row_num_splits`` its request's split count and
+    its slots ``row_slot_start + [0, row_num_splits)`` inside ``[0, num_slots)``.
+    Returns the block-table columns the plan reads (``max ceil(end / page_size)``).
+    Raises ``ValueError`` naming the field and the first bad entry."""
+    f = {n: np.asarray(getattr(plan, n)).astype(np.int64).reshape(-1) for n in (
+        "item_request", "item_kv_head", "item_split", "item_kv_start", "item_kv_end", "num_splits",
+        "query_start_loc", "row_slot_start", "row_num_splits")}
+    W = f["item_request"].shape[0]
+    B, T = f["num_splits"].shape[0], f["row_slot_start"].shape[0]
+    for n in ("item_kv_head", "item_split", "item_kv_start", "item_kv_end"):
+        if f[n].shape[0] != W:
+            raise ValueError(f"plan: {n} has {f[n].shape[0]} entries, item_request {W}")
+    if f["row_num_splits"].shape[0] != T:
+        raise ValueError(f"plan: row_num_splits has {f['row_num_splits'].shape[0]} entries, row_slot_start {T}")
+    if int(plan.num_slots) < 0 or int(plan.page_size) <= 0:
+        raise ValueError(f"plan: num_slots {plan.num_slots} and page_size {plan.page_size} must be >= 0 and > 0")
+
+    def first_bad(mask, field, rule, idx=None):
+        if mask.any():
+            i = int(np.flatnonzero(mask)[0])
+            j = i if idx is None else int(idx[i])
+            raise ValueError(f"plan: {field}[{j}] = {int(f[field][j])} {rule}")
+
+    qsl = f["query_start_loc"]
+    if qsl.shape[0] != B + 1 or qsl[0] != 0 or qsl[-1] != T or (np.diff(qsl) < 0).any():
+        raise ValueError(f"plan: query_start_loc must be [B + 1] = [{B + 1}] from 0, non-decreasing, to its {T} rows")
+    first_bad(f["num_splits"] < 0, "num_splits", "is negative")
+    req = f["item_request"]
+    first_bad((req < -1) | (req >= B), "item_request", f"is outside [-1, {B}) (-1: padding)")
+    valid = np.flatnonzero(req >= 0)
+    r = req[valid]
+    first_bad((f["item_kv_head"][valid] < 0) | (f["item_kv_head"][valid] >= num_kv_heads), "item_kv_head",
+              f"is outside [0, {num_kv_heads}) (the wrapper's KV heads)", valid)
+    sp = f["item_split"][valid]
+    first_bad((sp < 0) | (sp >= f["num_splits"][r]), "item_split", "is outside [0, num_splits of its request)", valid)
+    a, e = f["item_kv_start"][valid], f["item_kv_end"][valid]
+    first_bad((a < 0) | (e < a), "item_kv_start", "does not start a range 0 <= start <= end", valid)
+    row_req = np.repeat(np.arange(B), np.diff(qsl))
+    first_bad(f["row_num_splits"] != f["num_splits"][row_req], "row_num_splits",
+              "differs from its request's num_splits")
+    rs = f["row_slot_start"]
+    first_bad((rs < 0) | (rs + f["row_num_splits"] > int(plan.num_slots)), "row_slot_start",
+              f"puts the row's partials outside the {int(plan.num_slots)} slots of the workspace")
+    return int(-(-e.max(initial=0) // int(plan.page_size)))

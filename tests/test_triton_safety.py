@@ -1,0 +1,381 @@
+"""Hostile inputs on the Triton entry points (interpreter on a CPU, where a wild access is a crash):
+out-of-range page ids masked and counted, requests isolated from each other, strided index tensors
+refused, plans and scalars checked, empty batches, the soft cap's accuracy at any cap."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import cuda_ref  # noqa: E402  (selects the interpreter without a GPU: before anything imports triton)
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+from cuda_ref import checks, kernels, ops  # noqa: E402,F401  (ops registers torch.ops.splitkv.*)
+from cuda_ref.launch import DevicePlan  # noqa: E402
+from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
+from splitkv_common.parity import accuracy, cases  # noqa: E402
+from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
+from splitkv_common.torch_io import to_torch  # noqa: E402
+
+DEVICE = "cpu" if cuda_ref.INTERPRET else "cuda"
+INT32_MAX = 2 ** 31 - 1
+PAGE = 4
+
+
+def _inputs(lens=(20, 13, 9), **kw):
+    kw = dict(dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=PAGE), **kw)
+    return cases.random_inputs(11, list(lens), **kw)
+
+
+def _wrapper(inp, policy="size:8", **kw):
+    T, Hq, D = inp.q.shape
+    _, page, Hkv, _ = inp.k_cache.shape
+    w = DecodeWrapper(Hq, Hkv, D, page, dtype=inp.dtype, device=DEVICE, policy=policy, **kw)
+    w.plan(inp.seq_lens, query_start_loc=inp.query_start_loc, window_left=inp.window_left)
+    return w
+
+
+def _run(w, x, **kw):
+    out, lse = w.run(**x, **kw)
+    return out.clone(), lse.clone()
+
+
+def _attention_without(inp, b, skip_page):
+    """float64 attention of request ``b`` (one query row) with logical page ``skip_page`` left out."""
+    L = int(inp.seq_lens[b])
+    pos = np.array([p for p in range(L) if p // PAGE != skip_page])
+    pages = inp.block_table[b, pos // PAGE]
+    k = inp.k_cache[pages, pos % PAGE].astype(np.float64)  # [n, Hkv, D]
+    v = inp.v_cache[pages, pos % PAGE].astype(np.float64)
+    q = inp.q[inp.query_start_loc[b]].astype(np.float64)   # [Hq, D]
+    g = q.shape[0] // k.shape[1]
+    scale = inp.scale if inp.scale is not None else q.shape[1] ** -0.5
+    out = np.empty_like(q)
+    for h in range(q.shape[0]):
+        s = scale * k[:, h // g] @ q[h]
+        w = np.exp(s - s.max())
+        out[h] = w @ v[:, h // g] / w.sum()
+    return out
+
+
+# -- out-of-range page ids: masked, counted, no other request touched ------------------------------
+
+@pytest.fixture(scope="module")
+def clean():
+    inp = _inputs()
+    w = _wrapper(inp)
+    x = to_torch(inp, DEVICE)
+    return inp, w, x, _run(w, x)
+
+
+@pytest.mark.parametrize("bad", [-1, "num_pages", 10 ** 6, INT32_MAX])
+def test_bad_page_id_is_masked_counted_and_isolated(clean, bad):
+    inp, w, x, (out0, lse0) = clean
+    bad = inp.k_cache.shape[0] if bad == "num_pages" else bad
+    x = dict(x, block_table=x["block_table"].clone())
+    x["block_table"][1, 1] = bad  # request 1, logical page 1 (tokens 4..7 of its 13)
+    out, lse = _run(w, x)
+    for r in (0, 2):  # other requests: the same bits as the clean run
+        assert torch.equal(out[r], out0[r]) and torch.equal(lse[r], lse0[r])
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    want = _attention_without(inp, 1, skip_page=1)  # as if the page's tokens were absent
+    np.testing.assert_allclose(out[1].double().cpu().numpy(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match=rf"request 1, logical page 1, page id {bad}\b"):
+        w.check_errors()
+    w.check_errors()  # reset: nothing more to report
+    out2, _ = _run(w, dict(x, block_table=clean[2]["block_table"]))
+    assert torch.equal(out2, out0)
+    w.check_errors()
+
+
+def test_bad_page_ids_in_the_fused_merge_and_every_page():
+    inp = _inputs()
+    w = _wrapper(inp, fuse_merge=True)
+    x = to_torch(inp, DEVICE)
+    out0, _ = _run(w, x)
+    x["block_table"][0, :] = -7  # every page of request 0
+    out, lse = _run(w, x)
+    assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()  # no visible position left: 0, -inf
+    assert torch.equal(out[1:], out0[1:])
+    with pytest.raises(RuntimeError, match=r"request 0, logical page \d+, page id -7"):
+        w.check_errors()
+
+
+def test_debug_mode_checks_after_every_run(monkeypatch):
+    inp = _inputs()
+    monkeypatch.setenv("SPLITKV_DEBUG", "1")
+    w = _wrapper(inp)
+    assert w.debug
+    x = to_torch(inp, DEVICE)
+    w.run(**x)
+    x["block_table"][2, 0] = 10 ** 6
+    with pytest.raises(RuntimeError, match="request 2, logical page 0, page id 1000000"):
+        w.run(**x)
+    monkeypatch.delenv("SPLITKV_DEBUG")
+    assert not _wrapper(inp).debug
+
+
+def test_device_values_the_plan_was_not_made_for_stay_in_bounds():
+    # seq_lens / query_start_loc on the device disagree with the plan (only validate=True would
+    # see it): results are wrong for those requests, but nothing outside the tensors is touched
+    inp = _inputs()
+    w = _wrapper(inp)
+    x = to_torch(inp, DEVICE)
+    x["seq_lens"] = torch.tensor([INT32_MAX, -5, 10 ** 6], dtype=torch.int32, device=DEVICE)
+    x["query_start_loc"] = torch.tensor([0, 10 ** 6, -(10 ** 6), INT32_MAX], dtype=torch.int32, device=DEVICE)
+    w.run(**x)
+    w2 = _wrapper(inp, fuse_merge=True)
+    w2.run(**x)
+    with pytest.raises(ValueError, match="seq_lens: negative"):
+        w.run(**x, validate=True)
+
+
+# -- index tensors: strides ---------------------------------------------------------------------
+
+def _strided(x, name):
+    t = x[name]
+    if name == "block_table":
+        wide = torch.zeros(t.shape[0], 2 * t.shape[1], dtype=t.dtype, device=DEVICE)
+        wide[:, ::2] = t
+        return wide[:, ::2]
+    wide = torch.zeros(2 * t.shape[0], dtype=t.dtype, device=DEVICE)
+    wide[::2] = t
+    return wide[::2]
+
+
+@pytest.mark.parametrize("name", ["block_table", "seq_lens", "query_start_loc"])
+@pytest.mark.parametrize("validate", [False, True])
+def test_strided_index_tensor_is_refused(clean, name, validate):
+    inp, w, x, _ = clean
+    x = dict(x, **{name: _strided(x, name)})
+    with pytest.raises(ValueError, match=f"{name}: the .* axis must have stride 1"):
+        w.run(**x, validate=validate)
+    data, shape = ops.plan_args(w.dplan)
+    with pytest.raises(ValueError, match=f"{name}: the .* axis must have stride 1"):
+        torch.ops.splitkv.decode_attention(x["q"], x["k_cache"], x["v_cache"], x["block_table"], x["seq_lens"],
+                                           x["query_start_loc"], data, shape, 0.25)
+
+
+def test_row_strided_block_table_view_is_correct(clean):
+    inp, w, x, (out0, lse0) = clean
+    bt = x["block_table"]
+    wide = torch.full((bt.shape[0], bt.shape[1] + 5), -1, dtype=bt.dtype, device=DEVICE)
+    wide[:, :bt.shape[1]] = bt
+    out, lse = _run(w, dict(x, block_table=wide[:, :bt.shape[1]]))  # rows 5 entries apart
+    assert torch.equal(out, out0) and torch.equal(lse, lse0)
+
+
+# -- the op: metadata refused before any launch; plan values never trusted ------------------------
+
+def _op_args(inp, policy="size:8"):
+    x = to_torch(inp, DEVICE)
+    dp = DevicePlan.from_plan(inp.plan(policy), inp.q.shape[1] // inp.k_cache.shape[2], DEVICE)
+    data, shape = ops.plan_args(dp)
+    return [x["q"], x["k_cache"], x["v_cache"], x["block_table"], x["seq_lens"], x["query_start_loc"], data, shape,
+            inp.q.shape[2] ** -0.5]
+
+
+def test_op_refuses_q_with_fewer_rows_than_the_plan():
+    args = _op_args(_inputs())
+    args[0] = args[0][:2]
+    with pytest.raises(ValueError, match="q: the plan is for 3 query rows, q has 2"):
+        torch.ops.splitkv.decode_attention(*args)
+
+
+def test_op_refuses_int8_cache_without_scales():
+    args = _op_args(_inputs(kv_quant="head"))
+    with pytest.raises(ValueError, match="k_scale, v_scale: required"):
+        torch.ops.splitkv.decode_attention(*args)
+
+
+def test_op_refuses_a_plan_buffer_of_the_wrong_size():
+    args = _op_args(_inputs())
+    args[6] = args[6][:-1]
+    with pytest.raises(ValueError, match="plan_data"):
+        torch.ops.splitkv.decode_attention(*args)
+
+
+def test_op_with_a_corrupt_plan_stays_in_bounds():
+    inp = _inputs()
+    args = _op_args(inp)
+    dp = DevicePlan(args[6].clone(), *args[7][:7], bool(args[7][7]))
+    dp.view("item_request")[0] = 10 ** 6
+    dp.view("item_kv_head")[1] = -3
+    dp.view("item_kv_end")[2] = INT32_MAX
+    dp.view("item_split")[3] = 10 ** 6
+    dp.view("row_slot_start")[0] = 10 ** 6
+    dp.view("row_num_splits")[1] = INT32_MAX
+    dp.view("num_splits")[2] = 10 ** 6
+    args[6] = dp.data
+    out, lse = torch.ops.splitkv.decode_attention(*args)  # wrong, but no wild access
+    assert out.shape == inp.q.shape
+
+
+# -- scalars ----------------------------------------------------------------------------------------
+
+# messages: the rule's start, as both cuda_ref.checks and the shared validation word it
+BAD_SCALARS = [("soft_cap", 0.0, "soft_cap: must be None or a finite"), ("soft_cap", -1.0, "soft_cap: must be None"),
+               ("soft_cap", float("nan"), "soft_cap: must be None"), ("soft_cap", float("inf"), "soft_cap: must be None"),
+               ("soft_cap", True, "soft_cap: must be None"), ("scale", 0.0, "scale: must be"),
+               ("scale", float("nan"), "scale: must be"), ("scale", -0.5, "scale: must be"),
+               ("window_left", -2, "window_left: must be None, -1"), ("window_left", 1.5, "window_left: must be"),
+               ("window_left", True, "window_left: must be")]
+
+
+@pytest.mark.parametrize("name,value,msg", BAD_SCALARS, ids=[f"{n}={v}" for n, v, _ in BAD_SCALARS])
+def test_illegal_scalars_are_refused(clean, name, value, msg):
+    if checks._shared_check_scalars is None and name == "soft_cap" and value == 0.0:
+        with pytest.raises(ValueError, match=r"^soft_cap: must be None or a finite float > 0, got 0\.0$"):
+            checks.check_scalars(None, 0.0, None)
+    inp, w, x, _ = clean
+    with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(".", r"\.")):
+        w.run(**x, **{name: value})
+    with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(".", r"\.")):
+        w.run(**x, **{name: value})  # not remembered as checked
+    args = _op_args(inp)
+    kw = {"scale": args.pop(), name: value}
+    if isinstance(value, bool) or isinstance(value, float) and name == "window_left":
+        return  # the op's schema converts a bool to 1.0 and refuses a float window itself
+    with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(".", r"\.")):
+        torch.ops.splitkv.decode_attention(*args, **kw)
+
+
+def test_legal_window_and_cap_spellings_run(clean):
+    inp, w, x, (out0, _) = clean
+    assert torch.equal(_run(w, dict(x), window_left=-1)[0], out0)
+    _run(w, dict(x), soft_cap=30, window_left=0)
+
+
+# -- the signature cache ------------------------------------------------------------------------------
+
+def test_checks_run_once_per_signature(clean, monkeypatch):
+    inp, w, x, _ = clean
+    calls = []
+    real = checks.check_launch
+    monkeypatch.setattr("cuda_ref.wrapper.check_launch", lambda *a, **k: (calls.append(1), real(*a, **k)))
+    w._checked = checks.SignatureCache()
+    w.run(**x)
+    w.run(**x)
+    assert len(calls) == 1
+    w.run(**x, soft_cap=5.0)
+    assert len(calls) == 2
+    with pytest.raises(ValueError, match="stride 1"):
+        w.run(**dict(x, seq_lens=_strided(x, "seq_lens")))
+
+
+# -- plans --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("field,index,value,msg", [
+    ("row_slot_start", 0, 10 ** 6, "row_slot_start.* outside the .* slots"),
+    ("row_slot_start", 1, -1, "row_slot_start"),
+    ("item_request", 0, 3, r"item_request\[0\] = 3 is outside \[-1, 3\)"),
+    ("item_kv_head", 0, 2, r"item_kv_head\[0\] = 2 is outside \[0, 2\)"),
+    ("item_split", 0, 9, "item_split"),
+    ("item_kv_start", 0, -4, "item_kv_start"),
+    ("row_num_splits", 2, 7, "row_num_splits"),
+])
+def test_set_plan_refuses_an_inconsistent_plan(field, index, value, msg):
+    inp = _inputs()
+    w = _wrapper(inp)
+    plan = inp.plan("size:8")
+    arr = getattr(plan, field).copy()
+    arr[index] = value
+    with pytest.raises(ValueError, match=msg):
+        w.set_plan(dataclasses.replace(plan, **{field: arr}))
+
+
+def test_run_refuses_a_block_table_narrower_than_the_plan(clean):
+    inp, w, x, _ = clean
+    with pytest.raises(ValueError, match="plan: reads 5 pages"):
+        w.run(**dict(x, block_table=x["block_table"][:, :3]))
+
+
+# -- empty batches ------------------------------------------------------------------------------------
+
+def test_empty_batch_and_no_query_rows_give_empty_outputs():
+    w = DecodeWrapper(4, 2, 16, PAGE, dtype="float32", device=DEVICE)
+    w.plan(np.zeros(0, np.int32))
+    q = torch.zeros(0, 4, 16)
+    kc = torch.zeros(3, PAGE, 2, 16)
+    out, lse = w.run(q, kc, kc, torch.zeros(0, 2, dtype=torch.int32), torch.zeros(0, dtype=torch.int32))
+    assert out.shape == (0, 4, 16) and lse.shape == (0, 4)
+    # requests without query rows (T = 0, B = 2)
+    w.plan(np.array([5, 3], np.int32), q_lens=np.array([0, 0]))
+    qsl = torch.zeros(3, dtype=torch.int32)
+    bt = torch.tensor([[0, 1], [2, 0]], dtype=torch.int32)
+    out, lse = w.run(q, kc, kc, bt, torch.tensor([5, 3], dtype=torch.int32), qsl)
+    assert out.shape == (0, 4, 16)
+    # an empty q whose strides are all zero (e.g. from an empty NumPy array) is accepted
+    out, _ = w.run(torch.zeros(0, 4, 16).as_strided((0, 4, 16), (0, 0, 0)), kc, kc, bt,
+                   torch.tensor([5, 3], dtype=torch.int32), qsl)
+    assert out.shape == (0, 4, 16)
+
+
+# -- soft cap accuracy ----------------------------------------------------------------------------------
+
+@triton.jit
+def _capped(S, OUT, cap, inv_cap, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    s = tl.load(S + offs)
+    tl.store(OUT + offs, cap * kernels._tanh(s * inv_cap))
+
+
+@triton.jit
+def _capped_old(S, OUT, cap, inv_cap, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    x = tl.load(S + offs) * inv_cap
+    tl.store(OUT + offs, cap * (1.0 - 2.0 / (tl.exp2(x * (2.0 * 1.4426950408889634)) + 1.0)))
+
+
+def _cap_error(kernel, cap):
+    rng = np.random.default_rng(0)
+    s = np.concatenate([rng.standard_normal(400) * 30, np.geomspace(1e-6, 1e7, 112), -np.geomspace(1e-6, 1e7, 112),
+                        np.array([0.25, -0.25, 0.2499999, 0.2500001]) * cap]).astype(np.float32)
+    s = s[s != 0][:1024]
+    n = triton.next_power_of_2(s.size)
+    s = np.pad(s, (0, n - s.size), constant_values=1.0)
+    st = torch.from_numpy(s).to(DEVICE)
+    out = torch.empty_like(st)
+    kernel[(1,)](st, out, float(cap), float(1.0 / cap), N=n)
+    ref = cap * np.tanh(s.astype(np.float64) / cap)
+    return float(np.max(np.abs(out.cpu().numpy().astype(np.float64) - ref) / np.abs(ref)))
+
+
+@pytest.mark.parametrize("cap", [1e-2, 1e-1, 1.0, 30.0, 1e3, 1e5, 1e6])
+def test_soft_cap_is_accurate_for_every_cap(cap):
+    assert _cap_error(_capped, cap) < 2e-6
+
+
+def test_the_previous_soft_cap_formula_was_not():
+    assert _cap_error(_capped_old, 1e3) > 1e-5  # the cancellation the polynomial branch removes
+
+
+def test_large_soft_cap_end_to_end():
+    inp = _inputs(soft_cap=1e5, q_scale=3.0)
+    w = _wrapper(inp)
+    out, lse = w.run(**to_torch(inp, DEVICE), soft_cap=1e5)
+    ro, rl = dense_attention(inp)
+    np.testing.assert_allclose(lse.cpu().numpy(), rl, rtol=2e-6, atol=2e-6)
+    acc = accuracy.check(out.cpu().numpy(), lse.cpu().numpy(), ro, rl, plain_attention(inp), inp.dtype)
+    assert acc.passed, acc.reason
+
+
+def test_set_plan_calls_the_shared_plan_check_where_it_exists():
+    inp = _inputs()
+    w = _wrapper(inp)
+    plan = inp.plan("size:8")
+    seen = {}
+
+    class WithValidate(type(plan)):
+        def validate(self, seq_lens=None, *, num_kv_heads=None, coverage=True):
+            seen.update(num_kv_heads=num_kv_heads, coverage=coverage)
+            return self
+
+    w.set_plan(WithValidate(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}))
+    assert seen == {"num_kv_heads": 2, "coverage": False}

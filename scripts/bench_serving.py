@@ -92,13 +92,19 @@ def make_trace(*, loads, steps_per_phase, arrival, prompt, decode, max_batch, sp
 
     Phases run one after the other, one per entry of ``loads``: ``arrival == "fixed"`` keeps exactly
     that many requests (a leaving request is replaced the next step); ``"poisson"`` draws
-    Poisson(load / mean decode length) arrivals a step, so the mean concurrency is the load."""
+    Poisson(load / mean decode length) arrivals a step, so the mean concurrency is the load (a phase
+    under its load starts with the missing requests already part-way through their decode)."""
     rng = np.random.default_rng(seed)
     mean_decode = float(decode(np.random.default_rng(seed + 1), 20000).mean())
     active = []   # [prompt, decoded, target]
     queue = []
     steps = []
     for load in loads:
+        if arrival == "poisson" and len(active) + len(queue) < load:
+            # start the phase near its steady state: requests already part-way through their decode
+            k = load - len(active) - len(queue)
+            p, d = prompt(rng, k), decode(rng, k)
+            queue += [[int(a), int(rng.integers(0, max(1, int(b)))), max(1, int(b))] for a, b in zip(p, d)]
         for _ in range(steps_per_phase):
             if arrival == "poisson":
                 k = int(rng.poisson(load / mean_decode))
@@ -127,7 +133,7 @@ def make_trace(*, loads, steps_per_phase, arrival, prompt, decode, max_batch, sp
 class Rig:
     """The shared inputs (paged KV cache, block table, queries) for batches up to ``max_batch``."""
 
-    def __init__(self, args, device, max_batch, max_len):
+    def __init__(self, args, device, max_batch, max_len, with_kv=True):
         self.args, self.device = args, device
         self.dtype = DTYPES[args.dtype]
         self.rows_per_req = args.spec + 1
@@ -143,11 +149,16 @@ class Rig:
         # than max_batch x max_len: the timing reads them all the same)
         bt = torch.randint(0, pool, (max_batch, pages_per_req), generator=gen, dtype=torch.int32)
         self.block_table = bt.to(device)
-        self.k = torch.randn(pool, page, args.hkv, args.head_dim, generator=gen).to(self.dtype).to(device)
-        self.v = torch.randn(pool, page, args.hkv, args.head_dim, generator=gen).to(self.dtype).to(device)
-        self.q = torch.randn(max_batch * self.rows_per_req, args.hq, args.head_dim, generator=gen).to(
-            self.dtype).to(device)
         self.max_batch = max_batch
+        self.k = self.v = self.q = None
+        if not with_kv:   # host parts only: no kernel reads them
+            return
+        dgen = torch.Generator(device=device).manual_seed(args.seed)   # drawn where they live (GBs on a GPU)
+        kv_shape = (pool, page, args.hkv, args.head_dim)
+        self.k = torch.randn(kv_shape, generator=dgen, device=device, dtype=self.dtype)
+        self.v = torch.randn(kv_shape, generator=dgen, device=device, dtype=self.dtype)
+        self.q = torch.randn((max_batch * self.rows_per_req, args.hq, args.head_dim), generator=dgen, device=device,
+                             dtype=self.dtype)
 
     def wrapper(self, graph_stable):
         a = self.args
@@ -170,12 +181,13 @@ class Graphed:
         self.seq = self.seq_host.to(dev)
         self.qsl = self.qsl_host.to(dev)
         self.bt = rig.block_table[:size]
-        self.q = rig.q[:size * r]
+        self.q = rig.q[:size * r] if rig.q is not None else None
         self.graph = None
+        # plan a full batch first: the wrapper's buffers are allocated now (not in a timed step) and
+        # the capture sees the plan's fixed shapes
+        lens = np.full(size, 1024, np.int64)
+        self.w.plan(lens, q_lens=np.full(size, r))
         if use_graph:
-            # plan a full batch first so that the capture sees the plan's fixed shapes
-            lens = np.full(size, 1024, np.int64)
-            self.w.plan(lens, q_lens=np.full(size, r))
             self.seq.copy_(torch.from_numpy(lens.astype(np.int32)))
             for _ in range(2):   # compile and warm up outside the capture
                 self.run()
@@ -217,7 +229,7 @@ def measure_step(g: Graphed, eager, seq, ql, *, on_gpu, cpu_kernels, rig, flush=
     rec = dict(batch=int(seq.shape[0]), rows=int(ql.sum()), padded_batch=g.size)
     s_pad, q_pad = g.pad(seq, ql)
     if flush is not None:
-        flush.add_(1)
+        flush.sum()   # a read flush: the L2 left clean, as after other layers' reads
     if on_gpu:
         torch.cuda.synchronize()
     # graph path: plan (make_plan + upload), copy lengths, replay
@@ -327,7 +339,7 @@ def run_trace(args, device, on_gpu):
     trace = make_trace(loads=loads, steps_per_phase=args.steps, arrival=args.arrival, prompt=prompt,
                        decode=decode, max_batch=max_batch, spec=args.spec, accept=args.accept, seed=args.seed,
                        max_len=max_len)
-    rig = Rig(args, device, max_batch, max_len)
+    rig = Rig(args, device, max_batch, max_len, with_kv=on_gpu or args.cpu_kernels)
     graphs = {s: Graphed(rig, s, on_gpu) for s in sizes_for(args.graph_sizes, max_batch)}
     eager = rig.wrapper(False) if not args.no_eager else None
     flush = torch.empty(64 * 2**20, dtype=torch.int32, device=device) if (args.flush_l2 and on_gpu) else None
@@ -362,7 +374,7 @@ def run_fixed(args, device, on_gpu):
     lo, hi = 512, 8192
     steps = args.fixed_steps
     max_len = hi + steps + args.warmup + args.spec + 2
-    rig = Rig(args, device, max(batches), max_len)
+    rig = Rig(args, device, max(batches), max_len, with_kv=on_gpu)
     rows = []
     for B in batches:
         g = Graphed(rig, B, on_gpu)
@@ -487,7 +499,7 @@ def main(argv=None):
     ap.add_argument("--spec", type=int, default=0, help="speculative tokens K: K + 1 query rows per request")
     ap.add_argument("--accept", type=float, default=0.7, help="acceptance rate of a speculative token")
     ap.add_argument("--no-eager", action="store_true", help="skip the eager wrapper")
-    ap.add_argument("--flush-l2", action="store_true", help="touch 256 MiB before each step (GPU)")
+    ap.add_argument("--flush-l2", action="store_true", help="read 256 MiB before each step (GPU; default: no flush)")
     ap.add_argument("--kv-pool-gb", type=float, default=16.0, help="KV cache pool size (default 16 GiB)")
     # shapes
     ap.add_argument("--hq", type=int, default=32)

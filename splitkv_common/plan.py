@@ -600,7 +600,7 @@ def _row_slots(batch: _Batch, num_splits: np.ndarray, graph_stable: bool):
 # order (the cost model is the same function), so the plans are the same bit for bit; anything else
 # (windows, ``count:N``, the cap growing a split, any input error) goes the general way.
 
-_SMALL_B = 8
+_SMALL_B = 16
 _I32_LIMIT = 2**31
 
 
@@ -724,10 +724,16 @@ def _plan_small(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, poli
         v[1] = _iota(hkv)[:, None]
         v[2:] = _uniform_template(most, split)[:, None, None, :]
         v[4, :, :, most - 1] = seq[0] if B == 1 else np.array(seq, np.int32)[:, None]
-    else:
-        end = np.array(seq, np.int64)
-        sp = _Spans(np.zeros(B, np.int64), end, np.maximum(end - 1, 0), end, longest, max(longest - 1, 0), True)
-        _fill_ragged(buf, sp, split, np.array(n, np.int64), hkv, W)
+    else:   # each request's block of Hkv x n items from its template
+        head = _iota(hkv)[:, None]
+        off = 0
+        for b, (k, x) in enumerate(zip(n, seq)):
+            v = buf[:, off:off + hkv * k].reshape(5, hkv, k)
+            v[0] = b
+            v[1] = head
+            v[2:] = _uniform_template(k, split)[:, None, :]
+            v[4, :, k - 1] = x
+            off += hkv * k
     # partial slots
     if T == 0:
         row_ns, row_start, num_slots = [], [], 0

@@ -174,7 +174,7 @@ def test_same_plans_on_the_small_batch_path(dtype, rows):
     from splitkv_common.plan import _SMALL_B
 
     rng = np.random.default_rng(7)
-    for B in range(1, _SMALL_B + 2):
+    for B in sorted({1, 2, 3, 4, 7, _SMALL_B, _SMALL_B + 1}):
         for trial in range(3):
             seq = rng.integers(0 if trial else 1, 9000, B)
             seq = seq.tolist() if dtype == "list" else seq.astype(dtype)

@@ -594,7 +594,7 @@ def _row_slots(batch: _Batch, num_splits: np.ndarray, graph_stable: bool):
 # --- small batches: the same plan from Python ints ---------------------------------------------------
 #
 # At a few requests the NumPy steps above cost more in per-call overhead (about a microsecond each)
-# than in work. Below ``_SMALL_B`` requests, the common decode case (no window; policy ``auto``,
+# than in work. Up to ``_SMALL_B`` requests, the common decode case (no window; policy ``auto``,
 # ``size:N`` or ``none``; valid inputs as Python or NumPy ints) is planned by :func:`_plan_small` with
 # plain Python ints, and only the plan's arrays are NumPy. It computes the same quantities in the same
 # order (the cost model is the same function), so the plans are the same bit for bit; anything else

@@ -15,6 +15,7 @@ producing that plan pays.
 
     python scripts/bench_plan.py --out plan_times.json
     python scripts/bench_plan.py --batch 1 64 --policy auto --seconds 0.5
+    python scripts/bench_plan.py --no-old --baseline HEAD~1     # against an earlier revision, interleaved
 """
 
 from __future__ import annotations
@@ -51,6 +52,25 @@ def load_oracle():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.make_plan
+
+
+def load_baseline(rev: str):
+    """``make_plan`` of the package as it was at git revision ``rev`` (extracted to a temporary
+    directory as the package ``splitkv_base``), to time it beside the current one in the same sweep."""
+    import importlib
+    import tarfile
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="splitkv_base_")
+    archive = subprocess.run(["git", "archive", rev, "splitkv_common"], cwd=ROOT, capture_output=True, check=True)
+    tar_path = os.path.join(tmp, "src.tar")
+    with open(tar_path, "wb") as f:
+        f.write(archive.stdout)
+    with tarfile.open(tar_path) as t:
+        t.extractall(tmp)
+    os.rename(os.path.join(tmp, "splitkv_common"), os.path.join(tmp, "splitkv_base"))
+    sys.path.insert(0, tmp)
+    return importlib.import_module("splitkv_base.plan").make_plan
 
 
 def git_state():
@@ -111,17 +131,22 @@ def main(argv=None):
     ap.add_argument("--no-old", action="store_true", help="skip the old planner")
     ap.add_argument("--repeat", type=int, default=3,
                     help="sweeps of the new planner; the table shows the median over them (default 3)")
+    ap.add_argument("--baseline", metavar="REV",
+                    help="also time the planner of git revision REV in every sweep, interleaved with the current "
+                         "one (a fair comparison on a busy machine)")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
 
     old = None if args.no_old else load_oracle()
+    base = load_baseline(args.baseline) if args.baseline else None
     graph = {"both": [False, True], "on": [True], "off": [False]}[args.graph_stable]
     commit, dirty = git_state()
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 commit=commit, dirty=dirty, python=platform.python_version(), numpy=np.__version__,
                 machine=f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.processor() or platform.system()}",
                 command=" ".join([os.path.basename(sys.executable)] + sys.argv), shape=SHAPE,
-                lengths="uniform 512-8192, seed = batch size", old_planner=old is not None)
+                lengths="uniform 512-8192, seed = batch size", old_planner=old is not None,
+                baseline=args.baseline)
     points = [(B, pol, gs) for B in args.batch for pol in args.policy for gs in graph]
     runs = {p: [] for p in points}       # one result per sweep
     floors = {B: [] for B in args.batch}
@@ -134,10 +159,11 @@ def main(argv=None):
                 for gs in graph:
                     kw = dict(SHAPE, policy=pol, graph_stable=gs)
                     new = time_call(lambda: make_plan(seq, **kw), args.seconds)
+                    b = time_call(lambda: base(seq, **kw), args.seconds) if base is not None else None
                     o = None
                     if old is not None and rep == 0:   # the old planner is slow and far apart: one sweep
                         o = time_call(lambda: old(seq, **kw), args.old_seconds or args.seconds, min_blocks=3)
-                    runs[(B, pol, gs)].append(dict(new=new, old=o))
+                    runs[(B, pol, gs)].append(dict(new=new, old=o, base=b))
         print(f"sweep {rep + 1}/{args.repeat} done", file=sys.stderr, flush=True)
 
     def med(xs, key):
@@ -145,7 +171,7 @@ def main(argv=None):
 
     rows = []
     hdr = (f"{'B':>5} {'policy':>9} {'graph':>5} | {'new µs':>9} {'cpu µs':>9} {'pad floor':>9} | "
-           f"{'old µs':>10} {'speed-up':>8}")
+           f"{'old µs':>10} {'speed-up':>8}" + (f" | {'base µs':>9} {'base cpu':>9}" if base else ""))
     print(hdr)
     print("-" * len(hdr))
     for B, pol, gs in points:
@@ -155,11 +181,16 @@ def main(argv=None):
         row = dict(batch=B, policy=pol, graph_stable=gs, new_median_us=med(new, "median_us"),
                    new_cpu_median_us=med(new, "cpu_median_us"), new_sweeps=new, old=o,
                    padding_floor_median_us=med(floors[B], "median_us") if gs else None)
+        if base is not None:
+            bs = [r["base"] for r in sweeps]
+            row.update(base_median_us=med(bs, "median_us"), base_cpu_median_us=med(bs, "cpu_median_us"),
+                       base_sweeps=bs)
         rows.append(row)
         pad = f"{row['padding_floor_median_us']:>9.1f}" if gs else f"{'-':>9}"
         print(f"{B:>5} {pol:>9} {str(gs):>5} | {row['new_median_us']:>9.1f} {row['new_cpu_median_us']:>9.1f} {pad} | "
               + (f"{o['median_us']:>10.1f} {o['median_us'] / row['new_median_us']:>7.0f}x" if o else
-                 f"{'-':>10} {'-':>8}"))
+                 f"{'-':>10} {'-':>8}")
+              + (f" | {row['base_median_us']:>9.1f} {row['base_cpu_median_us']:>9.1f}" if base else ""))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, results=rows), f, indent=1)

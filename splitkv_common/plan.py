@@ -20,6 +20,7 @@ output row is written by the same path.
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 from dataclasses import dataclass, field
 
@@ -497,18 +498,26 @@ def _choose_auto(sp: _Spans, batch: _Batch, *, num_kv_heads: int, head_dim: int,
                  page: int):
     """``auto``: the cost model (``docs/planner.md``) for every candidate, the cheapest taken, fewer
     splits preferred unless more gain over 3 %. Returns the split length, the reason, the estimates."""
-    prof, B = batch.prof, batch.seq.shape[0]
+    B = batch.seq.shape[0]
     if B == 0:
         return 0, "auto: empty batch", {}
     cands = _auto_candidates(sp.longest, batch.min_split, page, batch.cap)
-    ranges, rows, most, longest = _candidate_stats(sp, batch.ql, cands)
-    token_bytes = head_dim * 2 * kv_elem_bytes
+    stats = _candidate_stats(sp, batch.ql, cands)
     lens_total = int(sp.end.sum()) if sp.at_zero else int((sp.end - sp.start).sum())
+    return _auto_model(batch.prof, B, batch.hq, cands, stats, lens_total, num_kv_heads, head_dim, kv_elem_bytes)
+
+
+def _auto_model(prof: DeviceProfile, B: int, hq: int, cands: list, stats, lens_total: int, num_kv_heads: int,
+                head_dim: int, kv_elem_bytes: int):
+    """The cost model over the candidates (``stats``: :func:`_candidate_stats`'s lists, ``lens_total``:
+    the tokens read) and the choice: the split length, the reason, the estimates."""
+    ranges, rows, most, longest = stats
+    token_bytes = head_dim * 2 * kv_elem_bytes
     # the terms of the model (docs/planner.md), each computed as the loop planner did, bit for bit
     bw, unit_bw = prof.bandwidth_gbps * 1e3, prof.unit_bandwidth_gbps * 1e3
     launch, per_wave, slots = prof.launch_us, prof.item_overhead_us, prof.units * prof.items_per_unit
     t_stream = lens_total * num_kv_heads * token_bytes / bw   # the same tokens whatever the split
-    merge_bytes = 2 * batch.hq * (head_dim + 1) * 4            # per partial row (o and lse, written and read)
+    merge_bytes = 2 * hq * (head_dim + 1) * 4                  # per partial row (o and lse, written and read)
     est = {}
     best_c = best_t = None
     for c, r, pr, m, lg in zip(cands, ranges, rows, most, longest):
@@ -546,11 +555,8 @@ def _auto_reason(split: int, est: dict, par: int, prof: DeviceProfile) -> str:
             f"vs {none_t:.1f} µs unsplit")
 
 
-def _choose_split(sp: _Spans, batch: _Batch, *, num_kv_heads: int, head_dim: int, kv_elem_bytes: int,
-                  page: int):
-    """The policy's uniform split length (0: none, or per request for ``fixed_count``), the reason and
-    the ``auto`` estimates."""
-    pol = batch.pol
+def _fixed_choice(pol: SplitPolicy, page: int):
+    """The split length, reason and (empty) estimates of every policy but ``auto`` (None for it)."""
     if pol.kind == "none":
         return 0, "policy none: one work item per (request, KV head)", {}
     if pol.kind == "fixed_size":
@@ -559,6 +565,16 @@ def _choose_split(sp: _Spans, batch: _Batch, *, num_kv_heads: int, head_dim: int
         return pol.value, f"fixed split size {pol.value} tokens (batch-invariant boundaries)", {}
     if pol.kind == "fixed_count":
         return 0, f"fixed split count {pol.value} per request (split length rounded up to the page size)", {}
+    return None
+
+
+def _choose_split(sp: _Spans, batch: _Batch, *, num_kv_heads: int, head_dim: int, kv_elem_bytes: int,
+                  page: int):
+    """The policy's uniform split length (0: none, or per request for ``fixed_count``), the reason and
+    the ``auto`` estimates."""
+    fixed = _fixed_choice(batch.pol, page)
+    if fixed is not None:
+        return fixed
     return _choose_auto(sp, batch, num_kv_heads=num_kv_heads, head_dim=head_dim, kv_elem_bytes=kv_elem_bytes,
                         page=page)
 
@@ -733,6 +749,171 @@ def _row_slots(batch: _Batch, num_splits: np.ndarray, graph_stable: bool):
     return row_start.astype(np.int32), row_ns, int(row_start[-1]) + int(row_ns[-1])
 
 
+# --- small batches: the same plan from Python ints ---------------------------------------------------
+#
+# At a few requests the NumPy steps above cost more in per-call overhead (about a microsecond each)
+# than in work. Up to ``_SMALL_B`` requests, the common decode case (no window; policy ``auto``,
+# ``size:N`` or ``none``; valid inputs as Python or NumPy ints) is planned by :func:`_plan_small` with
+# plain Python ints, and only the plan's arrays are NumPy. It computes the same quantities in the same
+# order (the cost model is the same function), so the plans are the same bit for bit; anything else
+# (windows, ``count:N``, the cap growing a split, any input error) goes the general way.
+
+_SMALL_B = 16
+_I32_LIMIT = 2**31
+
+
+def _int_list(x):
+    """``x`` as a list of Python ints when it is a 1-D NumPy integer array (not uint64) or a list /
+    tuple of Python ints; else None (the general path converts it)."""
+    if type(x) is np.ndarray:
+        k = x.dtype.kind
+        if x.ndim == 1 and (k == "i" or (k == "u" and x.dtype.itemsize < 8)):
+            return x.tolist()
+        return None
+    if type(x) is list or type(x) is tuple:
+        for v in x:
+            if type(v) is not int:
+                return None
+        return list(x)
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _uniform_template(n: int, s: int) -> np.ndarray:
+    """``[3, n]`` int32 (read-only): split index, start and end of ``n`` ranges of ``s`` tokens from 0;
+    the last end is a placeholder (the request's length goes there)."""
+    j = np.arange(n, dtype=np.int64)
+    t = np.stack([j, j * s, np.minimum((j + 1) * s, _I32_LIMIT - 1)]).astype(np.int32)
+    t.flags.writeable = False
+    return t
+
+
+def _plan_small(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, policy, device, num_q_heads,
+                head_dim, kv_elem_bytes, window_left, min_split_tokens, max_splits, graph_stable,
+                max_work_items):
+    """:func:`make_plan` for a small batch without a window, from Python ints; None where the general
+    path must plan (see above). Raises only what the general path raises first (device, policy)."""
+    if window_left is not None and window_left >= 0:
+        return None
+    if type(num_kv_heads) is not int or type(page_size) is not int or type(head_dim) is not int \
+            or type(kv_elem_bytes) is not int or (num_q_heads is not None and type(num_q_heads) is not int):
+        return None
+    seq = _int_list(seq_lens)
+    if seq is None:
+        return None
+    B = len(seq)
+    if B == 0 or B > _SMALL_B:
+        return None
+    prof = get_profile(device)
+    pol = _parse_policy(policy) if isinstance(policy, str) else SplitPolicy.parse(policy)
+    kind = pol.kind
+    if kind == "fixed_count" or page_size <= 0 or num_kv_heads <= 0:
+        return None
+    longest = max(seq)
+    if min(seq) < 0 or longest >= _I32_LIMIT:
+        return None
+    # query rows
+    if query_start_loc is not None:
+        qsl = _int_list(query_start_loc)
+        if qsl is None or len(qsl) != B + 1 or qsl[0] != 0:
+            return None
+        ql = [qsl[i + 1] - qsl[i] for i in range(B)]
+        if min(ql) < 0:
+            return None
+    elif q_lens is None:
+        ql, qsl = None, list(range(B + 1))
+    else:
+        ql = _int_list(q_lens)
+        if ql is None or len(ql) != B or min(ql) < 0:
+            return None
+        qsl = [0]
+        qsl += itertools.accumulate(ql)
+    T = qsl[-1]
+    hkv = num_kv_heads
+    hq = num_q_heads if num_q_heads is not None else hkv
+    if hq <= 0 or hq % hkv or head_dim <= 0 or T >= _I32_LIMIT:
+        return None
+    cap = prof.max_splits if max_splits is None else int(max_splits)
+    if cap <= 0:
+        return None
+    # the split length
+    if kind == "fixed_size" and pol.value % page_size:
+        return None
+    fixed = _fixed_choice(pol, page_size)
+    if fixed is not None:
+        split, reason, est = fixed
+    else:
+        min_split = prof.min_split_tokens if min_split_tokens is None else int(min_split_tokens)
+        cands = _auto_candidates(longest, min_split, page_size, cap)
+        # _candidate_stats without a window: every range starts on a multiple of the split length
+        last = [x - 1 if x > 0 else 0 for x in seq]
+        rows0 = B if ql is None else T
+        ranges, rows, most_c, longest_c = [B], [rows0], [1], [longest]
+        max_last = max(longest - 1, 0)
+        for c in cands[1:]:
+            q = [x // c for x in last]
+            r = sum(q) + B
+            ranges.append(r)
+            rows.append(r if ql is None else sum([a * b for a, b in zip(q, ql)]) + rows0)
+            most_c.append(max_last // c + 1)
+            longest_c.append(min(c, longest))
+        split, reason, est = _auto_model(prof, B, hq, cands, (ranges, rows, most_c, longest_c), sum(seq), hkv,
+                                         head_dim, kv_elem_bytes)
+    # ranges per request
+    if split == 0:
+        n, most = [1] * B, 1
+    else:
+        n = [(x - 1 if x > 0 else 0) // split + 1 for x in seq]
+        most = max(n)
+        if most > cap:   # the cap grows the split: the general path
+            return None
+    R = sum(n)
+    W = R * hkv
+    capacity = None
+    if graph_stable:
+        capacity = B * hkv * cap if max_work_items is None else int(max_work_items)
+        if W > capacity:
+            return None
+    # work items
+    buf = _alloc_items(W, capacity)
+    if R == B * most:   # every request has `most` ranges: [B, Hkv, N] broadcasts of one template
+        v = buf[:, :W].reshape(5, B, hkv, most)
+        v[0] = 0 if B == 1 else _iota(B)[:, None, None]
+        v[1] = _iota(hkv)[:, None]
+        v[2:] = _uniform_template(most, split)[:, None, None, :]
+        v[4, :, :, most - 1] = seq[0] if B == 1 else np.array(seq, np.int32)[:, None]
+    else:   # each request's block of Hkv x n items from its template
+        head = _iota(hkv)[:, None]
+        off = 0
+        for b, (k, x) in enumerate(zip(n, seq)):
+            v = buf[:, off:off + hkv * k].reshape(5, hkv, k)
+            v[0] = b
+            v[1] = head
+            v[2:] = _uniform_template(k, split)[:, None, :]
+            v[4, :, k - 1] = x
+            off += hkv * k
+    # partial slots
+    if T == 0:
+        row_ns, row_start, num_slots = [], [], 0
+    else:
+        row_ns = n if ql is None else [k for k, q in zip(n, ql) for _ in range(q)]
+        if graph_stable:
+            row_start, num_slots = list(range(0, T * cap, cap)), T * cap
+        else:
+            row_start = [0]
+            row_start += itertools.accumulate(row_ns[:-1])
+            num_slots = row_start[-1] + row_ns[-1]
+    # num_splits [B], query_start_loc [B + 1], row_slot_start [T], row_num_splits [T]: one int32 array
+    small = np.array(n + qsl + row_start + row_ns, np.int32)
+    b1, b2 = 2 * B + 1, 2 * B + 1 + T
+    req, head, jsplit, kv_start, kv_end = buf
+    return Plan(
+        item_request=req, item_kv_head=head, item_split=jsplit, item_kv_start=kv_start, item_kv_end=kv_end,
+        num_valid_items=W, num_splits=small[:B], query_start_loc=small[B:b1], row_slot_start=small[b1:b2],
+        row_num_splits=small[b2:], num_slots=num_slots, num_kv_heads=hkv, page_size=page_size, policy=pol,
+        split_tokens=int(split), graph_stable=bool(graph_stable), reason=reason, estimates_us=est)
+
+
 def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query_start_loc=None,
               policy: "str | SplitPolicy" = "auto", device: "str | DeviceProfile" = "h200",
               num_q_heads: int | None = None, head_dim: int = 128, kv_elem_bytes: int = 2,
@@ -764,6 +945,11 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
                       query_start_loc=query_start_loc, policy=policy, window_left=window_left,
                       max_splits=max_splits, graph_stable=graph_stable, max_work_items=max_work_items,
                       default_max_splits=get_profile(device).max_splits)
+    small = _plan_small(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, policy, device, num_q_heads,
+                        head_dim, kv_elem_bytes, window_left, min_split_tokens, max_splits, graph_stable,
+                        max_work_items)
+    if small is not None:
+        return small
     batch = _check_inputs(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, policy, device,
                           num_q_heads, head_dim, min_split_tokens, max_splits)
     num_kv_heads = operator.index(num_kv_heads)   # a Python int from here (work-item counts, shifts)

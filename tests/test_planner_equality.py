@@ -175,3 +175,44 @@ def test_same_plans_on_edges(page):
         kw = dict(num_kv_heads=2, page_size=page)
         kw.update(extra)
         both(seq, **kw)
+
+
+# --- small batches: the Python-int path (make_plan's fast path below _SMALL_B requests) ----------
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint32, "list"])
+@pytest.mark.parametrize("rows", ["default", "q_lens", "qsl"])
+def test_same_plans_on_the_small_batch_path(dtype, rows):
+    """Every small batch size (and one over it), the input types the fast path takes, spec-decode rows,
+    graph-stable plans, the policies it plans itself and those it hands on."""
+    from splitkv_common.plan import _SMALL_B
+
+    rng = np.random.default_rng(7)
+    for B in sorted({1, 2, 3, 4, 7, _SMALL_B, _SMALL_B + 1}):
+        for trial in range(3):
+            seq = rng.integers(0 if trial else 1, 9000, B)
+            seq = seq.tolist() if dtype == "list" else seq.astype(dtype)
+            kw = dict(num_kv_heads=8, num_q_heads=32, head_dim=128, page_size=16)
+            q = rng.integers(1 if trial < 2 else 0, 5, B)
+            if rows == "q_lens":
+                kw["q_lens"] = q.tolist() if dtype == "list" else q.astype(np.int32)
+            elif rows == "qsl":
+                kw["query_start_loc"] = np.concatenate([[0], np.cumsum(q)]).astype(np.int32)
+            for policy in ("auto", "size:256", "size:16", "none", "count:3"):
+                for gs in (False, True):
+                    both(seq, policy=policy, graph_stable=gs, **kw)
+                    both(seq, policy=policy, graph_stable=gs, max_splits=4, **kw)   # the cap grows size:N
+                    both(seq, policy=policy, graph_stable=gs, min_split_tokens=16, window_left=-1, **kw)
+
+
+def test_small_batch_path_hands_errors_on():
+    """Invalid inputs at small B raise what the general path raises."""
+    cases = [([5, -1], {}), ([5], dict(page_size=0)), ([5], dict(num_kv_heads=0)), ([5], dict(max_splits=0)),
+             ([5], dict(num_q_heads=3)), ([5], dict(head_dim=0)), ([5], dict(policy="size:10")),
+             ([5, 6], dict(q_lens=[1])), ([5, 6], dict(q_lens=[1, -1])), ([5, 6], dict(query_start_loc=[0, 2, 1])),
+             ([5, 6], dict(query_start_loc=[1, 2, 3])), ([5000], dict(graph_stable=True, max_work_items=3)),
+             ([5], dict(device="nope")), ([5], dict(policy="bogus"))]
+    for seq, extra in cases:
+        kw = dict(num_kv_heads=2, page_size=16)
+        kw.update(extra)
+        both(seq, **kw)

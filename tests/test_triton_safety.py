@@ -272,13 +272,14 @@ def test_checks_run_once_per_signature(clean, monkeypatch):
 # -- plans --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("field,index,value,msg", [
-    ("row_slot_start", 0, 10 ** 6, "row_slot_start.* outside the .* slots"),
-    ("row_slot_start", 1, -1, "row_slot_start"),
-    ("item_request", 0, 3, r"item_request\[0\] = 3 is outside \[-1, 3\)"),
-    ("item_kv_head", 0, 2, r"item_kv_head\[0\] = 2 is outside \[0, 2\)"),
+    # the shared Plan.validate wording, which set_plan runs first
+    ("row_slot_start", 0, 10 ** 6, r"plan: row 0: slots \[1000000, 1000003\) are outside \[0, num_slots = 7\)"),
+    ("row_slot_start", 1, -1, r"plan: row 1: slots \[-1, 1\) are outside"),
+    ("item_request", 0, 3, r"plan: item_request\[0\] = 3 is out of range \[0, 3\)"),
+    ("item_kv_head", 0, 2, r"plan: item_kv_head\[0\] = 2 is out of range \[0, 2\)"),
     ("item_split", 0, 9, "item_split"),
-    ("item_kv_start", 0, -4, "item_kv_start"),
-    ("row_num_splits", 2, 7, "row_num_splits"),
+    ("item_kv_start", 0, -4, r"plan: item 0 has range \[-4, 8\)"),
+    ("row_num_splits", 2, 7, "plan: row 2 merges 7 slots, its request 2 has 2 splits"),
 ])
 def test_set_plan_refuses_an_inconsistent_plan(field, index, value, msg):
     inp = _inputs()

@@ -1,0 +1,584 @@
+#!/usr/bin/env python3
+"""Serving-loop benchmark: split-KV decode inside a continuous-batching trace, step by step.
+
+A step-clocked trace (the same trace on every machine for the same seed): requests arrive (Poisson
+with a mean concurrency set by Little's law, or a fixed concurrency), each with a prompt length and a
+number of tokens to decode drawn from stated distributions, decode one token a step (with ``--spec K``
+each request has K + 1 query rows and advances by 1 + Binomial(K, accept) tokens) and leave. The
+batch is packed every step (requests beyond ``--max-batch`` wait). Per step it measures, on the host:
+
+* ``make_plan_us``: the shared planner (``PlanSpec.make``) for the graph-stable wrapper (the batch
+  padded with ``seq_len = 0`` requests to the captured size, as vLLM pads);
+* ``upload_us``: the plan into the wrapper (``DecodeWrapper.set_plan``: ``DevicePlan.from_plan``, the
+  plan refreshed in place on the device, and the buffer checks); ``plan_us = make_plan_us +
+  upload_us`` is what ``DecodeWrapper.plan()`` does;
+* ``copy_us``: the new lengths (and query offsets) copied into the graph's device inputs;
+* ``replay_us``: the captured graph replayed (CUDA events; GPU only);
+* ``step_us``: plan + upload + copy + replay, wall time from the plan's start to the replay's end
+  (a host sync closes it); ``step_over_kernel = step_us / replay_us``;
+* the eager path for comparison: ``eager_make_plan_us`` / ``eager_upload_us`` (a plain wrapper
+  planned at the real batch), ``eager_kernel_us`` (``run()`` between CUDA events) and
+  ``eager_launch_us`` (the host time of the ``run()`` call).
+
+Reports p50 / p99 of each, overall and per batch-size bin (powers of two), as JSON (with
+``splitkv_common.provenance``), a Markdown table and a plot (step time and its parts against batch
+size). On a machine without a CUDA GPU only the host parts run (the "device" is the CPU; graph and
+kernel columns are empty); ``--cpu-kernels`` runs the eager kernels in the Triton interpreter (tiny
+sizes only: it is slow).
+
+``--fixed-batches 1,16,64,256`` replaces the trace by fixed batches (lengths uniform 512-8192, every
+length + 1 each step) and prints one table: ``plan()`` µs, replayed kernel µs, step µs, step / kernel
+(one step = ``plan()`` + copy lengths + graph replay, a graph-stable wrapper captured at that batch).
+
+    python scripts/bench_serving.py --out results/serving                 # trace (GPU: everything)
+    python scripts/bench_serving.py --fixed-batches 1,16,64,256 --out results/fixed
+    python scripts/bench_serving.py --all --out results/serving           # both, one run
+    python scripts/bench_serving.py --quick --out /tmp/serving             # smoke test (seconds on a CPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import cuda_ref  # noqa: E402,F401  (first: selects the Triton interpreter on a machine without a GPU)
+import torch  # noqa: E402
+
+from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
+from splitkv_common.provenance import provenance  # noqa: E402
+
+# named workloads: prompt and decode-length distributions (see parse_dist)
+PRESETS = {
+    "default": ("loguniform:512:8192", "loguniform:64:1024"),
+    "chat": ("loguniform:128:4096", "loguniform:32:1024"),
+    "long": ("loguniform:8192:65536", "loguniform:128:2048"),
+}
+QUANTITIES = ("make_plan_us", "upload_us", "plan_us", "copy_us", "replay_us", "step_us", "step_over_kernel",
+              "eager_make_plan_us", "eager_upload_us", "eager_kernel_us", "eager_launch_us")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+# --- the trace ----------------------------------------------------------------------------------
+
+
+def parse_dist(text: str):
+    """``loguniform:A:B``, ``uniform:A:B`` or ``fixed:N`` -> a sampler ``f(rng, n) -> int64 [n]``."""
+    kind, *vals = text.split(":")
+    try:
+        v = [int(x) for x in vals]
+    except ValueError:
+        raise SystemExit(f"distribution {text!r}: the bounds must be integers") from None
+    if kind == "fixed" and len(v) == 1 and v[0] >= 0:
+        return lambda rng, n: np.full(n, v[0], np.int64)
+    if kind in ("uniform", "loguniform") and len(v) == 2 and 1 <= v[0] <= v[1]:
+        lo, hi = v
+        if kind == "uniform":
+            return lambda rng, n: rng.integers(lo, hi + 1, n)
+        return lambda rng, n: np.minimum(np.exp(rng.uniform(np.log(lo), np.log(hi + 1), n)).astype(np.int64), hi)
+    raise SystemExit(f"distribution {text!r}: use loguniform:A:B, uniform:A:B or fixed:N (1 <= A <= B)")
+
+
+def make_trace(*, loads, steps_per_phase, arrival, prompt, decode, max_batch, spec, accept, seed, max_len):
+    """The batches of every step: a list of ``(seq_lens int64 [B], q_lens int64 [B])``, B <= max_batch.
+
+    Phases run one after the other, one per entry of ``loads``: ``arrival == "fixed"`` keeps exactly
+    that many requests (a leaving request is replaced the next step); ``"poisson"`` draws
+    Poisson(load / mean decode length) arrivals a step, so the mean concurrency is the load (a phase
+    under its load starts with the missing requests already part-way through their decode)."""
+    rng = np.random.default_rng(seed)
+    mean_decode = float(decode(np.random.default_rng(seed + 1), 20000).mean())
+    active = []   # [prompt, decoded, target]
+    queue = []
+    steps = []
+    for load in loads:
+        if arrival == "poisson" and len(active) + len(queue) < load:
+            # start the phase near its steady state: requests already part-way through their decode
+            k = load - len(active) - len(queue)
+            p, d = prompt(rng, k), decode(rng, k)
+            queue += [[int(a), int(rng.integers(0, max(1, int(b)))), max(1, int(b))] for a, b in zip(p, d)]
+        for _ in range(steps_per_phase):
+            if arrival == "poisson":
+                k = int(rng.poisson(load / mean_decode))
+            else:
+                k = max(0, load - len(active) - len(queue))
+            if k:
+                p, d = prompt(rng, k), decode(rng, k)
+                queue += [[int(a), 0, max(1, int(b))] for a, b in zip(p, d)]
+            while queue and len(active) < max_batch:
+                active.append(queue.pop(0))
+            if not active:
+                steps.append((np.zeros(0, np.int64), np.zeros(0, np.int64)))
+                continue
+            seq = np.array([min(a[0] + a[1] + spec + 1, max_len) for a in active], np.int64)
+            steps.append((seq, np.full(len(active), spec + 1, np.int64)))
+            adv = 1 + (rng.binomial(spec, accept, len(active)) if spec else np.zeros(len(active), np.int64))
+            for a, n in zip(active, adv.tolist()):
+                a[1] += n
+            active = [a for a in active if a[1] < a[2] and a[0] + a[1] + spec + 1 < max_len]
+    return steps
+
+
+# --- one wrapper and its graph --------------------------------------------------------------------
+
+
+class Rig:
+    """The shared inputs (paged KV cache, block table, queries) for batches up to ``max_batch``."""
+
+    def __init__(self, args, device, max_batch, max_len, with_kv=True):
+        self.args, self.device = args, device
+        self.dtype = DTYPES[args.dtype]
+        self.rows_per_req = args.spec + 1
+        page = args.page
+        pages_per_req = -(-max_len // page)
+        elem = torch.empty(0, dtype=self.dtype).element_size()
+        page_bytes = page * args.hkv * args.head_dim * elem * 2
+        want = max_batch * pages_per_req
+        pool = max(pages_per_req, min(want, int(args.kv_pool_gb * 2**30) // page_bytes))
+        self.pool_pages = pool
+        gen = torch.Generator().manual_seed(args.seed)
+        # each batch position's pages, drawn from the pool (pages may repeat when the pool is smaller
+        # than max_batch x max_len: the timing reads them all the same)
+        bt = torch.randint(0, pool, (max_batch, pages_per_req), generator=gen, dtype=torch.int32)
+        self.block_table = bt.to(device)
+        self.max_batch = max_batch
+        self.k = self.v = self.q = None
+        if not with_kv:   # host parts only: no kernel reads them
+            return
+        dgen = torch.Generator(device=device).manual_seed(args.seed)   # drawn where they live (GBs on a GPU)
+        kv_shape = (pool, page, args.hkv, args.head_dim)
+        self.k = torch.randn(kv_shape, generator=dgen, device=device, dtype=self.dtype)
+        self.v = torch.randn(kv_shape, generator=dgen, device=device, dtype=self.dtype)
+        self.q = torch.randn((max_batch * self.rows_per_req, args.hq, args.head_dim), generator=dgen, device=device,
+                             dtype=self.dtype)
+
+    def wrapper(self, graph_stable):
+        a = self.args
+        return DecodeWrapper(a.hq, a.hkv, a.head_dim, a.page, dtype=self.dtype, device=self.device,
+                             profile=a.profile, policy=a.policy, graph_stable=graph_stable)
+
+
+class Graphed:
+    """A graph-stable wrapper captured at batch ``size``: device inputs refreshed in place each step."""
+
+    def __init__(self, rig: Rig, size: int, use_graph: bool):
+        self.rig, self.size = rig, size
+        r = rig.rows_per_req
+        self.w = rig.wrapper(True)
+        dev = rig.device
+        self.seq_host = torch.zeros(size, dtype=torch.int32, pin_memory=dev.type == "cuda")
+        self.qsl_host = torch.arange(0, (size + 1) * r, r, dtype=torch.int32)
+        if dev.type == "cuda":
+            self.qsl_host = self.qsl_host.pin_memory()
+        self.seq = self.seq_host.to(dev)
+        self.qsl = self.qsl_host.to(dev)
+        self.bt = rig.block_table[:size]
+        self.q = rig.q[:size * r] if rig.q is not None else None
+        self.graph = None
+        # plan a full batch first: the wrapper's buffers are allocated now (not in a timed step) and
+        # the capture sees the plan's fixed shapes
+        lens = np.full(size, 1024, np.int64)
+        self.w.plan(lens, q_lens=np.full(size, r))
+        if use_graph:
+            self.seq.copy_(torch.from_numpy(lens.astype(np.int32)))
+            for _ in range(2):   # compile and warm up outside the capture
+                self.run()
+            torch.cuda.synchronize()
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.run()
+            torch.cuda.synchronize()
+
+    def run(self):
+        return self.w.run(self.q, self.rig.k, self.rig.v, self.bt, self.seq, self.qsl)
+
+    def pad(self, seq, ql):
+        """The batch padded to ``size`` with ``seq_len = 0`` requests (their query rows kept, as vLLM's
+        padded rows are: the graph's shapes do not change)."""
+        B = seq.shape[0]
+        s = np.zeros(self.size, np.int64)
+        s[:B] = seq
+        q = np.full(self.size, self.rig.rows_per_req, np.int64)
+        q[:B] = ql
+        return s, q
+
+
+def sizes_for(kind: str, max_batch: int) -> list[int]:
+    """The captured batch sizes: ``max`` (one graph at the largest batch), ``vllm`` (1, 2, 4, then
+    multiples of 8) or a comma-separated list."""
+    if kind == "max":
+        return [max_batch]
+    if kind == "vllm":
+        return sorted({x for x in [1, 2, 4] + list(range(8, max_batch + 8, 8)) if x <= max_batch} | {max_batch})
+    return sorted(int(x) for x in kind.split(","))
+
+
+# --- measuring ----------------------------------------------------------------------------------
+
+
+def measure_step(g: Graphed, eager, seq, ql, *, on_gpu, cpu_kernels, rig, flush=None):
+    """One step's timings (µs) for the batch ``seq`` / ``ql`` (see the module docstring)."""
+    rec = dict(batch=int(seq.shape[0]), rows=int(ql.sum()), padded_batch=g.size)
+    s_pad, q_pad = g.pad(seq, ql)
+    if flush is not None:
+        flush.sum()   # a read flush: the L2 left clean, as after other layers' reads
+    if on_gpu:
+        torch.cuda.synchronize()
+    # graph path: plan (make_plan + upload), copy lengths, replay
+    t0 = time.perf_counter()
+    plan = g.w.plan_spec().make(s_pad, q_lens=q_pad)
+    t1 = time.perf_counter()
+    g.w.set_plan(plan)
+    t2 = time.perf_counter()
+    g.seq_host.copy_(torch.from_numpy(s_pad.astype(np.int32)))
+    g.seq.copy_(g.seq_host, non_blocking=True)
+    t3 = time.perf_counter()
+    if g.graph is not None:
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.graph.replay()
+        e1.record()
+        e1.synchronize()
+        t4 = time.perf_counter()
+        rec["replay_us"] = e0.elapsed_time(e1) * 1e3
+    else:
+        t4 = t3
+        rec["replay_us"] = None
+    rec.update(make_plan_us=(t1 - t0) * 1e6, upload_us=(t2 - t1) * 1e6, plan_us=(t2 - t0) * 1e6,
+               copy_us=(t3 - t2) * 1e6, step_us=(t4 - t0) * 1e6)
+    rec["step_over_kernel"] = rec["step_us"] / rec["replay_us"] if rec["replay_us"] else None
+    # eager path: a plain wrapper planned at the real batch, run() outside any graph
+    rec.update(eager_make_plan_us=None, eager_upload_us=None, eager_kernel_us=None, eager_launch_us=None)
+    B = rec["batch"]
+    if eager is not None and B:
+        t0 = time.perf_counter()
+        plan = eager.plan_spec().make(seq, q_lens=ql)
+        t1 = time.perf_counter()
+        eager.set_plan(plan)
+        t2 = time.perf_counter()
+        rec.update(eager_make_plan_us=(t1 - t0) * 1e6, eager_upload_us=(t2 - t1) * 1e6)
+        if on_gpu or cpu_kernels:
+            r = rig.rows_per_req
+            seq_d = torch.from_numpy(seq.astype(np.int32)).to(rig.device)
+            qsl_d = torch.arange(0, (B + 1) * r, r, dtype=torch.int32).to(rig.device)
+            args = (rig.q[:B * r], rig.k, rig.v, rig.block_table[:B], seq_d, qsl_d)
+            if on_gpu:
+                torch.cuda.synchronize()
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+            t0 = time.perf_counter()
+            eager.run(*args)
+            t1 = time.perf_counter()
+            rec["eager_launch_us"] = (t1 - t0) * 1e6
+            if on_gpu:
+                e1.record()
+                e1.synchronize()
+                rec["eager_kernel_us"] = e0.elapsed_time(e1) * 1e3
+            else:
+                rec["eager_kernel_us"] = rec["eager_launch_us"]
+    return rec
+
+
+def pct(xs, p):
+    xs = [x for x in xs if x is not None]
+    return float(np.percentile(xs, p)) if xs else None
+
+
+def summarize(recs):
+    """p50 / p99 / mean / count of every quantity."""
+    out = {"steps": len(recs)}
+    for k in QUANTITIES:
+        xs = [r[k] for r in recs if r.get(k) is not None]
+        out[k] = dict(p50=pct(xs, 50), p99=pct(xs, 99), mean=float(np.mean(xs)) if xs else None, n=len(xs))
+    return out
+
+
+def bin_of(B: int) -> str:
+    if B <= 1:
+        return "1"
+    hi = 1 << (B - 1).bit_length()
+    return str(hi) if hi == 2 else f"{hi // 2 + 1}-{hi}"
+
+
+def fmt(x, digits=1):
+    if x is None:
+        return "-"
+    return f"{x:,.{digits}f}" if abs(x) < 1e4 else f"{x:,.0f}"
+
+
+def progress(it, total, desc):
+    """tqdm when stderr is a terminal, else the iterable as it is."""
+    if sys.stderr.isatty():
+        try:
+            from tqdm import tqdm
+            return tqdm(it, total=total, desc=desc, unit="step", leave=False)
+        except ImportError:
+            pass
+    return it
+
+
+# --- the two modes ------------------------------------------------------------------------------
+
+
+def run_trace(args, device, on_gpu):
+    prompt_s, decode_s = PRESETS[args.workload]
+    prompt = parse_dist(args.prompt or prompt_s)
+    decode = parse_dist(args.decode or decode_s)
+    loads = [int(x) for x in args.loads.split(",")]
+    max_batch = args.max_batch or max(8, int(max(loads) * 1.25))
+    max_len = args.max_len or (int((args.prompt or prompt_s).split(":")[-1])
+                               + int((args.decode or decode_s).split(":")[-1]) + args.spec + 1)
+    trace = make_trace(loads=loads, steps_per_phase=args.steps, arrival=args.arrival, prompt=prompt,
+                       decode=decode, max_batch=max_batch, spec=args.spec, accept=args.accept, seed=args.seed,
+                       max_len=max_len)
+    rig = Rig(args, device, max_batch, max_len, with_kv=on_gpu or args.cpu_kernels)
+    graphs = {s: Graphed(rig, s, on_gpu) for s in sizes_for(args.graph_sizes, max_batch)}
+    eager = rig.wrapper(False) if not args.no_eager else None
+    flush = torch.empty(64 * 2**20, dtype=torch.int32, device=device) if (args.flush_l2 and on_gpu) else None
+    recs = []
+    for i, (seq, ql) in enumerate(progress(trace, len(trace), "trace")):
+        B = seq.shape[0]
+        if B == 0:
+            continue
+        g = graphs[min(s for s in graphs if s >= B)]
+        rec = measure_step(g, eager, seq, ql, on_gpu=on_gpu, cpu_kernels=args.cpu_kernels, rig=rig, flush=flush)
+        rec["step"] = i
+        if i >= args.warmup:
+            recs.append(rec)
+    bins = {}
+    for r in recs:
+        bins.setdefault(bin_of(r["batch"]), []).append(r)
+    order = sorted(bins, key=lambda b: int(b.split("-")[-1]))
+    config = dict(mode="trace", workload=args.workload, prompt=args.prompt or prompt_s,
+                  decode=args.decode or decode_s, arrival=args.arrival, loads=loads, steps_per_phase=args.steps,
+                  warmup=args.warmup, max_batch=max_batch, max_len=max_len, graph_sizes=sorted(graphs),
+                  kv_pool_pages=rig.pool_pages, spec=args.spec, accept=args.accept, seed=args.seed,
+                  flush_l2=bool(flush is not None))
+    return dict(config=config, overall=summarize(recs),
+                bins=[dict(bin=b, batch_min=min(r["batch"] for r in bins[b]),
+                           batch_max=max(r["batch"] for r in bins[b]), **summarize(bins[b])) for b in order],
+                steps=recs)
+
+
+def run_fixed(args, device, on_gpu):
+    """Fixed batch sizes: graph-stable wrapper captured at B; one step = plan() + copy lengths + replay."""
+    batches = [int(x) for x in args.fixed_batches.split(",")]
+    lo, hi = 512, 8192
+    steps = args.fixed_steps
+    max_len = hi + steps + args.warmup + args.spec + 2
+    rig = Rig(args, device, max(batches), max_len, with_kv=on_gpu)
+    rows = []
+    for B in batches:
+        g = Graphed(rig, B, on_gpu)
+        seq0 = np.random.default_rng(B).integers(lo, hi + 1, B)
+        ql = np.full(B, args.spec + 1, np.int64)
+        recs = []
+        for i in progress(range(args.warmup + steps), args.warmup + steps, f"B {B}"):
+            seq = seq0 + i
+            if on_gpu:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            g.w.plan(seq, q_lens=ql)   # the whole plan(): make_plan + the device plan's refresh
+            t1 = time.perf_counter()
+            g.seq_host.copy_(torch.from_numpy(seq.astype(np.int32)))
+            g.seq.copy_(g.seq_host, non_blocking=True)
+            t2 = time.perf_counter()
+            rec = dict(batch=B, plan_us=(t1 - t0) * 1e6, copy_us=(t2 - t1) * 1e6, replay_us=None)
+            if g.graph is not None:
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                g.graph.replay()
+                e1.record()
+                e1.synchronize()
+                t3 = time.perf_counter()
+                rec["replay_us"] = e0.elapsed_time(e1) * 1e3
+            else:
+                t3 = t2
+            rec["step_us"] = (t3 - t0) * 1e6
+            rec["step_over_kernel"] = rec["step_us"] / rec["replay_us"] if rec["replay_us"] else None
+            if i >= args.warmup:
+                recs.append(rec)
+        s = summarize(recs)
+        rows.append(dict(batch=B, **{k: s[k] for k in ("plan_us", "copy_us", "replay_us", "step_us",
+                                                        "step_over_kernel")}, steps=len(recs)))
+        del g
+    config = dict(mode="fixed", batches=batches, lengths=f"uniform {lo}-{hi}, + 1 each step", steps=steps,
+                  warmup=args.warmup, spec=args.spec)
+    return dict(config=config, rows=rows)
+
+
+# --- reports ------------------------------------------------------------------------------------
+
+
+def fixed_table(res) -> list[str]:
+    lines = ["| B | plan() µs | replayed kernel µs | step µs | step / kernel |", "|---:|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        lines.append(f"| {r['batch']} | {fmt(r['plan_us']['p50'])} | {fmt(r['replay_us']['p50'])} | "
+                     f"{fmt(r['step_us']['p50'])} | {fmt(r['step_over_kernel']['p50'], 2)} |")
+    return lines
+
+
+def trace_table(res) -> list[str]:
+    cols = [("make_plan_us", "make_plan"), ("upload_us", "upload"), ("plan_us", "plan()"), ("copy_us", "copy"),
+            ("replay_us", "replay"), ("step_us", "step"), ("step_over_kernel", "step/kernel"),
+            ("eager_make_plan_us", "eager make_plan"), ("eager_kernel_us", "eager kernel"),
+            ("eager_launch_us", "eager launch")]
+    head = "| B bin | steps | " + " | ".join(f"{c} p50 / p99" for _, c in cols) + " |"
+    lines = [head, "|---|---:|" + "---:|" * len(cols)]
+    for b in res["bins"] + [dict(bin="all", **res["overall"])]:
+        cells = []
+        for k, _ in cols:
+            d = 2 if k == "step_over_kernel" else 1
+            cells.append(f"{fmt(b[k]['p50'], d)} / {fmt(b[k]['p99'], d)}")
+        lines.append(f"| {b['bin']} | {b['steps']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot(res, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bins = res["bins"]
+    xs = [math.sqrt(b["batch_min"] * b["batch_max"]) for b in bins]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for k, label, style in (("step_us", "step (plan + upload + copy + replay)", "k-o"),
+                            ("make_plan_us", "make_plan", "C0--s"), ("upload_us", "upload (set_plan)", "C1--^"),
+                            ("copy_us", "copy lengths", "C2--v"), ("replay_us", "graph replay (kernel)", "C3-D"),
+                            ("eager_kernel_us", "eager run() (kernel)", "C4:x")):
+        ys = [b[k]["p50"] for b in bins]
+        if any(y is not None for y in ys):
+            ax.plot([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None], style,
+                    label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size (requests; bin's geometric centre)")
+    ax.set_ylabel("µs per step (p50)")
+    c = res["config"]
+    ax.set_title(f"serving trace: {c['workload']}, {res['shape']}", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="directory for bench_serving.json / .md / .png")
+    ap.add_argument("--quick", action="store_true", help="smoke test: small shapes, few steps")
+    ap.add_argument("--all", action="store_true", help="the trace and the fixed batches (1,16,64,256), one run")
+    ap.add_argument("--fixed-batches", help="fixed-batch mode, e.g. 1,16,64,256 (no trace)")
+    ap.add_argument("--fixed-steps", type=int, default=200, help="timed steps per fixed batch (default 200)")
+    # trace
+    ap.add_argument("--workload", choices=sorted(PRESETS), default="default",
+                    help="named prompt / decode distributions: " + "; ".join(
+                        f"{k}: prompt {p}, decode {d}" for k, (p, d) in PRESETS.items()))
+    ap.add_argument("--prompt", help="prompt lengths: loguniform:A:B, uniform:A:B or fixed:N (overrides --workload)")
+    ap.add_argument("--decode", help="tokens decoded per request, same syntax (overrides --workload)")
+    ap.add_argument("--arrival", choices=["poisson", "fixed"], default="poisson",
+                    help="poisson: Poisson arrivals whose mean concurrency is the load; fixed: exactly the load")
+    ap.add_argument("--loads", default="1,4,16,64,256",
+                    help="mean concurrency of each phase, run in order (default 1,4,16,64,256)")
+    ap.add_argument("--steps", type=int, default=400, help="decode steps per phase (default 400)")
+    ap.add_argument("--warmup", type=int, default=20, help="leading steps not recorded (default 20)")
+    ap.add_argument("--max-batch", type=int, help="most requests in a step (default 1.25 x the largest load)")
+    ap.add_argument("--max-len", type=int, help="longest context (default: the largest prompt + decode)")
+    ap.add_argument("--graph-sizes", default="max",
+                    help="captured batch sizes: max (one graph at --max-batch), vllm (1, 2, 4, multiples of 8) "
+                         "or a list")
+    ap.add_argument("--spec", type=int, default=0, help="speculative tokens K: K + 1 query rows per request")
+    ap.add_argument("--accept", type=float, default=0.7, help="acceptance rate of a speculative token")
+    ap.add_argument("--no-eager", action="store_true", help="skip the eager wrapper")
+    ap.add_argument("--flush-l2", action="store_true", help="read 256 MiB before each step (GPU; default: no flush)")
+    ap.add_argument("--kv-pool-gb", type=float, default=16.0, help="KV cache pool size (default 16 GiB)")
+    # shapes
+    ap.add_argument("--hq", type=int, default=32)
+    ap.add_argument("--hkv", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--page", type=int, default=16)
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    ap.add_argument("--policy", default="auto")
+    ap.add_argument("--profile", default="h200", help="the planner's device profile")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cpu-kernels", action="store_true",
+                    help="without a GPU: run the eager kernels in the Triton interpreter (tiny sizes)")
+    args = ap.parse_args(argv)
+
+    on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda" if on_gpu else "cpu")
+    if not on_gpu:
+        # the CPU "device": one thread, as a server's host loop is (torch's thread pool turns a
+        # 200 KB copy into milliseconds on a busy 2-core machine)
+        torch.set_num_threads(1)
+    if args.cpu_kernels and on_gpu:
+        raise SystemExit("--cpu-kernels: only without a GPU")
+    if args.quick:
+        args.steps, args.warmup, args.fixed_steps = min(args.steps, 30), min(args.warmup, 3), min(args.fixed_steps, 10)
+        args.loads = args.loads if "--loads" in (argv or sys.argv) else "1,4,16"
+        args.kv_pool_gb = min(args.kv_pool_gb, 0.05)
+        if args.fixed_batches is None and args.all:
+            args.fixed_batches = "1,4"
+    if args.cpu_kernels:   # the interpreter: tiny shapes
+        args.hq, args.hkv, args.head_dim = min(args.hq, 4), min(args.hkv, 2), min(args.head_dim, 32)
+        args.prompt = args.prompt or "uniform:16:256"
+        args.decode = args.decode or "uniform:4:16"
+        args.loads = "1,2" if not args.quick or "--loads" not in (argv or sys.argv) else args.loads
+        args.max_batch = min(args.max_batch or 4, 4)
+        args.kv_pool_gb = min(args.kv_pool_gb, 0.01)
+    if args.all and args.fixed_batches is None:
+        args.fixed_batches = "1,16,64,256"
+    shape = (f"Hq {args.hq} / Hkv {args.hkv} / D {args.head_dim} / {args.dtype} / page {args.page}, "
+             f"policy {args.policy}, profile {args.profile}" + (f", spec K {args.spec}" if args.spec else ""))
+    result = dict(provenance=provenance(argv if argv is None else [sys.argv[0], *argv]), shape=shape,
+                  on_gpu=on_gpu, torch_threads=torch.get_num_threads(), cpu_kernels=args.cpu_kernels,
+                  note=None if on_gpu else "no GPU: host parts only (plan, upload to a CPU 'device', copy); "
+                                            "no graphs" + ("; eager kernels in the Triton interpreter"
+                                                           if args.cpu_kernels else "; no kernels"))
+    t_start = time.perf_counter()
+    if args.fixed_batches is None or args.all:
+        result["trace"] = run_trace(args, device, on_gpu)
+    if args.fixed_batches is not None:
+        result["fixed"] = run_fixed(args, device, on_gpu)
+    result["wall_s"] = time.perf_counter() - t_start
+
+    md = [f"# Serving-loop benchmark ({'GPU' if on_gpu else 'CPU, host parts only'})", "",
+          f"- device: {result['provenance']['device']}", f"- command: `{result['provenance']['command']}`",
+          f"- commit: {(result['provenance']['git'] or {}).get('commit')}", f"- shape: {shape}",
+          f"- wall time: {result['wall_s']:.0f} s"]
+    if result["note"]:
+        md.append(f"- {result['note']}")
+    if "trace" in result:
+        c = result["trace"]["config"]
+        md += ["", f"## Trace: {c['workload']} (prompt {c['prompt']}, decode {c['decode']}), {c['arrival']} "
+                   f"arrivals, loads {c['loads']} x {c['steps_per_phase']} steps, max batch {c['max_batch']}, "
+                   f"graphs at {c['graph_sizes']}", "", "µs unless stated; p50 / p99 per batch-size bin.", ""]
+        md += trace_table(result["trace"])
+    if "fixed" in result:
+        md += ["", "## Fixed batches (graph-stable, lengths uniform 512-8192; p50 over "
+                   f"{result['fixed']['config']['steps']} steps)", ""] + fixed_table(result["fixed"])
+    text = "\n".join(md) + "\n"
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "bench_serving.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        with open(os.path.join(args.out, "bench_serving.md"), "w") as f:
+            f.write(text)
+        if "trace" in result and result["trace"]["bins"]:
+            plot(dict(result["trace"], shape=shape), os.path.join(args.out, "bench_serving.png"))
+        print(f"wrote {args.out}/bench_serving.{{json,md,png}}", file=sys.stderr)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -23,7 +23,6 @@ itself and the wrapper (``cuda_ref.checks.check_plan``).
 
 from __future__ import annotations
 
-import inspect
 import os
 
 import torch
@@ -35,20 +34,6 @@ from splitkv_common.validation import check_decode_args, check_gqa, check_wrappe
 from . import INTERPRET
 from .checks import SignatureCache, check_launch, check_plan, check_scalars, tensor_signature
 from .launch import DevicePlan, KernelConfig, launch_decode
-
-def _shared_plan_check(plan: Plan, num_kv_heads: int) -> None:
-    """``plan.validate()``, where ``splitkv_common`` has it, with the arguments it takes of
-    ``num_kv_heads`` and ``coverage=False`` (a context-parallel shard's plan covers only its part;
-    the memory-safety rules are :func:`cuda_ref.checks.check_plan`'s)."""
-    shared = getattr(plan, "validate", None)
-    if not callable(shared):
-        return
-    params = inspect.signature(shared).parameters
-    kw = {k: v for k, v in (("num_kv_heads", num_kv_heads), ("coverage", False)) if k in params}
-    if all(p.default is not p.empty or p.name in kw or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-           for p in params.values()):
-        shared(**kw)
-
 
 class DecodeWrapper(PlannedWrapper):
     """Split-KV decode attention over a paged KV cache ``[num_pages, page_size, Hkv, D]``.
@@ -98,16 +83,22 @@ class DecodeWrapper(PlannedWrapper):
         """Make the shared plan for a batch (host arrays) and copy it to the device."""
         plan = self.plan_spec().make(host(seq_lens), None if q_lens is None else host(q_lens),
                                      None if query_start_loc is None else host(query_start_loc), window_left)
-        self.set_plan(plan)
+        # made by the shared planner: valid by construction (tests/test_planner*.py), not checked again
+        self._use_plan(plan, plan_pages=-(-plan.covered_seq_lens().max(initial=0) // self.page_size))
         return plan
 
     def set_plan(self, plan: Plan) -> None:
-        """Use a plan made elsewhere (the parity harness plans every backend the same way)."""
+        """Use a plan made elsewhere (the parity harness plans every backend the same way): checked
+        first (the shared :meth:`Plan.validate`, ``coverage=False`` since a context-parallel shard's
+        plan covers only its part, and the memory-safety rules of :func:`cuda_ref.checks.check_plan`)."""
         if plan.num_kv_heads != self.num_kv_heads or plan.page_size != self.page_size:
             raise ValueError(f"plan: made for Hkv={plan.num_kv_heads}, page_size={plan.page_size}; this wrapper "
                              f"has Hkv={self.num_kv_heads}, page_size={self.page_size}")
-        _shared_plan_check(plan, self.num_kv_heads)
-        plan_pages = check_plan(plan, self.num_kv_heads)
+        plan.validate(num_kv_heads=self.num_kv_heads, coverage=False)
+        self._use_plan(plan, plan_pages=check_plan(plan, self.num_kv_heads))
+
+    def _use_plan(self, plan: Plan, plan_pages: int) -> None:
+        """Copy a checked plan to the device and size the buffers for it."""
         group = self.num_q_heads // self.num_kv_heads
         reuse = self.dplan if (self.graph_stable and self.dplan is not None) else None
         self.dplan = DevicePlan.from_plan(plan, group, self.device, out=reuse)

@@ -94,12 +94,13 @@ class AscendDecodeWrapper(PlannedWrapper):
         check_scalars(scale, soft_cap, window_left)
         p = self.plan_spec().make(host(seq_lens), None if q_lens is None else host(q_lens),
                                   None if query_start_loc is None else host(query_start_loc), window_left)
-        self.set_plan(p, seq_lens=host(seq_lens), scale=scale, soft_cap=soft_cap, window_left=window_left,
-                      max_pages=max_pages, num_pages=num_pages)
+        # made by the shared planner: valid by construction (tests/test_planner*.py), not checked again
+        self.set_plan(p, scale=scale, soft_cap=soft_cap, window_left=window_left, max_pages=max_pages,
+                      num_pages=num_pages, _made_here=True)
         return p
 
     def set_plan(self, plan: Plan, *, seq_lens=None, scale=None, soft_cap=None, window_left=None,
-                 max_pages: int | None = None, num_pages: int | None = None) -> None:
+                 max_pages: int | None = None, num_pages: int | None = None, _made_here: bool = False) -> None:
         """Use a plan made elsewhere (the parity harness plans every backend the same way).
 
         ``seq_lens`` (host) default to the plan's coverage (the last item's end per request).
@@ -115,8 +116,9 @@ class AscendDecodeWrapper(PlannedWrapper):
             raise ValueError(f"plan: made for Hkv={plan.num_kv_heads}, page_size={plan.page_size}; this wrapper "
                              f"has Hkv={self.num_kv_heads}, page_size={self.page_size}")
         # a plan from outside is trusted by the kernels: items, ranges and slots are checked here
-        plan.validate(None if seq_lens is None else host(seq_lens), window_left=window_left,
-                      num_kv_heads=self.num_kv_heads)
+        if not _made_here:
+            plan.validate(None if seq_lens is None else host(seq_lens), window_left=window_left,
+                          num_kv_heads=self.num_kv_heads)
         self.host_plan = plan
         self._seq_lens = plan.covered_seq_lens()
         self._attn = (None if scale is None else float(scale), None if soft_cap is None else float(soft_cap),

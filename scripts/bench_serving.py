@@ -33,7 +33,7 @@ length + 1 each step) and prints one table: ``plan()`` µs, replayed kernel µs,
     python scripts/bench_serving.py --out results/serving                 # trace (GPU: everything)
     python scripts/bench_serving.py --fixed-batches 1,16,64,256 --out results/fixed
     python scripts/bench_serving.py --all --out results/serving           # both, one run
-    python scripts/bench_serving.py --quick --out /tmp/serving             # smoke test (seconds on a CPU)
+    python scripts/bench_serving.py --quick --out results/smoke            # smoke test (seconds on a CPU)
 """
 
 from __future__ import annotations

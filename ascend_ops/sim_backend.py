@@ -93,6 +93,7 @@ def twin_library() -> ctypes.CDLL:
         P = ctypes.c_void_p
         lib.sim_launch_split.argtypes = [ctypes.c_int] + [P] * 8 + [ctypes.c_char_p, ctypes.c_int,
                                                                     ctypes.POINTER(ctypes.c_uint)]
+        lib.sim_launch_split_mix.argtypes = lib.sim_launch_split.argtypes
         lib.sim_launch_combine.argtypes = [ctypes.c_int] + [P] * 5 + [ctypes.c_char_p, ctypes.c_int,
                                                                       ctypes.POINTER(ctypes.c_uint)]
         _LIB = lib
@@ -158,7 +159,8 @@ def run_split(inputs: DecodeInputs, plan: Plan, til: tl.Tiling | None = None, gu
     tb = np.frombuffer(til.tiling_bytes, np.uint8).copy()
     err = ctypes.create_string_buffer(2048)
     peak = ctypes.c_uint(0)
-    rc = lib.sim_launch_split(til.block_dim, _ptr(q), _ptr(k), _ptr(v), _ptr(bt), _ptr(quant), _ptr(til.plan_words),
+    launch = lib.sim_launch_split_mix if til.mixed else lib.sim_launch_split
+    rc = launch(til.block_dim, _ptr(q), _ptr(k), _ptr(v), _ptr(bt), _ptr(quant), _ptr(til.plan_words),
                               _ptr(ws), _ptr(tb), err, len(err), ctypes.byref(peak))
     _check(rc, err, "split stage")
     return ws, int(peak.value), til

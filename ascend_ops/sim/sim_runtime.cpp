@@ -36,6 +36,8 @@
 extern "C" void splitkv_split(GM_ADDR q, GM_ADDR kCache, GM_ADDR vCache, GM_ADDR blockTable, GM_ADDR kvQuant,
                               GM_ADDR plan, GM_ADDR workspace, GM_ADDR tiling);
 extern "C" void splitkv_combine(GM_ADDR workspace, GM_ADDR plan, GM_ADDR out, GM_ADDR lse, GM_ADDR tiling);
+extern "C" void splitkv_split_mix(GM_ADDR q, GM_ADDR kCache, GM_ADDR vCache, GM_ADDR blockTable, GM_ADDR kvQuant,
+                                  GM_ADDR plan, GM_ADDR workspace, GM_ADDR tiling);
 #endif
 
 namespace {
@@ -426,6 +428,14 @@ extern "C" int sim_last_stats(char* buf, int len) {
 extern "C" int sim_launch_split(int blockDim, uint8_t* q, uint8_t* k, uint8_t* v, uint8_t* bt, uint8_t* quant,
                                 uint8_t* plan, uint8_t* ws, uint8_t* tiling, char* err, int errLen, unsigned* ubPeak) {
     return launch(blockDim, [&] { splitkv_split(q, k, v, bt, quant, plan, ws, tiling); }, err, errLen, ubPeak);
+}
+
+// The mixed split stage: blockDim AI cores, each one cube context and two vector contexts.
+extern "C" int sim_launch_split_mix(int blockDim, uint8_t* q, uint8_t* k, uint8_t* v, uint8_t* bt, uint8_t* quant,
+                                    uint8_t* plan, uint8_t* ws, uint8_t* tiling, char* err, int errLen,
+                                    unsigned* ubPeak) {
+    return launch(blockDim, [&] { splitkv_split_mix(q, k, v, bt, quant, plan, ws, tiling); }, err, errLen, ubPeak,
+                  true);
 }
 
 extern "C" int sim_launch_combine(int blockDim, uint8_t* ws, uint8_t* plan, uint8_t* out, uint8_t* lse,

@@ -166,9 +166,12 @@ def run_split(inputs: DecodeInputs, plan: Plan, til: tl.Tiling | None = None, gu
     return ws, int(peak.value), til
 
 
-def run_twin(inputs: DecodeInputs, plan: Plan, profile: str = PROFILE) -> tuple[np.ndarray, np.ndarray]:
-    """Split then combine on the twin: ``(out [T, Hq, D] float32 values of q's dtype, lse [T, Hq] float32)``."""
-    til = tl.build_tiling(inputs, plan, profile)
+def run_twin(inputs: DecodeInputs, plan: Plan, profile: str = PROFILE,
+             kernel: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+    """Split then combine on the twin: ``(out [T, Hq, D] float32 values of q's dtype, lse [T, Hq] float32)``.
+
+    ``kernel``: ``auto`` (the mixed split stage where it applies), ``mix`` or ``vector``."""
+    til = tl.build_tiling(inputs, plan, profile, kernel=kernel)
     ws, _, _ = run_split(inputs, plan, til)
     lib = twin_library()
     T, Hq, D = inputs.q.shape
@@ -182,7 +185,7 @@ def run_twin(inputs: DecodeInputs, plan: Plan, profile: str = PROFILE) -> tuple[
     tb = np.frombuffer(til.tiling_bytes, np.uint8).copy()
     err = ctypes.create_string_buffer(2048)
     peak = ctypes.c_uint(0)
-    rc = lib.sim_launch_combine(til.block_dim, _ptr(ws), _ptr(til.plan_words), _ptr(out), _ptr(lse), _ptr(tb),
+    rc = lib.sim_launch_combine(til.combine_block_dim, _ptr(ws), _ptr(til.plan_words), _ptr(out), _ptr(lse), _ptr(tb),
                                 err, len(err), ctypes.byref(peak))
     _check(rc, err, "combine stage")
     return from_native(out, inputs.dtype), lse

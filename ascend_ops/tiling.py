@@ -364,7 +364,8 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
         softCap=float(soft_cap) if soft_cap else 0.0, tileTokens=tt, rowChunk=rc,
         kvRowElems=row_elems(head_dim, kv_dtype), qRowElems=row_elems(head_dim, dtype), rowElems=_ru(head_dim, 8),
         maxSplits=max_splits, lseOffsetBytes=lse_off, workspaceBytes=ws,
-        splitUbBytes=sum(split_b.values()), combineUbBytes=sum(comb.values()), **mix_fields, **offs)
+        splitUbBytes=sum(split_b.values()), combineUbBytes=sum(comb.values()), **mix_fields, **offs,
+        combineBlockDim=int(max(1, min(prof.units, T * hkv))))
     return t, pack_tiling(t), words
 
 
@@ -397,6 +398,10 @@ class Tiling:
     @property
     def block_dim(self) -> int:
         return int(self.fields["blockDim"])
+
+    @property
+    def combine_block_dim(self) -> int:
+        return int(self.fields["combineBlockDim"])
 
     @property
     def mixed(self) -> bool:

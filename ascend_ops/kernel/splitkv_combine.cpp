@@ -1,6 +1,6 @@
 // Combine stage of split-KV decode attention (Ascend C, vector cores only), a second launch.
 //
-// Block k merges query rows k, k + blockNum, ... For row t and query head hq it reads the
+// Block k merges the (query row, KV head) units k, k + blockNum, ... For row t and query head hq it reads the
 // row's rowNum[t] partials (slots rowSlot[t] ..) from the workspace and applies the shared rule:
 //   m = max_i lse_i;  w_i = exp(lse_i - m) (0 for an empty split, lse_i = -inf);
 //   lse = m + ln(sum_i w_i);  out = sum_i w_i o_i / sum_i w_i;  all empty: out = 0, lse = -inf.
@@ -38,19 +38,23 @@ public:
         pipe_.InitBuffer(lseRow_, uint32_t(RoundUp(t.numQHeads, 8)) * sizeof(float));
     }
 
+    // Block k merges the units k, k + N, ... of (query row, KV head): the G query heads of one KV
+    // head of one row, so all vector cores share the work even for one row (B = 1 decode).
     __aicore__ inline void Process() {
         const int32_t nb = static_cast<int32_t>(GetBlockNum());
+        const int32_t hkv = t_.numKVHeads, G = t_.groupSize;
         LocalTensor<float> lseRow = lseRow_.Get<float>();
-        for (int32_t row = static_cast<int32_t>(GetBlockIdx()); row < t_.numRows; row += nb) {
+        for (int32_t u = static_cast<int32_t>(GetBlockIdx()); u < t_.numRows * hkv; u += nb) {
+            const int32_t row = u / hkv, h = u % hkv;
             const int32_t s0 = planGm_.GetValue(t_.rowSlotOffset + row);
             const int32_t ns = planGm_.GetValue(t_.rowNumOffset + row);
-            for (int32_t hq = 0; hq < t_.numQHeads; hq++) {
-                lseRow.SetValue(hq, MergeHead(row, hq, s0, ns));
+            for (int32_t g = 0; g < G; g++) {
+                lseRow.SetValue(g, MergeHead(row, h * G + g, s0, ns));
             }
             WaitFor<HardEvent::S_MTE3>();
-            DataCopyExtParams cp(1, uint32_t(t_.numQHeads) * sizeof(float), 0, 0, 0);
-            DataCopyPad(lseGm_[uint64_t(row) * t_.numQHeads], lseRow, cp);
-            WaitFor<HardEvent::MTE3_S>();  // lseRow is rewritten by the next row
+            DataCopyExtParams cp(1, uint32_t(G) * sizeof(float), 0, 0, 0);
+            DataCopyPad(lseGm_[uint64_t(row) * t_.numQHeads + uint64_t(h) * G], lseRow, cp);
+            WaitFor<HardEvent::MTE3_S>();  // lseRow is rewritten by the next unit
         }
     }
 

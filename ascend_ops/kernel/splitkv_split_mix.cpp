@@ -224,6 +224,7 @@ private:
         const int32_t TT = c_.TT, D = c_.D, MP = c_.MP, n = Tokens(it, j);
         const int32_t M1 = MP / 16, K1 = CeilDiv(n, 16), N1 = D / 16;
         CrossCoreWaitFlag(kFlagP);
+        WaitFor<HardEvent::MTE1_MTE2>();  // the previous tile's LoadData of P from L1 is done
         LocalTensor<T> p1 = pL1_.Get<T>();
         DataCopy(p1, pGm_[(gTile % 2) * MP * TT],
                  Nd2NzParams(1, static_cast<uint16_t>(M), static_cast<uint16_t>(n), 0, static_cast<uint16_t>(TT),

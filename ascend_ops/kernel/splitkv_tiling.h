@@ -93,9 +93,10 @@ struct SplitKVTiling {
     int32_t scratchCoreBytes;    // mixed: scratch bytes per AI core
     int32_t coreRangeOffset;  // mixed: plan section coreRange [blockDim + 1] (first item of each AI core)
     int32_t mixUbBytes;       // mixed: UB one vector core reserves
+    int32_t combineBlockDim;  // vector cores the combine uses (units of (row, KV head); any count works)
 };
 
-#define SPLITKV_TILING_WORDS 42
+#define SPLITKV_TILING_WORDS 43
 
 #ifdef __cplusplus
 static_assert(sizeof(SplitKVTiling) == SPLITKV_TILING_WORDS * 4, "SplitKVTiling must be 4-byte fields only");

@@ -27,7 +27,8 @@ import numpy as np
 from splitkv_common.devices import get_profile
 from splitkv_common.plan import Plan
 
-from .support import DEFAULT_PROFILE, kv_dtype_supported, q_dtype_supported, supported_head_dim
+from .support import (DEFAULT_PROFILE, kv_dtype_supported, mixed_kernel_unsupported, q_dtype_supported,
+                      supported_head_dim)
 
 HEADER = Path(__file__).with_name("kernel") / "splitkv_tiling.h"
 UB_BYTES = 192 * 1024          # Unified Buffer per vector core, 910B
@@ -188,14 +189,8 @@ def mix_scratch_core_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad
 
 
 def mix_unsupported(head_dim: int, dtype: str, kv_dtype: str, num_q_heads: int, num_kv_heads: int) -> str | None:
-    """None when the mixed split stage takes these shapes, else why (the vector kernel serves them)."""
-    if dtype not in ("float16", "bfloat16") or kv_dtype != dtype:
-        return f"mixed kernel: fp16/bf16 q with KV of the same dtype only (got {dtype} / {kv_dtype})"
-    if head_dim % 16 or not 16 <= head_dim <= 256:
-        return f"mixed kernel: head dim a multiple of 16 in [16, 256] (got {head_dim})"
-    if num_q_heads * head_dim > 65535 or num_kv_heads * head_dim > 65535:
-        return "mixed kernel: Hq * D and Hkv * D must fit Nd2NzParams' 16-bit strides"
-    return None
+    """None when the mixed split stage takes these shapes, else why (the rule lives in ``support.py``)."""
+    return mixed_kernel_unsupported(head_dim, dtype, kv_dtype, num_q_heads, num_kv_heads)
 
 
 def choose_mix_tiles(head_dim: int, dtype: str, rows: int, soft_cap: bool, ub_bytes: int = UB_BYTES):
@@ -317,8 +312,11 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
         raise ValueError(f"UB budget: the combine kernel needs {sum(comb.values())} bytes for {max_splits} splits "
                          f"per row, head_dim={head_dim}; rule: all InitBuffer sizes of one vector core must fit "
                          f"the {ub}-byte Unified Buffer (use fewer splits per row)")
-    if (num_q_heads - 1) * head_dim // 8 > 65535 or max_splits > 65535:
+    if (num_q_heads - 1) * head_dim // 8 > 65535:
         raise ValueError("combine: (Hq - 1) * D / 8 must fit DataCopyParams' 16-bit stride (in 32-byte blocks)")
+    if max_splits > 4095:
+        raise ValueError(f"combine: {max_splits} splits per row; a DataCopy moves at most 4095 blocks "
+                         "(blockCount <= 4095 on dav-c220) and the combine copies one block per split")
     if page_size > 65535:
         raise ValueError("page_size: at most 65535 (DataCopyPad blockCount is 16-bit)")
     lse_off, ws = workspace_bytes(plan.num_slots, num_q_heads, head_dim)

@@ -155,6 +155,7 @@ __aicore__ inline void RunCombine(GM_ADDR ws, GM_ADDR plan, GM_ADDR out, GM_ADDR
 
 extern "C" __global__ __aicore__ void splitkv_combine(GM_ADDR workspace, GM_ADDR plan, GM_ADDR out, GM_ADDR lse,
                                                       GM_ADDR tiling) {
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
     SplitKVTiling t;
     splitkv::LoadTiling(tiling, t);
     if (t.qDtype == SPLITKV_DT_FLOAT16) {

@@ -66,6 +66,11 @@ class Constants:
     mte1_bytes_per_cycle: float = 256.0  # ASSUMPTION: L1 -> L0A/L0B, half a 512-byte fractal per cycle
     fix_row_cycles: float = 4.0  # ASSUMPTION: per output row (burst) of Fixpipe, on top of its GM bytes
     cross_wait_cycles: float = 100.0  # ASSUMPTION: a cross-core flag round trip that had to wait (FFTS)
+    # ASSUMPTION: the mixed kernel's S / P / O scratch (about 60 KiB per AI core, rewritten every
+    # tile and read back within microseconds) stays in the 910B's 192 MiB L2 (CANN platform config,
+    # catlass: ascend-offline-checks section 4) and never reaches HBM; it still costs the core's own
+    # DMA time (core_dma_bytes_per_s). False charges it to HBM like any other byte.
+    scratch_in_l2: bool = True
 
 
 C = Constants()
@@ -76,15 +81,21 @@ def gm_bytes(s: dict) -> float:
     return float(s["dma_bytes"]["MTE2"] + s["dma_bytes"]["MTE3"] + s.get("fix_bytes", 0))
 
 
+def hbm_bytes(s: dict, c: Constants = C) -> float:
+    """The GM bytes that reach HBM: all of them, less the L2-resident scratch when modelled."""
+    return gm_bytes(s) - (s.get("l2_bytes", 0) if c.scratch_in_l2 else 0)
+
+
 def hbm_seconds(s: dict, all_bytes: list[float], c: Constants = C) -> float:
     """When this context's GM traffic completes, all contexts streaming at once: HBM shared equally
-    among the contexts still streaming (processor sharing: a context moving b bytes finishes after
-    sum_j min(b_j, b) / BW), and no faster than one core's own DMA ceiling."""
-    b = gm_bytes(s)
-    if b <= 0:
+    among the contexts still streaming (processor sharing: a context moving b HBM bytes finishes
+    after sum_j min(b_j, b) / BW), and no faster than one core's own DMA ceiling for all its bytes
+    (HBM and L2)."""
+    b, total = hbm_bytes(s, c), gm_bytes(s)
+    if total <= 0:
         return 0.0
     ps = sum(min(x, b) for x in all_bytes) / c.hbm_bytes_per_s
-    return max(ps, b / c.core_dma_bytes_per_s)
+    return max(ps, total / c.core_dma_bytes_per_s)
 
 
 def _dma_us(s: dict, pipe: str, bytes_: float, hbm_s: float, c: Constants) -> float:
@@ -98,7 +109,7 @@ def core_time_us(s: dict, active_cores: int | list, c: Constants = C) -> dict:
     """Estimated µs per pipe and for the core, from one block's counters (``active_cores``: the GM
     bytes of every context of the stage, or a count of contexts moving as many bytes as this one)."""
     cyc = 1e6 / c.clock_hz  # µs per cycle
-    all_bytes = active_cores if isinstance(active_cores, list) else [gm_bytes(s)] * max(1, active_cores)
+    all_bytes = active_cores if isinstance(active_cores, list) else [hbm_bytes(s, c)] * max(1, active_cores)
     hbm_s = hbm_seconds(s, all_bytes, c)
     mte2 = _dma_us(s, "MTE2", s["dma_bytes"]["MTE2"], hbm_s, c)
     mte3 = _dma_us(s, "MTE3", s["dma_bytes"]["MTE3"], hbm_s, c)
@@ -107,7 +118,8 @@ def core_time_us(s: dict, active_cores: int | list, c: Constants = C) -> dict:
     scalar = (issued * c.scalar_issue_cycles + (s["s_ub_reads"] + s["s_ub_writes"]) * c.scalar_ub_cycles
               + (s["s_gm_reads"] + s["s_gm_writes"]) * c.scalar_gm_cycles) * cyc
     serial = (s["v_to_s"] * c.v_to_s_cycles + s["barrier_v"] * c.v_barrier_cycles) * cyc
-    pipes = {"MTE2": mte2, "MTE3": mte3, "V": vec, "S": scalar}
+    # the DMA pipes share one path to GM: their data time adds up (GM), each pipe also shows its part
+    pipes = {"MTE2": mte2, "MTE3": mte3, "GM": mte2 + mte3, "V": vec, "S": scalar}
     return {"pipes_us": pipes, "serial_us": serial, "core_us": max(pipes.values()) + serial}
 
 
@@ -119,7 +131,7 @@ def cube_core_time_us(s: dict, active_cores: int | list, c: Constants = C) -> di
     per Mmad; a cross-core wait that found its counter at 0 serialises (the cube idles).
     """
     cyc = 1e6 / c.clock_hz
-    all_bytes = active_cores if isinstance(active_cores, list) else [gm_bytes(s)] * max(1, active_cores)
+    all_bytes = active_cores if isinstance(active_cores, list) else [hbm_bytes(s, c)] * max(1, active_cores)
     hbm_s = hbm_seconds(s, all_bytes, c)
     mte2 = _dma_us(s, "MTE2", s["dma_bytes"]["MTE2"], hbm_s, c)
     mte1 = (s["l0_bytes"] / c.mte1_bytes_per_cycle + s["ins"]["MTE1"] * c.vec_issue_cycles) * cyc
@@ -129,7 +141,7 @@ def cube_core_time_us(s: dict, active_cores: int | list, c: Constants = C) -> di
     issued = sum(s["ins"].values())
     scalar = (issued * c.scalar_issue_cycles + (s["s_gm_reads"] + s["s_gm_writes"]) * c.scalar_gm_cycles) * cyc
     serial = s.get("cross_blocked", 0) * c.cross_wait_cycles * cyc
-    pipes = {"MTE2": mte2, "MTE1": mte1, "M": m, "FIX": fix, "S": scalar}
+    pipes = {"MTE2": mte2, "MTE1": mte1, "M": m, "FIX": fix, "GM": mte2 + fix, "S": scalar}
     return {"pipes_us": pipes, "serial_us": serial, "core_us": max(pipes.values()) + serial}
 
 
@@ -147,7 +159,7 @@ def context_time_us(s: dict, active_cores: int | list, c: Constants = C) -> dict
 def stage_time_us(stats: list[dict], c: Constants = C) -> dict:
     """Launch latency + the slowest context (vector cores, or cube and vector cores of a mixed launch)."""
     active = sum(1 for s in stats if sum(s["ins"].values()) > 0)
-    all_bytes = [gm_bytes(s) for s in stats]
+    all_bytes = [hbm_bytes(s, c) for s in stats]
     per = [context_time_us(s, all_bytes, c) for s in stats]
     worst = max(range(len(per)), key=lambda i: per[i]["core_us"]) if per else 0
     return {"us": c.launch_us + (per[worst]["core_us"] if per else 0.0), "active_cores": active,
@@ -215,16 +227,22 @@ def count_shape(shape: Shape, points=(1, 2), kernel: str = "vector") -> dict:
     sim.set_block_order(lib, 0)
     samples = []
     for k in points:
-        tokens = k * 2 * shape.page  # tokens per split at this point (whole cube tiles of 256)
+        # tokens per split at this point: whole 256-token cube tiles for the mixed kernel (its cost is
+        # per tile), whole pages for the vector kernel (per token)
+        tokens = k * (2 if kernel == "mix" else 1) * shape.page
         inp = _inputs(shape, tokens * splits)
         plan = inp.plan(f"size:{tokens}", device="910b2") if splits > 1 else inp.plan("none", device="910b2")
         assert int(plan.num_splits.max()) == splits
         til = tl.build_tiling(inp, plan, sim.PROFILE, kernel=kernel)
         assert til.mixed == (kernel == "mix")
-        sim.run_split(inp, plan, til)
-        split_stats = sim.last_stats(lib)
-        sim.run_twin(inp, plan, kernel=kernel)  # split then combine: the last launch is the combine
-        combine_stats = sim.last_stats(lib)
+        if kernel == "mix":  # one fused launch: split, SyncAll, combine
+            sim.run_twin(inp, plan, kernel=kernel, fused=True)
+            split_stats, combine_stats = sim.last_stats(lib), []
+        else:
+            sim.run_split(inp, plan, til)
+            split_stats = sim.last_stats(lib)
+            sim.run_twin(inp, plan, kernel=kernel)  # split then combine: the last launch is the combine
+            combine_stats = sim.last_stats(lib)
         samples.append((tokens, split_stats, combine_stats))
     (t1, s1, c1), (t2, s2, c2) = samples
 
@@ -252,7 +270,7 @@ def estimate(shapes=SHAPES, c: Constants = C, kernels=("vector", "mix")) -> dict
     for sh, kernel in [(sh, k) for sh in shapes for k in kernels]:
         cnt = count_shape(sh, kernel=kernel)
         sp = stage_time_us(cnt["split_stats"], c)
-        cb = stage_time_us(cnt["combine_stats"], c)
+        cb = stage_time_us(cnt["combine_stats"], c) if cnt["combine_stats"] else {"us": 0.0}
         w = sp["worst_core"]
         rows.append({
             "shape": sh.name, "kernel": kernel, "batch": sh.batch, "context": sh.context, "hq": sh.hq, "hkv": sh.hkv,

@@ -21,6 +21,7 @@
 // Cross-core flags: 1 S ready, 2 P ready, 3 O ready (all mode 2), 4 zero row ready (once).
 // NOT RUN ON AN NPU: type-checked against CANN 8.1 headers and run on the CPU twin only.
 #include "splitkv_kernel_common.h"
+#include "splitkv_combine_stage.h"
 
 using namespace AscendC;
 
@@ -613,5 +614,36 @@ extern "C" __global__ __aicore__ void splitkv_split_mix(GM_ADDR q, GM_ADDR kCach
         RunSplitMix<half>(q, kCache, vCache, blockTable, plan, workspace, t);
     } else {
         RunSplitMix<bfloat16_t>(q, kCache, vCache, blockTable, plan, workspace, t);
+    }
+}
+
+// The fused launch: the mixed split stage, SyncAll (cube and vector cores), then the combine on the
+// 2 * blockDim vector cores in the same launch (as IFA), saving the second launch. Same buffers as
+// splitkv_split_mix followed by splitkv_combine.
+template <typename T>
+__aicore__ inline void RunAttentionMix(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, GM_ADDR plan, GM_ADDR ws,
+                                       GM_ADDR out, GM_ADDR lse, const SplitKVTiling& t) {
+    RunSplitMix<T>(q, k, v, bt, plan, ws, t);
+    SyncAll<false>();
+    if ASCEND_IS_AIV {
+        PipeBarrier<PIPE_ALL>();  // the split stage's UB use is over before the combine's pipe reuses it
+        splitkv::CombineStage<T> op;
+        op.Init(ws, plan, out, lse, t);
+        op.Process(static_cast<int32_t>(GetBlockIdx()), static_cast<int32_t>(GetBlockNum() * GetTaskRation()));
+    }
+}
+
+extern "C" __global__ __aicore__ void splitkv_attention_mix(GM_ADDR q, GM_ADDR kCache, GM_ADDR vCache,
+                                                            GM_ADDR blockTable, GM_ADDR kvQuant, GM_ADDR plan,
+                                                            GM_ADDR workspace, GM_ADDR tiling, GM_ADDR out,
+                                                            GM_ADDR lse) {
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+    (void)kvQuant;
+    SplitKVTiling t;
+    splitkv::LoadTiling(tiling, t);
+    if (t.qDtype == SPLITKV_DT_FLOAT16) {
+        RunAttentionMix<half>(q, kCache, vCache, blockTable, plan, workspace, out, lse, t);
+    } else {
+        RunAttentionMix<bfloat16_t>(q, kCache, vCache, blockTable, plan, workspace, out, lse, t);
     }
 }

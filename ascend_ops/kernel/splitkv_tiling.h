@@ -109,6 +109,11 @@ extern "C" __global__ __aicore__ void splitkv_split(GM_ADDR q, GM_ADDR kCache, G
 extern "C" __global__ __aicore__ void splitkv_split_mix(GM_ADDR q, GM_ADDR kCache, GM_ADDR vCache, GM_ADDR blockTable,
                                                         GM_ADDR kvQuant, GM_ADDR plan, GM_ADDR workspace,
                                                         GM_ADDR tiling);
+// The fused mixed launch: splitkv_split_mix, SyncAll, then the combine (out, lse as splitkv_combine).
+extern "C" __global__ __aicore__ void splitkv_attention_mix(GM_ADDR q, GM_ADDR kCache, GM_ADDR vCache,
+                                                            GM_ADDR blockTable, GM_ADDR kvQuant, GM_ADDR plan,
+                                                            GM_ADDR workspace, GM_ADDR tiling, GM_ADDR out,
+                                                            GM_ADDR lse);
 extern "C" __global__ __aicore__ void splitkv_combine(GM_ADDR workspace, GM_ADDR plan, GM_ADDR out, GM_ADDR lse,
                                                       GM_ADDR tiling);
 #endif

@@ -137,3 +137,16 @@ def test_core_ranges_are_contiguous_and_balanced():
 @pytest.mark.parametrize("batch,ctx,want", [(1, 16384, 3), (1, 65536, 3), (16, 8192, 3), (64, 2048, 3), (2, 600, 1)])
 def test_npu_split_count_fills_the_cube_cores(batch, ctx, want):
     assert tl.npu_split_count([ctx] * batch, 8, 128, "910b2") == want
+
+
+def test_fused_launch_equals_split_then_combine():
+    """splitkv_attention_mix (split, SyncAll, combine in one launch) == splitkv_split_mix + splitkv_combine."""
+    inp = cases.random_inputs(8, [900, 5, 0, 260], num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=128,
+                              dtype="bfloat16", q_lens=[1, 1, 1, 2], window_left=300)
+    plan = inp.plan("size:256", device="910b2")
+    fused = sim.run_twin(inp, plan, fused=True)
+    two = sim.run_twin(inp, plan, fused=False)
+    np.testing.assert_array_equal(fused[0], two[0])
+    np.testing.assert_array_equal(fused[1], two[1])
+    with pytest.raises(ValueError, match="fused"):
+        sim.run_twin(inp, plan, kernel="vector", fused=True)

@@ -169,3 +169,25 @@ def test_workspace_size_matches_what_the_kernel_writes(graph_stable, head_dim):
     assert not o[~used].any() and not lse[~used].any()
     if not graph_stable:
         assert used.all()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("soft_cap", [False, True])
+def test_mixed_tiles_fit_every_unit(dtype, soft_cap):
+    """The mixed split stage's tile fits L1, L0A, L0B, L0C and the UB for every head dim and row count
+    it takes (always up to 64 rows); 256-token tiles for D <= 128 and the GQA groups of decode."""
+    for d in range(16, 257, 16):
+        for rows in (1, 4, 8, 16, 32, 64, 100, 128):
+            got = tl.choose_mix_tiles(d, dtype, rows, soft_cap)
+            if got is None:  # e.g. 128 rows at D 256 overflow L0A: the vector kernel serves those
+                assert rows > 64, (d, rows)
+                continue
+            tt, mp = got
+            assert mp % 16 == 0 and mp >= rows and tt % 16 == 0
+            cube = tl.mix_cube_bytes(d, tt, mp)
+            assert cube["L1"] <= tl.L1_BYTES and cube["L0A"] <= tl.L0A_BYTES
+            assert cube["L0B"] <= tl.L0B_BYTES and cube["L0C"] <= tl.L0C_BYTES
+            assert sum(tl.mix_ub_bytes(d, dtype, tt, mp, soft_cap).values()) <= tl.UB_BYTES
+            if d <= 128 and rows <= 16:
+                assert tt == 256
+    assert tl.choose_mix_tiles(128, "bfloat16", 129, False) is None  # more rows: the vector kernel

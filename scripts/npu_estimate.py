@@ -34,13 +34,18 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+from splitkv_common.devices import get_profile  # noqa: E402  (the one source of the core counts)
+
+_P910B2 = get_profile("910b2")
+
+
 @dataclass(frozen=True)
 class Constants:
     """Each figure with its source; ASSUMPTION where no public figure was found."""
 
     clock_hz: float = 1.8e9  # 910B2 AI core clock, ~1.8 GHz: design note "npu-budget" (paper figure)
     hbm_bytes_per_s: float = 1.6e12  # ~1.6 TB/s: npu-budget / ascend-anchors ("not authoritatively published")
-    vector_cores: int = 48  # 910B2: 48 AIV (CANN platform config, catlass; ascend-offline-checks section 4)
+    vector_cores: int = _P910B2.units  # 910B2: 48 AIV (splitkv_common.devices; CANN platform config, catlass)
     core_dma_bytes_per_s: float = 100e9  # ASSUMPTION: one core's MTE2 ceiling when few cores stream
     # ASSUMPTION: a DMA instruction costs a descriptor + first-byte latency once; the blocks of one
     # strided instruction (blockCount / nValue rows) stream back to back behind it, each costing only
@@ -57,7 +62,7 @@ class Constants:
     v_barrier_cycles: float = 15.0  # ASSUMPTION: PipeBarrier<PIPE_V> drains the vector pipeline
     launch_us: float = 5.0  # launch ~5 us: docs/ascend-kernel.md roofline placeholder (ASSUMPTION)
     # ---- cube core (AIC) of a mixed launch
-    cube_cores: int = 24  # 910B2: 24 AIC (ascend-offline-checks section 4: CANN platform config, catlass)
+    cube_cores: int = _P910B2.cube_units  # 910B2: 24 AIC (splitkv_common.devices; CANN platform config, catlass)
     # 4096 fp16 MACs per cycle = one 16x16x16 fractal block per cycle: the DaVinci "Max" cube of the
     # Ascend 910 (Hot Chips 31, 2019, Huawei DaVinci talk: "Cube is 4096 FP16 MACs"). ASSUMPTION that
     # the 910B AIC keeps that rate for fp16 and bf16 with fp32 accumulation.
@@ -304,9 +309,19 @@ def main(argv=None) -> int:
     ap.add_argument("--out-md", type=Path)
     ap.add_argument("--shapes", default="all", help="comma-separated indices into SHAPES, or 'all'")
     ap.add_argument("--kernels", default="vector,mix", help="split stages to count: vector, mix or both")
+    ap.add_argument("--scratch-in-hbm", action="store_true",
+                    help="sensitivity: charge the mixed kernel's scratch to HBM (no L2 residency)")
+    ap.add_argument("--dma-block-cycles", type=float, default=None,
+                    help="sensitivity: cycles per block (row) of a strided DMA (the first model used 30)")
     a = ap.parse_args(argv)
     shapes = SHAPES if a.shapes == "all" else [SHAPES[int(i)] for i in a.shapes.split(",")]
-    est = estimate(shapes, kernels=tuple(a.kernels.split(",")))
+    from dataclasses import replace
+    c = C
+    if a.scratch_in_hbm:
+        c = replace(c, scratch_in_l2=False)
+    if a.dma_block_cycles is not None:
+        c = replace(c, dma_block_cycles=a.dma_block_cycles)
+    est = estimate(shapes, c, kernels=tuple(a.kernels.split(",")))
     md = to_markdown(est)
     print(est["kind"])
     print(md)

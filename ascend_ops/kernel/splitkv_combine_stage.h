@@ -42,14 +42,18 @@ public:
     __aicore__ inline void Process() {
         Process(static_cast<int32_t>(GetBlockIdx()), static_cast<int32_t>(GetBlockNum()));
     }
-    // units first, first + nb, ... (the fused launch passes its vector-core index and count)
-    __aicore__ inline void Process(int32_t first, int32_t nb) {
+    // units first, first + nb, ... (the fused launch passes its vector-core index and count, and
+    // skipSingle: its split stage wrote the rows with one split directly)
+    __aicore__ inline void Process(int32_t first, int32_t nb, bool skipSingle = false) {
         const int32_t hkv = t_.numKVHeads, G = t_.groupSize;
         LocalTensor<float> lseRow = lseRow_.Get<float>();
         for (int32_t u = first; u < t_.numRows * hkv; u += nb) {
             const int32_t row = u / hkv, h = u % hkv;
             const int32_t s0 = planGm_.GetValue(t_.rowSlotOffset + row);
             const int32_t ns = planGm_.GetValue(t_.rowNumOffset + row);
+            if (skipSingle && ns == 1) {
+                continue;
+            }
             for (int32_t g = 0; g < G; g++) {
                 lseRow.SetValue(g, MergeHead(row, h * G + g, s0, ns));
             }

@@ -270,8 +270,12 @@ private:
 template <typename T>
 class MixVec {
 public:
-    __aicore__ inline void Init(GM_ADDR bt, GM_ADDR plan, GM_ADDR ws, const SplitKVTiling& t) {
+    // out / lse: the fused launch's outputs (rows with one split are written there directly and the
+    // combine skips them); nullptr for the split-only launch (every row goes to its partial slot).
+    __aicore__ inline void Init(GM_ADDR bt, GM_ADDR plan, GM_ADDR ws, const SplitKVTiling& t, GM_ADDR out,
+                                GM_ADDR lse) {
         sub_ = static_cast<int32_t>(GetSubBlockIdx());
+        direct_ = out != nullptr;
         c_.Init(bt, plan, ws, t, static_cast<int32_t>(GetBlockIdx() / GetTaskRation()));
         const int32_t MP = c_.MP, TT = c_.TT, D = c_.D;
         RH_ = MP / 2;
@@ -293,6 +297,11 @@ public:
             pipe_.InitBuffer(cap_, uint32_t(RH_) * TT * sizeof(float));
         }
         pipe_.InitBuffer(outQ_, 2, uint32_t(D + kLseRepeat) * sizeof(float));
+        if (direct_) {
+            outGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(out), uint64_t(t.numRows) * t.numQHeads * D);
+            lseGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(lse), uint64_t(t.numRows) * t.numQHeads);
+            pipe_.InitBuffer(ob_, uint32_t(D) * sizeof(T));
+        }
     }
 
     __aicore__ inline void Process() {
@@ -566,31 +575,48 @@ private:
                 Duplicate(o, 0.0f, D);
                 Duplicate(o[D], kNegInf, kLseRepeat);
             }
+            const int32_t qrow = it.row0 + qi;
+            const bool direct = direct_ && c_.planGm.GetValue(c_.t.rowNumOffset + qrow) == 1;
+            LocalTensor<T> ob;
+            if (direct) {  // the row's only split: final output in q's dtype (as the combine rounds)
+                ob = ob_.Get<T>();
+                WaitFor<HardEvent::MTE3_V>();  // the previous row's copy-out of ob is done
+                PipeBarrier<PIPE_V>();
+                Cast(ob, o, RoundMode::CAST_RINT, uint32_t(D));
+            }
             outQ_.EnQue(o);
             LocalTensor<float> ready = outQ_.template DeQue<float>();
-            const int32_t slot = c_.planGm.GetValue(c_.t.rowSlotOffset + it.row0 + qi) + it.split;
-            const uint64_t hq = uint64_t(slot) * c_.t.numQHeads + uint64_t(it.h) * G + g;
-            DataCopy(wsO_[hq * D], ready, uint32_t(D));
-            DataCopy(wsL_[hq * kLseRepeat], ready[D], uint32_t(kLseRepeat));
+            const uint64_t hqRow = uint64_t(it.h) * G + g;
+            if (direct) {
+                DataCopy(outGm_[(uint64_t(qrow) * c_.t.numQHeads + hqRow) * D], ob, uint32_t(D));
+                DataCopyExtParams cp(1, uint32_t(sizeof(float)), 0, 0, 0);
+                DataCopyPad(lseGm_[uint64_t(qrow) * c_.t.numQHeads + hqRow], ready[D], cp);
+            } else {
+                const int32_t slot = c_.planGm.GetValue(c_.t.rowSlotOffset + qrow) + it.split;
+                const uint64_t hq = uint64_t(slot) * c_.t.numQHeads + hqRow;
+                DataCopy(wsO_[hq * D], ready, uint32_t(D));
+                DataCopy(wsL_[hq * kLseRepeat], ready[D], uint32_t(kLseRepeat));
+            }
             outQ_.FreeTensor(ready);
         }
     }
 
     MixCommon c_;
+    bool direct_ = false;
     int32_t sub_ = 0, RH_ = 0;
     float m_[kMaxVecRows], l_[kMaxVecRows], a_[kMaxVecRows];
     TPipe pipe_;
-    TBuf<TPosition::VECCALC> s_, p_, o_, acc_, red_, alpha_, work_, cap_;
+    TBuf<TPosition::VECCALC> s_, p_, o_, acc_, red_, alpha_, work_, cap_, ob_;
     TQue<TPosition::VECOUT, 2> outQ_;
-    GlobalTensor<T> pGm_, zGm_;
-    GlobalTensor<float> sGm_, oGm_, wsO_, wsL_;
+    GlobalTensor<T> pGm_, zGm_, outGm_;
+    GlobalTensor<float> sGm_, oGm_, wsO_, wsL_, lseGm_;
 };
 
 }  // namespace splitkv
 
 template <typename T>
 __aicore__ inline void RunSplitMix(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, GM_ADDR plan, GM_ADDR ws,
-                                   const SplitKVTiling& t) {
+                                   const SplitKVTiling& t, GM_ADDR out = nullptr, GM_ADDR lse = nullptr) {
     if ASCEND_IS_AIC {
         splitkv::MixCube<T> op;
         op.Init(q, k, v, bt, plan, ws, t);
@@ -598,7 +624,7 @@ __aicore__ inline void RunSplitMix(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, 
     }
     if ASCEND_IS_AIV {
         splitkv::MixVec<T> op;
-        op.Init(bt, plan, ws, t);
+        op.Init(bt, plan, ws, t, out, lse);
         op.Process();
     }
 }
@@ -623,13 +649,14 @@ extern "C" __global__ __aicore__ void splitkv_split_mix(GM_ADDR q, GM_ADDR kCach
 template <typename T>
 __aicore__ inline void RunAttentionMix(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, GM_ADDR plan, GM_ADDR ws,
                                        GM_ADDR out, GM_ADDR lse, const SplitKVTiling& t) {
-    RunSplitMix<T>(q, k, v, bt, plan, ws, t);
+    RunSplitMix<T>(q, k, v, bt, plan, ws, t, out, lse);  // rows with one split: written directly
     SyncAll<false>();
     if ASCEND_IS_AIV {
         PipeBarrier<PIPE_ALL>();  // the split stage's UB use is over before the combine's pipe reuses it
         splitkv::CombineStage<T> op;
         op.Init(ws, plan, out, lse, t);
-        op.Process(static_cast<int32_t>(GetBlockIdx()), static_cast<int32_t>(GetBlockNum() * GetTaskRation()));
+        op.Process(static_cast<int32_t>(GetBlockIdx()), static_cast<int32_t>(GetBlockNum() * GetTaskRation()),
+                   true);
     }
 }
 

@@ -29,6 +29,10 @@
 //   splitkv_combine(workspace, plan, out, lse, tiling)
 //     out        [T, Hq, D] qDtype;  lse float32 [T, Hq] (natural log; -inf for an empty row)
 //
+// The mixed split stage (kernelKind 1, splitkv_split_mix / the fused splitkv_attention_mix) is a
+// mixed launch of `blockDim` AI cores (1 AIC + 2 AIV each) with a per-core scratch after the
+// partials (scratchOffsetBytes, scratchCoreBytes) and the plan section coreRange; the combine
+// takes combineBlockDim vector cores. The vector-only stage:
 // Launch both on `blockDim` vector cores (AIV), one after the other on the same stream: the
 // combine reads what the split stage wrote. No SyncAll, no system workspace.
 //

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -159,6 +160,27 @@ def _cmake_build(home, torch_dir, npu_dir, soc, build_dir, jobs, log) -> Path:
     return built[0]
 
 
+def cann_version(home: Path) -> tuple[int, int] | None:
+    """(major, minor) of the CANN toolkit at ``home`` from its ``ascend_toolkit_install.info``
+    (``version=8.1.RC1``, in the toolkit root or its ``<arch>-linux`` folder); None if absent."""
+    home = Path(home)
+    for info in [home / "ascend_toolkit_install.info", *sorted(home.glob("*-linux/ascend_toolkit_install.info"))]:
+        if info.is_file():
+            m = re.search(r"^version=(\d+)\.(\d+)", info.read_text(errors="replace"), re.M)
+            if m:
+                return int(m.group(1)), int(m.group(2))
+    return None
+
+
+def bisheng_lang_flags(version: tuple[int, int] | None, soc: str) -> list[str]:
+    """bisheng's language / target flags for the installed CANN: 8.3 and later take ``-x asc
+    --npu-arch=dav-2201``; 8.1 / 8.2 take ``-xcce --cce-soc-version=<SoC>`` (the flag spelling of
+    that generation; NOT RUN: no CANN toolkit was available to try either)."""
+    if version is not None and version < (8, 3):
+        return ["-xcce", f"--cce-soc-version={soc}"]
+    return ["-x", "asc", f"--npu-arch={npu_arch(soc)}"]
+
+
 def _bisheng_build(home, torch_dir, npu_dir, soc, build_dir, log) -> tuple[Path, Path]:
     bisheng = shutil.which("bisheng") or str(home / "compiler" / "ccec_compiler" / "bin" / "bisheng")
     if not Path(bisheng).is_file():
@@ -167,7 +189,10 @@ def _bisheng_build(home, torch_dir, npu_dir, soc, build_dir, log) -> tuple[Path,
     if not cxx:
         raise BuildError("no host C++ compiler (g++ or clang++) on PATH")
     kernels = build_dir / KERNELS_LIB_FILE
-    _run([bisheng, "-x", "asc", f"--npu-arch={npu_arch(soc)}", "-shared", "-fPIC", "-O2", "-std=c++17",
+    version = cann_version(home)
+    log(f"CANN {'.'.join(map(str, version)) if version else 'version unknown'}: bisheng "
+        f"{' '.join(bisheng_lang_flags(version, soc))}")
+    _run([bisheng, *bisheng_lang_flags(version, soc), "-shared", "-fPIC", "-O2", "-std=c++17",
           f"-I{KERNEL_DIR}", f"-I{CSRC / 'launch'}", f"-I{home / 'include'}",
           str(CSRC / "launch_split.asc"), str(CSRC / "launch_combine.asc"), "-o", str(kernels)], log)
     out = build_dir / LIB_FILE

@@ -93,6 +93,10 @@ def twin_library() -> ctypes.CDLL:
         P = ctypes.c_void_p
         lib.sim_launch_split.argtypes = [ctypes.c_int] + [P] * 8 + [ctypes.c_char_p, ctypes.c_int,
                                                                     ctypes.POINTER(ctypes.c_uint)]
+        lib.sim_launch_split_mix.argtypes = lib.sim_launch_split.argtypes
+        lib.sim_set_l2_range.argtypes = [P, P]
+        lib.sim_launch_attention_mix.argtypes = [ctypes.c_int] + [P] * 10 + [ctypes.c_char_p, ctypes.c_int,
+                                                                             ctypes.POINTER(ctypes.c_uint)]
         lib.sim_launch_combine.argtypes = [ctypes.c_int] + [P] * 5 + [ctypes.c_char_p, ctypes.c_int,
                                                                       ctypes.POINTER(ctypes.c_uint)]
         _LIB = lib
@@ -158,22 +162,17 @@ def run_split(inputs: DecodeInputs, plan: Plan, til: tl.Tiling | None = None, gu
     tb = np.frombuffer(til.tiling_bytes, np.uint8).copy()
     err = ctypes.create_string_buffer(2048)
     peak = ctypes.c_uint(0)
-    rc = lib.sim_launch_split(til.block_dim, _ptr(q), _ptr(k), _ptr(v), _ptr(bt), _ptr(quant), _ptr(til.plan_words),
+    launch = lib.sim_launch_split_mix if til.mixed else lib.sim_launch_split
+    # cost-model counting only: the mixed kernel's per-core scratch is L2-resident (npu_estimate.py)
+    lo = ws.ctypes.data + (int(til.fields["scratchOffsetBytes"]) if til.mixed else til.workspace_bytes)
+    lib.sim_set_l2_range(ctypes.c_void_p(lo), ctypes.c_void_p(ws.ctypes.data + til.workspace_bytes))
+    rc = launch(til.block_dim, _ptr(q), _ptr(k), _ptr(v), _ptr(bt), _ptr(quant), _ptr(til.plan_words),
                               _ptr(ws), _ptr(tb), err, len(err), ctypes.byref(peak))
     _check(rc, err, "split stage")
     return ws, int(peak.value), til
 
 
-def run_twin(inputs: DecodeInputs, plan: Plan, profile: str = PROFILE) -> tuple[np.ndarray, np.ndarray]:
-    """Split then combine on the twin: ``(out [T, Hq, D] float32 values of q's dtype, lse [T, Hq] float32)``.
-
-    The inputs (host arrays) and the plan are checked first: the twin's kernels trust both."""
-    inputs.validate()
-    plan.validate(inputs.seq_lens, inputs.query_start_loc, window_left=inputs.window_left,
-                  num_kv_heads=inputs.k_cache.shape[2])
-    til = tl.build_tiling(inputs, plan, profile)
-    ws, _, _ = run_split(inputs, plan, til)
-    lib = twin_library()
+def _outputs(inputs: DecodeInputs):
     T, Hq, D = inputs.q.shape
     native = to_native(np.zeros(1, np.float32), inputs.dtype).dtype
     out = np.empty((T, Hq, D), native)  # poisoned: NaN everywhere until the combine writes it
@@ -181,11 +180,57 @@ def run_twin(inputs: DecodeInputs, plan: Plan, profile: str = PROFILE) -> tuple[
         out[...] = 0x7FC0
     else:
         out[...] = np.nan
-    lse = np.full((T, Hq), np.nan, np.float32)
+    return out, np.full((T, Hq), np.nan, np.float32)
+
+
+def run_fused(inputs: DecodeInputs, plan: Plan, til: tl.Tiling) -> tuple[np.ndarray, np.ndarray]:
+    """The fused mixed launch (``splitkv_attention_mix``: split, SyncAll, combine) on the twin."""
+    lib = twin_library()
+    q = to_native(inputs.q, inputs.dtype)
+    k = to_native(inputs.k_cache, inputs.kv_dtype)
+    v = to_native(inputs.v_cache, inputs.kv_dtype)
+    bt = np.ascontiguousarray(inputs.block_table, np.int32)
+    quant = np.zeros(8, np.float32)
+    ws = np.full(til.workspace_bytes + 32, WS_POISON, np.uint8)
+    tb = np.frombuffer(til.tiling_bytes, np.uint8).copy()
+    out, lse = _outputs(inputs)
+    err = ctypes.create_string_buffer(2048)
+    peak = ctypes.c_uint(0)
+    lib.sim_set_l2_range(ctypes.c_void_p(ws.ctypes.data + int(til.fields["scratchOffsetBytes"])),
+                         ctypes.c_void_p(ws.ctypes.data + til.workspace_bytes))
+    rc = lib.sim_launch_attention_mix(til.block_dim, _ptr(q), _ptr(k), _ptr(v), _ptr(bt), _ptr(quant),
+                                      _ptr(til.plan_words), _ptr(ws), _ptr(tb), _ptr(out), _ptr(lse), err, len(err),
+                                      ctypes.byref(peak))
+    lib.sim_set_l2_range(None, None)
+    _check(rc, err, "fused mixed launch")
+    return from_native(out, inputs.dtype), lse
+
+
+def run_twin(inputs: DecodeInputs, plan: Plan, profile: str = PROFILE, kernel: str = "auto",
+             fused: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Split then combine on the twin: ``(out [T, Hq, D] float32 values of q's dtype, lse [T, Hq] float32)``.
+
+    ``kernel``: ``auto`` (the mixed split stage where it applies), ``mix`` or ``vector``. ``fused``
+    (default: whenever the split stage is the mixed one): one launch, the combine after SyncAll.
+    The inputs (host arrays) and the plan are checked first: the twin's kernels trust both."""
+    inputs.validate()
+    plan.validate(inputs.seq_lens, inputs.query_start_loc, window_left=inputs.window_left,
+                  num_kv_heads=inputs.k_cache.shape[2])
+    til = tl.build_tiling(inputs, plan, profile, kernel=kernel)
+    if fused is None:
+        fused = til.mixed
+    if fused:
+        if not til.mixed:
+            raise ValueError("fused: only the mixed split stage has a fused launch")
+        return run_fused(inputs, plan, til)
+    ws, _, _ = run_split(inputs, plan, til)
+    lib = twin_library()
+    out, lse = _outputs(inputs)
     tb = np.frombuffer(til.tiling_bytes, np.uint8).copy()
     err = ctypes.create_string_buffer(2048)
     peak = ctypes.c_uint(0)
-    rc = lib.sim_launch_combine(til.block_dim, _ptr(ws), _ptr(til.plan_words), _ptr(out), _ptr(lse), _ptr(tb),
+    lib.sim_set_l2_range(None, None)
+    rc = lib.sim_launch_combine(til.combine_block_dim, _ptr(ws), _ptr(til.plan_words), _ptr(out), _ptr(lse), _ptr(tb),
                                 err, len(err), ctypes.byref(peak))
     _check(rc, err, "combine stage")
     return from_native(out, inputs.dtype), lse

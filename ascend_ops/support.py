@@ -11,6 +11,10 @@ Every check of "can the Ascend kernels run this?" reads this module: the wrapper
   tiling's UB budget is sized for up to 256).
 * the device profile (:mod:`splitkv_common.devices`) NPU plans are made for: ``910b2`` unless
   ``SPLITKV_ASCEND_PROFILE`` names another.
+* which split stage serves a call (:func:`mixed_kernel_unsupported`): the mixed AIC + AIV kernel
+  (``splitkv_split_mix``) for float16 / bfloat16 q with a KV cache of the same dtype and head dims
+  that are multiples of 16 up to 256; everything else (float32 q, int8 KV, head dims that are
+  multiples of 8 only) takes the vector-only kernel (``splitkv_split``), the documented fallback.
 
 Needs neither torch nor NumPy.
 """
@@ -72,4 +76,22 @@ def unsupported_reason(head_dim: int, dtype: str, kv_dtype: str) -> str | None:
         return f"dtype {dtype}: the Ascend kernels take float32, float16 or bfloat16 q"
     if not kv_dtype_supported(dtype, kv_dtype):
         return f"KV dtype {kv_dtype}: the Ascend kernels take q's dtype ({dtype}) or int8"
+    return None
+
+
+#: Head dims the mixed (AIC + AIV) split stage takes: multiples of MIX_HEAD_DIM_STEP up to MAX_HEAD_DIM
+#: (whole 16 x 16 cube fractals along D).
+MIX_HEAD_DIM_STEP = 16
+
+
+def mixed_kernel_unsupported(head_dim: int, dtype: str, kv_dtype: str, num_q_heads: int = 1,
+                             num_kv_heads: int = 1) -> str | None:
+    """None when the mixed AIC + AIV split stage takes this call, else why the vector-only kernel
+    serves it (float32 q, int8 KV, head dims not a multiple of 16, strides over 16 bits)."""
+    if dtype not in ("float16", "bfloat16") or kv_dtype != dtype:
+        return f"mixed kernel: fp16/bf16 q with KV of the same dtype only (got {dtype} / {kv_dtype})"
+    if head_dim % MIX_HEAD_DIM_STEP or not MIX_HEAD_DIM_STEP <= head_dim <= MAX_HEAD_DIM:
+        return f"mixed kernel: head dim a multiple of 16 in [16, {MAX_HEAD_DIM}] (got {head_dim})"
+    if num_q_heads * head_dim > 65535 or num_kv_heads * head_dim > 65535:
+        return "mixed kernel: Hq * D and Hkv * D must fit Nd2NzParams' 16-bit strides"
     return None

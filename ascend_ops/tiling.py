@@ -27,7 +27,8 @@ import numpy as np
 from splitkv_common.devices import get_profile
 from splitkv_common.plan import Plan
 
-from .support import DEFAULT_PROFILE, kv_dtype_supported, q_dtype_supported, supported_head_dim
+from .support import (DEFAULT_PROFILE, kv_dtype_supported, mixed_kernel_unsupported, q_dtype_supported,
+                      supported_head_dim)
 
 HEADER = Path(__file__).with_name("kernel") / "splitkv_tiling.h"
 UB_BYTES = 192 * 1024          # Unified Buffer per vector core, 910B
@@ -155,20 +156,120 @@ def choose_tiles(head_dim: int, dtype: str, kv_dtype: str, rows: int, soft_cap: 
                      f"all InitBuffer sizes of one vector core must fit the {ub_bytes}-byte (192 KiB) Unified Buffer")
 
 
+# ---- the mixed (AIC + AIV) split stage -----------------------------------------------------------
+L1_BYTES, L0A_BYTES, L0B_BYTES, L0C_BYTES = 512 * 1024, 64 * 1024, 64 * 1024, 128 * 1024  # per AIC, 910B
+MIX_TILE_CANDIDATES = (256, 128, 64, 32, 16)  # KV tokens per cube tile, largest first
+MIX_MAX_ROWS = 128  # query rows of one item (q_len x G), padded to 16
+MIX_ITEM_OVERHEAD_TOKENS = 64  # balance weight of an item's fixed cost, in tokens (ASSUMPTION)
+
+
+def mix_ub_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int, soft_cap: bool) -> dict[str, int]:
+    """Every UB buffer of one vector core of the mixed split stage (``MixVec::Init``), bytes."""
+    D, TT, RH = head_dim, tile_tokens, rows_pad // 2
+    b = {"s (scores)": _r32(RH * TT * 4), "p (probabilities, q dtype)": _r32(RH * TT * ITEMSIZE[dtype]),
+         "o (P V tile)": _r32(RH * D * 4), "acc": _r32(RH * D * 4), "red": _r32(_ru(2 * RH, 8) * 4),
+         "alpha": _r32(_ru(RH, 8) * 4), "work": 256}
+    if soft_cap:
+        b["cap (soft-cap scratch)"] = _r32(RH * TT * 4)
+    b["outQ (2 x o row + lse block)"] = 2 * _r32((D + LSE_REPEAT) * 4)
+    return b
+
+
+def mix_cube_bytes(head_dim: int, tile_tokens: int, rows_pad: int) -> dict[str, int]:
+    """The cube core's buffers (``MixCube::Init``) per memory, bytes (16-bit q and KV)."""
+    D, TT, MP = head_dim, tile_tokens, rows_pad
+    return {"L1": 2 * (MP * D + 4 * TT * D + MP * TT), "L0A": 2 * (MP * D + MP * TT), "L0B": 2 * TT * D,
+            "L0C": 4 * (MP * TT + MP * D)}
+
+
+def mix_scratch_core_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int) -> int:
+    """Scratch of one AI core: S, P, O slots (two each) and a zero row (``MixCommon::ZOff``)."""
+    D, TT, MP = head_dim, tile_tokens, rows_pad
+    return _ru(2 * MP * (TT * (4 + ITEMSIZE[dtype]) + D * 4) + D * ITEMSIZE[dtype], 512)
+
+
+def mix_unsupported(head_dim: int, dtype: str, kv_dtype: str, num_q_heads: int, num_kv_heads: int) -> str | None:
+    """None when the mixed split stage takes these shapes, else why (the rule lives in ``support.py``)."""
+    return mixed_kernel_unsupported(head_dim, dtype, kv_dtype, num_q_heads, num_kv_heads)
+
+
+def choose_mix_tiles(head_dim: int, dtype: str, rows: int, soft_cap: bool, ub_bytes: int = UB_BYTES):
+    """``(tile_tokens, rows_pad)`` of the mixed split stage, or None when no tile fits every unit."""
+    MP = max(16, _ru(rows, 16))
+    if MP > MIX_MAX_ROWS:
+        return None
+    for tt in MIX_TILE_CANDIDATES:
+        cube = mix_cube_bytes(head_dim, tt, MP)
+        if (cube["L1"] <= L1_BYTES and cube["L0A"] <= L0A_BYTES and cube["L0B"] <= L0B_BYTES
+                and cube["L0C"] <= L0C_BYTES and (MP // 2) * tt >= head_dim
+                and sum(mix_ub_bytes(head_dim, dtype, tt, MP, soft_cap).values()) <= ub_bytes):
+            return tt, MP
+    return None
+
+
+def balance_items(plan: Plan, cores: int, overhead_tokens: int = MIX_ITEM_OVERHEAD_TOKENS) -> np.ndarray:
+    """``[cores + 1]`` first item of each AI core: contiguous item ranges of about equal length.
+
+    Why contiguous ranges by prefix sums: an item's cost is its token count (K and V bytes) plus a
+    fixed cost, and items differ in length (requests of different lengths, the last split of a
+    request); round-robin gives one core every long item. Each item goes to the core its weight's
+    midpoint falls in (``floor(mid * cores / total)``), so a core's load is within one item of
+    ``total / cores`` and the items of one request stay together (the same block-table rows).
+    """
+    valid = np.asarray(plan.item_request) >= 0
+    w = np.where(valid, np.maximum(0, np.asarray(plan.item_kv_end) - np.asarray(plan.item_kv_start))
+                 + overhead_tokens, 0).astype(np.float64)
+    n = w.shape[0]
+    bounds = np.zeros(cores + 1, np.int64)
+    bounds[cores] = n
+    total = w.sum()
+    if n == 0 or total <= 0:
+        return bounds.astype(np.int32)
+    mid = np.cumsum(w) - w / 2
+    owner = np.minimum(cores - 1, np.floor(mid * cores / total)).astype(np.int64)
+    for c in range(1, cores):
+        bounds[c] = np.searchsorted(owner, c, side="left")
+    return bounds.astype(np.int32)
+
+
+def npu_split_count(seq_lens, num_kv_heads: int, page_size: int, profile: str = DEFAULT_PROFILE,
+                    q_lens=None) -> int:
+    """Splits per request for the mixed kernel: about ``cube cores / (B * Hkv)`` (as IFA), chosen
+    as the count ``s`` that minimises the busiest cube core's share ``ceil(B * Hkv * s / cores) / s``
+    (whole items per core), with splits no shorter than the profile's ``min_split_tokens``; ties go
+    to fewer splits (less combine work)."""
+    prof = get_profile(profile)
+    cores = prof.cube_units or prof.units
+    seq = np.asarray(seq_lens, np.int64).reshape(-1)
+    active = int((seq > 0).sum())
+    if active == 0:
+        return 1
+    longest = int(seq.max())
+    cap = max(1, min(prof.max_splits, longest // max(prof.min_split_tokens, page_size)))
+    best, best_s = None, 1
+    for s in range(1, cap + 1):
+        load = -(-active * num_kv_heads * s // cores) / s
+        if best is None or load < best - 1e-9:
+            best, best_s = load, s
+    return best_s
+
+
 def workspace_bytes(num_slots: int, num_q_heads: int, head_dim: int) -> tuple[int, int]:
     """``(lse_offset_bytes, total_bytes)`` of the workspace: o ``[S, Hq, D]`` then lse ``[S, Hq, 8]``, float32."""
     o = int(num_slots) * int(num_q_heads) * int(head_dim) * 4
     return o, o + int(num_slots) * int(num_q_heads) * LSE_REPEAT * 4
 
 
-def plan_words(plan: Plan, seq_lens) -> tuple[np.ndarray, dict]:
-    """The int32 ``plan`` buffer and the section offsets (in words) of the tiling."""
+def plan_words(plan: Plan, seq_lens, core_range=None) -> tuple[np.ndarray, dict]:
+    """The int32 ``plan`` buffer and the section offsets (in words) of the tiling (``core_range``:
+    the mixed kernel's first item per AI core, :func:`balance_items`)."""
     items = np.stack([plan.item_request, plan.item_kv_head, plan.item_split, plan.item_kv_start,
                       plan.item_kv_end], axis=1).astype(np.int32).reshape(-1)
     parts = [("itemsOffset", items), ("qslOffset", np.asarray(plan.query_start_loc, np.int32)),
              ("seqLensOffset", np.asarray(seq_lens, np.int32).reshape(-1)),
              ("rowSlotOffset", np.asarray(plan.row_slot_start, np.int32)),
-             ("rowNumOffset", np.asarray(plan.row_num_splits, np.int32))]
+             ("rowNumOffset", np.asarray(plan.row_num_splits, np.int32)),
+             ("coreRangeOffset", np.asarray(core_range if core_range is not None else [], np.int32))]
     offs, at = {}, 0
     for name, arr in parts:
         offs[name] = at
@@ -183,7 +284,7 @@ def plan_words(plan: Plan, seq_lens) -> tuple[np.ndarray, dict]:
 def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page_size: int, max_pages: int,
                   num_pages: int, dtype: str, kv_dtype: str, scale: float, soft_cap: float | None = None,
                   window_left: int | None = None, profile: str = DEFAULT_PROFILE,
-                  block_dim: int | None = None) -> tuple[dict, bytes, np.ndarray]:
+                  block_dim: int | None = None, kernel: str = "auto") -> tuple[dict, bytes, np.ndarray]:
     """``(tiling fields, tiling bytes, plan words)`` for one batch; checks every host-side rule.
 
     Raises ``ValueError`` naming the rule when the head dim, dtypes, UB budget, copy-parameter
@@ -211,15 +312,44 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
         raise ValueError(f"UB budget: the combine kernel needs {sum(comb.values())} bytes for {max_splits} splits "
                          f"per row, head_dim={head_dim}; rule: all InitBuffer sizes of one vector core must fit "
                          f"the {ub}-byte Unified Buffer (use fewer splits per row)")
-    if (num_q_heads - 1) * head_dim // 8 > 65535 or max_splits > 65535:
+    if (num_q_heads - 1) * head_dim // 8 > 65535:
         raise ValueError("combine: (Hq - 1) * D / 8 must fit DataCopyParams' 16-bit stride (in 32-byte blocks)")
+    if max_splits > 4095:
+        raise ValueError(f"combine: {max_splits} splits per row; a DataCopy moves at most 4095 blocks "
+                         "(blockCount <= 4095 on dav-c220) and the combine copies one block per split")
     if page_size > 65535:
         raise ValueError("page_size: at most 65535 (DataCopyPad blockCount is 16-bit)")
     lse_off, ws = workspace_bytes(plan.num_slots, num_q_heads, head_dim)
+    T = plan.num_rows
+    if kernel not in ("auto", "mix", "vector"):
+        raise ValueError(f"kernel: auto, mix or vector, got {kernel!r}")
+    mix = None
+    if kernel != "vector":
+        why = mix_unsupported(head_dim, dtype, kv_dtype, num_q_heads, hkv)
+        if why is None:
+            mix = choose_mix_tiles(head_dim, dtype, max(1, max_q * group), soft_cap is not None and soft_cap > 0, ub)
+            why = None if mix else f"mixed kernel: {max_q * group} query rows per item do not fit one cube tile"
+        if why and kernel == "mix":
+            raise ValueError(why)
+    mix_fields = dict(kernelKind=0, mixTileTokens=0, mixRowsPad=0, scratchOffsetBytes=ws, scratchCoreBytes=0,
+                      mixUbBytes=0)
+    core_range = None
+    if mix:
+        tt_m, mp = mix
+        cores = prof.cube_units or prof.units
+        if block_dim is None:
+            block_dim = max(1, min(cores, plan.num_valid_items))
+        core_range = balance_items(plan, int(block_dim))
+        scratch_off = _ru(ws, 512)
+        per_core = mix_scratch_core_bytes(head_dim, dtype, tt_m, mp)
+        ws = scratch_off + int(block_dim) * per_core
+        mix_fields = dict(kernelKind=1, mixTileTokens=tt_m, mixRowsPad=mp, scratchOffsetBytes=scratch_off,
+                          scratchCoreBytes=per_core,
+                          mixUbBytes=sum(mix_ub_bytes(head_dim, dtype, tt_m, mp,
+                                                      soft_cap is not None and soft_cap > 0).values()))
     if ws >= 2 ** 31:
         raise ValueError(f"workspace: {ws} bytes does not fit the tiling's int32 workspaceBytes")
-    words, offs = plan_words(plan, seq_lens)
-    T = plan.num_rows
+    words, offs = plan_words(plan, seq_lens, core_range)
     if block_dim is None:
         block_dim = max(1, min(prof.units, max(plan.num_valid_items, T)))
     split_b = split_ub_bytes(head_dim, dtype, kv_dtype, tt, rc, soft_cap is not None and soft_cap > 0)
@@ -232,7 +362,8 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
         softCap=float(soft_cap) if soft_cap else 0.0, tileTokens=tt, rowChunk=rc,
         kvRowElems=row_elems(head_dim, kv_dtype), qRowElems=row_elems(head_dim, dtype), rowElems=_ru(head_dim, 8),
         maxSplits=max_splits, lseOffsetBytes=lse_off, workspaceBytes=ws,
-        splitUbBytes=sum(split_b.values()), combineUbBytes=sum(comb.values()), **offs)
+        splitUbBytes=sum(split_b.values()), combineUbBytes=sum(comb.values()), **mix_fields, **offs,
+        combineBlockDim=int(max(1, min(prof.units, T * hkv))))
     return t, pack_tiling(t), words
 
 
@@ -266,12 +397,23 @@ class Tiling:
     def block_dim(self) -> int:
         return int(self.fields["blockDim"])
 
+    @property
+    def combine_block_dim(self) -> int:
+        return int(self.fields["combineBlockDim"])
 
-def build_tiling(inputs, plan: Plan, profile: str = DEFAULT_PROFILE, block_dim: int | None = None) -> Tiling:
-    """:func:`build_buffers` for one :class:`~splitkv_common.inputs.DecodeInputs` and its plan."""
+    @property
+    def mixed(self) -> bool:
+        """Whether the split stage is the mixed AIC + AIV kernel (``splitkv_split_mix``)."""
+        return int(self.fields["kernelKind"]) == 1
+
+
+def build_tiling(inputs, plan: Plan, profile: str = DEFAULT_PROFILE, block_dim: int | None = None,
+                 kernel: str = "auto") -> Tiling:
+    """:func:`build_buffers` for one :class:`~splitkv_common.inputs.DecodeInputs` and its plan
+    (``kernel``: ``auto`` takes the mixed split stage where it applies, ``mix`` or ``vector`` force one)."""
     t, tb, words = build_buffers(
         plan, seq_lens=inputs.seq_lens, num_q_heads=inputs.q.shape[1], head_dim=inputs.q.shape[2],
         page_size=inputs.k_cache.shape[1], max_pages=inputs.block_table.shape[1], num_pages=inputs.k_cache.shape[0],
         dtype=inputs.dtype, kv_dtype=inputs.kv_dtype, scale=inputs.scale, soft_cap=inputs.soft_cap,
-        window_left=inputs.window_left, profile=profile, block_dim=block_dim)
+        window_left=inputs.window_left, profile=profile, block_dim=block_dim, kernel=kernel)
     return Tiling(t, tb, words, kv_quant_array(inputs) if inputs.kv_dtype == "int8" else None)

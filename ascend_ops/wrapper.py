@@ -142,7 +142,10 @@ class AscendDecodeWrapper(PlannedWrapper):
             kv_dtype=torch_dtype_name(self.kv_dtype), scale=self.head_dim ** -0.5 if scale is None else scale,
             soft_cap=soft_cap, window_left=window_left, profile=self.profile,
             # a captured launch keeps its block count: graph-stable plans use every core
-            block_dim=get_profile(self.profile).units if self.graph_stable else None)
+            block_dim=get_profile(self.profile).units if self.graph_stable else None,
+            # the torch_npu binding launches the vector-only split stage; the mixed AIC + AIV
+            # stage runs on the CPU twin only until the binding launches it (docs/ascend-kernel.md)
+            kernel="vector")
         need = {
             "plan": (words.size, torch.int32), "tiling": (tl.TILING_BYTES, torch.uint8),
             "workspace": (max(int(t["workspaceBytes"]) // 4, 1), torch.float32),

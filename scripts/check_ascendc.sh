@@ -38,18 +38,25 @@ flags=(-std=c++17 -fsyntax-only -Wall -Wextra
 
 status=0
 if [ $# -gt 0 ]; then srcs=("$@"); else srcs=("$kdir"/*.cpp); fi
+# A source with a cube part (ASCEND_IS_AIC) is compiled twice, as bisheng does for a mixed
+# kernel: the cube (AIC) pass with __DAV_C220_CUBE__, the vector (AIV) pass with __DAV_C220_VEC__.
 for src in "${srcs[@]}"; do
+  passes=("")
+  if grep -q "ASCEND_IS_AIC" "$src"; then passes=("-D__DAV_C220_CUBE__" "-D__DAV_C220_VEC__"); fi
+  for pass in "${passes[@]}"; do
     sdir="$(cd "$(dirname "$src")" && pwd)"
-    out="$("$CXX" "${flags[@]}" "$src" 2>&1)"
+    # shellcheck disable=SC2086
+    out="$("$CXX" "${flags[@]}" $pass "$src" 2>&1)"
     rc=$?
     # diagnostics that point into our kernel folder (errors or warnings)
     ours="$(printf '%s\n' "$out" | grep -E "^($kdir|$sdir)/[^:]+:[0-9]+:[0-9]+: (error|warning)" || true)"
     if [ $rc -ne 0 ] || [ -n "$ours" ]; then
-        echo "FAIL $(basename "$src")"
+        echo "FAIL $(basename "$src") ${pass}"
         printf '%s\n' "$out" | head -60
         status=1
     else
-        echo "ok   $(basename "$src")"
+        echo "ok   $(basename "$src") ${pass}"
     fi
+  done
 done
 exit $status

@@ -34,15 +34,25 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+from splitkv_common.devices import get_profile  # noqa: E402  (the one source of the core counts)
+
+_P910B2 = get_profile("910b2")
+
+
 @dataclass(frozen=True)
 class Constants:
     """Each figure with its source; ASSUMPTION where no public figure was found."""
 
     clock_hz: float = 1.8e9  # 910B2 AI core clock, ~1.8 GHz: design note "npu-budget" (paper figure)
     hbm_bytes_per_s: float = 1.6e12  # ~1.6 TB/s: npu-budget / ascend-anchors ("not authoritatively published")
-    vector_cores: int = 48  # 910B2: 48 AIV (CANN platform config, catlass; ascend-offline-checks section 4)
+    vector_cores: int = _P910B2.units  # 910B2: 48 AIV (splitkv_common.devices; CANN platform config, catlass)
     core_dma_bytes_per_s: float = 100e9  # ASSUMPTION: one core's MTE2 ceiling when few cores stream
-    dma_burst_cycles: float = 30.0  # ASSUMPTION: per contiguous burst (descriptor + first-byte latency)
+    # ASSUMPTION: a DMA instruction costs a descriptor + first-byte latency once; the blocks of one
+    # strided instruction (blockCount / nValue rows) stream back to back behind it, each costing only
+    # its bytes. (The first version charged 30 cycles per row; `dma_block_cycles` keeps that knob:
+    # set it to 30 to see the per-row model, docs/ascend-kernel.md gives both.)
+    dma_burst_cycles: float = 30.0  # per DMA instruction
+    dma_block_cycles: float = 0.0  # per block (row) of a strided DMA instruction
     vec_repeat_cycles: float = 1.0  # one 256-byte repeat per cycle (ONE_REP_BYTE_SIZE = 256; "64 fp32 lanes")
     vec_issue_cycles: float = 8.0  # ASSUMPTION: fixed cost of one vector instruction (issue, mask setup)
     scalar_issue_cycles: float = 2.0  # ASSUMPTION: S issues one instruction (any pipe) per ~2 cycles
@@ -52,7 +62,7 @@ class Constants:
     v_barrier_cycles: float = 15.0  # ASSUMPTION: PipeBarrier<PIPE_V> drains the vector pipeline
     launch_us: float = 5.0  # launch ~5 us: docs/ascend-kernel.md roofline placeholder (ASSUMPTION)
     # ---- cube core (AIC) of a mixed launch
-    cube_cores: int = 24  # 910B2: 24 AIC (ascend-offline-checks section 4: CANN platform config, catlass)
+    cube_cores: int = _P910B2.cube_units  # 910B2: 24 AIC (splitkv_common.devices; CANN platform config, catlass)
     # 4096 fp16 MACs per cycle = one 16x16x16 fractal block per cycle: the DaVinci "Max" cube of the
     # Ascend 910 (Hot Chips 31, 2019, Huawei DaVinci talk: "Cube is 4096 FP16 MACs"). ASSUMPTION that
     # the 910B AIC keeps that rate for fp16 and bf16 with fp32 accumulation.
@@ -61,27 +71,64 @@ class Constants:
     mte1_bytes_per_cycle: float = 256.0  # ASSUMPTION: L1 -> L0A/L0B, half a 512-byte fractal per cycle
     fix_row_cycles: float = 4.0  # ASSUMPTION: per output row (burst) of Fixpipe, on top of its GM bytes
     cross_wait_cycles: float = 100.0  # ASSUMPTION: a cross-core flag round trip that had to wait (FFTS)
+    # ASSUMPTION: the mixed kernel's S / P / O scratch (about 60 KiB per AI core, rewritten every
+    # tile and read back within microseconds) stays in the 910B's 192 MiB L2 (CANN platform config,
+    # catlass: ascend-offline-checks section 4) and never reaches HBM; it still costs the core's own
+    # DMA time (core_dma_bytes_per_s). False charges it to HBM like any other byte.
+    scratch_in_l2: bool = True
 
 
 C = Constants()
 
 
-def core_time_us(s: dict, active_cores: int, c: Constants = C) -> dict:
-    """Estimated µs per pipe and for the core, from one block's counters."""
+def gm_bytes(s: dict) -> float:
+    """GM bytes one context moves (DMA both ways, and the cube's Fixpipe writes)."""
+    return float(s["dma_bytes"]["MTE2"] + s["dma_bytes"]["MTE3"] + s.get("fix_bytes", 0))
+
+
+def hbm_bytes(s: dict, c: Constants = C) -> float:
+    """The GM bytes that reach HBM: all of them, less the L2-resident scratch when modelled."""
+    return gm_bytes(s) - (s.get("l2_bytes", 0) if c.scratch_in_l2 else 0)
+
+
+def hbm_seconds(s: dict, all_bytes: list[float], c: Constants = C) -> float:
+    """When this context's GM traffic completes, all contexts streaming at once: HBM shared equally
+    among the contexts still streaming (processor sharing: a context moving b HBM bytes finishes
+    after sum_j min(b_j, b) / BW), and no faster than one core's own DMA ceiling for all its bytes
+    (HBM and L2)."""
+    b, total = hbm_bytes(s, c), gm_bytes(s)
+    if total <= 0:
+        return 0.0
+    ps = sum(min(x, b) for x in all_bytes) / c.hbm_bytes_per_s
+    return max(ps, total / c.core_dma_bytes_per_s)
+
+
+def _dma_us(s: dict, pipe: str, bytes_: float, hbm_s: float, c: Constants) -> float:
+    cyc = 1e6 / c.clock_hz
+    total = gm_bytes(s)
+    data = hbm_s * 1e6 * (bytes_ / total) if total > 0 else 0.0
+    return data + (s["ins"].get(pipe, 0) * c.dma_burst_cycles + s["dma_bursts"].get(pipe, 0) * c.dma_block_cycles) * cyc
+
+
+def core_time_us(s: dict, active_cores: int | list, c: Constants = C) -> dict:
+    """Estimated µs per pipe and for the core, from one block's counters (``active_cores``: the GM
+    bytes of every context of the stage, or a count of contexts moving as many bytes as this one)."""
     cyc = 1e6 / c.clock_hz  # µs per cycle
-    share = min(c.core_dma_bytes_per_s, c.hbm_bytes_per_s / max(1, active_cores))
-    mte2 = s["dma_bytes"]["MTE2"] / share * 1e6 + s["dma_bursts"]["MTE2"] * c.dma_burst_cycles * cyc
-    mte3 = s["dma_bytes"]["MTE3"] / share * 1e6 + s["dma_bursts"]["MTE3"] * c.dma_burst_cycles * cyc
+    all_bytes = active_cores if isinstance(active_cores, list) else [hbm_bytes(s, c)] * max(1, active_cores)
+    hbm_s = hbm_seconds(s, all_bytes, c)
+    mte2 = _dma_us(s, "MTE2", s["dma_bytes"]["MTE2"], hbm_s, c)
+    mte3 = _dma_us(s, "MTE3", s["dma_bytes"]["MTE3"], hbm_s, c)
     vec = (s["vec_repeats"] * c.vec_repeat_cycles + s["ins"]["V"] * c.vec_issue_cycles) * cyc
     issued = sum(s["ins"].values())
     scalar = (issued * c.scalar_issue_cycles + (s["s_ub_reads"] + s["s_ub_writes"]) * c.scalar_ub_cycles
               + (s["s_gm_reads"] + s["s_gm_writes"]) * c.scalar_gm_cycles) * cyc
     serial = (s["v_to_s"] * c.v_to_s_cycles + s["barrier_v"] * c.v_barrier_cycles) * cyc
-    pipes = {"MTE2": mte2, "MTE3": mte3, "V": vec, "S": scalar}
+    # the DMA pipes share one path to GM: their data time adds up (GM), each pipe also shows its part
+    pipes = {"MTE2": mte2, "MTE3": mte3, "GM": mte2 + mte3, "V": vec, "S": scalar}
     return {"pipes_us": pipes, "serial_us": serial, "core_us": max(pipes.values()) + serial}
 
 
-def cube_core_time_us(s: dict, active_cores: int, c: Constants = C) -> dict:
+def cube_core_time_us(s: dict, active_cores: int | list, c: Constants = C) -> dict:
     """Estimated µs per pipe for a cube core (AIC) of a mixed launch, from its counters.
 
     MTE2 (GM -> L1) and FIX (L0C -> GM) share the core's HBM bandwidth like the vector core's DMA;
@@ -89,19 +136,21 @@ def cube_core_time_us(s: dict, active_cores: int, c: Constants = C) -> dict:
     per Mmad; a cross-core wait that found its counter at 0 serialises (the cube idles).
     """
     cyc = 1e6 / c.clock_hz
-    share = min(c.core_dma_bytes_per_s, c.hbm_bytes_per_s / max(1, active_cores))
-    mte2 = s["dma_bytes"]["MTE2"] / share * 1e6 + s["dma_bursts"]["MTE2"] * c.dma_burst_cycles * cyc
+    all_bytes = active_cores if isinstance(active_cores, list) else [hbm_bytes(s, c)] * max(1, active_cores)
+    hbm_s = hbm_seconds(s, all_bytes, c)
+    mte2 = _dma_us(s, "MTE2", s["dma_bytes"]["MTE2"], hbm_s, c)
     mte1 = (s["l0_bytes"] / c.mte1_bytes_per_cycle + s["ins"]["MTE1"] * c.vec_issue_cycles) * cyc
     m = (s["cube_fractal_macs"] / c.cube_fractal_macs_per_cycle + s["mmad_calls"] * c.mmad_issue_cycles) * cyc
-    fix = s["fix_bytes"] / share * 1e6 + s["fix_rows"] * c.fix_row_cycles * cyc
+    total = gm_bytes(s)
+    fix = (hbm_s * 1e6 * s["fix_bytes"] / total if total > 0 else 0.0) + s["fix_rows"] * c.fix_row_cycles * cyc
     issued = sum(s["ins"].values())
     scalar = (issued * c.scalar_issue_cycles + (s["s_gm_reads"] + s["s_gm_writes"]) * c.scalar_gm_cycles) * cyc
     serial = s.get("cross_blocked", 0) * c.cross_wait_cycles * cyc
-    pipes = {"MTE2": mte2, "MTE1": mte1, "M": m, "FIX": fix, "S": scalar}
+    pipes = {"MTE2": mte2, "MTE1": mte1, "M": m, "FIX": fix, "GM": mte2 + fix, "S": scalar}
     return {"pipes_us": pipes, "serial_us": serial, "core_us": max(pipes.values()) + serial}
 
 
-def context_time_us(s: dict, active_cores: int, c: Constants = C) -> dict:
+def context_time_us(s: dict, active_cores: int | list, c: Constants = C) -> dict:
     """A vector core's or a cube core's estimate, by the counters' core type."""
     if s.get("core_type") == "AIC":
         return cube_core_time_us(s, active_cores, c)
@@ -115,7 +164,8 @@ def context_time_us(s: dict, active_cores: int, c: Constants = C) -> dict:
 def stage_time_us(stats: list[dict], c: Constants = C) -> dict:
     """Launch latency + the slowest context (vector cores, or cube and vector cores of a mixed launch)."""
     active = sum(1 for s in stats if sum(s["ins"].values()) > 0)
-    per = [context_time_us(s, active, c) for s in stats]
+    all_bytes = [hbm_bytes(s, c) for s in stats]
+    per = [context_time_us(s, all_bytes, c) for s in stats]
     worst = max(range(len(per)), key=lambda i: per[i]["core_us"]) if per else 0
     return {"us": c.launch_us + (per[worst]["core_us"] if per else 0.0), "active_cores": active,
             "worst_core": per[worst] if per else {}, "cores": len(stats)}
@@ -161,30 +211,43 @@ def _inputs(shape: Shape, context: int):
     return inp
 
 
-def count_shape(shape: Shape, points=(1, 2)) -> dict:
-    """Twin counters at full size, extrapolated from short contexts with the full plan's split count."""
+def count_shape(shape: Shape, points=(1, 2), kernel: str = "vector") -> dict:
+    """Twin counters at full size, extrapolated from short contexts with the full plan's split count.
+
+    ``kernel``: ``vector`` (the vector-only split stage, the plan's ``auto`` split count) or ``mix``
+    (the mixed AIC + AIV split stage, split count from ``tiling.npu_split_count``)."""
     from ascend_ops import sim_backend as sim
     from ascend_ops import tiling as tl
     from splitkv_common.plan import make_plan
 
-    full = make_plan([shape.context] * shape.batch, num_kv_heads=shape.hkv, page_size=shape.page,
-                     policy="auto", device="910b2", num_q_heads=shape.hq, head_dim=shape.head_dim,
-                     kv_elem_bytes=2)
-    splits = int(full.num_splits.max())
+    if kernel == "mix":
+        splits = tl.npu_split_count([shape.context] * shape.batch, shape.hkv, shape.page, "910b2")
+    else:
+        full = make_plan([shape.context] * shape.batch, num_kv_heads=shape.hkv, page_size=shape.page,
+                         policy="auto", device="910b2", num_q_heads=shape.hq, head_dim=shape.head_dim,
+                         kv_elem_bytes=2)
+        splits = int(full.num_splits.max())
     per_split_full = shape.context / splits
     lib = sim.twin_library()
     sim.set_block_order(lib, 0)
     samples = []
     for k in points:
-        tokens = k * shape.page  # tokens per split at this point
+        # tokens per split at this point: whole 256-token cube tiles for the mixed kernel (its cost is
+        # per tile), whole pages for the vector kernel (per token)
+        tokens = k * (2 if kernel == "mix" else 1) * shape.page
         inp = _inputs(shape, tokens * splits)
         plan = inp.plan(f"size:{tokens}", device="910b2") if splits > 1 else inp.plan("none", device="910b2")
         assert int(plan.num_splits.max()) == splits
-        til = tl.build_tiling(inp, plan, sim.PROFILE)
-        sim.run_split(inp, plan, til)
-        split_stats = sim.last_stats(lib)
-        sim.run_twin(inp, plan)  # split then combine: the last launch is the combine
-        combine_stats = sim.last_stats(lib)
+        til = tl.build_tiling(inp, plan, sim.PROFILE, kernel=kernel)
+        assert til.mixed == (kernel == "mix")
+        if kernel == "mix":  # one fused launch: split, SyncAll, combine
+            sim.run_twin(inp, plan, kernel=kernel, fused=True)
+            split_stats, combine_stats = sim.last_stats(lib), []
+        else:
+            sim.run_split(inp, plan, til)
+            split_stats = sim.last_stats(lib)
+            sim.run_twin(inp, plan, kernel=kernel)  # split then combine: the last launch is the combine
+            combine_stats = sim.last_stats(lib)
         samples.append((tokens, split_stats, combine_stats))
     (t1, s1, c1), (t2, s2, c2) = samples
 
@@ -207,32 +270,35 @@ def hbm_floor_us(shape: Shape, c: Constants = C) -> float:
     return kv / c.hbm_bytes_per_s * 1e6
 
 
-def estimate(shapes=SHAPES, c: Constants = C) -> dict:
+def estimate(shapes=SHAPES, c: Constants = C, kernels=("vector", "mix")) -> dict:
     rows = []
-    for sh in shapes:
-        cnt = count_shape(sh)
+    for sh, kernel in [(sh, k) for sh in shapes for k in kernels]:
+        cnt = count_shape(sh, kernel=kernel)
         sp = stage_time_us(cnt["split_stats"], c)
-        cb = stage_time_us(cnt["combine_stats"], c)
+        cb = stage_time_us(cnt["combine_stats"], c) if cnt["combine_stats"] else {"us": 0.0}
         w = sp["worst_core"]
         rows.append({
-            "shape": sh.name, "batch": sh.batch, "context": sh.context, "hq": sh.hq, "hkv": sh.hkv,
+            "shape": sh.name, "kernel": kernel, "batch": sh.batch, "context": sh.context, "hq": sh.hq, "hkv": sh.hkv,
             "splits": cnt["splits"], "split_us": sp["us"], "combine_us": cb["us"], "total_us": sp["us"] + cb["us"],
             "split_active_cores": sp["active_cores"], "split_worst_core_pipes_us": w["pipes_us"],
             "split_worst_core_serial_us": w["serial_us"], "hbm_floor_us": hbm_floor_us(sh, c), "ifa_est_us": sh.ifa_us,
             "counted_tokens_per_split": cnt["counted_tokens_per_split"],
+            "x_floor": (sp["us"] + cb["us"]) / hbm_floor_us(sh, c),
         })
     return {"kind": "ESTIMATE (CPU-twin counts x paper constants; nothing ran on an NPU)",
             "constants": asdict(c), "rows": rows}
 
 
 def to_markdown(est: dict) -> str:
-    out = ["| shape (D 128, bf16, page 128) | splits | split stage (est. µs) | combine (est. µs) | total (est.) "
-           "| split: worst core V / MTE2 / S / serial (µs) | HBM floor (µs) | CANN IFA (est. µs) |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = ["| shape (D 128, bf16, page 128) | kernel | splits | split stage (est. µs) | combine (est. µs) "
+           "| total (est. µs) | x HBM floor | split: worst context, slowest pipe / serial (µs) | HBM floor (µs) "
+           "| CANN IFA (est. µs) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in est["rows"]:
         p = r["split_worst_core_pipes_us"]
-        out.append(f"| {r['shape']} | {r['splits']} | {r['split_us']:,.0f} | {r['combine_us']:,.0f} | "
-                   f"{r['total_us']:,.0f} | {p['V']:,.0f} / {p['MTE2']:,.0f} / {p['S']:,.0f} / "
+        slow = max(p, key=p.get) if p else "-"
+        out.append(f"| {r['shape']} | {r['kernel']} | {r['splits']} | {r['split_us']:,.0f} | {r['combine_us']:,.0f} | "
+                   f"{r['total_us']:,.0f} | {r['x_floor']:.2f} | {slow} {p.get(slow, 0):,.0f} / "
                    f"{r['split_worst_core_serial_us']:,.0f} | {r['hbm_floor_us']:,.0f} | {r['ifa_est_us']} |")
     return "\n".join(out) + "\n"
 
@@ -242,9 +308,20 @@ def main(argv=None) -> int:
     ap.add_argument("--out-json", type=Path)
     ap.add_argument("--out-md", type=Path)
     ap.add_argument("--shapes", default="all", help="comma-separated indices into SHAPES, or 'all'")
+    ap.add_argument("--kernels", default="vector,mix", help="split stages to count: vector, mix or both")
+    ap.add_argument("--scratch-in-hbm", action="store_true",
+                    help="sensitivity: charge the mixed kernel's scratch to HBM (no L2 residency)")
+    ap.add_argument("--dma-block-cycles", type=float, default=None,
+                    help="sensitivity: cycles per block (row) of a strided DMA (the first model used 30)")
     a = ap.parse_args(argv)
     shapes = SHAPES if a.shapes == "all" else [SHAPES[int(i)] for i in a.shapes.split(",")]
-    est = estimate(shapes)
+    from dataclasses import replace
+    c = C
+    if a.scratch_in_hbm:
+        c = replace(c, scratch_in_l2=False)
+    if a.dma_block_cycles is not None:
+        c = replace(c, dma_block_cycles=a.dma_block_cycles)
+    est = estimate(shapes, c, kernels=tuple(a.kernels.split(",")))
     md = to_markdown(est)
     print(est["kind"])
     print(md)

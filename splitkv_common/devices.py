@@ -40,6 +40,10 @@ class DeviceProfile:
     max_splits: int
     ub_bytes: int = 0
     note: str = ""
+    #: cube cores (AIC) of an Ascend SoC, 0 elsewhere: with ``units`` (its vector cores) the one
+    #: source of the core counts of each 910B profile (the mixed kernel launches one AI core =
+    #: 1 AIC + 2 AIV per cube core).
+    cube_units: int = 0
 
 
 PROFILES: dict[str, DeviceProfile] = {
@@ -51,11 +55,11 @@ PROFILES: dict[str, DeviceProfile] = {
     "910b2": DeviceProfile(
         name="910b2", units=48, items_per_unit=1, bandwidth_gbps=1500.0, unit_bandwidth_gbps=60.0,
         item_overhead_us=2.0, launch_us=5.0, min_split_tokens=512, max_splits=32, ub_bytes=192 * 1024,
-        note="Ascend 910B1/B2: 24 cube / 48 vector cores, UB 192 KiB; HBM ~1.5 TB/s unmeasured placeholder"),
+        cube_units=24, note="Ascend 910B1/B2: 24 cube / 48 vector cores, UB 192 KiB; HBM ~1.5 TB/s unmeasured placeholder"),
     "910b3": DeviceProfile(
         name="910b3", units=40, items_per_unit=1, bandwidth_gbps=1500.0, unit_bandwidth_gbps=60.0,
         item_overhead_us=2.0, launch_us=5.0, min_split_tokens=512, max_splits=32, ub_bytes=192 * 1024,
-        note="Ascend 910B3/B4: 20 cube / 40 vector cores, UB 192 KiB; HBM ~1.5 TB/s unmeasured placeholder"),
+        cube_units=20, note="Ascend 910B3/B4: 20 cube / 40 vector cores, UB 192 KiB; HBM ~1.5 TB/s unmeasured placeholder"),
     "cpu": DeviceProfile(
         name="cpu", units=max(1, os.cpu_count() or 1), items_per_unit=1, bandwidth_gbps=20.0,
         unit_bandwidth_gbps=10.0, item_overhead_us=20.0, launch_us=50.0, min_split_tokens=1024,

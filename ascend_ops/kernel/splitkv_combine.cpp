@@ -1,156 +1,16 @@
 // Combine stage of split-KV decode attention (Ascend C, vector cores only), a second launch.
 //
-// Block k merges query rows k, k + blockNum, ... For row t and query head hq it reads the
+// Block k merges the (query row, KV head) units k, k + blockNum, ... For row t and query head hq it reads the
 // row's rowNum[t] partials (slots rowSlot[t] ..) from the workspace and applies the shared rule:
 //   m = max_i lse_i;  w_i = exp(lse_i - m) (0 for an empty split, lse_i = -inf);
 //   lse = m + ln(sum_i w_i);  out = sum_i w_i o_i / sum_i w_i;  all empty: out = 0, lse = -inf.
 // out is written in q's dtype (round to nearest even), lse as float32 [T, Hq].
-#include "splitkv_kernel_common.h"
+#include "splitkv_combine_stage.h"
 
-using namespace AscendC;
-
-namespace splitkv {
-
-template <typename QT>
-class CombineStage {
-public:
-    __aicore__ inline void Init(GM_ADDR workspace, GM_ADDR plan, GM_ADDR out, GM_ADDR lse, const SplitKVTiling& t) {
-        t_ = t;
-        D_ = t.headDim;
-        RE_ = t.rowElems;
-        QR_ = t.qRowElems;
-        S_ = t.maxSplits;
-        wsO_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace), uint64_t(t.numSlots) * t.numQHeads * t.headDim);
-        wsL_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + t.lseOffsetBytes),
-                             uint64_t(t.numSlots) * t.numQHeads * kLseRepeat);
-        planGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(plan), uint64_t(t.planWords));
-        outGm_.SetGlobalBuffer(reinterpret_cast<__gm__ QT*>(out), uint64_t(t.numRows) * t.numQHeads * t.headDim);
-        lseGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(lse), uint64_t(t.numRows) * t.numQHeads);
-
-        pipe_.InitBuffer(lseQ_, 2, uint32_t(S_) * kLseRepeat * sizeof(float));
-        pipe_.InitBuffer(oQ_, 2, uint32_t(S_) * RE_ * sizeof(float));
-        pipe_.InitBuffer(outQ_, 2, uint32_t(QR_) * sizeof(QT));
-        pipe_.InitBuffer(w_, uint32_t(S_) * kLseRepeat * sizeof(float));
-        pipe_.InitBuffer(acc_, uint32_t(RE_) * sizeof(float));
-        pipe_.InitBuffer(red_, kBlockBytes);
-        pipe_.InitBuffer(tmp_, kBlockBytes);
-        pipe_.InitBuffer(work_, uint32_t(RoundUp(2 * CeilDiv(S_ * kLseRepeat, 64), 8)) * sizeof(float));
-        pipe_.InitBuffer(lseRow_, uint32_t(RoundUp(t.numQHeads, 8)) * sizeof(float));
-    }
-
-    __aicore__ inline void Process() {
-        const int32_t nb = static_cast<int32_t>(GetBlockNum());
-        LocalTensor<float> lseRow = lseRow_.Get<float>();
-        for (int32_t row = static_cast<int32_t>(GetBlockIdx()); row < t_.numRows; row += nb) {
-            const int32_t s0 = planGm_.GetValue(t_.rowSlotOffset + row);
-            const int32_t ns = planGm_.GetValue(t_.rowNumOffset + row);
-            for (int32_t hq = 0; hq < t_.numQHeads; hq++) {
-                lseRow.SetValue(hq, MergeHead(row, hq, s0, ns));
-            }
-            WaitFor<HardEvent::S_MTE3>();
-            DataCopyExtParams cp(1, uint32_t(t_.numQHeads) * sizeof(float), 0, 0, 0);
-            DataCopyPad(lseGm_[uint64_t(row) * t_.numQHeads], lseRow, cp);
-            WaitFor<HardEvent::MTE3_S>();  // lseRow is rewritten by the next row
-        }
-    }
-
-private:
-    // Merge the ns partials of (row, hq); writes out[row, hq, :] and returns the merged lse.
-    __aicore__ inline float MergeHead(int32_t row, int32_t hq, int32_t s0, int32_t ns) {
-        const uint64_t first = uint64_t(s0) * t_.numQHeads + hq;
-        LocalTensor<float> lseIn = lseQ_.template AllocTensor<float>();
-        DataCopy(lseIn, wsL_[first * kLseRepeat],
-                 DataCopyParams(static_cast<uint16_t>(ns), 1, static_cast<uint16_t>(t_.numQHeads - 1), 0));
-        lseQ_.EnQue(lseIn);
-        LocalTensor<float> oIn = oQ_.template AllocTensor<float>();
-        const uint16_t rowBlocks = static_cast<uint16_t>(D_ * sizeof(float) / kBlockBytes);
-        DataCopy(oIn, wsO_[first * D_],
-                 DataCopyParams(static_cast<uint16_t>(ns), rowBlocks,
-                                static_cast<uint16_t>((t_.numQHeads - 1) * rowBlocks),
-                                static_cast<uint16_t>((RE_ - D_) * sizeof(float) / kBlockBytes)));
-        oQ_.EnQue(oIn);
-
-        LocalTensor<float> lses = lseQ_.template DeQue<float>();
-        LocalTensor<float> red = red_.Get<float>();
-        LocalTensor<float> w = w_.Get<float>();
-        LocalTensor<float> work = work_.Get<float>();
-        LocalTensor<float> acc = acc_.Get<float>();
-        const int32_t n8 = ns * kLseRepeat;  // each lse is repeated 8 times: max and exp work on all
-        ReduceMax(red, lses, work, n8);
-        WaitFor<HardEvent::V_S>();
-        const float m = red.GetValue(0);
-        float sum = 0.0f;
-        if (m != kNegInf) {
-            Adds(w, lses, -m, n8);
-            PipeBarrier<PIPE_V>();
-            Exp(w, w, n8);
-            WaitFor<HardEvent::V_S>();
-        }
-        lseQ_.FreeTensor(lses);
-
-        LocalTensor<float> os = oQ_.template DeQue<float>();
-        Duplicate(acc, 0.0f, D_);
-        PipeBarrier<PIPE_V>();
-        if (m != kNegInf) {
-            for (int32_t i = 0; i < ns; i++) {
-                const float wi = w.GetValue(i * kLseRepeat);
-                if (wi > 0.0f) {
-                    sum += wi;
-                    Axpy(acc, os[i * RE_], wi, D_);
-                    PipeBarrier<PIPE_V>();
-                }
-            }
-        }
-        oQ_.FreeTensor(os);
-
-        float lse = kNegInf;
-        if (sum > 0.0f) {
-            Muls(acc, acc, 1.0f / sum, D_);
-            LocalTensor<float> tmp = tmp_.Get<float>();
-            Duplicate(tmp, sum, kLseRepeat);
-            PipeBarrier<PIPE_V>();
-            Ln(tmp, tmp, kLseRepeat);
-            WaitFor<HardEvent::V_S>();
-            lse = m + tmp.GetValue(0);
-        }
-        PipeBarrier<PIPE_V>();
-
-        LocalTensor<QT> o = outQ_.template AllocTensor<QT>();
-        if constexpr (sizeof(QT) == 4) {
-            Adds(o, acc, 0.0f, D_);
-        } else {
-            Cast(o, acc, RoundMode::CAST_RINT, uint32_t(D_));
-        }
-        outQ_.EnQue(o);
-        LocalTensor<QT> ready = outQ_.template DeQue<QT>();
-        DataCopyExtParams cp(1, uint32_t(D_) * sizeof(QT), 0, 0, 0);
-        DataCopyPad(outGm_[(uint64_t(row) * t_.numQHeads + hq) * D_], ready, cp);
-        outQ_.FreeTensor(ready);
-        return lse;
-    }
-
-    SplitKVTiling t_;
-    int32_t D_ = 0, RE_ = 0, QR_ = 0, S_ = 1;
-    TPipe pipe_;
-    TQue<TPosition::VECIN, 2> lseQ_, oQ_;
-    TQue<TPosition::VECOUT, 2> outQ_;
-    TBuf<TPosition::VECCALC> w_, acc_, red_, tmp_, work_, lseRow_;
-    GlobalTensor<float> wsO_, wsL_, lseGm_;
-    GlobalTensor<int32_t> planGm_;
-    GlobalTensor<QT> outGm_;
-};
-
-template <typename QT>
-__aicore__ inline void RunCombine(GM_ADDR ws, GM_ADDR plan, GM_ADDR out, GM_ADDR lse, const SplitKVTiling& t) {
-    CombineStage<QT> op;
-    op.Init(ws, plan, out, lse, t);
-    op.Process();
-}
-
-}  // namespace splitkv
 
 extern "C" __global__ __aicore__ void splitkv_combine(GM_ADDR workspace, GM_ADDR plan, GM_ADDR out, GM_ADDR lse,
                                                       GM_ADDR tiling) {
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
     SplitKVTiling t;
     splitkv::LoadTiling(tiling, t);
     if (t.qDtype == SPLITKV_DT_FLOAT16) {

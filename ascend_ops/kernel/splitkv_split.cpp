@@ -112,6 +112,7 @@ private:
     // only the first D_ of each row are ever read).
     __aicore__ inline void LoadQuant(int32_t h) {
         LocalTensor<float> qt = quant_.Get<float>();
+        WaitFor<HardEvent::V_MTE2>();  // the previous item's vector reads of quant_ are done
         const uint8_t pad = static_cast<uint8_t>(RE_ - D_);
         for (int32_t s = 0; s < 4; s++) {
             DataCopyExtParams cp(1, uint32_t(D_) * sizeof(float), 0, 0, 0);
@@ -377,6 +378,7 @@ __aicore__ inline void RunSplit(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, GM_
 extern "C" __global__ __aicore__ void splitkv_split(GM_ADDR q, GM_ADDR kCache, GM_ADDR vCache, GM_ADDR blockTable,
                                                     GM_ADDR kvQuant, GM_ADDR plan, GM_ADDR workspace,
                                                     GM_ADDR tiling) {
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
     SplitKVTiling t;
     splitkv::LoadTiling(tiling, t);
     const bool int8kv = t.kvDtype == SPLITKV_DT_INT8;

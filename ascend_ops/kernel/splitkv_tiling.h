@@ -29,6 +29,10 @@
 //   splitkv_combine(workspace, plan, out, lse, tiling)
 //     out        [T, Hq, D] qDtype;  lse float32 [T, Hq] (natural log; -inf for an empty row)
 //
+// The mixed split stage (kernelKind 1, splitkv_split_mix / the fused splitkv_attention_mix) is a
+// mixed launch of `blockDim` AI cores (1 AIC + 2 AIV each) with a per-core scratch after the
+// partials (scratchOffsetBytes, scratchCoreBytes) and the plan section coreRange; the combine
+// takes combineBlockDim vector cores. The vector-only stage:
 // Launch both on `blockDim` vector cores (AIV), one after the other on the same stream: the
 // combine reads what the split stage wrote. No SyncAll, no system workspace.
 //
@@ -46,7 +50,7 @@
 #define SPLITKV_DT_BFLOAT16 2
 #define SPLITKV_DT_INT8 3
 
-#define SPLITKV_TILING_VERSION 1
+#define SPLITKV_TILING_VERSION 2
 
 // All fields are 4 bytes (int32 or float32), no padding; tiling.py reads this declaration to pack
 // the bytes, so keep one field per line in the form `type name;  // comment`.
@@ -86,9 +90,17 @@ struct SplitKVTiling {
     int32_t workspaceBytes;   // workspace bytes the kernels address
     int32_t splitUbBytes;     // UB the split stage reserves (checked on the host)
     int32_t combineUbBytes;   // UB the combine stage reserves
+    int32_t kernelKind;       // split stage: 0 vector cores only (splitkv_split), 1 mixed AIC + AIV (splitkv_split_mix)
+    int32_t mixTileTokens;    // mixed: KV tokens per cube tile (multiple of 16)
+    int32_t mixRowsPad;       // mixed: most query rows of an item (q_len x G), padded to 16
+    int32_t scratchOffsetBytes;  // mixed: workspace byte offset of the per-AI-core scratch (S, P, O slots)
+    int32_t scratchCoreBytes;    // mixed: scratch bytes per AI core
+    int32_t coreRangeOffset;  // mixed: plan section coreRange [blockDim + 1] (first item of each AI core)
+    int32_t mixUbBytes;       // mixed: UB one vector core reserves
+    int32_t combineBlockDim;  // vector cores the combine uses (units of (row, KV head); any count works)
 };
 
-#define SPLITKV_TILING_WORDS 35
+#define SPLITKV_TILING_WORDS 43
 
 #ifdef __cplusplus
 static_assert(sizeof(SplitKVTiling) == SPLITKV_TILING_WORDS * 4, "SplitKVTiling must be 4-byte fields only");
@@ -98,6 +110,14 @@ static_assert(sizeof(SplitKVTiling) == SPLITKV_TILING_WORDS * 4, "SplitKVTiling 
 extern "C" __global__ __aicore__ void splitkv_split(GM_ADDR q, GM_ADDR kCache, GM_ADDR vCache, GM_ADDR blockTable,
                                                     GM_ADDR kvQuant, GM_ADDR plan, GM_ADDR workspace,
                                                     GM_ADDR tiling);
+extern "C" __global__ __aicore__ void splitkv_split_mix(GM_ADDR q, GM_ADDR kCache, GM_ADDR vCache, GM_ADDR blockTable,
+                                                        GM_ADDR kvQuant, GM_ADDR plan, GM_ADDR workspace,
+                                                        GM_ADDR tiling);
+// The fused mixed launch: splitkv_split_mix, SyncAll, then the combine (out, lse as splitkv_combine).
+extern "C" __global__ __aicore__ void splitkv_attention_mix(GM_ADDR q, GM_ADDR kCache, GM_ADDR vCache,
+                                                            GM_ADDR blockTable, GM_ADDR kvQuant, GM_ADDR plan,
+                                                            GM_ADDR workspace, GM_ADDR tiling, GM_ADDR out,
+                                                            GM_ADDR lse);
 extern "C" __global__ __aicore__ void splitkv_combine(GM_ADDR workspace, GM_ADDR plan, GM_ADDR out, GM_ADDR lse,
                                                       GM_ADDR tiling);
 #endif

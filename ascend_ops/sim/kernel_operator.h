@@ -243,6 +243,9 @@ enum KernelMetaType : uint8_t {
     KERNEL_TYPE_MIX_AICORE, KERNEL_TYPE_MIX_VECTOR_CORE, KERNEL_TYPE_MAX
 };
 #define KERNEL_TASK_TYPE_DEFAULT(value)
+// IsSameType (ascendc/basic_api/interface/kernel_utils.h in CANN 8.1: the library's own type test)
+template <typename T, typename U> struct IsSameType { static constexpr bool value = false; };
+template <typename T> struct IsSameType<T, T> { static constexpr bool value = true; };
 enum { AIV = sim::CT_AIV, AIC = sim::CT_AIC };
 #define g_coreType (::sim::core().coreType)
 #define ASCEND_IS_AIV (g_coreType == AscendC::AIV)

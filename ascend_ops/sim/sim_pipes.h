@@ -141,7 +141,13 @@ struct Stats {
     uint64_t fixRows = 0;            // rows (bursts) written by Fixpipe
     uint64_t crossSets = 0, crossWaits = 0;  // CrossCoreSetFlag / CrossCoreWaitFlag
     uint64_t crossBlocked = 0;       // CrossCoreWaitFlag calls that found the counter at 0 (had to wait)
+    uint64_t l2Bytes = 0;            // DMA / Fixpipe GM bytes inside the launch's L2-resident range
 };
+
+// A GM range the launcher marks as L2-resident for the cost model (the mixed kernel's per-core
+// scratch: small, rewritten every tile); only counted (Stats::l2Bytes), no behaviour changes.
+struct L2Range { uintptr_t lo = 0, hi = 0; };
+inline L2Range& l2_range() { static L2Range r; return r; }
 
 // ---- global memory shadow (per launch): byte -> last writer (block, epoch, pipe, seq, site),
 // pending cache state. Pages of 4 KiB allocated on first write.
@@ -418,6 +424,7 @@ inline void gm_access(const Ins& i, const void* ptr, uint64_t n, bool write) {
     const uint16_t me = gm_me();
     const bool mixed = c.mixed;
     const uintptr_t a0 = reinterpret_cast<uintptr_t>(ptr);
+    if (i.pipe != P_S && a0 >= l2_range().lo && a0 + n <= l2_range().hi) c.st.l2Bytes += n;
     for (uintptr_t a = a0; a < a0 + n;) {
         const uintptr_t pg = a / GmPage::kBytes;
         const uintptr_t end = std::min<uintptr_t>(a0 + n, (pg + 1) * GmPage::kBytes);

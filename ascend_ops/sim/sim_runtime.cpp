@@ -36,6 +36,11 @@
 extern "C" void splitkv_split(GM_ADDR q, GM_ADDR kCache, GM_ADDR vCache, GM_ADDR blockTable, GM_ADDR kvQuant,
                               GM_ADDR plan, GM_ADDR workspace, GM_ADDR tiling);
 extern "C" void splitkv_combine(GM_ADDR workspace, GM_ADDR plan, GM_ADDR out, GM_ADDR lse, GM_ADDR tiling);
+extern "C" void splitkv_split_mix(GM_ADDR q, GM_ADDR kCache, GM_ADDR vCache, GM_ADDR blockTable, GM_ADDR kvQuant,
+                                  GM_ADDR plan, GM_ADDR workspace, GM_ADDR tiling);
+extern "C" void splitkv_attention_mix(GM_ADDR q, GM_ADDR kCache, GM_ADDR vCache, GM_ADDR blockTable,
+                                      GM_ADDR kvQuant, GM_ADDR plan, GM_ADDR workspace, GM_ADDR tiling, GM_ADDR out,
+                                      GM_ADDR lse);
 #endif
 
 namespace {
@@ -306,7 +311,7 @@ std::string stats_json(const std::vector<std::unique_ptr<sim::Core>>& cores) {
           << ",\"cube_fractal_macs\":" << s.cubeFractalMacs << ",\"cube_macs\":" << s.cubeMacs
           << ",\"l1_in_bytes\":" << s.l1InBytes << ",\"l0_bytes\":" << s.l0Bytes << ",\"fix_bytes\":" << s.fixBytes
           << ",\"fix_rows\":" << s.fixRows << ",\"cross_sets\":" << s.crossSets << ",\"cross_waits\":" << s.crossWaits
-          << ",\"cross_blocked\":" << s.crossBlocked << "}";
+          << ",\"cross_blocked\":" << s.crossBlocked << ",\"l2_bytes\":" << s.l2Bytes << "}";
     }
     o << "]";
     return o.str();
@@ -413,6 +418,11 @@ int launch(int blockDim, const std::function<void()>& fn, char* err, int errLen,
 }  // namespace
 
 extern "C" void sim_set_block_order(int order) { g_order = order; }
+// Cost-model counting only: GM bytes in [lo, hi) are counted as L2-resident (Stats::l2Bytes).
+extern "C" void sim_set_l2_range(uint8_t* lo, uint8_t* hi) {
+    sim::l2_range().lo = reinterpret_cast<uintptr_t>(lo);
+    sim::l2_range().hi = reinterpret_cast<uintptr_t>(hi);
+}
 
 // The work counters of the last launch (JSON list, one object per block). Returns the length
 // needed; the text is copied when it fits.
@@ -426,6 +436,22 @@ extern "C" int sim_last_stats(char* buf, int len) {
 extern "C" int sim_launch_split(int blockDim, uint8_t* q, uint8_t* k, uint8_t* v, uint8_t* bt, uint8_t* quant,
                                 uint8_t* plan, uint8_t* ws, uint8_t* tiling, char* err, int errLen, unsigned* ubPeak) {
     return launch(blockDim, [&] { splitkv_split(q, k, v, bt, quant, plan, ws, tiling); }, err, errLen, ubPeak);
+}
+
+// The mixed split stage: blockDim AI cores, each one cube context and two vector contexts.
+extern "C" int sim_launch_split_mix(int blockDim, uint8_t* q, uint8_t* k, uint8_t* v, uint8_t* bt, uint8_t* quant,
+                                    uint8_t* plan, uint8_t* ws, uint8_t* tiling, char* err, int errLen,
+                                    unsigned* ubPeak) {
+    return launch(blockDim, [&] { splitkv_split_mix(q, k, v, bt, quant, plan, ws, tiling); }, err, errLen, ubPeak,
+                  true);
+}
+
+// The fused mixed launch (split, SyncAll, combine).
+extern "C" int sim_launch_attention_mix(int blockDim, uint8_t* q, uint8_t* k, uint8_t* v, uint8_t* bt,
+                                        uint8_t* quant, uint8_t* plan, uint8_t* ws, uint8_t* tiling, uint8_t* out,
+                                        uint8_t* lse, char* err, int errLen, unsigned* ubPeak) {
+    return launch(blockDim, [&] { splitkv_attention_mix(q, k, v, bt, quant, plan, ws, tiling, out, lse); }, err,
+                  errLen, ubPeak, true);
 }
 
 extern "C" int sim_launch_combine(int blockDim, uint8_t* ws, uint8_t* plan, uint8_t* out, uint8_t* lse,

@@ -128,3 +128,17 @@ def test_node_build_bisheng_route_with_stand_ins(fake_node, tmp_path):
     assert (lib.parent / build.KERNELS_LIB_FILE).is_file()
     assert _resolved(lib, build.KERNELS_LIB_FILE) and _resolved(lib, "libtorch_npu.so")
     assert build.load_check(lib).startswith("ok")
+
+
+def test_bisheng_flags_follow_the_installed_cann_version(tmp_path):
+    from ascend_ops import build
+
+    assert build.cann_version(tmp_path) is None
+    (tmp_path / "aarch64-linux").mkdir()
+    (tmp_path / "aarch64-linux" / "ascend_toolkit_install.info").write_text("package_name=x\nversion=8.1.RC1\n")
+    assert build.cann_version(tmp_path) == (8, 1)
+    assert build.bisheng_lang_flags((8, 1), "Ascend910B2") == ["-xcce", "--cce-soc-version=Ascend910B2"]
+    (tmp_path / "ascend_toolkit_install.info").write_text("version=8.3.RC1\n")
+    assert build.cann_version(tmp_path) == (8, 3)
+    assert build.bisheng_lang_flags((8, 3), "Ascend910B2") == ["-x", "asc", "--npu-arch=dav-2201"]
+    assert build.bisheng_lang_flags(None, "Ascend910B3")[:2] == ["-x", "asc"]

@@ -288,9 +288,10 @@ def test_node_checks_refuse_to_run_without_an_npu():
 @pytest.mark.parametrize("case", SMALL, ids=[c.name for c in SMALL])
 def test_the_npu_path_feeds_the_kernels_the_bytes_the_twin_ran(case):
     """The wrapper's device buffers hold exactly what ``tiling.build_tiling`` gives the CPU twin
-    (``ascend-sim``) for the same case and plan: the kernels validated there get the same input."""
+    for the same case and plan with the split stage the binding launches (the vector-only one; the
+    twin runs it on the catalog in ``test_sim.py::test_small_catalog_vector_kernel``)."""
     inputs, plan, w, _, _ = run_case(case)
-    twin = tiling.build_tiling(inputs, plan, profile="910b2")
+    twin = tiling.build_tiling(inputs, plan, profile="910b2", kernel="vector")
     assert w._buffers["tiling"].numpy().tobytes() == twin.tiling_bytes
     np.testing.assert_array_equal(w._buffers["plan"].numpy(), twin.plan_words)
     assert w._buffers["workspace"].numel() * 4 == max(twin.workspace_bytes, 4)

@@ -6,6 +6,7 @@ catalog runs in CI; the full one with ``-m slow`` or ``SPLITKV_FULL=1``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 from pathlib import Path
@@ -31,6 +32,18 @@ def _judge(case):
 @pytest.mark.parametrize("case", SMALL, ids=lambda c: c.name)
 def test_small_catalog(case):
     _judge(case)
+
+
+_VECTOR = dataclasses.replace(sim.sim_backend, name="ascend-sim-vector",
+                              run=lambda inputs, plan: sim.run_twin(inputs, plan, kernel="vector"))
+
+
+@pytest.mark.parametrize("case", SMALL, ids=lambda c: c.name)
+def test_small_catalog_vector_kernel(case):
+    """The vector-only split stage (the fallback, and what the NPU binding launches) on every case,
+    including the fp16/bf16 ones the mixed stage serves by default."""
+    res = harness.run_case(_VECTOR, case)
+    assert res.status == harness.PASS, f"{case.name}: {res.status} {res.message}"
 
 
 @pytest.mark.slow

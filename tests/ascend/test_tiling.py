@@ -17,7 +17,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 
 def test_header_fields_are_the_struct():
-    assert tl.TILING_BYTES == 4 * len(tl.FIELDS) == 35 * 4
+    assert tl.TILING_BYTES == 4 * len(tl.FIELDS) == 43 * 4
     assert tl.FIELD_NAMES[0] == "version" and "workspaceBytes" in tl.FIELD_NAMES
     t = {n: (1.5 if k == "f" else i) for i, (n, k) in enumerate(tl.FIELDS)}
     assert tl.unpack_tiling(tl.pack_tiling(t)) == t
@@ -129,21 +129,34 @@ def test_twin_ub_use_equals_host_budget(d, dtype, kv):
                         soft_cap=30.0 if d == 96 else None, q_lens=[2, 1])
     plan = inp.plan("size:16", device="910b2")
     ws, peak, til = sim.run_split(inp, plan)
-    assert peak == til.fields["splitUbBytes"] <= tl.UB_BYTES
+    want = til.fields["mixUbBytes"] if til.mixed else til.fields["splitUbBytes"]
+    assert peak == want <= tl.UB_BYTES
+    assert til.mixed == (dtype != "float32" and kv is None and d % 16 == 0)
 
 
 @needs_twin
+@pytest.mark.parametrize("head_dim", [72, 64])  # 72: vector kernel; 64: mixed kernel (+ scratch)
 @pytest.mark.parametrize("graph_stable", [False, True])
-def test_workspace_size_matches_what_the_kernel_writes(graph_stable):
+def test_workspace_size_matches_what_the_kernel_writes(graph_stable, head_dim):
     """Every workspace byte of a used slot is written, none past workspaceBytes (guard intact)."""
-    inp = random_inputs(3, [37, 0, 100, 5], num_q_heads=6, num_kv_heads=2, head_dim=80, dtype="float16",
+    inp = random_inputs(3, [37, 0, 100, 5], num_q_heads=6, num_kv_heads=2, head_dim=head_dim, dtype="float16",
                         q_lens=[1, 1, 3, 2], page_size=8)
     plan = inp.plan("size:16", device="910b2", graph_stable=graph_stable, max_splits=8)
     guard = 4096
     ws, _, til = sim.run_split(inp, plan, guard_bytes=guard)
+    assert til.mixed == (head_dim % 16 == 0)
+    partials = tl.workspace_bytes(plan.num_slots, 6, head_dim)[1]
+    if til.mixed:  # the per-AI-core scratch follows the partials, 512-byte aligned
+        f = til.fields
+        assert f["scratchOffsetBytes"] == -(-partials // 512) * 512
+        assert til.workspace_bytes == f["scratchOffsetBytes"] + til.block_dim * f["scratchCoreBytes"]
+        assert f["scratchCoreBytes"] == tl.mix_scratch_core_bytes(head_dim, "float16", f["mixTileTokens"],
+                                                                  f["mixRowsPad"])
+    else:
+        assert til.workspace_bytes == partials
     total = til.workspace_bytes
-    assert total == tl.workspace_bytes(plan.num_slots, 6, 80)[1]
     assert (ws[total:] == sim.WS_POISON).all(), "the split stage wrote past workspaceBytes"
+    total = partials
     words = ws[:total].view(np.uint32)
     written = words != 0xFFFFFFFF
     T, Hq, D = inp.q.shape
@@ -156,3 +169,25 @@ def test_workspace_size_matches_what_the_kernel_writes(graph_stable):
     assert not o[~used].any() and not lse[~used].any()
     if not graph_stable:
         assert used.all()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("soft_cap", [False, True])
+def test_mixed_tiles_fit_every_unit(dtype, soft_cap):
+    """The mixed split stage's tile fits L1, L0A, L0B, L0C and the UB for every head dim and row count
+    it takes (always up to 64 rows); 256-token tiles for D <= 128 and the GQA groups of decode."""
+    for d in range(16, 257, 16):
+        for rows in (1, 4, 8, 16, 32, 64, 100, 128):
+            got = tl.choose_mix_tiles(d, dtype, rows, soft_cap)
+            if got is None:  # e.g. 128 rows at D 256 overflow L0A: the vector kernel serves those
+                assert rows > 64, (d, rows)
+                continue
+            tt, mp = got
+            assert mp % 16 == 0 and mp >= rows and tt % 16 == 0
+            cube = tl.mix_cube_bytes(d, tt, mp)
+            assert cube["L1"] <= tl.L1_BYTES and cube["L0A"] <= tl.L0A_BYTES
+            assert cube["L0B"] <= tl.L0B_BYTES and cube["L0C"] <= tl.L0C_BYTES
+            assert sum(tl.mix_ub_bytes(d, dtype, tt, mp, soft_cap).values()) <= tl.UB_BYTES
+            if d <= 128 and rows <= 16:
+                assert tt == 256
+    assert tl.choose_mix_tiles(128, "bfloat16", 129, False) is None  # more rows: the vector kernel

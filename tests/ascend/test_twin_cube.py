@@ -464,6 +464,7 @@ def test_cube_cost_model_reads_the_cube_counters(lib):
     aic = est.context_time_us(st[0], active_cores=3)
     cycles = st[0]["cube_fractal_macs"] / c.cube_fractal_macs_per_cycle + st[0]["mmad_calls"] * c.mmad_issue_cycles
     assert aic["pipes_us"]["M"] == pytest.approx(cycles / c.clock_hz * 1e6)
-    assert set(aic["pipes_us"]) == {"MTE2", "MTE1", "M", "FIX", "S"}
+    assert set(aic["pipes_us"]) == {"MTE2", "MTE1", "M", "FIX", "GM", "S"}
+    assert aic["pipes_us"]["GM"] == pytest.approx(aic["pipes_us"]["MTE2"] + aic["pipes_us"]["FIX"])
     stage = est.stage_time_us(st)
     assert stage["cores"] == 3 and stage["us"] > c.launch_us

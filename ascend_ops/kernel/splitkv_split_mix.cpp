@@ -1,0 +1,676 @@
+// Split stage of split-KV decode attention, mixed AIC + AIV (one cube core : two vector cores per
+// AI core, one launch of `blockDim` AI cores). Same plan and partial-workspace contract as the
+// vector-only `splitkv_split` (docs/ascend-kernel.md); used when the tiling's kernelKind is 1.
+//
+// AI core c takes the plan's items [coreRange[c], coreRange[c + 1]) (contiguous ranges balanced
+// by length on the host). An item (request b, KV head h, split, [start, end)) has M = q_len * G
+// query rows (all query rows of the request and the whole GQA group): the M dimension of the cube.
+// Per tile of TT tokens:
+//   cube (AIC): K, V pages GM -> L1 through the block table (ND -> NZ, one copy per page segment;
+//     a page id outside [0, numPages) is never dereferenced: its rows are copied from a zero row);
+//     S = Q K^T on the cube (fp16/bf16 in, fp32 out) -> scratch S slot, flag S;
+//     after flag P: P (q's dtype) scratch -> L1 -> L0A, V -> L0B (transposed fractals),
+//     O = P V -> scratch O slot, flag O.
+//   vector (AIV sub-block v takes rows [v * ceil(M / 2), ...)): S rows -> UB, scale, soft cap,
+//     masks (causal tail, window, tile tail, masked pages) as whole-row ranges, row max, exp, row
+//     sum, all as vector instructions over [rows x tile]; the running m and l are updated per
+//     (row, tile) by the scalar unit (one V->S round trip per tile, none per token); P -> scratch,
+//     flag P; after flag O: acc = acc * alpha + O.
+// The scratch (per AI core, after the partials in the workspace) holds two slots of S, P and O:
+// the cube runs QK of tile j + 1 and loads K/V of tile j + 2 while the vector cores work on tile j.
+// Cross-core flags: 1 S ready, 2 P ready, 3 O ready (all mode 2), 4 zero row ready (once).
+// NOT RUN ON AN NPU: type-checked against CANN 8.1 headers and run on the CPU twin only.
+#include "splitkv_kernel_common.h"
+#include "splitkv_combine_stage.h"
+
+using namespace AscendC;
+
+namespace splitkv {
+
+constexpr uint16_t kFlagS = 1, kFlagP = 2, kFlagO = 3, kFlagZero = 4;
+constexpr int32_t kMaxVecRows = 64;  // rows one vector core holds (host: rows padded <= 128)
+// Start of the running max: finite, so exp(m_old - m_new) is never formed from -inf - -inf; a row
+// that sees nothing keeps l = 0 and writes o = 0, lse = -inf.
+constexpr float kMaxStart = -3.0e38f;
+
+struct MixItem {
+    int32_t b, h, split, start, end, row0, qLen, seqLen;
+};
+
+struct MixCommon {
+    SplitKVTiling t;
+    int32_t G, D, TT, MP, core, w0, w1;
+    GlobalTensor<int32_t> planGm, btGm;
+    GM_ADDR scratch;
+
+    __aicore__ inline void Init(GM_ADDR blockTable, GM_ADDR plan, GM_ADDR workspace, const SplitKVTiling& tt,
+                                int32_t coreIdx) {
+        t = tt;
+        G = t.groupSize;
+        D = t.headDim;
+        TT = t.mixTileTokens;
+        MP = t.mixRowsPad;
+        core = coreIdx;
+        planGm.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(plan), uint64_t(t.planWords));
+        btGm.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(blockTable), uint64_t(t.batch) * t.maxPages);
+        w0 = planGm.GetValue(t.coreRangeOffset + core);
+        w1 = planGm.GetValue(t.coreRangeOffset + core + 1);
+        scratch = workspace + t.scratchOffsetBytes + uint64_t(core) * t.scratchCoreBytes;
+    }
+    // false for padding items and requests without query rows
+    __aicore__ inline bool ReadItem(int32_t w, MixItem& it) {
+        const int32_t base = t.itemsOffset + 5 * w;
+        it.b = planGm.GetValue(base);
+        if (it.b < 0) {
+            return false;
+        }
+        it.h = planGm.GetValue(base + 1);
+        it.split = planGm.GetValue(base + 2);
+        it.start = planGm.GetValue(base + 3);
+        it.end = planGm.GetValue(base + 4);
+        it.row0 = planGm.GetValue(t.qslOffset + it.b);
+        it.qLen = planGm.GetValue(t.qslOffset + it.b + 1) - it.row0;
+        it.seqLen = planGm.GetValue(t.seqLensOffset + it.b);
+        return it.qLen > 0;
+    }
+    __aicore__ inline int32_t Page(const MixItem& it, int32_t p) {
+        return btGm.GetValue(uint64_t(it.b) * t.maxPages + p / t.pageSize);
+    }
+    __aicore__ inline bool PageOk(int32_t page) const { return page >= 0 && page < t.numPages; }
+    // scratch layout (bytes): S [2][MP][TT] f32, P [2][MP][TT] T, O [2][MP][D] f32, zero row [D] T
+    __aicore__ inline uint64_t SOff(int32_t slot) const { return uint64_t(slot) * MP * TT * 4; }
+    __aicore__ inline uint64_t POff(int32_t slot, int32_t tb) const {
+        return uint64_t(2) * MP * TT * 4 + uint64_t(slot) * MP * TT * tb;
+    }
+    __aicore__ inline uint64_t OOff(int32_t slot, int32_t tb) const {
+        return uint64_t(2) * MP * TT * (4 + tb) + uint64_t(slot) * MP * D * 4;
+    }
+    __aicore__ inline uint64_t ZOff(int32_t tb) const { return uint64_t(2) * MP * (TT * (4 + tb) + D * 4); }
+};
+
+// ------------------------------------------------------------------------------------------------
+// Cube core
+template <typename T>
+class MixCube {
+public:
+    __aicore__ inline void Init(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, GM_ADDR plan, GM_ADDR ws,
+                                const SplitKVTiling& t) {
+        c_.Init(bt, plan, ws, t, static_cast<int32_t>(GetBlockIdx()));
+        const uint64_t kvElems = uint64_t(t.numPages) * t.pageSize * t.numKVHeads * t.headDim;
+        qGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(q), uint64_t(t.numRows) * t.numQHeads * t.headDim);
+        kGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(k), kvElems);
+        vGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(v), kvElems);
+        const int32_t MP = c_.MP, TT = c_.TT, D = c_.D;
+        sGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(c_.scratch), uint64_t(2) * MP * TT);
+        pGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.POff(0, sizeof(T))), uint64_t(2) * MP * TT);
+        oGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(c_.scratch + c_.OOff(0, sizeof(T))), uint64_t(2) * MP * D);
+        zGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.ZOff(sizeof(T))), uint64_t(D));
+        pipe_.InitBuffer(qL1_, uint32_t(MP) * D * sizeof(T));
+        pipe_.InitBuffer(kL1_, 2u * TT * D * sizeof(T));
+        pipe_.InitBuffer(vL1_, 2u * TT * D * sizeof(T));
+        pipe_.InitBuffer(pL1_, uint32_t(MP) * TT * sizeof(T));
+        pipe_.InitBuffer(qL0_, uint32_t(MP) * D * sizeof(T));
+        pipe_.InitBuffer(pL0_, uint32_t(MP) * TT * sizeof(T));
+        pipe_.InitBuffer(bL0_, uint32_t(TT) * D * sizeof(T));
+        pipe_.InitBuffer(sL0C_, uint32_t(MP) * TT * sizeof(float));
+        pipe_.InitBuffer(oL0C_, uint32_t(MP) * D * sizeof(float));
+    }
+
+    __aicore__ inline void Process() {
+        CrossCoreWaitFlag(kFlagZero);  // the vector cores wrote this core's zero row
+        int32_t tile = 0;              // tiles of this core so far (scratch slot = tile % 2)
+        for (int32_t w = c_.w0; w < c_.w1; w++) {
+            MixItem it;
+            if (!c_.ReadItem(w, it) || it.end <= it.start) {
+                continue;
+            }
+            const int32_t M = it.qLen * c_.G;
+            const int32_t nt = CeilDiv(it.end - it.start, c_.TT);
+            WaitFor<HardEvent::MTE1_MTE2>();  // L1 (Q, K/V buffers) no longer read by LoadData
+            LoadQ(it);
+            LoadKV(it, 0, 0);
+            WaitFor<HardEvent::MTE2_MTE1>();
+            QK(it, M, 0, tile, true);
+            for (int32_t j = 0; j < nt; j++) {
+                if (j + 1 < nt) {  // K/V of tile j + 1 stream in while the cube and vector cores work on j
+                    WaitFor<HardEvent::MTE1_MTE2>();
+                    LoadKV(it, j + 1, (j + 1) % 2);
+                }
+                PV(it, M, j, tile + j);
+                if (j + 1 < nt) {
+                    QK(it, M, j + 1, tile + j + 1, false);
+                }
+            }
+            tile += nt;
+        }
+    }
+
+private:
+    __aicore__ inline int32_t Tokens(const MixItem& it, int32_t j) const {
+        return Min(c_.TT, it.end - (it.start + j * c_.TT));
+    }
+
+    __aicore__ inline void LoadQ(const MixItem& it) {
+        const int32_t G = c_.G, D = c_.D;
+        const uint64_t off = (uint64_t(it.row0) * c_.t.numQHeads + uint64_t(it.h) * G) * D;
+        LocalTensor<T> q1 = qL1_.Get<T>();
+        DataCopy(q1, qGm_[off],
+                 Nd2NzParams(static_cast<uint16_t>(it.qLen), static_cast<uint16_t>(G), static_cast<uint16_t>(D),
+                             static_cast<uint16_t>(c_.t.numQHeads * D), static_cast<uint16_t>(D),
+                             static_cast<uint16_t>(c_.MP), 1, static_cast<uint16_t>(G * 16)));
+    }
+
+    // Tokens of tile j -> K and V buffers `buf` (NZ, token rows, C0 stride TT), one copy per page
+    // segment; a masked page (id outside [0, numPages)) copies the zero row instead.
+    __aicore__ inline void LoadKV(const MixItem& it, int32_t j, int32_t buf) {
+        const int32_t TT = c_.TT, D = c_.D, hkv = c_.t.numKVHeads, ps = c_.t.pageSize;
+        const int32_t p0 = it.start + j * TT, n = Tokens(it, j);
+        LocalTensor<T> k1 = kL1_.Get<T>()[buf * TT * D];
+        LocalTensor<T> v1 = vL1_.Get<T>()[buf * TT * D];
+        int32_t p = p0;
+        while (p < p0 + n) {
+            const int32_t page = c_.Page(it, p);
+            const int32_t inPage = p % ps;
+            const int32_t cnt = Min(ps - inPage, p0 + n - p);
+            const int32_t at = (p - p0) * 16;
+            if (c_.PageOk(page)) {
+                const uint64_t off = ((uint64_t(page) * ps + inPage) * hkv + it.h) * D;
+                const Nd2NzParams nz(1, static_cast<uint16_t>(cnt), static_cast<uint16_t>(D), 0,
+                                     static_cast<uint16_t>(hkv * D), static_cast<uint16_t>(TT), 1, 0);
+                DataCopy(k1[at], kGm_[off], nz);
+                DataCopy(v1[at], vGm_[off], nz);
+            } else {
+                const Nd2NzParams nz(static_cast<uint16_t>(cnt), 1, static_cast<uint16_t>(D), 0,
+                                     static_cast<uint16_t>(D), static_cast<uint16_t>(TT), 1, 16);
+                DataCopy(k1[at], zGm_, nz);
+                DataCopy(v1[at], zGm_, nz);
+            }
+            p += cnt;
+        }
+    }
+
+    // S = Q K^T for tile j (K/V already in L1 buffer j % 2) -> scratch S slot, flag S.
+    __aicore__ inline void QK(const MixItem& it, int32_t M, int32_t j, int32_t gTile, bool firstTile) {
+        const int32_t TT = c_.TT, D = c_.D, MP = c_.MP, n = Tokens(it, j);
+        const int32_t M1 = MP / 16, K1 = D / 16, N1 = CeilDiv(n, 16);
+        WaitFor<HardEvent::M_MTE1>();  // L0A / L0B no longer read by the previous Mmad
+        LocalTensor<T> q0 = qL0_.Get<T>(), b0 = bL0_.Get<T>();
+        if (firstTile) {
+            LocalTensor<T> q1 = qL1_.Get<T>();
+            for (int32_t mb = 0; mb < CeilDiv(M, 16); mb++) {  // NZ (C0 stride MP) -> ZZ
+                LoadData(q0[mb * K1 * 256], q1, LoadData2DParams(static_cast<uint16_t>(mb), static_cast<uint8_t>(K1),
+                                                                  static_cast<uint16_t>(M1), 0, 0, false, 0));
+            }
+        }
+        LocalTensor<T> k1 = kL1_.Get<T>()[(j % 2) * TT * D];
+        for (int32_t kb = 0; kb < K1; kb++) {  // NZ fractals of K are K^T's ZN fractals
+            LoadData(b0[kb * N1 * 256], k1, LoadData2DParams(static_cast<uint16_t>(kb * (TT / 16)),
+                                                              static_cast<uint8_t>(N1), 1, 0, 0, false, 0));
+        }
+        WaitFor<HardEvent::MTE1_M>();
+        WaitFor<HardEvent::FIX_M>();  // the S region of L0C was read out
+        LocalTensor<float> s0 = sL0C_.Get<float>();
+        Mmad(s0, q0, b0, MmadParams(static_cast<uint16_t>(M), static_cast<uint16_t>(n), static_cast<uint16_t>(D), 0,
+                                    false, true));
+        WaitFor<HardEvent::M_FIX>();
+        // L0C column blocks are ceil(M / 16) fractals apart (the Mmad's own m)
+        FixpipeParamsV220 fp(static_cast<uint16_t>(RoundUp(n, 16)), static_cast<uint16_t>(M),
+                             static_cast<uint16_t>(RoundUp(M, 16)), uint32_t(TT), false);
+        Fixpipe<float, float, CFG_ROW_MAJOR>(sGm_[(gTile % 2) * MP * TT], s0, fp);
+        CrossCoreSetFlag<2, PIPE_FIX>(kFlagS);
+    }
+
+    // O = P V for tile j (after the vector cores' flag P) -> scratch O slot, flag O.
+    __aicore__ inline void PV(const MixItem& it, int32_t M, int32_t j, int32_t gTile) {
+        const int32_t TT = c_.TT, D = c_.D, MP = c_.MP, n = Tokens(it, j);
+        const int32_t M1 = MP / 16, K1 = CeilDiv(n, 16), N1 = D / 16;
+        CrossCoreWaitFlag(kFlagP);
+        WaitFor<HardEvent::MTE1_MTE2>();  // the previous tile's LoadData of P from L1 is done
+        LocalTensor<T> p1 = pL1_.Get<T>();
+        DataCopy(p1, pGm_[(gTile % 2) * MP * TT],
+                 Nd2NzParams(1, static_cast<uint16_t>(M), static_cast<uint16_t>(n), 0, static_cast<uint16_t>(TT),
+                             static_cast<uint16_t>(MP), 1, 0));
+        WaitFor<HardEvent::MTE2_MTE1>();
+        WaitFor<HardEvent::M_MTE1>();
+        LocalTensor<T> p0 = pL0_.Get<T>(), b0 = bL0_.Get<T>();
+        for (int32_t mb = 0; mb < CeilDiv(M, 16); mb++) {
+            LoadData(p0[mb * K1 * 256], p1, LoadData2DParams(static_cast<uint16_t>(mb), static_cast<uint8_t>(K1),
+                                                              static_cast<uint16_t>(M1), 0, 0, false, 0));
+        }
+        LocalTensor<T> v1 = vL1_.Get<T>()[(j % 2) * TT * D];
+        for (int32_t tb = 0; tb < K1; tb++) {  // V's NZ fractals, transposed, are the ZN fractals of B = V
+            LoadData(b0[tb * N1 * 256], v1, LoadData2DParams(static_cast<uint16_t>(tb), static_cast<uint8_t>(N1),
+                                                              static_cast<uint16_t>(TT / 16), 0, 0, true, 0));
+        }
+        WaitFor<HardEvent::MTE1_M>();
+        WaitFor<HardEvent::FIX_M>();
+        LocalTensor<float> o0 = oL0C_.Get<float>();
+        Mmad(o0, p0, b0, MmadParams(static_cast<uint16_t>(M), static_cast<uint16_t>(D), static_cast<uint16_t>(n), 0,
+                                    false, true));
+        WaitFor<HardEvent::M_FIX>();
+        FixpipeParamsV220 fp(static_cast<uint16_t>(D), static_cast<uint16_t>(M), static_cast<uint16_t>(RoundUp(M, 16)),
+                             uint32_t(D), false);
+        Fixpipe<float, float, CFG_ROW_MAJOR>(oGm_[(gTile % 2) * MP * D], o0, fp);
+        CrossCoreSetFlag<2, PIPE_FIX>(kFlagO);
+    }
+
+    MixCommon c_;
+    TPipe pipe_;
+    TBuf<TPosition::A1> qL1_, pL1_;
+    TBuf<TPosition::B1> kL1_, vL1_;
+    TBuf<TPosition::A2> qL0_, pL0_;
+    TBuf<TPosition::B2> bL0_;
+    TBuf<TPosition::CO1> sL0C_, oL0C_;
+    GlobalTensor<T> qGm_, kGm_, vGm_, pGm_, zGm_;
+    GlobalTensor<float> sGm_, oGm_;
+};
+
+// ------------------------------------------------------------------------------------------------
+// Vector cores
+template <typename T>
+class MixVec {
+public:
+    // out / lse: the fused launch's outputs (rows with one split are written there directly and the
+    // combine skips them); nullptr for the split-only launch (every row goes to its partial slot).
+    __aicore__ inline void Init(GM_ADDR bt, GM_ADDR plan, GM_ADDR ws, const SplitKVTiling& t, GM_ADDR out,
+                                GM_ADDR lse) {
+        sub_ = static_cast<int32_t>(GetSubBlockIdx());
+        direct_ = out != nullptr;
+        c_.Init(bt, plan, ws, t, static_cast<int32_t>(GetBlockIdx() / GetTaskRation()));
+        const int32_t MP = c_.MP, TT = c_.TT, D = c_.D;
+        RH_ = MP / 2;
+        sGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(c_.scratch), uint64_t(2) * MP * TT);
+        pGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.POff(0, sizeof(T))), uint64_t(2) * MP * TT);
+        oGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(c_.scratch + c_.OOff(0, sizeof(T))), uint64_t(2) * MP * D);
+        zGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.ZOff(sizeof(T))), uint64_t(D));
+        wsO_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(ws), uint64_t(t.numSlots) * t.numQHeads * D);
+        wsL_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(ws + t.lseOffsetBytes),
+                             uint64_t(t.numSlots) * t.numQHeads * kLseRepeat);
+        pipe_.InitBuffer(s_, uint32_t(RH_) * TT * sizeof(float));
+        pipe_.InitBuffer(p_, uint32_t(RH_) * TT * sizeof(T));
+        pipe_.InitBuffer(o_, uint32_t(RH_) * D * sizeof(float));
+        pipe_.InitBuffer(acc_, uint32_t(RH_) * D * sizeof(float));
+        pipe_.InitBuffer(red_, uint32_t(RoundUp(2 * RH_, 8)) * sizeof(float));
+        pipe_.InitBuffer(alpha_, uint32_t(RoundUp(RH_, 8)) * sizeof(float));
+        pipe_.InitBuffer(work_, 64u * sizeof(float));
+        if (t.softCap > 0.0f) {
+            pipe_.InitBuffer(cap_, uint32_t(RH_) * TT * sizeof(float));
+        }
+        pipe_.InitBuffer(outQ_, 2, uint32_t(D + kLseRepeat) * sizeof(float));
+        if (direct_) {
+            outGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(out), uint64_t(t.numRows) * t.numQHeads * D);
+            lseGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(lse), uint64_t(t.numRows) * t.numQHeads);
+            pipe_.InitBuffer(ob_, uint32_t(D) * sizeof(T));
+        }
+    }
+
+    __aicore__ inline void Process() {
+        WriteZeroRow();
+        int32_t tile = 0;
+        for (int32_t w = c_.w0; w < c_.w1; w++) {
+            MixItem it;
+            if (!c_.ReadItem(w, it)) {
+                continue;
+            }
+            const int32_t M = it.qLen * c_.G;
+            const int32_t r0 = Min(M, sub_ * RH_), nr = Min(M, r0 + RH_) - r0;  // this core's rows
+            StartItem(nr);
+            const int32_t nt = it.end > it.start ? CeilDiv(it.end - it.start, c_.TT) : 0;
+            for (int32_t j = 0; j < nt; j++) {
+                Softmax(it, r0, nr, j, tile + j);
+                Update(nr, r0, tile + j);
+            }
+            tile += nt;
+            Finish(it, r0, nr);
+        }
+    }
+
+private:
+    // sub-block 0 writes this AI core's zero row (read by the cube for masked pages); both set the flag
+    __aicore__ inline void WriteZeroRow() {
+        if (sub_ == 0) {
+            LocalTensor<T> z = p_.Get<T>();
+            Duplicate(z, T(0.0f), c_.D);
+            WaitFor<HardEvent::V_MTE3>();
+            DataCopy(zGm_, z, uint32_t(c_.D));
+            WaitFor<HardEvent::MTE3_V>();
+        }
+        CrossCoreSetFlag<2, PIPE_MTE3>(kFlagZero);
+    }
+
+    __aicore__ inline void StartItem(int32_t nr) {
+        if (nr > 0) {
+            Duplicate(acc_.Get<float>(), 0.0f, nr * c_.D);
+        }
+        for (int32_t r = 0; r < nr; r++) {
+            m_[r] = kMaxStart;
+            l_[r] = 0.0f;
+        }
+    }
+
+    // Set positions [a, b) of a UB row to -inf: a vector Duplicate over the 32-byte-aligned part, the
+    // scalar unit for the at most 7 positions before it (only at a window or causal edge).
+    __aicore__ inline void MaskRange(const LocalTensor<float>& row, int32_t a, int32_t b, bool& scalarPending) {
+        if (b <= a) {
+            return;
+        }
+        const int32_t a8 = Min(RoundUp(a, 8), b);
+        const int32_t b8 = b - (b - a8) % 8;
+        if (b8 > a8) {
+            Duplicate(row[a8], kNegInf, b8 - a8);
+        }
+        if (a8 > a || b > b8) {
+            scalarPending = true;
+        }
+    }
+    __aicore__ inline void MaskRangeScalar(const LocalTensor<float>& row, int32_t a, int32_t b) {
+        if (b <= a) {
+            return;
+        }
+        const int32_t a8 = Min(RoundUp(a, 8), b);
+        const int32_t b8 = b - (b - a8) % 8;
+        for (int32_t i = a; i < a8; i++) {
+            row.SetValue(i, kNegInf);
+        }
+        for (int32_t i = b8 > a8 ? b8 : a8; i < b; i++) {
+            row.SetValue(i, kNegInf);
+        }
+    }
+
+    // The row's visible columns of tile [p0, p0 + n): [js, je) (causal tail and window are intervals).
+    __aicore__ inline void Visible(const MixItem& it, int32_t row, int32_t p0, int32_t n, int32_t& js, int32_t& je) {
+        const int32_t qpos = it.seqLen - it.qLen + row / c_.G;
+        const int32_t lo = c_.t.windowLeft >= 0 ? qpos - c_.t.windowLeft : 0;
+        js = Min(n, Max(0, lo - p0));
+        je = Max(js, Min(n, qpos + 1 - p0));
+    }
+
+    // cap * tanh(x / cap) without cancellation when the cap is large against the scores: x / cap
+    // clamped to [-10, 10] (tanh is 1 in float beyond), halved 9 times, tanh of the small argument
+    // (|y| < 0.02) by its Taylor series y (1 + y^2 (-1/3 + 2 y^2 / 15)) (next term < 1e-13
+    // relative), then doubled back 9 times with tanh(2y) = 2 t / (1 + t^2) (condition number at
+    // most 1: relative errors do not grow). Whole-block vector instructions only.
+    __aicore__ inline void SoftCap(const LocalTensor<float>& s, int32_t cnt) {
+        const float cap = c_.t.softCap;
+        LocalTensor<float> u = cap_.Get<float>();
+        Muls(s, s, 1.0f / cap, cnt);
+        Duplicate(u, -10.0f, cnt);
+        PipeBarrier<PIPE_V>();
+        Max(s, s, u, cnt);  // x >= -10
+        PipeBarrier<PIPE_V>();
+        Muls(s, s, -1.0f, cnt);
+        PipeBarrier<PIPE_V>();
+        Max(s, s, u, cnt);  // -x >= -10
+        PipeBarrier<PIPE_V>();
+        Muls(s, s, -1.0f / 512.0f, cnt);  // y = x / 2^9
+        PipeBarrier<PIPE_V>();
+        Mul(u, s, s, cnt);
+        PipeBarrier<PIPE_V>();
+        Muls(u, u, 2.0f / 15.0f, cnt);
+        PipeBarrier<PIPE_V>();
+        Adds(u, u, -1.0f / 3.0f, cnt);
+        PipeBarrier<PIPE_V>();
+        Mul(u, u, s, cnt);
+        PipeBarrier<PIPE_V>();
+        Mul(u, u, s, cnt);
+        PipeBarrier<PIPE_V>();
+        Adds(u, u, 1.0f, cnt);
+        PipeBarrier<PIPE_V>();
+        Mul(s, s, u, cnt);  // t = tanh(y)
+        for (int32_t i = 0; i < 9; i++) {
+            PipeBarrier<PIPE_V>();
+            Mul(u, s, s, cnt);
+            Muls(s, s, 2.0f, cnt);
+            PipeBarrier<PIPE_V>();
+            Adds(u, u, 1.0f, cnt);
+            PipeBarrier<PIPE_V>();
+            Div(s, s, u, cnt);
+        }
+        PipeBarrier<PIPE_V>();
+        Muls(s, s, cap, cnt);
+        PipeBarrier<PIPE_V>();
+    }
+
+    // Tile j of the item: S rows -> P rows (q's dtype) in the scratch, flag P; m, l, alpha updated.
+    __aicore__ inline void Softmax(const MixItem& it, int32_t r0, int32_t nr, int32_t j, int32_t gTile) {
+        const int32_t TT = c_.TT, MP = c_.MP;
+        const int32_t p0 = it.start + j * TT, n = Min(TT, it.end - p0), n16 = RoundUp(n, 16);
+        CrossCoreWaitFlag(kFlagS);
+        if (nr == 0) {  // no rows on this vector core: keep the flag protocol
+            CrossCoreSetFlag<2, PIPE_MTE3>(kFlagP);
+            return;
+        }
+        LocalTensor<float> s = s_.Get<float>();
+        const int32_t cnt = nr * n16;  // rows of n16 columns, packed
+        WaitFor<HardEvent::V_MTE2>();  // the previous tile's vector reads of s are done
+        DataCopy(s, sGm_[(gTile % 2) * MP * TT + r0 * TT],
+                 DataCopyParams(static_cast<uint16_t>(nr), static_cast<uint16_t>(n16 / 8),
+                                static_cast<uint16_t>((TT - n16) / 8), 0));
+        WaitFor<HardEvent::MTE2_V>();
+        Muls(s, s, c_.t.scale, cnt);
+        PipeBarrier<PIPE_V>();
+        if (c_.t.softCap > 0.0f) {
+            SoftCap(s, cnt);
+        }
+        // masks: columns outside each row's visible interval, the tile tail [n, n16), masked pages
+        bool scalarPending = false;
+        for (int32_t r = 0; r < nr; r++) {
+            int32_t js, je;
+            Visible(it, r0 + r, p0, n, js, je);
+            MaskRange(s[r * n16], 0, js, scalarPending);
+            MaskRange(s[r * n16], je, n16, scalarPending);
+        }
+        bool pagesMasked = false;
+        for (int32_t p = p0; p < p0 + n;) {  // one block-table read per page segment of the tile
+            const int32_t cntp = Min(c_.t.pageSize - p % c_.t.pageSize, p0 + n - p);
+            if (!c_.PageOk(c_.Page(it, p))) {
+                pagesMasked = true;
+                for (int32_t r = 0; r < nr; r++) {
+                    MaskRange(s[r * n16], p - p0, p - p0 + cntp, scalarPending);
+                }
+            }
+            p += cntp;
+        }
+        if (scalarPending) {
+            WaitFor<HardEvent::V_S>();
+            for (int32_t r = 0; r < nr; r++) {
+                int32_t js, je;
+                Visible(it, r0 + r, p0, n, js, je);
+                MaskRangeScalar(s[r * n16], 0, js);
+                MaskRangeScalar(s[r * n16], je, n16);
+            }
+            if (pagesMasked) {
+                for (int32_t p = p0; p < p0 + n;) {
+                    const int32_t cntp = Min(c_.t.pageSize - p % c_.t.pageSize, p0 + n - p);
+                    if (!c_.PageOk(c_.Page(it, p))) {
+                        for (int32_t r = 0; r < nr; r++) {
+                            MaskRangeScalar(s[r * n16], p - p0, p - p0 + cntp);
+                        }
+                    }
+                    p += cntp;
+                }
+            }
+            WaitFor<HardEvent::S_V>();
+        }
+        PipeBarrier<PIPE_V>();
+        // row max (one instruction per row), then the running max on the scalar unit: once per tile
+        LocalTensor<float> red = red_.Get<float>(), work = work_.Get<float>(), alpha = alpha_.Get<float>();
+        for (int32_t r = 0; r < nr; r++) {
+            ReduceMax(red[2 * r], s[r * n16], work, n16);
+        }
+        WaitFor<HardEvent::V_S>();
+        for (int32_t r = 0; r < nr; r++) {
+            const float mt = red.GetValue(2 * r);
+            const float mNew = m_[r] > mt ? m_[r] : mt;  // >= kMaxStart: finite
+            alpha.SetValue(r, m_[r] - mNew);
+            m_[r] = mNew;
+        }
+        WaitFor<HardEvent::S_V>();
+        for (int32_t r = 0; r < nr; r++) {
+            Adds(s[r * n16], s[r * n16], -m_[r], n16);
+        }
+        Exp(alpha, alpha, nr);
+        PipeBarrier<PIPE_V>();
+        Exp(s, s, cnt);  // masked columns: exp(-inf) = 0
+        PipeBarrier<PIPE_V>();
+        for (int32_t r = 0; r < nr; r++) {
+            ReduceSum(red[2 * r], s[r * n16], work, n16);
+        }
+        LocalTensor<T> p = p_.Get<T>();
+        WaitFor<HardEvent::MTE3_V>();  // the previous tile's P copy-out has read p
+        if constexpr (sizeof(T) == 2 && !IsHalf()) {
+            Cast(p, s, RoundMode::CAST_RINT, uint32_t(cnt));
+        } else {
+            Cast(p, s, RoundMode::CAST_NONE, uint32_t(cnt));
+        }
+        WaitFor<HardEvent::V_MTE3>();
+        DataCopy(pGm_[(gTile % 2) * MP * TT + r0 * TT], p,
+                 DataCopyParams(static_cast<uint16_t>(nr), static_cast<uint16_t>(n16 * sizeof(T) / 32), 0,
+                                static_cast<uint16_t>((TT - n16) * sizeof(T) / 32)));
+        CrossCoreSetFlag<2, PIPE_MTE3>(kFlagP);
+        WaitFor<HardEvent::V_S>();
+        for (int32_t r = 0; r < nr; r++) {
+            a_[r] = alpha.GetValue(r);
+            l_[r] = l_[r] * a_[r] + red.GetValue(2 * r);
+        }
+    }
+
+    static constexpr bool IsHalf() { return IsSameType<T, half>::value; }
+
+    // acc = acc * alpha + O for the rows of this vector core (after the cube's flag O).
+    __aicore__ inline void Update(int32_t nr, int32_t r0, int32_t gTile) {
+        const int32_t D = c_.D, MP = c_.MP;
+        CrossCoreWaitFlag(kFlagO);
+        if (nr == 0) {
+            return;
+        }
+        LocalTensor<float> o = o_.Get<float>(), acc = acc_.Get<float>();
+        WaitFor<HardEvent::V_MTE2>();
+        DataCopy(o, oGm_[(gTile % 2) * MP * D + r0 * D], uint32_t(nr * D));
+        for (int32_t r = 0; r < nr; r++) {
+            Muls(acc[r * D], acc[r * D], a_[r], D);
+        }
+        WaitFor<HardEvent::MTE2_V>();
+        PipeBarrier<PIPE_V>();
+        Add(acc, acc, o, nr * D);
+        PipeBarrier<PIPE_V>();
+    }
+
+    // o = acc / l and lse = m + ln l of each row -> the item's partial slot (o = 0, lse = -inf for a
+    // row that saw nothing).
+    __aicore__ inline void Finish(const MixItem& it, int32_t r0, int32_t nr) {
+        const int32_t D = c_.D, G = c_.G;
+        LocalTensor<float> acc = acc_.Get<float>();
+        for (int32_t r = 0; r < nr; r++) {
+            const int32_t row = r0 + r, qi = row / G, g = row % G;
+            LocalTensor<float> o = outQ_.template AllocTensor<float>();
+            if (l_[r] > 0.0f) {
+                Muls(o, acc[r * D], 1.0f / l_[r], D);
+                Duplicate(o[D], l_[r], kLseRepeat);
+                PipeBarrier<PIPE_V>();
+                Ln(o[D], o[D], kLseRepeat);
+                PipeBarrier<PIPE_V>();
+                Adds(o[D], o[D], m_[r], kLseRepeat);
+            } else {
+                Duplicate(o, 0.0f, D);
+                Duplicate(o[D], kNegInf, kLseRepeat);
+            }
+            const int32_t qrow = it.row0 + qi;
+            const bool direct = direct_ && c_.planGm.GetValue(c_.t.rowNumOffset + qrow) == 1;
+            LocalTensor<T> ob;
+            if (direct) {  // the row's only split: final output in q's dtype (as the combine rounds)
+                ob = ob_.Get<T>();
+                WaitFor<HardEvent::MTE3_V>();  // the previous row's copy-out of ob is done
+                PipeBarrier<PIPE_V>();
+                Cast(ob, o, RoundMode::CAST_RINT, uint32_t(D));
+            }
+            outQ_.EnQue(o);
+            LocalTensor<float> ready = outQ_.template DeQue<float>();
+            const uint64_t hqRow = uint64_t(it.h) * G + g;
+            if (direct) {
+                DataCopy(outGm_[(uint64_t(qrow) * c_.t.numQHeads + hqRow) * D], ob, uint32_t(D));
+                DataCopyExtParams cp(1, uint32_t(sizeof(float)), 0, 0, 0);
+                DataCopyPad(lseGm_[uint64_t(qrow) * c_.t.numQHeads + hqRow], ready[D], cp);
+            } else {
+                const int32_t slot = c_.planGm.GetValue(c_.t.rowSlotOffset + qrow) + it.split;
+                const uint64_t hq = uint64_t(slot) * c_.t.numQHeads + hqRow;
+                DataCopy(wsO_[hq * D], ready, uint32_t(D));
+                DataCopy(wsL_[hq * kLseRepeat], ready[D], uint32_t(kLseRepeat));
+            }
+            outQ_.FreeTensor(ready);
+        }
+    }
+
+    MixCommon c_;
+    bool direct_ = false;
+    int32_t sub_ = 0, RH_ = 0;
+    float m_[kMaxVecRows], l_[kMaxVecRows], a_[kMaxVecRows];
+    TPipe pipe_;
+    TBuf<TPosition::VECCALC> s_, p_, o_, acc_, red_, alpha_, work_, cap_, ob_;
+    TQue<TPosition::VECOUT, 2> outQ_;
+    GlobalTensor<T> pGm_, zGm_, outGm_;
+    GlobalTensor<float> sGm_, oGm_, wsO_, wsL_, lseGm_;
+};
+
+}  // namespace splitkv
+
+template <typename T>
+__aicore__ inline void RunSplitMix(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, GM_ADDR plan, GM_ADDR ws,
+                                   const SplitKVTiling& t, GM_ADDR out = nullptr, GM_ADDR lse = nullptr) {
+    if ASCEND_IS_AIC {
+        splitkv::MixCube<T> op;
+        op.Init(q, k, v, bt, plan, ws, t);
+        op.Process();
+    }
+    if ASCEND_IS_AIV {
+        splitkv::MixVec<T> op;
+        op.Init(bt, plan, ws, t, out, lse);
+        op.Process();
+    }
+}
+
+extern "C" __global__ __aicore__ void splitkv_split_mix(GM_ADDR q, GM_ADDR kCache, GM_ADDR vCache, GM_ADDR blockTable,
+                                                        GM_ADDR kvQuant, GM_ADDR plan, GM_ADDR workspace,
+                                                        GM_ADDR tiling) {
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+    (void)kvQuant;  // fp16 / bf16 KV only; int8 KV takes the vector kernel (ascend_ops/support.py)
+    SplitKVTiling t;
+    splitkv::LoadTiling(tiling, t);
+    if (t.qDtype == SPLITKV_DT_FLOAT16) {
+        RunSplitMix<half>(q, kCache, vCache, blockTable, plan, workspace, t);
+    } else {
+        RunSplitMix<bfloat16_t>(q, kCache, vCache, blockTable, plan, workspace, t);
+    }
+}
+
+// The fused launch: the mixed split stage, SyncAll (cube and vector cores), then the combine on the
+// 2 * blockDim vector cores in the same launch (as IFA), saving the second launch. Same buffers as
+// splitkv_split_mix followed by splitkv_combine.
+template <typename T>
+__aicore__ inline void RunAttentionMix(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, GM_ADDR plan, GM_ADDR ws,
+                                       GM_ADDR out, GM_ADDR lse, const SplitKVTiling& t) {
+    RunSplitMix<T>(q, k, v, bt, plan, ws, t, out, lse);  // rows with one split: written directly
+    SyncAll<false>();
+    if ASCEND_IS_AIV {
+        PipeBarrier<PIPE_ALL>();  // the split stage's UB use is over before the combine's pipe reuses it
+        splitkv::CombineStage<T> op;
+        op.Init(ws, plan, out, lse, t);
+        op.Process(static_cast<int32_t>(GetBlockIdx()), static_cast<int32_t>(GetBlockNum() * GetTaskRation()),
+                   true);
+    }
+}
+
+extern "C" __global__ __aicore__ void splitkv_attention_mix(GM_ADDR q, GM_ADDR kCache, GM_ADDR vCache,
+                                                            GM_ADDR blockTable, GM_ADDR kvQuant, GM_ADDR plan,
+                                                            GM_ADDR workspace, GM_ADDR tiling, GM_ADDR out,
+                                                            GM_ADDR lse) {
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+    (void)kvQuant;
+    SplitKVTiling t;
+    splitkv::LoadTiling(tiling, t);
+    if (t.qDtype == SPLITKV_DT_FLOAT16) {
+        RunAttentionMix<half>(q, kCache, vCache, blockTable, plan, workspace, out, lse, t);
+    } else {
+        RunAttentionMix<bfloat16_t>(q, kCache, vCache, blockTable, plan, workspace, out, lse, t);
+    }
+}

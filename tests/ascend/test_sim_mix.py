@@ -1,0 +1,158 @@
+"""The mixed AIC + AIV split stage (``splitkv_split_mix``) on the CPU twin.
+
+Block orders, masked page ids (never dereferenced, contribute nothing), the soft cap's accuracy
+when the cap is large against the scores, and the fallback rule. A test double: nothing here ran
+on an NPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from splitkv_common.parity import cases
+from splitkv_common.reference import dense_attention
+
+sim = pytest.importorskip("ascend_ops.sim_backend")
+from ascend_ops import tiling as tl  # noqa: E402
+
+pytestmark = pytest.mark.skipif(sim.compiler_missing() is not None, reason=str(sim.compiler_missing()))
+
+
+def _ref(inp):
+    out, lse = dense_attention(inp)
+    return np.asarray(out, np.float64), np.asarray(lse, np.float64)
+
+
+@pytest.mark.parametrize("order", [0, 1, 12345])
+def test_block_orders_give_identical_results(order):
+    inp = cases.random_inputs(1, [700, 33, 0, 300], num_q_heads=16, num_kv_heads=4, head_dim=128,
+                              page_size=64, dtype="bfloat16", q_lens=[1, 2, 1, 3])
+    plan = inp.plan("size:256", device="910b2")
+    assert tl.build_tiling(inp, plan).mixed
+    lib = sim.twin_library()
+    sim.set_block_order(lib, 0)
+    base = sim.run_twin(inp, plan)
+    sim.set_block_order(lib, order)
+    try:
+        out, lse = sim.run_twin(inp, plan)
+    finally:
+        sim.set_block_order(lib, 0)
+    np.testing.assert_array_equal(out, base[0])
+    np.testing.assert_array_equal(lse, base[1])
+    ro, rl = _ref(inp)
+    np.testing.assert_allclose(out, ro, atol=2e-2, rtol=0)
+    ok = np.isfinite(rl)
+    np.testing.assert_allclose(lse[ok], rl[ok], atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("bad", [-1, 10 ** 6])
+def test_page_ids_outside_the_cache_are_masked_and_never_read(bad):
+    """A block-table entry outside [0, num_pages) contributes nothing (and is not dereferenced:
+    the twin's bounds check would reject a read outside the cache)."""
+    inp = cases.random_inputs(2, [300, 200], num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=32,
+                              dtype="float16")
+    page = 32
+    bt = inp.block_table.copy()
+    masked = [(0, 2), (0, 5), (1, 0)]  # (request, logical page)
+    for b, p in masked:
+        bt[b, p] = bad
+    bad_inp = dataclasses.replace(inp, block_table=bt)
+    plan = bad_inp.plan("size:128", device="910b2")
+    til = tl.build_tiling(bad_inp, plan)
+    assert til.mixed
+    # the kernel itself (run_twin refuses such a table on the host before any launch)
+    out, lse = sim.run_fused(bad_inp, plan, til)
+    # reference: the same attention with the masked pages' tokens left out
+    T, Hq, D = inp.q.shape
+    G = Hq // inp.k_cache.shape[2]
+    scale = inp.scale if inp.scale is not None else D ** -0.5
+    for b in range(2):
+        L = int(inp.seq_lens[b])
+        keep = np.array([(b, p // page) not in masked for p in range(L)])
+        pages = inp.block_table[b, np.arange(L) // page]
+        k = inp.k_cache[pages, np.arange(L) % page].astype(np.float64)[keep]  # [L', Hkv, D]
+        v = inp.v_cache[pages, np.arange(L) % page].astype(np.float64)[keep]
+        for hq in range(Hq):
+            s = (k[:, hq // G] @ inp.q[b, hq].astype(np.float64)) * scale
+            m = s.max()
+            w = np.exp(s - m)
+            want = (w[:, None] * v[:, hq // G]).sum(0) / w.sum()
+            np.testing.assert_allclose(out[b, hq], want, atol=5e-3, rtol=0)
+            assert abs(lse[b, hq] - (m + np.log(w.sum()))) < 1e-4
+
+
+def test_all_pages_masked_gives_zero_and_minus_inf():
+    inp = cases.random_inputs(3, [64], num_q_heads=4, num_kv_heads=1, head_dim=64, page_size=16, dtype="bfloat16")
+    bad = dataclasses.replace(inp, block_table=np.full_like(inp.block_table, -5))
+    plan = bad.plan("none", device="910b2")
+    til = tl.build_tiling(bad, plan)
+    # the kernel itself (run_twin refuses such a table on the host before any launch)
+    assert til.mixed
+    out, lse = sim.run_fused(bad, plan, til)
+    assert (out == 0).all() and np.isneginf(lse).all()
+
+
+def test_soft_cap_does_not_cancel_for_a_large_cap():
+    """cap * tanh(s / cap) with the cap 10^4 times the scores: the lse keeps float accuracy (the
+    form cap - 2 cap / (exp(2 s / cap) + 1) loses ~cap * 2^-24 absolutely, ~6e-4 here)."""
+    inp = cases.random_inputs(4, [500], num_q_heads=8, num_kv_heads=2, head_dim=128, page_size=64,
+                              dtype="float16", soft_cap=1.0e4)
+    plan = inp.plan("size:256", device="910b2")
+    assert tl.build_tiling(inp, plan).mixed
+    _, lse = sim.run_twin(inp, plan)
+    _, rl = _ref(inp)
+    assert np.abs(lse - rl).max() < 5e-5
+
+
+def test_soft_cap_saturates_for_large_scores():
+    inp = cases.random_inputs(5, [200], num_q_heads=4, num_kv_heads=1, head_dim=64, page_size=32,
+                              dtype="bfloat16", soft_cap=5.0, q_scale=50.0)
+    out, lse = sim.run_twin(inp, inp.plan("size:128", device="910b2"))
+    ro, rl = _ref(inp)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(lse, rl, atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("dtype,kv,d,why", [("float32", None, 128, "fp16/bf16"), ("float16", "head", 128, "fp16/bf16"),
+                                            ("bfloat16", None, 72, "multiple of 16")])
+def test_shapes_the_mixed_kernel_leaves_to_the_vector_kernel(dtype, kv, d, why):
+    inp = cases.random_inputs(6, [50], num_q_heads=4, num_kv_heads=2, head_dim=d, dtype=dtype, kv_quant=kv)
+    kvd = "int8" if kv else dtype
+    assert why in tl.mix_unsupported(d, dtype, kvd, 4, 2)
+    til = tl.build_tiling(inp, inp.plan("none", device="910b2"))
+    assert not til.mixed
+    with pytest.raises(ValueError, match="mixed kernel"):
+        tl.build_tiling(inp, inp.plan("none", device="910b2"), kernel="mix")
+
+
+def test_core_ranges_are_contiguous_and_balanced():
+    inp = cases.random_inputs(7, [5000, 100, 2000, 3000, 0, 700], num_q_heads=8, num_kv_heads=2, page_size=16)
+    plan = inp.plan("size:512", device="910b2")
+    for cores in (1, 3, 24):
+        r = tl.balance_items(plan, cores)
+        assert r[0] == 0 and r[-1] == plan.num_items and (np.diff(r) >= 0).all()
+        w = np.maximum(0, plan.item_kv_end - plan.item_kv_start) + tl.MIX_ITEM_OVERHEAD_TOKENS
+        w = np.where(plan.item_request >= 0, w, 0)
+        loads = [w[r[c]:r[c + 1]].sum() for c in range(cores)]
+        assert max(loads) <= w.sum() / cores + w.max()
+
+
+@pytest.mark.parametrize("batch,ctx,want", [(1, 16384, 3), (1, 65536, 3), (16, 8192, 3), (64, 2048, 3), (2, 600, 1)])
+def test_npu_split_count_fills_the_cube_cores(batch, ctx, want):
+    assert tl.npu_split_count([ctx] * batch, 8, 128, "910b2") == want
+
+
+def test_fused_launch_equals_split_then_combine():
+    """splitkv_attention_mix (split, SyncAll, combine in one launch) == splitkv_split_mix + splitkv_combine."""
+    inp = cases.random_inputs(8, [900, 5, 0, 260], num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=128,
+                              dtype="bfloat16", q_lens=[1, 1, 1, 2], window_left=300)
+    plan = inp.plan("size:256", device="910b2")
+    fused = sim.run_twin(inp, plan, fused=True)
+    two = sim.run_twin(inp, plan, fused=False)
+    np.testing.assert_array_equal(fused[0], two[0])
+    np.testing.assert_array_equal(fused[1], two[1])
+    with pytest.raises(ValueError, match="fused"):
+        sim.run_twin(inp, plan, kernel="vector", fused=True)

@@ -96,11 +96,11 @@ class AscendDecodeWrapper(PlannedWrapper):
                                   None if query_start_loc is None else host(query_start_loc), window_left)
         # made by the shared planner: valid by construction (tests/test_planner*.py), not checked again
         self.set_plan(p, scale=scale, soft_cap=soft_cap, window_left=window_left, max_pages=max_pages,
-                      num_pages=num_pages, _made_here=True)
+                      num_pages=num_pages, validate=False)
         return p
 
     def set_plan(self, plan: Plan, *, seq_lens=None, scale=None, soft_cap=None, window_left=None,
-                 max_pages: int | None = None, num_pages: int | None = None, _made_here: bool = False) -> None:
+                 max_pages: int | None = None, num_pages: int | None = None, validate: bool = True) -> None:
         """Use a plan made elsewhere (the parity harness plans every backend the same way).
 
         ``seq_lens`` (host) default to the plan's coverage (the last item's end per request).
@@ -116,7 +116,7 @@ class AscendDecodeWrapper(PlannedWrapper):
             raise ValueError(f"plan: made for Hkv={plan.num_kv_heads}, page_size={plan.page_size}; this wrapper "
                              f"has Hkv={self.num_kv_heads}, page_size={self.page_size}")
         # a plan from outside is trusted by the kernels: items, ranges and slots are checked here
-        if not _made_here:
+        if validate:  # False only for a plan fresh from the shared planner (valid by construction)
             plan.validate(None if seq_lens is None else host(seq_lens), window_left=window_left,
                           num_kv_heads=self.num_kv_heads)
         self.host_plan = plan

@@ -84,21 +84,24 @@ class DecodeWrapper(PlannedWrapper):
         plan = self.plan_spec().make(host(seq_lens), None if q_lens is None else host(q_lens),
                                      None if query_start_loc is None else host(query_start_loc), window_left)
         # made by the shared planner: valid by construction (tests/test_planner*.py), not checked again
-        self._use_plan(plan, plan_pages=-(-plan.covered_seq_lens().max(initial=0) // self.page_size))
+        self.set_plan(plan, validate=False)
         return plan
 
-    def set_plan(self, plan: Plan) -> None:
-        """Use a plan made elsewhere (the parity harness plans every backend the same way): checked
-        first (the shared :meth:`Plan.validate`, ``coverage=False`` since a context-parallel shard's
-        plan covers only its part, and the memory-safety rules of :func:`cuda_ref.checks.check_plan`)."""
+    def set_plan(self, plan: Plan, *, validate: bool = True) -> None:
+        """Use a plan made elsewhere (the parity harness plans every backend the same way).
+
+        ``validate`` (default): the plan is checked first with the shared :meth:`Plan.validate`
+        (``coverage=False``: a context-parallel shard's plan covers only its part) and the
+        memory-safety rules of :func:`cuda_ref.checks.check_plan`. ``False`` only for a plan fresh
+        from the shared planner (``plan_spec().make``), which is valid by construction."""
         if plan.num_kv_heads != self.num_kv_heads or plan.page_size != self.page_size:
             raise ValueError(f"plan: made for Hkv={plan.num_kv_heads}, page_size={plan.page_size}; this wrapper "
                              f"has Hkv={self.num_kv_heads}, page_size={self.page_size}")
-        plan.validate(num_kv_heads=self.num_kv_heads, coverage=False)
-        self._use_plan(plan, plan_pages=check_plan(plan, self.num_kv_heads))
-
-    def _use_plan(self, plan: Plan, plan_pages: int) -> None:
-        """Copy a checked plan to the device and size the buffers for it."""
+        if validate:
+            plan.validate(num_kv_heads=self.num_kv_heads, coverage=False)
+            plan_pages = check_plan(plan, self.num_kv_heads)
+        else:
+            plan_pages = -(-int(plan.covered_seq_lens().max(initial=0)) // self.page_size)
         group = self.num_q_heads // self.num_kv_heads
         reuse = self.dplan if (self.graph_stable and self.dplan is not None) else None
         self.dplan = DevicePlan.from_plan(plan, group, self.device, out=reuse)

@@ -117,8 +117,9 @@ class GraphDecoder:
 
     def _set(self, key, w) -> None:
         c = w._splitkv_const
-        w.set_plan(self._plan_for(w), seq_lens=self._lengths[0], scale=c["scale"], soft_cap=c["soft_cap"],
-                   window_left=c["window_left"], max_pages=c["max_pages"], num_pages=c["num_pages"])
+        # the plan is fresh from the shared planner (_plan_for): valid by construction, not checked again
+        w.set_plan(self._plan_for(w), scale=c["scale"], soft_cap=c["soft_cap"], window_left=c["window_left"],
+                   max_pages=c["max_pages"], num_pages=c["num_pages"], validate=False)
 
     def refresh(self, seq_lens, query_start_loc, block_table: torch.Tensor) -> None:
         """Plan this step's padded batch and rewrite every buffer in place (host; outside the graph).

@@ -33,8 +33,8 @@ class TritonShardBackend:
             """A DecodeWrapper whose output buffer is float32: the rank's state is merged across
             ranks, so it is not rounded to q's dtype first."""
 
-            def set_plan(self, plan):
-                super().set_plan(plan)
+            def set_plan(self, plan, **kw):
+                super().set_plan(plan, **kw)
                 out = self._buffers["out"]
                 if out.dtype != torch.float32:
                     keep = self._buffers.get("out32")

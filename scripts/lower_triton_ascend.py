@@ -108,6 +108,14 @@ class Result:
     ub_used_bits: int | None = None
     message: str = ""
     seconds: float = 0.0
+    retries: int = 0             # attempts repeated after an empty MLIRCompilationError
+
+
+# bishengir-compile sometimes fails with an MLIRCompilationError that carries no message, on a
+# different variant each time, and the same variant lowers when compiled again (seen under load;
+# cause unknown). Such a failure is retried; any failure with a message, or a repeated empty one,
+# stays a failure.
+EMPTY_ERROR_RETRIES = 2
 
 
 def _next_pow2(x: int) -> int:
@@ -270,25 +278,29 @@ def compile_variant(args: tuple) -> Result:
     sig = {"split_kv_kernel": split_kv_signature, "merge_kernel": merge_signature}.get(v.kernel)
     sig = sig(v) if sig else v.constexprs.pop("__signature__")
     t0 = time.time()
-    text = ""
+    for attempt in range(EMPTY_ERROR_RETRIES + 1):
+        verdict, info, text = _compile_once(triton, ASTSource, fn, sig, v, target)
+        if not (verdict == "error" and text.strip() == "MLIRCompilationError:"):
+            break
+    c = {k: v2 for k, v2 in v.constexprs.items() if k != "__signature__"}
+    return Result(v.name, v.kernel, verdict, c, message=_short(text) if verdict != "ok" else "",
+                  seconds=round(time.time() - t0, 2), retries=attempt, **info)
+
+
+def _compile_once(triton, ASTSource, fn, sig, v, target) -> tuple[str, dict, str]:
+    """One lowering of a variant: ``(verdict, info, compiler text)``."""
     try:
         triton.compile(ASTSource(fn, sig, dict(v.constexprs)), target=target)
-        verdict, info = "ok", {}
-        text = "compiled to the end (a CANN toolkit is present)"
+        return "ok", {}, "compiled to the end (a CANN toolkit is present)"
     except subprocess.CalledProcessError as e:
         text = "\n".join(x.decode(errors="replace") if isinstance(x, bytes) else str(x or "")
                          for x in (e.stdout, e.stderr))
-        verdict, info = _classify(text)
+        return (*_classify(text), text)
     except Exception as e:  # front-end or adapter error: the kernel does not lower
         text = f"{type(e).__name__}: {e}"
-        verdict, info = "error", {}
         # some triton-ascend versions wrap the subprocess failure
         v2, info2 = _classify(text)
-        if v2 != "error":
-            verdict, info = v2, info2
-    c = {k: v2 for k, v2 in v.constexprs.items() if k != "__signature__"}
-    return Result(v.name, v.kernel, verdict, c, message=_short(text) if verdict != "ok" else "",
-                  seconds=round(time.time() - t0, 2), **info)
+        return (v2, info2, text) if v2 != "error" else ("error", {}, text)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,6 +390,8 @@ def main(argv=None) -> int:
             extra = f" requires {r.ub_required_bits} bits of {r.ub_available_bits}"
         elif r.ub_used_bits:
             extra = f" UB {r.ub_used_bits // 8192} KiB"
+        if r.retries:
+            extra += f" (after {r.retries} empty MLIRCompilationError(s))"
         print(f"{r.verdict:12s} {r.name}{extra}")
         if r.verdict == "error":
             print("    " + r.message.replace("\n", "\n    "))

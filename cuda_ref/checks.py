@@ -6,8 +6,9 @@
   device memory is read, so no host sync; safe inside a CUDA graph capture.
 * :class:`SignatureCache`: remembers the signatures (shapes, strides, dtypes, devices, scalars) that
   passed, so a repeated call costs one tuple and one dict lookup.
-* :func:`check_plan`: a plan's internal consistency (vectorised NumPy, host only): every work item's
-  request, KV head, split and range, every row's partial slots inside the workspace.
+* :func:`check_plan`: a plan's internal consistency through the shared ``Plan.validate`` (vectorised
+  NumPy, host only): every work item's request, KV head, split and range, every row's partial slots
+  inside the workspace.
 
 The kernels do not rely on these for memory safety (they bound every address by the sizes of the
 tensors they are given, ``cuda_ref.kernels``); these turn a wrong call into a clear error instead
@@ -172,50 +173,14 @@ def _check_scales(int8, Hkv, D, k_scale, v_scale, k_offset, v_offset) -> None:
 
 
 def check_plan(plan, num_kv_heads: int) -> int:
-    """A plan's consistency, vectorised (host NumPy; ``set_plan`` calls it): work items of a request in
-    ``[-1, B)`` (``-1``: padding), valid items with a KV head in ``[0, Hkv)``, a split in
-    ``[0, num_splits[request])`` and a range ``0 <= start <= end``; ``query_start_loc`` from 0,
-    non-decreasing, to the plan's rows; every row's ``row_num_splits`` its request's split count and
-    its slots ``row_slot_start + [0, row_num_splits)`` inside ``[0, num_slots)``.
-    Returns the block-table columns the plan reads (``max ceil(end / page_size)``).
-    Raises ``ValueError`` naming the field and the first bad entry."""
-    f = {n: np.asarray(getattr(plan, n)).astype(np.int64).reshape(-1) for n in (
-        "item_request", "item_kv_head", "item_split", "item_kv_start", "item_kv_end", "num_splits",
-        "query_start_loc", "row_slot_start", "row_num_splits")}
-    W = f["item_request"].shape[0]
-    B, T = f["num_splits"].shape[0], f["row_slot_start"].shape[0]
-    for n in ("item_kv_head", "item_split", "item_kv_start", "item_kv_end"):
-        if f[n].shape[0] != W:
-            raise ValueError(f"plan: {n} has {f[n].shape[0]} entries, item_request {W}")
-    if f["row_num_splits"].shape[0] != T:
-        raise ValueError(f"plan: row_num_splits has {f['row_num_splits'].shape[0]} entries, row_slot_start {T}")
-    if int(plan.num_slots) < 0 or int(plan.page_size) <= 0:
-        raise ValueError(f"plan: num_slots {plan.num_slots} and page_size {plan.page_size} must be >= 0 and > 0")
+    """A plan from outside checked before the kernels trust it: the shared :meth:`Plan.validate`
+    (items, ranges and slots in bounds; ``coverage=False``, since a context-parallel shard's plan
+    covers only its part). Returns the block-table columns the plan reads (``max ceil(end / page)``)."""
+    plan.validate(num_kv_heads=num_kv_heads, coverage=False)
+    return plan_pages(plan)
 
-    def first_bad(mask, field, rule, idx=None):
-        if mask.any():
-            i = int(np.flatnonzero(mask)[0])
-            j = i if idx is None else int(idx[i])
-            raise ValueError(f"plan: {field}[{j}] = {int(f[field][j])} {rule}")
 
-    qsl = f["query_start_loc"]
-    if qsl.shape[0] != B + 1 or qsl[0] != 0 or qsl[-1] != T or (np.diff(qsl) < 0).any():
-        raise ValueError(f"plan: query_start_loc must be [B + 1] = [{B + 1}] from 0, non-decreasing, to its {T} rows")
-    first_bad(f["num_splits"] < 0, "num_splits", "is negative")
-    req = f["item_request"]
-    first_bad((req < -1) | (req >= B), "item_request", f"is outside [-1, {B}) (-1: padding)")
-    valid = np.flatnonzero(req >= 0)
-    r = req[valid]
-    first_bad((f["item_kv_head"][valid] < 0) | (f["item_kv_head"][valid] >= num_kv_heads), "item_kv_head",
-              f"is outside [0, {num_kv_heads}) (the wrapper's KV heads)", valid)
-    sp = f["item_split"][valid]
-    first_bad((sp < 0) | (sp >= f["num_splits"][r]), "item_split", "is outside [0, num_splits of its request)", valid)
-    a, e = f["item_kv_start"][valid], f["item_kv_end"][valid]
-    first_bad((a < 0) | (e < a), "item_kv_start", "does not start a range 0 <= start <= end", valid)
-    row_req = np.repeat(np.arange(B), np.diff(qsl))
-    first_bad(f["row_num_splits"] != f["num_splits"][row_req], "row_num_splits",
-              "differs from its request's num_splits")
-    rs = f["row_slot_start"]
-    first_bad((rs < 0) | (rs + f["row_num_splits"] > int(plan.num_slots)), "row_slot_start",
-              f"puts the row's partials outside the {int(plan.num_slots)} slots of the workspace")
-    return int(-(-e.max(initial=0) // int(plan.page_size)))
+def plan_pages(plan) -> int:
+    """Block-table columns a (valid) plan reads: ``max ceil(item_kv_end / page_size)``."""
+    n = plan.num_valid_items
+    return int(-(-int(np.asarray(plan.item_kv_end[:n]).max(initial=0)) // int(plan.page_size)))

@@ -33,6 +33,7 @@ from splitkv_common.validation import check_decode_args, check_gqa, check_wrappe
 
 from . import INTERPRET
 from .checks import SignatureCache, check_launch, check_plan, check_scalars, tensor_signature
+from .checks import plan_pages as plan_page_count
 from .launch import DevicePlan, KernelConfig, launch_decode
 
 class DecodeWrapper(PlannedWrapper):
@@ -90,18 +91,14 @@ class DecodeWrapper(PlannedWrapper):
     def set_plan(self, plan: Plan, *, validate: bool = True) -> None:
         """Use a plan made elsewhere (the parity harness plans every backend the same way).
 
-        ``validate`` (default): the plan is checked first with the shared :meth:`Plan.validate`
-        (``coverage=False``: a context-parallel shard's plan covers only its part) and the
-        memory-safety rules of :func:`cuda_ref.checks.check_plan`. ``False`` only for a plan fresh
+        ``validate`` (default): the plan is checked first (:func:`cuda_ref.checks.check_plan`: the
+        shared :meth:`Plan.validate` without the coverage rule, since a context-parallel shard's
+        plan covers only its part). ``False`` only for a plan fresh
         from the shared planner (``plan_spec().make``), which is valid by construction."""
         if plan.num_kv_heads != self.num_kv_heads or plan.page_size != self.page_size:
             raise ValueError(f"plan: made for Hkv={plan.num_kv_heads}, page_size={plan.page_size}; this wrapper "
                              f"has Hkv={self.num_kv_heads}, page_size={self.page_size}")
-        if validate:
-            plan.validate(num_kv_heads=self.num_kv_heads, coverage=False)
-            plan_pages = check_plan(plan, self.num_kv_heads)
-        else:
-            plan_pages = -(-int(plan.covered_seq_lens().max(initial=0)) // self.page_size)
+        plan_pages = check_plan(plan, self.num_kv_heads) if validate else plan_page_count(plan)
         group = self.num_q_heads // self.num_kv_heads
         reuse = self.dplan if (self.graph_stable and self.dplan is not None) else None
         self.dplan = DevicePlan.from_plan(plan, group, self.device, out=reuse)

@@ -224,6 +224,23 @@ def sizes_for(kind: str, max_batch: int) -> list[int]:
 # --- measuring ----------------------------------------------------------------------------------
 
 
+def copy_and_replay(g: Graphed, seq) -> tuple[float, float | None, float]:
+    """Copy this step's lengths into the graph's buffer, then replay the graph (when captured):
+    ``(copy µs, replay µs by CUDA events or None, host clock at the end)``."""
+    t0 = time.perf_counter()
+    g.seq_host.copy_(torch.from_numpy(seq.astype(np.int32)))
+    g.seq.copy_(g.seq_host, non_blocking=True)
+    t1 = time.perf_counter()
+    if g.graph is None:
+        return (t1 - t0) * 1e6, None, t1
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    g.graph.replay()
+    e1.record()
+    e1.synchronize()
+    return (t1 - t0) * 1e6, e0.elapsed_time(e1) * 1e3, time.perf_counter()
+
+
 def measure_step(g: Graphed, eager, seq, ql, *, on_gpu, cpu_kernels, rig, flush=None):
     """One step's timings (µs) for the batch ``seq`` / ``ql`` (see the module docstring)."""
     rec = dict(batch=int(seq.shape[0]), rows=int(ql.sum()), padded_batch=g.size)
@@ -238,23 +255,10 @@ def measure_step(g: Graphed, eager, seq, ql, *, on_gpu, cpu_kernels, rig, flush=
     t1 = time.perf_counter()
     g.w.set_plan(plan, validate=False)  # fresh from the planner, as plan() does
     t2 = time.perf_counter()
-    g.seq_host.copy_(torch.from_numpy(s_pad.astype(np.int32)))
-    g.seq.copy_(g.seq_host, non_blocking=True)
-    t3 = time.perf_counter()
-    if g.graph is not None:
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.graph.replay()
-        e1.record()
-        e1.synchronize()
-        t4 = time.perf_counter()
-        rec["replay_us"] = e0.elapsed_time(e1) * 1e3
-    else:
-        t4 = t3
-        rec["replay_us"] = None
+    copy_us, replay_us, t4 = copy_and_replay(g, s_pad)
     rec.update(make_plan_us=(t1 - t0) * 1e6, upload_us=(t2 - t1) * 1e6, plan_us=(t2 - t0) * 1e6,
-               copy_us=(t3 - t2) * 1e6, step_us=(t4 - t0) * 1e6)
-    rec["step_over_kernel"] = rec["step_us"] / rec["replay_us"] if rec["replay_us"] else None
+               copy_us=copy_us, replay_us=replay_us, step_us=(t4 - t0) * 1e6)
+    rec["step_over_kernel"] = rec["step_us"] / replay_us if replay_us else None
     # eager path: a plain wrapper planned at the real batch, run() outside any graph
     rec.update(eager_make_plan_us=None, eager_upload_us=None, eager_kernel_us=None, eager_launch_us=None)
     B = rec["batch"]
@@ -388,22 +392,10 @@ def run_fixed(args, device, on_gpu):
             t0 = time.perf_counter()
             g.w.plan(seq, q_lens=ql)   # the whole plan(): make_plan + the device plan's refresh
             t1 = time.perf_counter()
-            g.seq_host.copy_(torch.from_numpy(seq.astype(np.int32)))
-            g.seq.copy_(g.seq_host, non_blocking=True)
-            t2 = time.perf_counter()
-            rec = dict(batch=B, plan_us=(t1 - t0) * 1e6, copy_us=(t2 - t1) * 1e6, replay_us=None)
-            if g.graph is not None:
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                g.graph.replay()
-                e1.record()
-                e1.synchronize()
-                t3 = time.perf_counter()
-                rec["replay_us"] = e0.elapsed_time(e1) * 1e3
-            else:
-                t3 = t2
-            rec["step_us"] = (t3 - t0) * 1e6
-            rec["step_over_kernel"] = rec["step_us"] / rec["replay_us"] if rec["replay_us"] else None
+            copy_us, replay_us, t3 = copy_and_replay(g, seq)
+            rec = dict(batch=B, plan_us=(t1 - t0) * 1e6, copy_us=copy_us, replay_us=replay_us,
+                       step_us=(t3 - t0) * 1e6)
+            rec["step_over_kernel"] = rec["step_us"] / replay_us if replay_us else None
             if i >= args.warmup:
                 recs.append(rec)
         s = summarize(recs)

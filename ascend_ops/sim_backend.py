@@ -190,7 +190,7 @@ def run_fused(inputs: DecodeInputs, plan: Plan, til: tl.Tiling) -> tuple[np.ndar
     k = to_native(inputs.k_cache, inputs.kv_dtype)
     v = to_native(inputs.v_cache, inputs.kv_dtype)
     bt = np.ascontiguousarray(inputs.block_table, np.int32)
-    quant = np.zeros(8, np.float32)
+    quant = til.kv_quant if til.kv_quant is not None else np.zeros(8, np.float32)
     ws = np.full(til.workspace_bytes + 32, WS_POISON, np.uint8)
     tb = np.frombuffer(til.tiling_bytes, np.uint8).copy()
     out, lse = _outputs(inputs)

@@ -12,8 +12,8 @@ Every check of "can the Ascend kernels run this?" reads this module: the wrapper
 * the device profile (:mod:`splitkv_common.devices`) NPU plans are made for: ``910b2`` unless
   ``SPLITKV_ASCEND_PROFILE`` names another.
 * which split stage serves a call (:func:`mixed_kernel_unsupported`): the mixed AIC + AIV kernel
-  (``splitkv_split_mix``) for float16 / bfloat16 q with a KV cache of the same dtype and head dims
-  that are multiples of 16 up to 256; everything else (float32 q, int8 KV, head dims that are
+  (``splitkv_split_mix``) for float16 / bfloat16 q with a KV cache of the same dtype or int8 and
+  head dims that are multiples of 16 up to 256; everything else (float32 q, head dims that are
   multiples of 8 only) takes the vector-only kernel (``splitkv_split``), the documented fallback.
 
 Needs neither torch nor NumPy.
@@ -87,9 +87,12 @@ MIX_HEAD_DIM_STEP = 16
 def mixed_kernel_unsupported(head_dim: int, dtype: str, kv_dtype: str, num_q_heads: int = 1,
                              num_kv_heads: int = 1) -> str | None:
     """None when the mixed AIC + AIV split stage takes this call, else why the vector-only kernel
-    serves it (float32 q, int8 KV, head dims not a multiple of 16, strides over 16 bits)."""
-    if dtype not in ("float16", "bfloat16") or kv_dtype != dtype:
-        return f"mixed kernel: fp16/bf16 q with KV of the same dtype only (got {dtype} / {kv_dtype})"
+    serves it (float32 q, head dims not a multiple of 16, strides over 16 bits).
+
+    int8 KV is taken with fp16 or bf16 q: the cube multiplies the raw int8 values cast to half
+    (exact) and the scales and offsets are folded into q, the scores and the output."""
+    if dtype not in ("float16", "bfloat16") or kv_dtype not in (dtype, KV_QUANT_DTYPE):
+        return f"mixed kernel: fp16/bf16 q with KV of the same dtype or int8 only (got {dtype} / {kv_dtype})"
     if head_dim % MIX_HEAD_DIM_STEP or not MIX_HEAD_DIM_STEP <= head_dim <= MAX_HEAD_DIM:
         return f"mixed kernel: head dim a multiple of 16 in [16, {MAX_HEAD_DIM}] (got {head_dim})"
     if num_q_heads * head_dim > 65535 or num_kv_heads * head_dim > 65535:

@@ -161,17 +161,31 @@ L1_BYTES, L0A_BYTES, L0B_BYTES, L0C_BYTES = 512 * 1024, 64 * 1024, 64 * 1024, 12
 MIX_TILE_CANDIDATES = (256, 128, 64, 32, 16)  # KV tokens per cube tile, largest first
 MIX_MAX_ROWS = 128  # query rows of one item (q_len x G), padded to 16
 MIX_ITEM_OVERHEAD_TOKENS = 64  # balance weight of an item's fixed cost, in tokens (ASSUMPTION)
+MIX_QUANT_CHUNK = 64  # int8 KV: tokens one vector core casts int8 -> half at a time (kQuantChunk)
 
 
-def mix_ub_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int, soft_cap: bool) -> dict[str, int]:
-    """Every UB buffer of one vector core of the mixed split stage (``MixVec::Init``), bytes."""
+def mix_cube_dtype(dtype: str, kv_dtype: str) -> str:
+    """The cube's input dtype: q's, or float16 for int8 KV (int8 values are exact in half)."""
+    return "float16" if kv_dtype == "int8" else dtype
+
+
+def mix_ub_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int, soft_cap: bool,
+                 kv_dtype: str | None = None) -> dict[str, int]:
+    """Every UB buffer of one vector core of the mixed split stage (``MixVec::Init`` and, for int8
+    KV, ``MixVec::InitQuant``), bytes."""
     D, TT, RH = head_dim, tile_tokens, rows_pad // 2
-    b = {"s (scores)": _r32(RH * TT * 4), "p (probabilities, q dtype)": _r32(RH * TT * ITEMSIZE[dtype]),
+    cube = mix_cube_dtype(dtype, kv_dtype or dtype)
+    b = {"s (scores)": _r32(RH * TT * 4), "p (probabilities, cube dtype)": _r32(RH * TT * ITEMSIZE[cube]),
          "o (P V tile)": _r32(RH * D * 4), "acc": _r32(RH * D * 4), "red": _r32(_ru(2 * RH, 8) * 4),
          "alpha": _r32(_ru(RH, 8) * 4), "work": 256}
     if soft_cap:
         b["cap (soft-cap scratch)"] = _r32(RH * TT * 4)
     b["outQ (2 x o row + lse block)"] = 2 * _r32((D + LSE_REPEAT) * 4)
+    if kv_dtype == "int8":
+        kr = _ru(D, 32)
+        b.update({"qT (q rows)": _r32(RH * D * ITEMSIZE[dtype]), "qf (q' float)": _r32(RH * D * 4),
+                  "qh (q' half)": _r32(RH * D * 2), "kvq (scales, offsets)": _r32(4 * D * 4),
+                  "i8 (int8 chunk)": _r32(MIX_QUANT_CHUNK * kr), "h16 (half chunk)": _r32(MIX_QUANT_CHUNK * kr * 2)})
     return b
 
 
@@ -182,10 +196,16 @@ def mix_cube_bytes(head_dim: int, tile_tokens: int, rows_pad: int) -> dict[str, 
             "L0C": 4 * (MP * TT + MP * D)}
 
 
-def mix_scratch_core_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int) -> int:
-    """Scratch of one AI core: S, P, O slots (two each) and a zero row (``MixCommon::ZOff``)."""
+def mix_scratch_core_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int,
+                           kv_dtype: str | None = None) -> int:
+    """Scratch of one AI core: S, P, O slots (two each) and a zero row (``MixCommon::ZOff``); for
+    int8 KV also q' ``[MP, D]`` and two slots of half K and V tiles ``[TT, D]`` (``QOff``, ``KVOff``)."""
     D, TT, MP = head_dim, tile_tokens, rows_pad
-    return _ru(2 * MP * (TT * (4 + ITEMSIZE[dtype]) + D * 4) + D * ITEMSIZE[dtype], 512)
+    cube = mix_cube_dtype(dtype, kv_dtype or dtype)
+    n = 2 * MP * (TT * (4 + ITEMSIZE[cube]) + D * 4) + D * ITEMSIZE[cube]
+    if kv_dtype == "int8":
+        n += MP * D * 2 + 4 * TT * D * 2
+    return _ru(n, 512)
 
 
 def mix_unsupported(head_dim: int, dtype: str, kv_dtype: str, num_q_heads: int, num_kv_heads: int) -> str | None:
@@ -193,7 +213,8 @@ def mix_unsupported(head_dim: int, dtype: str, kv_dtype: str, num_q_heads: int, 
     return mixed_kernel_unsupported(head_dim, dtype, kv_dtype, num_q_heads, num_kv_heads)
 
 
-def choose_mix_tiles(head_dim: int, dtype: str, rows: int, soft_cap: bool, ub_bytes: int = UB_BYTES):
+def choose_mix_tiles(head_dim: int, dtype: str, rows: int, soft_cap: bool, ub_bytes: int = UB_BYTES,
+                     kv_dtype: str | None = None):
     """``(tile_tokens, rows_pad)`` of the mixed split stage, or None when no tile fits every unit."""
     MP = max(16, _ru(rows, 16))
     if MP > MIX_MAX_ROWS:
@@ -202,7 +223,7 @@ def choose_mix_tiles(head_dim: int, dtype: str, rows: int, soft_cap: bool, ub_by
         cube = mix_cube_bytes(head_dim, tt, MP)
         if (cube["L1"] <= L1_BYTES and cube["L0A"] <= L0A_BYTES and cube["L0B"] <= L0B_BYTES
                 and cube["L0C"] <= L0C_BYTES and (MP // 2) * tt >= head_dim
-                and sum(mix_ub_bytes(head_dim, dtype, tt, MP, soft_cap).values()) <= ub_bytes):
+                and sum(mix_ub_bytes(head_dim, dtype, tt, MP, soft_cap, kv_dtype).values()) <= ub_bytes):
             return tt, MP
     return None
 
@@ -327,7 +348,8 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
     if kernel != "vector":
         why = mix_unsupported(head_dim, dtype, kv_dtype, num_q_heads, hkv)
         if why is None:
-            mix = choose_mix_tiles(head_dim, dtype, max(1, max_q * group), soft_cap is not None and soft_cap > 0, ub)
+            mix = choose_mix_tiles(head_dim, dtype, max(1, max_q * group), soft_cap is not None and soft_cap > 0, ub,
+                                   kv_dtype)
             why = None if mix else f"mixed kernel: {max_q * group} query rows per item do not fit one cube tile"
         if why and kernel == "mix":
             raise ValueError(why)
@@ -341,12 +363,12 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
             block_dim = max(1, min(cores, plan.num_valid_items))
         core_range = balance_items(plan, int(block_dim))
         scratch_off = _ru(ws, 512)
-        per_core = mix_scratch_core_bytes(head_dim, dtype, tt_m, mp)
+        per_core = mix_scratch_core_bytes(head_dim, dtype, tt_m, mp, kv_dtype)
         ws = scratch_off + int(block_dim) * per_core
         mix_fields = dict(kernelKind=1, mixTileTokens=tt_m, mixRowsPad=mp, scratchOffsetBytes=scratch_off,
                           scratchCoreBytes=per_core,
-                          mixUbBytes=sum(mix_ub_bytes(head_dim, dtype, tt_m, mp,
-                                                      soft_cap is not None and soft_cap > 0).values()))
+                          mixUbBytes=sum(mix_ub_bytes(head_dim, dtype, tt_m, mp, soft_cap is not None and soft_cap > 0,
+                                                      kv_dtype).values()))
     if ws >= 2 ** 31:
         raise ValueError(f"workspace: {ws} bytes does not fit the tiling's int32 workspaceBytes")
     words, offs = plan_words(plan, seq_lens, core_range)

@@ -19,6 +19,12 @@
 // The scratch (per AI core, after the partials in the workspace) holds two slots of S, P and O:
 // the cube runs QK of tile j + 1 and loads K/V of tile j + 2 while the vector cores work on tile j.
 // Cross-core flags: 1 S ready, 2 P ready, 3 O ready (all mode 2), 4 zero row ready (once).
+// int8 KV (kvDtype INT8): the cube works in half on raw int8 values, the dequantisation is folded
+// out of the per-token path (docs/ascend-kernel.md, "int8 KV on the mixed split stage"): per item
+// the vector cores write q' = 2^e (q * k_scale) (half, flag 5) and keep beta = q' . k_offset per row;
+// per tile vector core 0 casts the K tile and vector core 1 the V tile int8 -> half into a scratch
+// slot (flag 6, one Cast per page segment, no scale); scores s = scale 2^-e (q' K_int^T - beta); the
+// output o = v_scale (P V_int / sum P) - v_scale v_offset, with sum P over the rounded P.
 // NOT RUN ON AN NPU: type-checked against CANN 8.1 headers and run on the CPU twin only.
 #include "splitkv_kernel_common.h"
 #include "splitkv_combine_stage.h"
@@ -27,7 +33,8 @@ using namespace AscendC;
 
 namespace splitkv {
 
-constexpr uint16_t kFlagS = 1, kFlagP = 2, kFlagO = 3, kFlagZero = 4;
+constexpr uint16_t kFlagS = 1, kFlagP = 2, kFlagO = 3, kFlagZero = 4, kFlagQ = 5, kFlagKV = 6;
+constexpr int32_t kQuantChunk = 64;  // int8 KV: tokens one vector core casts at a time (tiling.py)
 constexpr int32_t kMaxVecRows = 64;  // rows one vector core holds (host: rows padded <= 128)
 // Start of the running max: finite, so exp(m_old - m_new) is never formed from -inf - -inf; a row
 // that sees nothing keeps l = 0 and writes o = 0, lse = -inf.
@@ -40,6 +47,7 @@ struct MixItem {
 struct MixCommon {
     SplitKVTiling t;
     int32_t G, D, TT, MP, core, w0, w1;
+    bool quant;  // int8 KV: the cube reads q' and the half K/V tiles the vector cores write
     GlobalTensor<int32_t> planGm, btGm;
     GM_ADDR scratch;
 
@@ -50,6 +58,7 @@ struct MixCommon {
         D = t.headDim;
         TT = t.mixTileTokens;
         MP = t.mixRowsPad;
+        quant = t.kvDtype == SPLITKV_DT_INT8;
         core = coreIdx;
         planGm.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(plan), uint64_t(t.planWords));
         btGm.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(blockTable), uint64_t(t.batch) * t.maxPages);
@@ -86,6 +95,11 @@ struct MixCommon {
         return uint64_t(2) * MP * TT * (4 + tb) + uint64_t(slot) * MP * D * 4;
     }
     __aicore__ inline uint64_t ZOff(int32_t tb) const { return uint64_t(2) * MP * (TT * (4 + tb) + D * 4); }
+    // int8 KV only, after the zero row: q' [MP][D] half, then K/V tiles [2 slots][K, V][TT][D] half
+    __aicore__ inline uint64_t QOff() const { return ZOff(2) + uint64_t(D) * 2; }
+    __aicore__ inline uint64_t KVOff(int32_t slot, int32_t which) const {
+        return QOff() + uint64_t(MP) * D * 2 + (uint64_t(slot) * 2 + which) * TT * D * 2;
+    }
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -96,11 +110,16 @@ public:
     __aicore__ inline void Init(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, GM_ADDR plan, GM_ADDR ws,
                                 const SplitKVTiling& t) {
         c_.Init(bt, plan, ws, t, static_cast<int32_t>(GetBlockIdx()));
-        const uint64_t kvElems = uint64_t(t.numPages) * t.pageSize * t.numKVHeads * t.headDim;
-        qGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(q), uint64_t(t.numRows) * t.numQHeads * t.headDim);
-        kGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(k), kvElems);
-        vGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(v), kvElems);
         const int32_t MP = c_.MP, TT = c_.TT, D = c_.D;
+        if (c_.quant) {  // q' and the half K/V tiles come from the vector cores through the scratch
+            qGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.QOff()), uint64_t(MP) * D);
+            kvGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.KVOff(0, 0)), uint64_t(4) * TT * D);
+        } else {
+            const uint64_t kvElems = uint64_t(t.numPages) * t.pageSize * t.numKVHeads * t.headDim;
+            qGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(q), uint64_t(t.numRows) * t.numQHeads * t.headDim);
+            kGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(k), kvElems);
+            vGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(v), kvElems);
+        }
         sGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(c_.scratch), uint64_t(2) * MP * TT);
         pGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.POff(0, sizeof(T))), uint64_t(2) * MP * TT);
         oGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(c_.scratch + c_.OOff(0, sizeof(T))), uint64_t(2) * MP * D);
@@ -127,14 +146,14 @@ public:
             const int32_t M = it.qLen * c_.G;
             const int32_t nt = CeilDiv(it.end - it.start, c_.TT);
             WaitFor<HardEvent::MTE1_MTE2>();  // L1 (Q, K/V buffers) no longer read by LoadData
-            LoadQ(it);
-            LoadKV(it, 0, 0);
+            LoadQ(it, M);
+            LoadKV(it, 0, 0, tile);
             WaitFor<HardEvent::MTE2_MTE1>();
             QK(it, M, 0, tile, true);
             for (int32_t j = 0; j < nt; j++) {
                 if (j + 1 < nt) {  // K/V of tile j + 1 stream in while the cube and vector cores work on j
                     WaitFor<HardEvent::MTE1_MTE2>();
-                    LoadKV(it, j + 1, (j + 1) % 2);
+                    LoadKV(it, j + 1, (j + 1) % 2, tile + j + 1);
                 }
                 PV(it, M, j, tile + j);
                 if (j + 1 < nt) {
@@ -150,10 +169,16 @@ private:
         return Min(c_.TT, it.end - (it.start + j * c_.TT));
     }
 
-    __aicore__ inline void LoadQ(const MixItem& it) {
+    __aicore__ inline void LoadQ(const MixItem& it, int32_t M) {
         const int32_t G = c_.G, D = c_.D;
         const uint64_t off = (uint64_t(it.row0) * c_.t.numQHeads + uint64_t(it.h) * G) * D;
         LocalTensor<T> q1 = qL1_.Get<T>();
+        if (c_.quant) {  // q' rows [M][D] (the vector cores' flag Q)
+            CrossCoreWaitFlag(kFlagQ);
+            DataCopy(q1, qGm_, Nd2NzParams(1, static_cast<uint16_t>(M), static_cast<uint16_t>(D), 0,
+                                           static_cast<uint16_t>(D), static_cast<uint16_t>(c_.MP), 1, 0));
+            return;
+        }
         DataCopy(q1, qGm_[off],
                  Nd2NzParams(static_cast<uint16_t>(it.qLen), static_cast<uint16_t>(G), static_cast<uint16_t>(D),
                              static_cast<uint16_t>(c_.t.numQHeads * D), static_cast<uint16_t>(D),
@@ -161,12 +186,21 @@ private:
     }
 
     // Tokens of tile j -> K and V buffers `buf` (NZ, token rows, C0 stride TT), one copy per page
-    // segment; a masked page (id outside [0, numPages)) copies the zero row instead.
-    __aicore__ inline void LoadKV(const MixItem& it, int32_t j, int32_t buf) {
+    // segment; a masked page (id outside [0, numPages)) copies the zero row instead. int8 KV: the
+    // half tiles of scratch slot gTile % 2 (the vector cores' flag KV; masked pages already zero).
+    __aicore__ inline void LoadKV(const MixItem& it, int32_t j, int32_t buf, int32_t gTile) {
         const int32_t TT = c_.TT, D = c_.D, hkv = c_.t.numKVHeads, ps = c_.t.pageSize;
         const int32_t p0 = it.start + j * TT, n = Tokens(it, j);
         LocalTensor<T> k1 = kL1_.Get<T>()[buf * TT * D];
         LocalTensor<T> v1 = vL1_.Get<T>()[buf * TT * D];
+        if (c_.quant) {
+            CrossCoreWaitFlag(kFlagKV);
+            const Nd2NzParams nz(1, static_cast<uint16_t>(n), static_cast<uint16_t>(D), 0, static_cast<uint16_t>(D),
+                                 static_cast<uint16_t>(TT), 1, 0);
+            DataCopy(k1, kvGm_[uint64_t(gTile % 2) * 2 * TT * D], nz);
+            DataCopy(v1, kvGm_[(uint64_t(gTile % 2) * 2 + 1) * TT * D], nz);
+            return;
+        }
         int32_t p = p0;
         while (p < p0 + n) {
             const int32_t page = c_.Page(it, p);
@@ -261,13 +295,13 @@ private:
     TBuf<TPosition::A2> qL0_, pL0_;
     TBuf<TPosition::B2> bL0_;
     TBuf<TPosition::CO1> sL0C_, oL0C_;
-    GlobalTensor<T> qGm_, kGm_, vGm_, pGm_, zGm_;
+    GlobalTensor<T> qGm_, kGm_, vGm_, kvGm_, pGm_, zGm_;
     GlobalTensor<float> sGm_, oGm_;
 };
 
 // ------------------------------------------------------------------------------------------------
-// Vector cores
-template <typename T>
+// Vector cores: T is q's (and the output's) dtype, C the cube's (T, or half for int8 KV)
+template <typename T, typename C>
 class MixVec {
 public:
     // out / lse: the fused launch's outputs (rows with one split are written there directly and the
@@ -280,14 +314,14 @@ public:
         const int32_t MP = c_.MP, TT = c_.TT, D = c_.D;
         RH_ = MP / 2;
         sGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(c_.scratch), uint64_t(2) * MP * TT);
-        pGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.POff(0, sizeof(T))), uint64_t(2) * MP * TT);
-        oGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(c_.scratch + c_.OOff(0, sizeof(T))), uint64_t(2) * MP * D);
-        zGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.ZOff(sizeof(T))), uint64_t(D));
+        pGm_.SetGlobalBuffer(reinterpret_cast<__gm__ C*>(c_.scratch + c_.POff(0, sizeof(C))), uint64_t(2) * MP * TT);
+        oGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(c_.scratch + c_.OOff(0, sizeof(C))), uint64_t(2) * MP * D);
+        zGm_.SetGlobalBuffer(reinterpret_cast<__gm__ C*>(c_.scratch + c_.ZOff(sizeof(C))), uint64_t(D));
         wsO_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(ws), uint64_t(t.numSlots) * t.numQHeads * D);
         wsL_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(ws + t.lseOffsetBytes),
                              uint64_t(t.numSlots) * t.numQHeads * kLseRepeat);
         pipe_.InitBuffer(s_, uint32_t(RH_) * TT * sizeof(float));
-        pipe_.InitBuffer(p_, uint32_t(RH_) * TT * sizeof(T));
+        pipe_.InitBuffer(p_, uint32_t(RH_) * TT * sizeof(C));
         pipe_.InitBuffer(o_, uint32_t(RH_) * D * sizeof(float));
         pipe_.InitBuffer(acc_, uint32_t(RH_) * D * sizeof(float));
         pipe_.InitBuffer(red_, uint32_t(RoundUp(2 * RH_, 8)) * sizeof(float));
@@ -304,6 +338,26 @@ public:
         }
     }
 
+    // int8 KV: the raw q, K, V and kvQuant [4, Hkv, D] (k scale, k offset, v scale, v offset) and
+    // the buffers of PrepQ and Convert (tiling.mix_ub_bytes lists the same).
+    __aicore__ inline void InitQuant(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR kvQuant) {
+        const SplitKVTiling& t = c_.t;
+        const int32_t D = c_.D, KR = RoundUp(D, kBlockBytes);
+        const uint64_t kvElems = uint64_t(t.numPages) * t.pageSize * t.numKVHeads * D;
+        qGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(q), uint64_t(t.numRows) * t.numQHeads * D);
+        kI8Gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int8_t*>(k), kvElems);
+        vI8Gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int8_t*>(v), kvElems);
+        quantGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(kvQuant), uint64_t(4) * t.numKVHeads * D);
+        qsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(c_.scratch + c_.QOff()), uint64_t(c_.MP) * D);
+        kvGm_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(c_.scratch + c_.KVOff(0, 0)), uint64_t(4) * c_.TT * D);
+        pipe_.InitBuffer(qT_, uint32_t(RH_) * D * sizeof(T));
+        pipe_.InitBuffer(qf_, uint32_t(RH_) * D * sizeof(float));
+        pipe_.InitBuffer(qh_, uint32_t(RH_) * D * sizeof(half));
+        pipe_.InitBuffer(kvq_, uint32_t(4) * D * sizeof(float));
+        pipe_.InitBuffer(i8_, uint32_t(kQuantChunk) * KR);
+        pipe_.InitBuffer(h16_, uint32_t(kQuantChunk) * KR * sizeof(half));
+    }
+
     __aicore__ inline void Process() {
         WriteZeroRow();
         int32_t tile = 0;
@@ -316,7 +370,14 @@ public:
             const int32_t r0 = Min(M, sub_ * RH_), nr = Min(M, r0 + RH_) - r0;  // this core's rows
             StartItem(nr);
             const int32_t nt = it.end > it.start ? CeilDiv(it.end - it.start, c_.TT) : 0;
+            if (c_.quant && nt > 0) {
+                PrepQ(it, r0, nr);
+                Convert(it, 0, tile);
+            }
             for (int32_t j = 0; j < nt; j++) {
+                if (c_.quant && j + 1 < nt) {  // the cube loads tile j + 1 before it needs P of tile j
+                    Convert(it, j + 1, tile + j + 1);
+                }
                 Softmax(it, r0, nr, j, tile + j);
                 Update(nr, r0, tile + j);
             }
@@ -329,13 +390,147 @@ private:
     // sub-block 0 writes this AI core's zero row (read by the cube for masked pages); both set the flag
     __aicore__ inline void WriteZeroRow() {
         if (sub_ == 0) {
-            LocalTensor<T> z = p_.Get<T>();
-            Duplicate(z, T(0.0f), c_.D);
+            LocalTensor<C> z = p_.Get<C>();
+            Duplicate(z, C(0.0f), c_.D);
             WaitFor<HardEvent::V_MTE3>();
             DataCopy(zGm_, z, uint32_t(c_.D));
             WaitFor<HardEvent::MTE3_V>();
         }
         CrossCoreSetFlag<2, PIPE_MTE3>(kFlagZero);
+    }
+
+    // int8 KV, once per item: the kvQuant rows of KV head h (row 3 becomes v_scale * v_offset), and
+    // q' = 2^e (q * k_scale) of this core's rows (e: the power of two that puts max |q'| in
+    // [2^13, 2^14), inside half's range) -> the scratch q' rows, flag Q; beta[r] = q'_half . k_offset
+    // (from the rounded q', so that the offset error is relative to the dequantised K) and
+    // sScale_ = scale 2^-e for the scores.
+    __aicore__ inline void PrepQ(const MixItem& it, int32_t r0, int32_t nr) {
+        const int32_t D = c_.D, G = c_.G;
+        LocalTensor<float> kvq = kvq_.Get<float>();
+        WaitFor<HardEvent::V_MTE2>();  // the previous item's reads of kvq and qT are done
+        for (int32_t s = 0; s < 4; s++) {
+            DataCopy(kvq[s * D], quantGm_[(uint64_t(s) * c_.t.numKVHeads + it.h) * D], uint32_t(D));
+        }
+        LocalTensor<T> qt = qT_.Get<T>();
+        for (int32_t r = 0; r < nr; r++) {
+            const int32_t row = r0 + r;
+            const uint64_t qrow = uint64_t(it.row0 + row / G) * c_.t.numQHeads + uint64_t(it.h) * G + row % G;
+            DataCopy(qt[r * D], qGm_[qrow * D], uint32_t(D));
+        }
+        WaitFor<HardEvent::MTE2_V>();
+        Mul(kvq[3 * D], kvq[2 * D], kvq[3 * D], D);
+        sScale_ = c_.t.scale;
+        if (nr > 0) {
+            LocalTensor<float> qf = qf_.Get<float>(), tmp = o_.Get<float>(), red = red_.Get<float>();
+            LocalTensor<float> work = work_.Get<float>();
+            LocalTensor<half> qh = qh_.Get<half>();
+            const uint32_t cnt = uint32_t(nr) * D;
+            Cast(qf, qt, RoundMode::CAST_NONE, cnt);
+            PipeBarrier<PIPE_V>();
+            for (int32_t r = 0; r < nr; r++) {
+                Mul(qf[r * D], qf[r * D], kvq, D);
+            }
+            PipeBarrier<PIPE_V>();
+            Muls(tmp, qf, -1.0f, cnt);  // |q'| = max(q', -q')
+            PipeBarrier<PIPE_V>();
+            Max(tmp, tmp, qf, cnt);
+            PipeBarrier<PIPE_V>();
+            for (int32_t r = 0; r < nr; r++) {
+                ReduceMax(red[2 * r], tmp[r * D], work, D);
+            }
+            WaitFor<HardEvent::V_S>();
+            float mx = 0.0f;
+            for (int32_t r = 0; r < nr; r++) {
+                const float x = red.GetValue(2 * r);
+                mx = x > mx ? x : mx;
+            }
+            const float f = PowerOfTwoFor(mx);
+            sScale_ = c_.t.scale / f;
+            Muls(qf, qf, f, cnt);
+            PipeBarrier<PIPE_V>();
+            WaitFor<HardEvent::MTE3_V>();  // the previous item's copy-out of qh is done
+            Cast(qh, qf, RoundMode::CAST_NONE, cnt);
+            PipeBarrier<PIPE_V>();
+            Cast(qf, qh, RoundMode::CAST_NONE, cnt);
+            PipeBarrier<PIPE_V>();
+            for (int32_t r = 0; r < nr; r++) {
+                Mul(tmp[r * D], qf[r * D], kvq[D], D);
+            }
+            PipeBarrier<PIPE_V>();
+            for (int32_t r = 0; r < nr; r++) {
+                ReduceSum(red[2 * r], tmp[r * D], work, D);
+            }
+            WaitFor<HardEvent::V_MTE3>();
+            DataCopy(qsGm_[uint64_t(r0) * D], qh, cnt);
+            WaitFor<HardEvent::V_S>();
+            for (int32_t r = 0; r < nr; r++) {
+                beta_[r] = red.GetValue(2 * r);
+            }
+        }
+        CrossCoreSetFlag<2, PIPE_MTE3>(kFlagQ);
+    }
+
+    // 2^(13 - floor(log2 x)) for a finite x > 0 (x 2^.. in [2^13, 2^14)), clamped to float's normal
+    // exponents; 1 for 0, inf or NaN (a NaN or inf q then reaches the scores unchanged).
+    __aicore__ static inline float PowerOfTwoFor(float x) {
+        if (!(x > 0.0f) || !(x < 3.0e38f)) {
+            return 1.0f;
+        }
+        union {
+            float f;
+            uint32_t u;
+        } b;
+        b.f = x;
+        int32_t e = 13 - (static_cast<int32_t>((b.u >> 23) & 0xff) - 127);
+        e = Max(-126, Min(127, e));
+        b.u = static_cast<uint32_t>(e + 127) << 23;
+        return b.f;
+    }
+
+    // int8 KV: tile j of the item, K (sub-block 0) or V (sub-block 1), int8 -> half into the scratch
+    // slot gTile % 2, flag KV. Chunks of kQuantChunk tokens; per page segment one DataCopyPad (rows
+    // of D bytes at a stride of Hkv * D, each landing on a 32-byte row) and one Cast; a masked page's
+    // rows are zero (never read). No scale or offset here: they are folded into q', the scores and
+    // the output.
+    __aicore__ inline void Convert(const MixItem& it, int32_t j, int32_t gTile) {
+        const int32_t TT = c_.TT, D = c_.D, KR = RoundUp(D, kBlockBytes), ps = c_.t.pageSize;
+        const int32_t p0 = it.start + j * TT, n = Min(TT, it.end - p0);
+        const GlobalTensor<int8_t>& src = sub_ == 0 ? kI8Gm_ : vI8Gm_;
+        LocalTensor<int8_t> i8 = i8_.Get<int8_t>();
+        LocalTensor<half> h = h16_.Get<half>();
+        const uint64_t dst = (uint64_t(gTile % 2) * 2 + sub_) * TT * D;
+        for (int32_t c = 0; c < n; c += kQuantChunk) {
+            const int32_t cn = Min(kQuantChunk, n - c);
+            WaitFor<HardEvent::V_MTE2>();  // the previous chunk's Cast has read i8
+            for (int32_t p = p0 + c; p < p0 + c + cn;) {
+                const int32_t page = c_.Page(it, p), inPage = p % ps, cnt = Min(ps - inPage, p0 + c + cn - p);
+                if (c_.PageOk(page)) {
+                    const uint64_t off = ((uint64_t(page) * ps + inPage) * c_.t.numKVHeads + it.h) * D;
+                    DataCopyExtParams cp(static_cast<uint16_t>(cnt), uint32_t(D), uint32_t(c_.t.numKVHeads - 1) * D,
+                                         0, 0);
+                    DataCopyPadExtParams<int8_t> pp(true, 0, static_cast<uint8_t>(KR - D), 0);
+                    DataCopyPad(i8[(p - p0 - c) * KR], src[off], cp, pp);
+                }
+                p += cnt;
+            }
+            WaitFor<HardEvent::MTE2_V>();
+            WaitFor<HardEvent::MTE3_V>();  // the previous chunk's copy-out has read h
+            for (int32_t p = p0 + c; p < p0 + c + cn;) {
+                const int32_t page = c_.Page(it, p), inPage = p % ps, cnt = Min(ps - inPage, p0 + c + cn - p);
+                const int32_t at = (p - p0 - c) * KR;
+                if (c_.PageOk(page)) {
+                    Cast(h[at], i8[at], RoundMode::CAST_NONE, uint32_t(cnt) * KR);
+                } else {
+                    Duplicate(h[at], half(0.0f), cnt * KR);
+                }
+                p += cnt;
+            }
+            WaitFor<HardEvent::V_MTE3>();
+            DataCopy(kvGm_[dst + uint64_t(c) * D], h,
+                     DataCopyParams(static_cast<uint16_t>(cn), static_cast<uint16_t>(D * 2 / kBlockBytes),
+                                    static_cast<uint16_t>((KR - D) * 2 / kBlockBytes), 0));
+        }
+        CrossCoreSetFlag<2, PIPE_MTE3>(kFlagKV);
     }
 
     __aicore__ inline void StartItem(int32_t nr) {
@@ -447,7 +642,13 @@ private:
                  DataCopyParams(static_cast<uint16_t>(nr), static_cast<uint16_t>(n16 / 8),
                                 static_cast<uint16_t>((TT - n16) / 8), 0));
         WaitFor<HardEvent::MTE2_V>();
-        Muls(s, s, c_.t.scale, cnt);
+        if (c_.quant) {  // q . k = 2^-e (q' . k_int - beta): the K offset, exactly, on every column
+            for (int32_t r = 0; r < nr; r++) {
+                Adds(s[r * n16], s[r * n16], -beta_[r], n16);
+            }
+            PipeBarrier<PIPE_V>();
+        }
+        Muls(s, s, c_.quant ? sScale_ : c_.t.scale, cnt);
         PipeBarrier<PIPE_V>();
         if (c_.t.softCap > 0.0f) {
             SoftCap(s, cnt);
@@ -513,20 +714,30 @@ private:
         PipeBarrier<PIPE_V>();
         Exp(s, s, cnt);  // masked columns: exp(-inf) = 0
         PipeBarrier<PIPE_V>();
-        for (int32_t r = 0; r < nr; r++) {
-            ReduceSum(red[2 * r], s[r * n16], work, n16);
+        if (!c_.quant) {
+            for (int32_t r = 0; r < nr; r++) {
+                ReduceSum(red[2 * r], s[r * n16], work, n16);
+            }
         }
-        LocalTensor<T> p = p_.Get<T>();
+        LocalTensor<C> p = p_.Get<C>();
         WaitFor<HardEvent::MTE3_V>();  // the previous tile's P copy-out has read p
-        if constexpr (sizeof(T) == 2 && !IsHalf()) {
+        if constexpr (sizeof(C) == 2 && !IsSameType<C, half>::value) {
             Cast(p, s, RoundMode::CAST_RINT, uint32_t(cnt));
         } else {
             Cast(p, s, RoundMode::CAST_NONE, uint32_t(cnt));
         }
+        if (c_.quant) {  // l sums the rounded P the cube multiplies: sum_j P_j / l = 1 exactly for the V offset
+            PipeBarrier<PIPE_V>();
+            Cast(s, p, RoundMode::CAST_NONE, uint32_t(cnt));
+            PipeBarrier<PIPE_V>();
+            for (int32_t r = 0; r < nr; r++) {
+                ReduceSum(red[2 * r], s[r * n16], work, n16);
+            }
+        }
         WaitFor<HardEvent::V_MTE3>();
         DataCopy(pGm_[(gTile % 2) * MP * TT + r0 * TT], p,
-                 DataCopyParams(static_cast<uint16_t>(nr), static_cast<uint16_t>(n16 * sizeof(T) / 32), 0,
-                                static_cast<uint16_t>((TT - n16) * sizeof(T) / 32)));
+                 DataCopyParams(static_cast<uint16_t>(nr), static_cast<uint16_t>(n16 * sizeof(C) / 32), 0,
+                                static_cast<uint16_t>((TT - n16) * sizeof(C) / 32)));
         CrossCoreSetFlag<2, PIPE_MTE3>(kFlagP);
         WaitFor<HardEvent::V_S>();
         for (int32_t r = 0; r < nr; r++) {
@@ -566,6 +777,13 @@ private:
             LocalTensor<float> o = outQ_.template AllocTensor<float>();
             if (l_[r] > 0.0f) {
                 Muls(o, acc[r * D], 1.0f / l_[r], D);
+                if (c_.quant) {  // o = v_scale (P V_int / l) - v_scale v_offset
+                    LocalTensor<float> kvq = kvq_.Get<float>();
+                    PipeBarrier<PIPE_V>();
+                    Mul(o, o, kvq[2 * D], D);
+                    PipeBarrier<PIPE_V>();
+                    Sub(o, o, kvq[3 * D], D);
+                }
                 Duplicate(o[D], l_[r], kLseRepeat);
                 PipeBarrier<PIPE_V>();
                 Ln(o[D], o[D], kLseRepeat);
@@ -604,27 +822,36 @@ private:
     MixCommon c_;
     bool direct_ = false;
     int32_t sub_ = 0, RH_ = 0;
-    float m_[kMaxVecRows], l_[kMaxVecRows], a_[kMaxVecRows];
+    float m_[kMaxVecRows], l_[kMaxVecRows], a_[kMaxVecRows], beta_[kMaxVecRows];
+    float sScale_ = 0.0f;
     TPipe pipe_;
     TBuf<TPosition::VECCALC> s_, p_, o_, acc_, red_, alpha_, work_, cap_, ob_;
+    TBuf<TPosition::VECCALC> qT_, qf_, qh_, kvq_, i8_, h16_;  // int8 KV only
     TQue<TPosition::VECOUT, 2> outQ_;
-    GlobalTensor<T> pGm_, zGm_, outGm_;
-    GlobalTensor<float> sGm_, oGm_, wsO_, wsL_, lseGm_;
+    GlobalTensor<C> pGm_, zGm_;
+    GlobalTensor<T> outGm_, qGm_;
+    GlobalTensor<int8_t> kI8Gm_, vI8Gm_;
+    GlobalTensor<half> qsGm_, kvGm_;
+    GlobalTensor<float> sGm_, oGm_, wsO_, wsL_, lseGm_, quantGm_;
 };
 
 }  // namespace splitkv
 
-template <typename T>
-__aicore__ inline void RunSplitMix(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, GM_ADDR plan, GM_ADDR ws,
-                                   const SplitKVTiling& t, GM_ADDR out = nullptr, GM_ADDR lse = nullptr) {
+// T: q's dtype; C: the cube's (T, or half for int8 KV, whose integer values half holds exactly)
+template <typename T, typename C>
+__aicore__ inline void RunSplitMix(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, GM_ADDR kvQuant, GM_ADDR plan,
+                                   GM_ADDR ws, const SplitKVTiling& t, GM_ADDR out = nullptr, GM_ADDR lse = nullptr) {
     if ASCEND_IS_AIC {
-        splitkv::MixCube<T> op;
+        splitkv::MixCube<C> op;
         op.Init(q, k, v, bt, plan, ws, t);
         op.Process();
     }
     if ASCEND_IS_AIV {
-        splitkv::MixVec<T> op;
+        splitkv::MixVec<T, C> op;
         op.Init(bt, plan, ws, t, out, lse);
+        if (t.kvDtype == SPLITKV_DT_INT8) {
+            op.InitQuant(q, k, v, kvQuant);
+        }
         op.Process();
     }
 }
@@ -633,23 +860,24 @@ extern "C" __global__ __aicore__ void splitkv_split_mix(GM_ADDR q, GM_ADDR kCach
                                                         GM_ADDR kvQuant, GM_ADDR plan, GM_ADDR workspace,
                                                         GM_ADDR tiling) {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
-    (void)kvQuant;  // fp16 / bf16 KV only; int8 KV takes the vector kernel (ascend_ops/support.py)
     SplitKVTiling t;
     splitkv::LoadTiling(tiling, t);
-    if (t.qDtype == SPLITKV_DT_FLOAT16) {
-        RunSplitMix<half>(q, kCache, vCache, blockTable, plan, workspace, t);
+    if (t.qDtype == SPLITKV_DT_FLOAT16) {  // fp16 KV or int8 KV: the cube works in half
+        RunSplitMix<half, half>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, t);
+    } else if (t.kvDtype == SPLITKV_DT_INT8) {
+        RunSplitMix<bfloat16_t, half>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, t);
     } else {
-        RunSplitMix<bfloat16_t>(q, kCache, vCache, blockTable, plan, workspace, t);
+        RunSplitMix<bfloat16_t, bfloat16_t>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, t);
     }
 }
 
 // The fused launch: the mixed split stage, SyncAll (cube and vector cores), then the combine on the
 // 2 * blockDim vector cores in the same launch (as IFA), saving the second launch. Same buffers as
 // splitkv_split_mix followed by splitkv_combine.
-template <typename T>
-__aicore__ inline void RunAttentionMix(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, GM_ADDR plan, GM_ADDR ws,
-                                       GM_ADDR out, GM_ADDR lse, const SplitKVTiling& t) {
-    RunSplitMix<T>(q, k, v, bt, plan, ws, t, out, lse);  // rows with one split: written directly
+template <typename T, typename C>
+__aicore__ inline void RunAttentionMix(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, GM_ADDR kvQuant, GM_ADDR plan,
+                                       GM_ADDR ws, GM_ADDR out, GM_ADDR lse, const SplitKVTiling& t) {
+    RunSplitMix<T, C>(q, k, v, bt, kvQuant, plan, ws, t, out, lse);  // rows with one split: written directly
     SyncAll<false>();
     if ASCEND_IS_AIV {
         PipeBarrier<PIPE_ALL>();  // the split stage's UB use is over before the combine's pipe reuses it
@@ -665,12 +893,13 @@ extern "C" __global__ __aicore__ void splitkv_attention_mix(GM_ADDR q, GM_ADDR k
                                                             GM_ADDR workspace, GM_ADDR tiling, GM_ADDR out,
                                                             GM_ADDR lse) {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
-    (void)kvQuant;
     SplitKVTiling t;
     splitkv::LoadTiling(tiling, t);
     if (t.qDtype == SPLITKV_DT_FLOAT16) {
-        RunAttentionMix<half>(q, kCache, vCache, blockTable, plan, workspace, out, lse, t);
+        RunAttentionMix<half, half>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, out, lse, t);
+    } else if (t.kvDtype == SPLITKV_DT_INT8) {
+        RunAttentionMix<bfloat16_t, half>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, out, lse, t);
     } else {
-        RunAttentionMix<bfloat16_t>(q, kCache, vCache, blockTable, plan, workspace, out, lse, t);
+        RunAttentionMix<bfloat16_t, bfloat16_t>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, out, lse, t);
     }
 }

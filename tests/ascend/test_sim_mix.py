@@ -116,8 +116,9 @@ def test_soft_cap_saturates_for_large_scores():
     np.testing.assert_allclose(lse, rl, atol=1e-3, rtol=0)
 
 
-@pytest.mark.parametrize("dtype,kv,d,why", [("float32", None, 128, "fp16/bf16"), ("float16", "head", 128, "fp16/bf16"),
-                                            ("bfloat16", None, 72, "multiple of 16")])
+@pytest.mark.parametrize("dtype,kv,d,why", [("float32", None, 128, "fp16/bf16"), ("float32", "head", 128, "fp16/bf16"),
+                                            ("bfloat16", None, 72, "multiple of 16"),
+                                            ("float16", "channel", 72, "multiple of 16")])
 def test_shapes_the_mixed_kernel_leaves_to_the_vector_kernel(dtype, kv, d, why):
     inp = cases.random_inputs(6, [50], num_q_heads=4, num_kv_heads=2, head_dim=d, dtype=dtype, kv_quant=kv)
     kvd = "int8" if kv else dtype

@@ -131,7 +131,7 @@ def test_twin_ub_use_equals_host_budget(d, dtype, kv):
     ws, peak, til = sim.run_split(inp, plan)
     want = til.fields["mixUbBytes"] if til.mixed else til.fields["splitUbBytes"]
     assert peak == want <= tl.UB_BYTES
-    assert til.mixed == (dtype != "float32" and kv is None and d % 16 == 0)
+    assert til.mixed == (dtype != "float32" and d % 16 == 0)
 
 
 @needs_twin

@@ -1,0 +1,135 @@
+"""int8 KV on the mixed AIC + AIV split stage (``splitkv_split_mix``) on the CPU twin.
+
+The cube multiplies the raw int8 values cast to half; the K scale is folded into q, the K offset
+subtracted from every score of a row (``q' . k_offset``), the V scale and offset applied to the
+output (docs/ascend-kernel.md, "int8 KV on the mixed split stage"). Judged against the float64
+reference and against the vector-only kernel, which dequantises every token in float32. A test
+double: nothing here ran on an NPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from splitkv_common.parity import cases
+from splitkv_common.parity.accuracy import check
+from splitkv_common.reference import dense_attention, plain_attention
+
+sim = pytest.importorskip("ascend_ops.sim_backend")
+from ascend_ops import tiling as tl  # noqa: E402
+
+pytestmark = pytest.mark.skipif(sim.compiler_missing() is not None, reason=str(sim.compiler_missing()))
+
+
+def _judge(inp, plan, kernel):
+    out, lse = sim.run_twin(inp, plan, kernel=kernel)
+    ro, rl = dense_attention(inp)
+    return check(out, lse, ro, rl, plain_attention(inp), inp.dtype), (out, lse)
+
+
+@pytest.mark.parametrize("name", [c.name for c in cases.catalog(("small",), "int8*")
+                                  if c.build().dtype != "float32"])
+def test_catalog_int8_cases_take_the_mixed_kernel_and_match_the_vector_kernel(name):
+    case = cases.get_case(name)
+    inp = case.build()
+    plan = inp.plan(case.policy, device="910b2", **case.plan_kwargs)
+    assert tl.build_tiling(inp, plan).mixed
+    mix, _ = _judge(inp, plan, "mix")
+    vec, _ = _judge(inp, plan, "vector")
+    assert mix.passed and vec.passed, (mix.reason, vec.reason)
+    # the output error is the output rounding's in both (the mixed kernel's q' and P in half add
+    # less than that); allow it to be at most twice the float32-dequantising kernel's
+    assert mix.out_max <= 2 * vec.out_max + 1e-6, (mix.out_max, vec.out_max)
+
+
+def _stress(dtype, **kw):
+    inp = cases.random_inputs(61, [700, 1, 0, 300], num_q_heads=16, num_kv_heads=2, head_dim=128, page_size=64,
+                              dtype=dtype, kv_quant="channel", kv_offset=True, q_lens=[1, 1, 1, 3], **kw)
+    # large offsets: the K offset term q . (scale * offset) is then many times the score itself
+    rng = np.random.default_rng(5)
+    big = rng.uniform(-100, 100, inp.k_offset.shape).round().astype(np.float32)
+    return dataclasses.replace(inp, k_offset=big, v_offset=big[::-1].copy())
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("extra", [{}, {"window_left": 200}, {"soft_cap": 20.0}])
+def test_large_offsets_window_soft_cap_and_mtp(dtype, extra):
+    inp = _stress(dtype, **extra)
+    plan = inp.plan("size:256", device="910b2")
+    mix, (out, lse) = _judge(inp, plan, "mix")
+    vec, _ = _judge(inp, plan, "vector")
+    assert mix.passed, mix.reason
+    assert mix.out_max <= 2 * vec.out_max + 1e-6, (mix.out_max, vec.out_max)
+    assert np.isneginf(lse[2]).all() and (out[2] == 0).all()  # request 2 is empty
+    assert np.isfinite(np.delete(lse, 2, axis=0)).all()
+
+
+@pytest.mark.parametrize("order", [1, 777])
+def test_block_orders_give_identical_results(order):
+    inp = _stress("bfloat16", window_left=300)
+    plan = inp.plan("size:128", device="910b2")
+    lib = sim.twin_library()
+    base = sim.run_twin(inp, plan, kernel="mix")
+    sim.set_block_order(lib, order)
+    try:
+        got = sim.run_twin(inp, plan, kernel="mix")
+    finally:
+        sim.set_block_order(lib, 0)
+    np.testing.assert_array_equal(got[0], base[0])
+    np.testing.assert_array_equal(got[1], base[1])
+
+
+@pytest.mark.parametrize("bad", [-1, 10 ** 6])
+def test_masked_pages_contribute_nothing_and_are_never_read(bad):
+    """A block-table entry outside [0, num_pages): the vector core writes zero rows for it (the
+    twin's bounds check rejects any read outside the cache) and its columns' scores are -inf."""
+    inp = cases.random_inputs(62, [300, 200], num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=32,
+                              dtype="float16", kv_quant="head", kv_offset=True)
+    page = 32
+    bt = inp.block_table.copy()
+    masked = [(0, 2), (0, 5), (1, 0)]  # (request, logical page)
+    for b, p in masked:
+        bt[b, p] = bad
+    bad_inp = dataclasses.replace(inp, block_table=bt)
+    plan = bad_inp.plan("size:128", device="910b2")
+    til = tl.build_tiling(bad_inp, plan)
+    assert til.mixed
+    out, lse = sim.run_fused(bad_inp, plan, til)  # the kernel itself (run_twin refuses such a table)
+    T, Hq, D = inp.q.shape
+    G = Hq // inp.k_cache.shape[2]
+    scale = inp.scale if inp.scale is not None else D ** -0.5
+
+    def deq(x, sc, off):  # [L, Hkv, D] int8, per-head scale and offset
+        return (x.astype(np.float64) - off[None, :, None]) * sc[None, :, None]
+
+    for b in range(2):
+        L = int(inp.seq_lens[b])
+        keep = np.array([(b, p // page) not in masked for p in range(L)])
+        pages = inp.block_table[b, np.arange(L) // page]
+        k = deq(inp.k_cache[pages, np.arange(L) % page], inp.k_scale, inp.k_offset)[keep]
+        v = deq(inp.v_cache[pages, np.arange(L) % page], inp.v_scale, inp.v_offset)[keep]
+        for hq in range(Hq):
+            s = (k[:, hq // G] @ inp.q[b, hq].astype(np.float64)) * scale
+            m = s.max()
+            w = np.exp(s - m)
+            want = (w[:, None] * v[:, hq // G]).sum(0) / w.sum()
+            np.testing.assert_allclose(out[b, hq], want, atol=5e-3 * max(1.0, np.abs(want).max()), rtol=0)
+            assert abs(lse[b, hq] - (m + np.log(w.sum()))) < 2e-3
+
+
+def test_int8_scratch_and_ub_are_what_the_kernel_uses():
+    """The workspace holds the partials plus, per AI core, the scratch with q' and the half K/V
+    slots; the twin's measured UB equals the host's figure (the guard after the workspace intact)."""
+    inp = cases.random_inputs(63, [500, 77], num_q_heads=8, num_kv_heads=2, head_dim=96, page_size=16,
+                              dtype="bfloat16", kv_quant="channel", kv_offset=True, q_lens=[2, 1])
+    plan = inp.plan("size:128", device="910b2")
+    ws, peak, til = sim.run_split(inp, plan, guard_bytes=4096)
+    f = til.fields
+    assert til.mixed and peak == f["mixUbBytes"] <= tl.UB_BYTES
+    assert f["scratchCoreBytes"] == tl.mix_scratch_core_bytes(96, "bfloat16", f["mixTileTokens"], f["mixRowsPad"],
+                                                              "int8")
+    assert f["scratchCoreBytes"] > tl.mix_scratch_core_bytes(96, "bfloat16", f["mixTileTokens"], f["mixRowsPad"])
+    assert (ws[til.workspace_bytes:] == sim.WS_POISON).all()

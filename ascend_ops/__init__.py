@@ -23,7 +23,7 @@ import importlib
 # public name -> the submodule that defines it (loaded on first use)
 _NAMES = {"decode_attention": "ops", "SCHEMA": "ops", "QUALNAME": "ops", "AscendDecodeWrapper": "wrapper",
           "load_extension": "runtime", "runtime_unavailable": "runtime", "npu_unavailable": "runtime"}
-_SUBMODULES = ("ops", "runtime", "wrapper", "support", "tiling", "npu_backend", "sim_backend", "cann_fia", "build")
+_SUBMODULES = ("ops", "runtime", "wrapper", "support", "tiling", "npu_backend", "sim_backend", "cann_fia", "atb_paged", "build")
 
 __all__ = list(_NAMES) + list(_SUBMODULES)
 

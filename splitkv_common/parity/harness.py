@@ -179,7 +179,7 @@ def run_case(backend: Backend, case: Case, reference=None, plan=None) -> CaseRes
         return CaseResult(backend.name, case.name, ERROR, time.perf_counter() - t0, plan=plan_txt,
                           message=f"{type(e).__name__}: {e}")
     dt = time.perf_counter() - t0
-    acc = check(np.asarray(out), np.asarray(lse), ref_out, ref_lse, plain, inputs.dtype)
+    acc = check(np.asarray(out), None if lse is None else np.asarray(lse), ref_out, ref_lse, plain, inputs.dtype)
     return CaseResult(backend.name, case.name, PASS if acc.passed else FAIL, dt, acc, plan_txt,
                       "" if acc.passed else acc.reason)
 

@@ -160,9 +160,19 @@ def _cmake_build(home, torch_dir, npu_dir, soc, build_dir, jobs, log) -> Path:
     return built[0]
 
 
+CANN_VERSION_ENV = "SPLITKV_CANN_VERSION"  # e.g. 8.1: overrides the toolkit's install info
+
+
 def cann_version(home: Path) -> tuple[int, int] | None:
-    """(major, minor) of the CANN toolkit at ``home`` from its ``ascend_toolkit_install.info``
-    (``version=8.1.RC1``, in the toolkit root or its ``<arch>-linux`` folder); None if absent."""
+    """(major, minor) of the CANN toolkit at ``home``: ``SPLITKV_CANN_VERSION`` (``8.1``, ``8.3.RC1``)
+    when set, else its ``ascend_toolkit_install.info`` (``version=8.1.RC1``, in the toolkit root or
+    its ``<arch>-linux`` folder); None if neither says."""
+    forced = os.environ.get(CANN_VERSION_ENV, "").strip()
+    if forced:
+        m = re.match(r"(\d+)\.(\d+)", forced)
+        if not m:
+            raise BuildError(f"{CANN_VERSION_ENV}={forced!r}: expected <major>.<minor>, e.g. 8.1 or 8.3.RC1")
+        return int(m.group(1)), int(m.group(2))
     home = Path(home)
     for info in [home / "ascend_toolkit_install.info", *sorted(home.glob("*-linux/ascend_toolkit_install.info"))]:
         if info.is_file():
@@ -173,11 +183,19 @@ def cann_version(home: Path) -> tuple[int, int] | None:
 
 
 def bisheng_lang_flags(version: tuple[int, int] | None, soc: str) -> list[str]:
-    """bisheng's language / target flags for the installed CANN: 8.3 and later take ``-x asc
-    --npu-arch=dav-2201``; 8.1 / 8.2 take ``-xcce --cce-soc-version=<SoC>`` (the flag spelling of
-    that generation; NOT RUN: no CANN toolkit was available to try either)."""
+    """bisheng's language / target flags for the installed CANN.
+
+    * 8.3 and later (and an unknown version): ``-x asc --npu-arch=dav-2201``, the Ascend C language
+      mode of the BiSheng compiler docs ("Compilation Using BiSheng Command Lines").
+    * 8.1 / 8.2: ``-xcce --cce-soc-version=<SoC> --cce-auto-sync``. The compiler docs ("Automatic
+      Synchronization") say ``--cce-auto-sync`` is on by default in kernel-launch and custom-op
+      projects, i.e. in the CMake route's ``ascendc_library()``, but a direct bisheng call must
+      pass it; the kernels place their own syncs (checked on the twin), so this keeps the bisheng
+      route equal to the CMake one rather than making the kernels correct.
+
+    NOT RUN: no CANN toolkit was available to try either spelling."""
     if version is not None and version < (8, 3):
-        return ["-xcce", f"--cce-soc-version={soc}"]
+        return ["-xcce", f"--cce-soc-version={soc}", "--cce-auto-sync"]
     return ["-x", "asc", f"--npu-arch={npu_arch(soc)}"]
 
 

@@ -5,7 +5,10 @@
 #
 #   source <CANN>/set_env.sh          # sets ASCEND_HOME_PATH
 #   scripts/build_ascend.sh [--soc Ascend910B2] [--jobs N] [--build-dir DIR] [--route cmake|bisheng]
-#       cmake (default): CANN's ascendc_library(); bisheng: bisheng -x asc --npu-arch=dav-2201
+#       cmake (default): CANN's ascendc_library(); bisheng: bisheng with the installed CANN's flags:
+#       8.3 and later `-x asc --npu-arch=dav-2201`; 8.1 / 8.2 `-xcce --cce-soc-version=<SoC>
+#       --cce-auto-sync` (the version from the toolkit's ascend_toolkit_install.info, or
+#       SPLITKV_CANN_VERSION=8.1 to say it)
 #
 #   scripts/build_ascend.sh --offline-check
 #       anywhere with g++ and torch: compile the binding with stand-in NPU headers and check its

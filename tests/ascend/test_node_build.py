@@ -79,7 +79,9 @@ def fake_node(tmp_path, monkeypatch):
 # stand-in: check the flags the real bisheng gets, then build the launch functions from stubs
 set -euo pipefail
 echo "$@" > {tmp_path / 'bisheng.args'}
-[[ " $* " == *" -x asc "* && " $* " == *" --npu-arch=dav-2201 "* ]] || {{ echo "bad flags: $*" >&2; exit 1; }}
+[[ " $* " == *" -x asc "* && " $* " == *" --npu-arch=dav-2201 "* ]] || \
+    [[ " $* " == *" -xcce "* && " $* " == *" --cce-soc-version=Ascend910B"* && " $* " == *" --cce-auto-sync "* ]] || \
+    {{ echo "bad flags: $*" >&2; exit 1; }}
 out=""; prev=""
 for a in "$@"; do [[ "$prev" == "-o" ]] && out="$a"; prev="$a"; done
 exec {cxx} -shared -fPIC -x c {stub_c} -o "$out"
@@ -130,15 +132,38 @@ def test_node_build_bisheng_route_with_stand_ins(fake_node, tmp_path):
     assert build.load_check(lib).startswith("ok")
 
 
-def test_bisheng_flags_follow_the_installed_cann_version(tmp_path):
+@pytest.mark.slow
+def test_node_build_bisheng_route_for_cann_8_1(fake_node, tmp_path, monkeypatch):
+    """With an 8.1 toolkit (here: SPLITKV_CANN_VERSION) the bisheng route passes 8.1's spelling."""
+    monkeypatch.setenv(build.CANN_VERSION_ENV, "8.1")
+    logs = []
+    build.node_build(build_dir=tmp_path / "build", route="bisheng", log=logs.append)
+    args = (tmp_path / "bisheng.args").read_text().split()
+    assert {"-xcce", "--cce-soc-version=Ascend910B3", "--cce-auto-sync"} <= set(args)
+    assert "asc" not in args and any("CANN 8.1" in x for x in logs)
+
+
+def test_bisheng_flags_follow_the_installed_cann_version(tmp_path, monkeypatch):
     from ascend_ops import build
 
+    monkeypatch.delenv(build.CANN_VERSION_ENV, raising=False)
     assert build.cann_version(tmp_path) is None
     (tmp_path / "aarch64-linux").mkdir()
     (tmp_path / "aarch64-linux" / "ascend_toolkit_install.info").write_text("package_name=x\nversion=8.1.RC1\n")
     assert build.cann_version(tmp_path) == (8, 1)
-    assert build.bisheng_lang_flags((8, 1), "Ascend910B2") == ["-xcce", "--cce-soc-version=Ascend910B2"]
+    assert build.bisheng_lang_flags((8, 1), "Ascend910B2") == ["-xcce", "--cce-soc-version=Ascend910B2",
+                                                               "--cce-auto-sync"]
+    assert build.bisheng_lang_flags((8, 2), "Ascend910B3")[:2] == ["-xcce", "--cce-soc-version=Ascend910B3"]
     (tmp_path / "ascend_toolkit_install.info").write_text("version=8.3.RC1\n")
     assert build.cann_version(tmp_path) == (8, 3)
     assert build.bisheng_lang_flags((8, 3), "Ascend910B2") == ["-x", "asc", "--npu-arch=dav-2201"]
     assert build.bisheng_lang_flags(None, "Ascend910B3")[:2] == ["-x", "asc"]
+    assert "--cce-auto-sync" not in build.bisheng_lang_flags((8, 5), "Ascend910B2")
+    # the environment overrides the install info (a toolkit whose info file is missing or wrong)
+    monkeypatch.setenv(build.CANN_VERSION_ENV, "8.1")
+    assert build.cann_version(tmp_path) == (8, 1)
+    monkeypatch.setenv(build.CANN_VERSION_ENV, "8.3.RC1")
+    assert build.cann_version(tmp_path) == (8, 3)
+    monkeypatch.setenv(build.CANN_VERSION_ENV, "eight")
+    with pytest.raises(build.BuildError, match="SPLITKV_CANN_VERSION"):
+        build.cann_version(tmp_path)

@@ -185,6 +185,7 @@ class Shape:
     page: int = 128
     dtype: str = "bfloat16"
     ifa_us: str = "n/a"  # CANN IFA estimate from the npu-budget design note, where it gives one
+    kv_quant: str | None = None  # "channel": int8 KV with per-channel scales and offsets (--int8)
 
 
 SHAPES = [
@@ -206,7 +207,8 @@ def _inputs(shape: Shape, context: int):
     from splitkv_common.parity import cases
 
     inp = cases.random_inputs(0, [context] * shape.batch, num_q_heads=shape.hq, num_kv_heads=shape.hkv,
-                              head_dim=shape.head_dim, page_size=shape.page, dtype=shape.dtype, spare_pages=0)
+                              head_dim=shape.head_dim, page_size=shape.page, dtype=shape.dtype, spare_pages=0,
+                              kv_quant=shape.kv_quant, kv_offset=shape.kv_quant is not None)
     assert np.all(inp.seq_lens == context)
     return inp
 
@@ -266,7 +268,8 @@ def count_shape(shape: Shape, points=(1, 2), kernel: str = "vector") -> dict:
 
 
 def hbm_floor_us(shape: Shape, c: Constants = C) -> float:
-    kv = shape.batch * shape.context * shape.hkv * 2 * shape.head_dim * 2  # K + V, bf16
+    elem = 1 if shape.kv_quant else 2  # int8 or bf16 (the int8 scales are [4, Hkv, D], negligible)
+    kv = shape.batch * shape.context * shape.hkv * 2 * shape.head_dim * elem  # K + V
     return kv / c.hbm_bytes_per_s * 1e6
 
 
@@ -311,11 +314,15 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", default="vector,mix", help="split stages to count: vector, mix or both")
     ap.add_argument("--scratch-in-hbm", action="store_true",
                     help="sensitivity: charge the mixed kernel's scratch to HBM (no L2 residency)")
+    ap.add_argument("--int8", action="store_true",
+                    help="the same shapes with int8 KV (per-channel scales and offsets); floor at 1 byte per element")
     ap.add_argument("--dma-block-cycles", type=float, default=None,
                     help="sensitivity: cycles per block (row) of a strided DMA (the first model used 30)")
     a = ap.parse_args(argv)
-    shapes = SHAPES if a.shapes == "all" else [SHAPES[int(i)] for i in a.shapes.split(",")]
     from dataclasses import replace
+    shapes = SHAPES if a.shapes == "all" else [SHAPES[int(i)] for i in a.shapes.split(",")]
+    if a.int8:
+        shapes = [replace(s, name=s.name + ", int8 KV", kv_quant="channel", ifa_us="n/a") for s in shapes]
     c = C
     if a.scratch_in_hbm:
         c = replace(c, scratch_in_l2=False)

@@ -184,27 +184,30 @@ def mix_ub_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int, sof
     if kv_dtype == "int8":
         kr = _ru(D, 32)
         b.update({"qT (q rows)": _r32(RH * D * ITEMSIZE[dtype]), "qf (q' float)": _r32(RH * D * 4),
-                  "qh (q' half)": _r32(RH * D * 2), "kvq (scales, offsets)": _r32(4 * D * 4),
+                  "qh (q' half, hi and lo)": _r32(2 * RH * D * 2), "kvq (scales, offsets)": _r32(4 * D * 4),
                   "i8 (int8 chunk)": _r32(MIX_QUANT_CHUNK * kr), "h16 (half chunk)": _r32(MIX_QUANT_CHUNK * kr * 2)})
     return b
 
 
-def mix_cube_bytes(head_dim: int, tile_tokens: int, rows_pad: int) -> dict[str, int]:
-    """The cube core's buffers (``MixCube::Init``) per memory, bytes (16-bit q and KV)."""
+def mix_cube_bytes(head_dim: int, tile_tokens: int, rows_pad: int, kv_dtype: str | None = None) -> dict[str, int]:
+    """The cube core's buffers (``MixCube::Init``) per memory, bytes (16-bit q and KV; int8 KV holds
+    q' as two half parts, high and low)."""
     D, TT, MP = head_dim, tile_tokens, rows_pad
-    return {"L1": 2 * (MP * D + 4 * TT * D + MP * TT), "L0A": 2 * (MP * D + MP * TT), "L0B": 2 * TT * D,
+    q = (2 if kv_dtype == "int8" else 1) * MP * D
+    return {"L1": 2 * (q + 4 * TT * D + MP * TT), "L0A": 2 * (q + MP * TT), "L0B": 2 * TT * D,
             "L0C": 4 * (MP * TT + MP * D)}
 
 
 def mix_scratch_core_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int,
                            kv_dtype: str | None = None) -> int:
     """Scratch of one AI core: S, P, O slots (two each) and a zero row (``MixCommon::ZOff``); for
-    int8 KV also q' ``[MP, D]`` and two slots of half K and V tiles ``[TT, D]`` (``QOff``, ``KVOff``)."""
+    int8 KV also q' ``[2, MP, D]`` (high and low half) and two slots of half K and V tiles ``[TT, D]``
+    (``QOff``, ``KVOff``)."""
     D, TT, MP = head_dim, tile_tokens, rows_pad
     cube = mix_cube_dtype(dtype, kv_dtype or dtype)
     n = 2 * MP * (TT * (4 + ITEMSIZE[cube]) + D * 4) + D * ITEMSIZE[cube]
     if kv_dtype == "int8":
-        n += MP * D * 2 + 4 * TT * D * 2
+        n += 2 * MP * D * 2 + 4 * TT * D * 2
     return _ru(n, 512)
 
 
@@ -220,7 +223,7 @@ def choose_mix_tiles(head_dim: int, dtype: str, rows: int, soft_cap: bool, ub_by
     if MP > MIX_MAX_ROWS:
         return None
     for tt in MIX_TILE_CANDIDATES:
-        cube = mix_cube_bytes(head_dim, tt, MP)
+        cube = mix_cube_bytes(head_dim, tt, MP, kv_dtype)
         if (cube["L1"] <= L1_BYTES and cube["L0A"] <= L0A_BYTES and cube["L0B"] <= L0B_BYTES
                 and cube["L0C"] <= L0C_BYTES and (MP // 2) * tt >= head_dim
                 and sum(mix_ub_bytes(head_dim, dtype, tt, MP, soft_cap, kv_dtype).values()) <= ub_bytes):

@@ -21,10 +21,12 @@
 // Cross-core flags: 1 S ready, 2 P ready, 3 O ready (all mode 2), 4 zero row ready (once).
 // int8 KV (kvDtype INT8): the cube works in half on raw int8 values, the dequantisation is folded
 // out of the per-token path (docs/ascend-kernel.md, "int8 KV on the mixed split stage"): per item
-// the vector cores write q' = 2^e (q * k_scale) (half, flag 5) and keep beta = q' . k_offset per row;
+// the vector cores write q' = 2^e (q * k_scale) as two half rows, q'_hi + q'_lo (flag 5; the cube
+// accumulates both products in L0C, ~22 bits of q'), and keep beta = q' . k_offset per row;
 // per tile vector core 0 casts the K tile and vector core 1 the V tile int8 -> half into a scratch
 // slot (flag 6, one Cast per page segment, no scale); scores s = scale 2^-e (q' K_int^T - beta); the
-// output o = v_scale (P V_int / sum P) - v_scale v_offset, with sum P over the rounded P.
+// output o = v_scale (P V_int / sum P) - v_scale v_offset, with sum P over the rounded P the cube
+// multiplies (the lse keeps the float sum).
 // NOT RUN ON AN NPU: type-checked against CANN 8.1 headers and run on the CPU twin only.
 #include "splitkv_kernel_common.h"
 #include "splitkv_combine_stage.h"
@@ -95,10 +97,10 @@ struct MixCommon {
         return uint64_t(2) * MP * TT * (4 + tb) + uint64_t(slot) * MP * D * 4;
     }
     __aicore__ inline uint64_t ZOff(int32_t tb) const { return uint64_t(2) * MP * (TT * (4 + tb) + D * 4); }
-    // int8 KV only, after the zero row: q' [MP][D] half, then K/V tiles [2 slots][K, V][TT][D] half
+    // int8 KV only, after the zero row: q' [hi, lo][MP][D] half, then K/V tiles [2 slots][K, V][TT][D] half
     __aicore__ inline uint64_t QOff() const { return ZOff(2) + uint64_t(D) * 2; }
     __aicore__ inline uint64_t KVOff(int32_t slot, int32_t which) const {
-        return QOff() + uint64_t(MP) * D * 2 + (uint64_t(slot) * 2 + which) * TT * D * 2;
+        return QOff() + uint64_t(2) * MP * D * 2 + (uint64_t(slot) * 2 + which) * TT * D * 2;
     }
 };
 
@@ -112,7 +114,7 @@ public:
         c_.Init(bt, plan, ws, t, static_cast<int32_t>(GetBlockIdx()));
         const int32_t MP = c_.MP, TT = c_.TT, D = c_.D;
         if (c_.quant) {  // q' and the half K/V tiles come from the vector cores through the scratch
-            qGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.QOff()), uint64_t(MP) * D);
+            qGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.QOff()), uint64_t(2) * MP * D);
             kvGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.KVOff(0, 0)), uint64_t(4) * TT * D);
         } else {
             const uint64_t kvElems = uint64_t(t.numPages) * t.pageSize * t.numKVHeads * t.headDim;
@@ -124,11 +126,12 @@ public:
         pGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.POff(0, sizeof(T))), uint64_t(2) * MP * TT);
         oGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(c_.scratch + c_.OOff(0, sizeof(T))), uint64_t(2) * MP * D);
         zGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.ZOff(sizeof(T))), uint64_t(D));
-        pipe_.InitBuffer(qL1_, uint32_t(MP) * D * sizeof(T));
+        const uint32_t qParts = c_.quant ? 2u : 1u;  // int8 KV: q'_hi and q'_lo
+        pipe_.InitBuffer(qL1_, qParts * MP * D * sizeof(T));
         pipe_.InitBuffer(kL1_, 2u * TT * D * sizeof(T));
         pipe_.InitBuffer(vL1_, 2u * TT * D * sizeof(T));
         pipe_.InitBuffer(pL1_, uint32_t(MP) * TT * sizeof(T));
-        pipe_.InitBuffer(qL0_, uint32_t(MP) * D * sizeof(T));
+        pipe_.InitBuffer(qL0_, qParts * MP * D * sizeof(T));
         pipe_.InitBuffer(pL0_, uint32_t(MP) * TT * sizeof(T));
         pipe_.InitBuffer(bL0_, uint32_t(TT) * D * sizeof(T));
         pipe_.InitBuffer(sL0C_, uint32_t(MP) * TT * sizeof(float));
@@ -173,10 +176,12 @@ private:
         const int32_t G = c_.G, D = c_.D;
         const uint64_t off = (uint64_t(it.row0) * c_.t.numQHeads + uint64_t(it.h) * G) * D;
         LocalTensor<T> q1 = qL1_.Get<T>();
-        if (c_.quant) {  // q' rows [M][D] (the vector cores' flag Q)
+        if (c_.quant) {  // q'_hi and q'_lo rows [M][D] each (the vector cores' flag Q)
             CrossCoreWaitFlag(kFlagQ);
-            DataCopy(q1, qGm_, Nd2NzParams(1, static_cast<uint16_t>(M), static_cast<uint16_t>(D), 0,
-                                           static_cast<uint16_t>(D), static_cast<uint16_t>(c_.MP), 1, 0));
+            const Nd2NzParams nz(1, static_cast<uint16_t>(M), static_cast<uint16_t>(D), 0, static_cast<uint16_t>(D),
+                                 static_cast<uint16_t>(c_.MP), 1, 0);
+            DataCopy(q1, qGm_, nz);
+            DataCopy(q1[c_.MP * D], qGm_[uint64_t(c_.MP) * D], nz);
             return;
         }
         DataCopy(q1, qGm_[off],
@@ -230,10 +235,13 @@ private:
         WaitFor<HardEvent::M_MTE1>();  // L0A / L0B no longer read by the previous Mmad
         LocalTensor<T> q0 = qL0_.Get<T>(), b0 = bL0_.Get<T>();
         if (firstTile) {
-            LocalTensor<T> q1 = qL1_.Get<T>();
-            for (int32_t mb = 0; mb < CeilDiv(M, 16); mb++) {  // NZ (C0 stride MP) -> ZZ
-                LoadData(q0[mb * K1 * 256], q1, LoadData2DParams(static_cast<uint16_t>(mb), static_cast<uint8_t>(K1),
-                                                                  static_cast<uint16_t>(M1), 0, 0, false, 0));
+            for (int32_t part = 0; part < (c_.quant ? 2 : 1); part++) {
+                LocalTensor<T> q1 = qL1_.Get<T>()[part * MP * D];
+                for (int32_t mb = 0; mb < CeilDiv(M, 16); mb++) {  // NZ (C0 stride MP) -> ZZ
+                    LoadData(q0[part * MP * D + mb * K1 * 256], q1,
+                             LoadData2DParams(static_cast<uint16_t>(mb), static_cast<uint8_t>(K1),
+                                              static_cast<uint16_t>(M1), 0, 0, false, 0));
+                }
             }
         }
         LocalTensor<T> k1 = kL1_.Get<T>()[(j % 2) * TT * D];
@@ -246,6 +254,10 @@ private:
         LocalTensor<float> s0 = sL0C_.Get<float>();
         Mmad(s0, q0, b0, MmadParams(static_cast<uint16_t>(M), static_cast<uint16_t>(n), static_cast<uint16_t>(D), 0,
                                     false, true));
+        if (c_.quant) {  // + q'_lo K^T, accumulated in L0C (the M pipe runs in order)
+            Mmad(s0, q0[MP * D], b0, MmadParams(static_cast<uint16_t>(M), static_cast<uint16_t>(n),
+                                                static_cast<uint16_t>(D), 0, false, false));
+        }
         WaitFor<HardEvent::M_FIX>();
         // L0C column blocks are ceil(M / 16) fractals apart (the Mmad's own m)
         FixpipeParamsV220 fp(static_cast<uint16_t>(RoundUp(n, 16)), static_cast<uint16_t>(M),
@@ -348,11 +360,11 @@ public:
         kI8Gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int8_t*>(k), kvElems);
         vI8Gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int8_t*>(v), kvElems);
         quantGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(kvQuant), uint64_t(4) * t.numKVHeads * D);
-        qsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(c_.scratch + c_.QOff()), uint64_t(c_.MP) * D);
+        qsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(c_.scratch + c_.QOff()), uint64_t(2) * c_.MP * D);
         kvGm_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(c_.scratch + c_.KVOff(0, 0)), uint64_t(4) * c_.TT * D);
         pipe_.InitBuffer(qT_, uint32_t(RH_) * D * sizeof(T));
         pipe_.InitBuffer(qf_, uint32_t(RH_) * D * sizeof(float));
-        pipe_.InitBuffer(qh_, uint32_t(RH_) * D * sizeof(half));
+        pipe_.InitBuffer(qh_, uint32_t(2) * RH_ * D * sizeof(half));  // q'_hi, q'_lo
         pipe_.InitBuffer(kvq_, uint32_t(4) * D * sizeof(float));
         pipe_.InitBuffer(i8_, uint32_t(kQuantChunk) * KR);
         pipe_.InitBuffer(h16_, uint32_t(kQuantChunk) * KR * sizeof(half));
@@ -401,9 +413,9 @@ private:
 
     // int8 KV, once per item: the kvQuant rows of KV head h (row 3 becomes v_scale * v_offset), and
     // q' = 2^e (q * k_scale) of this core's rows (e: the power of two that puts max |q'| in
-    // [2^13, 2^14), inside half's range) -> the scratch q' rows, flag Q; beta[r] = q'_half . k_offset
-    // (from the rounded q', so that the offset error is relative to the dequantised K) and
-    // sScale_ = scale 2^-e for the scores.
+    // [2^13, 2^14), inside half's range) as q'_hi = half(q') and q'_lo = half(q' - q'_hi) -> the
+    // scratch q' rows, flag Q; beta[r] = (q'_hi + q'_lo) . k_offset (from what the cube multiplies,
+    // so that the offset error is relative to the dequantised K) and sScale_ = scale 2^-e.
     __aicore__ inline void PrepQ(const MixItem& it, int32_t r0, int32_t nr) {
         const int32_t D = c_.D, G = c_.G;
         LocalTensor<float> kvq = kvq_.Get<float>();
@@ -449,9 +461,19 @@ private:
             Muls(qf, qf, f, cnt);
             PipeBarrier<PIPE_V>();
             WaitFor<HardEvent::MTE3_V>();  // the previous item's copy-out of qh is done
-            Cast(qh, qf, RoundMode::CAST_NONE, cnt);
+            LocalTensor<half> lo = qh[RH_ * D];
+            Cast(qh, qf, RoundMode::CAST_NONE, cnt);  // q'_hi
+            PipeBarrier<PIPE_V>();
+            Cast(tmp, qh, RoundMode::CAST_NONE, cnt);
+            PipeBarrier<PIPE_V>();
+            Sub(tmp, qf, tmp, cnt);  // q' - q'_hi, exact in float
+            PipeBarrier<PIPE_V>();
+            Cast(lo, tmp, RoundMode::CAST_NONE, cnt);  // q'_lo
             PipeBarrier<PIPE_V>();
             Cast(qf, qh, RoundMode::CAST_NONE, cnt);
+            Cast(tmp, lo, RoundMode::CAST_NONE, cnt);
+            PipeBarrier<PIPE_V>();
+            Add(qf, qf, tmp, cnt);  // q'_hi + q'_lo: what the cube multiplies
             PipeBarrier<PIPE_V>();
             for (int32_t r = 0; r < nr; r++) {
                 Mul(tmp[r * D], qf[r * D], kvq[D], D);
@@ -462,6 +484,7 @@ private:
             }
             WaitFor<HardEvent::V_MTE3>();
             DataCopy(qsGm_[uint64_t(r0) * D], qh, cnt);
+            DataCopy(qsGm_[uint64_t(c_.MP + r0) * D], lo, cnt);
             WaitFor<HardEvent::V_S>();
             for (int32_t r = 0; r < nr; r++) {
                 beta_[r] = red.GetValue(2 * r);
@@ -540,6 +563,7 @@ private:
         for (int32_t r = 0; r < nr; r++) {
             m_[r] = kMaxStart;
             l_[r] = 0.0f;
+            lr_[r] = 0.0f;
         }
     }
 
@@ -714,10 +738,8 @@ private:
         PipeBarrier<PIPE_V>();
         Exp(s, s, cnt);  // masked columns: exp(-inf) = 0
         PipeBarrier<PIPE_V>();
-        if (!c_.quant) {
-            for (int32_t r = 0; r < nr; r++) {
-                ReduceSum(red[2 * r], s[r * n16], work, n16);
-            }
+        for (int32_t r = 0; r < nr; r++) {
+            ReduceSum(red[2 * r], s[r * n16], work, n16);
         }
         LocalTensor<C> p = p_.Get<C>();
         WaitFor<HardEvent::MTE3_V>();  // the previous tile's P copy-out has read p
@@ -726,12 +748,12 @@ private:
         } else {
             Cast(p, s, RoundMode::CAST_NONE, uint32_t(cnt));
         }
-        if (c_.quant) {  // l sums the rounded P the cube multiplies: sum_j P_j / l = 1 exactly for the V offset
+        if (c_.quant) {  // lr sums the rounded P the cube multiplies: sum_j P_j / lr = 1 for the V offset
             PipeBarrier<PIPE_V>();
             Cast(s, p, RoundMode::CAST_NONE, uint32_t(cnt));
             PipeBarrier<PIPE_V>();
             for (int32_t r = 0; r < nr; r++) {
-                ReduceSum(red[2 * r], s[r * n16], work, n16);
+                ReduceSum(red[2 * r + 1], s[r * n16], work, n16);
             }
         }
         WaitFor<HardEvent::V_MTE3>();
@@ -743,6 +765,7 @@ private:
         for (int32_t r = 0; r < nr; r++) {
             a_[r] = alpha.GetValue(r);
             l_[r] = l_[r] * a_[r] + red.GetValue(2 * r);
+            lr_[r] = c_.quant ? lr_[r] * a_[r] + red.GetValue(2 * r + 1) : l_[r];
         }
     }
 
@@ -776,7 +799,7 @@ private:
             const int32_t row = r0 + r, qi = row / G, g = row % G;
             LocalTensor<float> o = outQ_.template AllocTensor<float>();
             if (l_[r] > 0.0f) {
-                Muls(o, acc[r * D], 1.0f / l_[r], D);
+                Muls(o, acc[r * D], 1.0f / lr_[r], D);
                 if (c_.quant) {  // o = v_scale (P V_int / l) - v_scale v_offset
                     LocalTensor<float> kvq = kvq_.Get<float>();
                     PipeBarrier<PIPE_V>();
@@ -823,6 +846,7 @@ private:
     bool direct_ = false;
     int32_t sub_ = 0, RH_ = 0;
     float m_[kMaxVecRows], l_[kMaxVecRows], a_[kMaxVecRows], beta_[kMaxVecRows];
+    float lr_[kMaxVecRows];  // the sum of P as the cube multiplies it (rounded; int8 KV), else l_
     float sScale_ = 0.0f;
     TPipe pipe_;
     TBuf<TPosition::VECCALC> s_, p_, o_, acc_, red_, alpha_, work_, cap_, ob_;

@@ -20,7 +20,8 @@ Sources (recorded, not run here):
   128 * 128``; the scale is applied after ``Q K^T``.
 * call site: vLLM Ascend's attention backend passes ``query``, the caches, ``num_kv_heads``,
   ``num_heads``, ``scale_value``, ``block_table``, ``context_lens=seq_lens`` and ``out`` by keyword,
-  with ``seq_lens`` a host tensor (op-plugin's own test has a case with ``context_lens`` on the CPU).
+  with ``seq_lens`` a host tensor (a public torch_npu test of the op passes ``context_lens`` from
+  the CPU as well).
 
 Mapping (ours -> ATB): one query row per request, so ``num_tokens = B``: ``query = q [B, Hq, D]``,
 ``key_cache``/``value_cache`` unchanged (our layout is the op's), ``block_table`` int32,

@@ -297,7 +297,7 @@ def _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, s
                                       soft_cap, window_left, NUM_PAGES, stride_kp, stride_kt, stride_vp, stride_vt,
                                       PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW, DOT_IEEE, UPCAST,
                                       BOUNDS, False)
-    for n0 in tl.range(mid, end, BLOCK_N, num_stages=1):
+    for n0 in range(mid, end, BLOCK_N):
         m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, end, col_end, bt_row, k_base, v_base,
                                       offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of, qk_scale,
                                       soft_cap, window_left, NUM_PAGES, stride_kp, stride_kt, stride_vp, stride_vt,

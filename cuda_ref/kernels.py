@@ -261,8 +261,8 @@ def _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, s
     not per token (:func:`_tile_rows`). Two plain counted loops whose loads are all unconditional
     (masked) and computed from the loop index alone (page ids, then the K and V copies through
     them: Triton's software pipeliner turns them into asynchronous copies ``num_stages`` tiles
-    ahead). The first covers the tiles in which every row of the block sees every loaded position
-    (all of a one-query-row decode); the second the tiles where rows differ (the causal tail of
+    ahead). The first covers the positions before ``mid``, in tiles where every row of the block
+    sees every loaded position (all of a one-query-row decode); the second the tiles from ``mid`` on, where rows differ (the causal tail of
     several query rows, the window's edge with several rows), which clears non-finite V values the
     row cannot see (:func:`_kv_tile` ``MIXED``). Positions no row of the block sees (past the end,
     before the window of the first row, bad page ids) are loaded as 0."""
@@ -291,14 +291,16 @@ def _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, s
     col_end = (end - 1) // PAGE + 1  # block-table columns holding positions < end (end >= 1 in a tile)
     k_slot = (offs_n % PAGE).to(tl.int64) * stride_kt
     v_slot = (offs_n % PAGE).to(tl.int64) * stride_vt
-    for n0 in range(lo, mid, BLOCK_N):
-        m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, end, col_end, bt_row, k_base, v_base,
+    # the first loop runs to ``end`` and masks positions from ``mid`` on: its bounds come from the work
+    # item alone, so its first page ids leave without waiting for the request's fields
+    for n0 in range(lo, end, BLOCK_N):
+        m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, mid, end, col_end, bt_row, k_base, v_base,
                                       offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of, qk_scale,
                                       soft_cap, window_left, NUM_PAGES, stride_kp, stride_kt, stride_vp, stride_vt,
                                       PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW, DOT_IEEE, UPCAST,
                                       BOUNDS, False)
     for n0 in range(mid, end, BLOCK_N):
-        m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, end, col_end, bt_row, k_base, v_base,
+        m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, end, end, col_end, bt_row, k_base, v_base,
                                       offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of, qk_scale,
                                       soft_cap, window_left, NUM_PAGES, stride_kp, stride_kt, stride_vp, stride_vt,
                                       PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW, DOT_IEEE, UPCAST,
@@ -380,13 +382,14 @@ def _tile_rows(bt_row, n0, offs_n, end, col_end, k_slot, v_slot, bad, NUM_PAGES,
 
 
 @triton.jit
-def _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, end, col_end, bt_row, k_base, v_base, offs_n, offs_d, d_ok,
+def _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, hi_ok, end, col_end, bt_row, k_base, v_base, offs_n, offs_d, d_ok,
              k_slot, v_slot, k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left, NUM_PAGES,
              stride_kp, stride_kt, stride_vp, stride_vt,
              PAGE: tl.constexpr, BLOCK_N: tl.constexpr, KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr,
              SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr,
              BOUNDS: tl.constexpr, MIXED: tl.constexpr):
-    """One tile of the online softmax. ``MIXED`` False: every row of the block sees every loaded
+    """One tile of the online softmax over the positions ``[lo_ok, hi_ok)`` of tile ``[n0, n0 + BLOCK_N)``
+    (page ids read up to ``end``). ``MIXED`` False: every row of the block sees every loaded
     position (``kv_ok``); True: visibility per row (causal, window), and V values a row cannot see
     are cleared before the dot (``0 * NaN`` would be NaN), a non-finite V value a row sees making
     that row NaN. In both, a non-finite score a row sees is made NaN before the soft cap (which would
@@ -394,7 +397,7 @@ def _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, end, col_end, bt_row, k_ba
     k_row, v_row, tok_ok, bad = _tile_rows(bt_row, n0, offs_n, end, col_end, k_slot, v_slot, bad, NUM_PAGES,
                                            stride_kp, stride_kt, stride_vp, stride_vt, PAGE, BLOCK_N, BOUNDS)
     pos = n0 + offs_n
-    kv_ok = ((pos >= lo_ok) & (pos < end)) & tok_ok
+    kv_ok = ((pos >= lo_ok) & (pos < hi_ok)) & tok_ok
     tile_ok = kv_ok[:, None] & d_ok[None, :]
     k_raw = tl.load(k_base + k_row[:, None] + offs_d[None, :], mask=tile_ok, other=0)
     v_raw = tl.load(v_base + v_row[:, None] + offs_d[None, :], mask=tile_ok, other=0)

@@ -46,7 +46,7 @@ from cuda_ref.launch import KernelConfig, default_config  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
 
-POINTS = {"B1x1k": (1, 1024), "B16x1k": (16, 1024), "B1x4k": (1, 4096), "B1x16k": (1, 16384), "B1x64k": (1, 65536), "B1x128k": (1, 131072),
+POINTS = {"B1x1k": (1, 1024), "B1x2k": (1, 2048), "B16x1k": (16, 1024), "B1x4k": (1, 4096), "B1x16k": (1, 16384), "B1x64k": (1, 65536), "B1x128k": (1, 131072),
           "B16x8k": (16, 8192), "B64x2k": (64, 2048), "B128x1k": (128, 1024)}
 GRID = [KernelConfig(64, 4, 3), KernelConfig(64, 4, 5), KernelConfig(64, 4, 7), KernelConfig(32, 4, 5),
         KernelConfig(32, 4, 7), KernelConfig(64, 8, 5), KernelConfig(64, 8, 7), KernelConfig(128, 8, 5),

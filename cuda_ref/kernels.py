@@ -100,7 +100,7 @@ def split_kv_kernel(
     DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr, FUSE_MERGE: tl.constexpr,
     SCALE_PER_CHANNEL: tl.constexpr = False, MERGE_CHUNK: tl.constexpr = 16,
     LAUNCH_DEPENDENTS: tl.constexpr = False, MULTI_ROW_BLOCKS: tl.constexpr = True,
-    BOUNDS: tl.constexpr = True, COUNT_ERRORS: tl.constexpr = False,
+    BOUNDS: tl.constexpr = True, COUNT_ERRORS: tl.constexpr = False, MIXED_TILES: tl.constexpr = True,
 ):
     """Stage 1, one program per (work item, block of packed query rows), in named steps: load the
     work item, load its packed query rows and int8 scales, walk the KV range (:func:`_kv_loop`),
@@ -156,7 +156,7 @@ def split_kv_kernel(
                                       offs_n, offs_d, d_ok, k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left,
                                       NUM_PAGES, stride_kp, stride_kt, stride_vp, stride_vt, seq_len, q_len,
                                       PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW, DOT_IEEE, UPCAST,
-                                      BOUNDS)
+                                      BOUNDS, MIXED_TILES)
     if COUNT_ERRORS:
         _report_bad_page(ERRORS, bt_row, b, bad_col)
 
@@ -249,7 +249,7 @@ def _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, s
              stride_kp, stride_kt, stride_vp, stride_vt, seq_len, q_len,
              PAGE: tl.constexpr, BLOCK_N: tl.constexpr, KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr,
              SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr,
-             BOUNDS: tl.constexpr):
+             BOUNDS: tl.constexpr, MIXED_TILES: tl.constexpr):
     """The online softmax over KV positions ``[start, end)`` in tiles of ``BLOCK_N``: returns the
     updated ``(m_i, l_i, acc)`` (base-2 running max, sum of weights, weighted sum of V rows) and the
     first logical page (block-table column) whose page id was outside ``[0, NUM_PAGES)``
@@ -262,10 +262,15 @@ def _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, s
     (masked) and computed from the loop index alone (page ids, then the K and V copies through
     them: Triton's software pipeliner turns them into asynchronous copies ``num_stages`` tiles
     ahead). The first covers the positions before ``mid``, in tiles where every row of the block
-    sees every loaded position (all of a one-query-row decode); the second the tiles from ``mid`` on, where rows differ (the causal tail of
-    several query rows, the window's edge with several rows), which clears non-finite V values the
-    row cannot see (:func:`_kv_tile` ``MIXED``). Positions no row of the block sees (past the end,
-    before the window of the first row, bad page ids) are loaded as 0."""
+    sees every loaded position (all of a one-query-row decode); the second the tiles from ``mid``
+    on, where rows differ (the causal tail of several query rows, the window's edge with several
+    rows), which clears non-finite V values the row cannot see (:func:`_kv_tile` ``MIXED``). Positions no row of the block sees (past the end,
+    before the window of the first row, bad page ids) are loaded as 0.
+
+    ``MIXED_TILES`` False (the launch knows that no request has more than one query row): only the
+    first loop, over the whole range. The second loop costs registers even when it runs no tile
+    (ptxas: 96 -> 168 a thread for 32-token bf16 tiles, one program less per SM), so it is
+    compiled only where it can run."""
     lo_ok = start
     if HAS_WINDOW:  # positions before the first row's window: no row of the block sees them
         lo_ok = tl.maximum(start, seq_len - q_len + i_first - window_left)
@@ -291,20 +296,28 @@ def _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, s
     col_end = (end - 1) // PAGE + 1  # block-table columns holding positions < end (end >= 1 in a tile)
     k_slot = (offs_n % PAGE).to(tl.int64) * stride_kt
     v_slot = (offs_n % PAGE).to(tl.int64) * stride_vt
-    # the first loop runs to ``end`` and masks positions from ``mid`` on: its bounds come from the work
-    # item alone, so its first page ids leave without waiting for the request's fields
-    for n0 in range(lo, end, BLOCK_N):
-        m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, mid, end, col_end, bt_row, k_base, v_base,
-                                      offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of, qk_scale,
-                                      soft_cap, window_left, NUM_PAGES, stride_kp, stride_kt, stride_vp, stride_vt,
-                                      PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW, DOT_IEEE, UPCAST,
-                                      BOUNDS, False)
-    for n0 in range(mid, end, BLOCK_N):
-        m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, end, end, col_end, bt_row, k_base, v_base,
-                                      offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of, qk_scale,
-                                      soft_cap, window_left, NUM_PAGES, stride_kp, stride_kt, stride_vp, stride_vt,
-                                      PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW, DOT_IEEE, UPCAST,
-                                      BOUNDS, True)
+    if MIXED_TILES:
+        # the first loop runs to ``end`` and masks positions from ``mid`` on: its bounds come from the
+        # work item alone, so its first page ids leave without waiting for the request's fields
+        for n0 in range(lo, end, BLOCK_N):
+            m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, mid, end, col_end, bt_row, k_base,
+                                          v_base, offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of,
+                                          qk_scale, soft_cap, window_left, NUM_PAGES, stride_kp, stride_kt, stride_vp,
+                                          stride_vt, PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW,
+                                          DOT_IEEE, UPCAST, BOUNDS, False)
+        for n0 in range(mid, end, BLOCK_N):
+            m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, end, end, col_end, bt_row, k_base,
+                                          v_base, offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of,
+                                          qk_scale, soft_cap, window_left, NUM_PAGES, stride_kp, stride_kt, stride_vp,
+                                          stride_vt, PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW,
+                                          DOT_IEEE, UPCAST, BOUNDS, True)
+    else:
+        for n0 in range(lo, end, BLOCK_N):
+            m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, end, end, col_end, bt_row, k_base,
+                                          v_base, offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of,
+                                          qk_scale, soft_cap, window_left, NUM_PAGES, stride_kp, stride_kt, stride_vp,
+                                          stride_vt, PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW,
+                                          DOT_IEEE, UPCAST, BOUNDS, False)
     if BLOCK_N % PAGE == 0:
         first_bad = tl.min(bad, 0)
     elif PAGE % BLOCK_N == 0:

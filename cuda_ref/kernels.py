@@ -7,8 +7,8 @@ inlines into the kernel: the same PTX instructions as the kernel written in one 
   packed query rows. A work item is (request, KV head, ``[start, end)`` range of logical KV
   positions); its program packs every query row of the request times every query head of the KV
   head's GQA group into the ``M`` dimension of a ``tl.dot`` tile, walks the range in tiles of
-  ``BLOCK_N`` tokens through the block table (one table entry per token, so a tile may span
-  several pages), and keeps an online softmax in float32:
+  ``BLOCK_N`` tokens that start on page boundaries (one block-table entry per page of the tile,
+  checked once and repeated over its tokens), and keeps an online softmax in float32:
 
       s = scale * q.k   (then cap * tanh(s / cap) with a soft cap)
       m' = max(m, max_n s);  l' = l * exp(m - m') + sum_n exp(s - m');  u' = u * exp(m - m') + exp(s - m') v
@@ -16,7 +16,9 @@ inlines into the kernel: the same PTX instructions as the kernel written in one 
   It writes the split's state ``o = u / l``, ``lse = m + log(l)`` (natural log) to the partial slot
   ``row_slot_start[t] + split``, or, when the request has a single split, the final output row
   directly. A row with no visible position gets ``o = 0, lse = -inf``; the exponentials use a finite
-  reference ``m`` so ``exp(-inf - -inf)`` is never computed.
+  reference ``m`` so ``exp(-inf - -inf)`` is never computed. NaN or +-inf that a row sees (in its
+  scores or its V rows) makes the row NaN; values a row cannot see never reach it (masked loads,
+  and a ``where`` on V in the tiles whose rows see different positions).
 
   With ``FUSE_MERGE`` the program that finishes last among the splits of a (request, KV head, row
   block) merges them, reading the slots in a fixed order (so the result does not depend on which

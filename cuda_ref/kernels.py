@@ -259,20 +259,21 @@ def _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, s
 
     Tiles start on page boundaries (the first one at ``start`` rounded down; positions before
     ``start`` are masked), so a tile of ``BLOCK_N`` tokens spans ``BLOCK_N / PAGE`` whole pages, or
-    lies inside one page: one page id is loaded, checked and turned into a 64-bit row base per page,
-    not per token (:func:`_tile_rows`). Two plain counted loops whose loads are all unconditional
-    (masked) and computed from the loop index alone (page ids, then the K and V copies through
-    them: Triton's software pipeliner turns them into asynchronous copies ``num_stages`` tiles
-    ahead). The first covers the positions before ``mid``, in tiles where every row of the block
-    sees every loaded position (all of a one-query-row decode); the second the tiles from ``mid``
-    on, where rows differ (the causal tail of several query rows, the window's edge with several
-    rows), which clears non-finite V values the row cannot see (:func:`_kv_tile` ``MIXED``). Positions no row of the block sees (past the end,
-    before the window of the first row, bad page ids) are loaded as 0.
+    lies inside one page: one page id is loaded and checked per page, not per token, then repeated
+    over the page's tokens (:func:`_tile_rows`). Plain counted loops whose loads are all
+    unconditional (masked) and computed from the loop index alone (page ids, then the K and V copies
+    through them: Triton's software pipeliner turns them into asynchronous copies ``num_stages``
+    tiles ahead). The first covers the positions before ``mid``, in tiles where every row of the
+    block sees every loaded position (all of a one-query-row decode); the second the tiles from
+    ``mid`` on, where rows differ (the causal tail of several query rows, the window's edge with
+    several rows), and clears non-finite V values a row cannot see (:func:`_kv_tile` ``MIXED``).
+    Positions no row of the block sees (past the end, before the first row's window, bad page ids)
+    are loaded as 0.
 
     ``MIXED_TILES`` False (the launch knows that no request has more than one query row): only the
     first loop, over the whole range. The second loop costs registers even when it runs no tile
-    (ptxas: 96 -> 168 a thread for 32-token bf16 tiles, one program less per SM), so it is
-    compiled only where it can run."""
+    (ptxas: 106 -> 168 a thread for 32-token bf16 tiles, one program less per SM), so it is compiled
+    only where it can run."""
     lo_ok = start
     if HAS_WINDOW:  # positions before the first row's window: no row of the block sees them
         lo_ok = tl.maximum(start, seq_len - q_len + i_first - window_left)

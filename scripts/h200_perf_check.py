@@ -269,7 +269,8 @@ def main(argv=None):
         return 0
     timers = {fl: Timer(a.iters, flush=fl) for fl in a.flush.split(",")}
     res = dict(provenance=provenance(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-               triton=importlib.import_module("triton").__version__, kernels_from=a.kernels_from and os.path.basename(a.kernels_from),
+               triton=importlib.import_module("triton").__version__,
+               kernels_from=a.kernels_from and os.path.basename(a.kernels_from),
                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                ceiling_gbps=copy_ceiling(next(iter(timers.values()))), points=[])
     t0 = time.time()

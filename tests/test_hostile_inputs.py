@@ -207,7 +207,6 @@ def run_triton(p):
 RUNNERS = {"numpy": run_numpy, "reference": run_reference, "torch": run_torch, "flash": run_flash,
            "ascend-wrapper": run_ascend_wrapper, "ascend-sim": run_ascend_sim, "triton": run_triton}
 DEFAULT_ENTRIES = ("numpy", "reference", "torch", "flash", "ascend-wrapper")
-TRITON_PENDING = "the Triton side's hardening (page-id masking, wrapper checks) lands separately"
 TWIN_NAN = ("the Ascend C kernel reads a NaN score or value as an empty split (finite row); the shared rule "
             "makes the row NaN: the kernel is being rewritten")
 

@@ -19,7 +19,8 @@
 #          configurations only (OUTDIR/keypoints)
 #   before   with KERNELS_BEFORE=FILE (another version of cuda_ref/kernels.py, e.g. from
 #          `git show REV:cuda_ref/kernels.py`): the overhead step and the key points' default with those
-#          kernels, for a before / after in the same run (OUTDIR/before_overhead, OUTDIR/before_keypoints)
+#          kernels, for a before / after in the same run (OUTDIR/before_overhead, OUTDIR/before_keypoints);
+#          the file must take the current launch's parameters (MIXED_TILES since run 12)
 set -u
 out=${1:?usage: gpu_checks.sh OUTDIR STEP...}
 shift

@@ -17,6 +17,8 @@ backend. Method as ``bench_decode.py``: CUDA-graph replay after an L2 flush, med
 
 ``--kernels-from`` runs everything with the kernels of another file (e.g. ``git show REV:cuda_ref/kernels.py``,
 same kernel signatures) in place of ``cuda_ref/kernels.py``: the before / after of a kernel change in one run.
+(Run 12 timed the kernels of bd22d80 this way, before ``split_kv_kernel`` took ``MIXED_TILES``: versions without
+that parameter no longer launch from the current ``launch.py``.)
 
 ``--overhead`` writes ``DIR/overhead.json``: per point, the replayed graph of ``run()`` with the
 kernels' bounds masks (the default) and without them (``launch._KERNEL_BOUNDS = False``, the

@@ -7,8 +7,8 @@ inlines into the kernel: the same PTX instructions as the kernel written in one 
   packed query rows. A work item is (request, KV head, ``[start, end)`` range of logical KV
   positions); its program packs every query row of the request times every query head of the KV
   head's GQA group into the ``M`` dimension of a ``tl.dot`` tile, walks the range in tiles of
-  ``BLOCK_N`` tokens through the block table (one table entry per token, so a tile may span
-  several pages), and keeps an online softmax in float32:
+  ``BLOCK_N`` tokens that start on page boundaries (one block-table entry per page of the tile,
+  checked once and repeated over its tokens), and keeps an online softmax in float32:
 
       s = scale * q.k   (then cap * tanh(s / cap) with a soft cap)
       m' = max(m, max_n s);  l' = l * exp(m - m') + sum_n exp(s - m');  u' = u * exp(m - m') + exp(s - m') v
@@ -16,7 +16,9 @@ inlines into the kernel: the same PTX instructions as the kernel written in one 
   It writes the split's state ``o = u / l``, ``lse = m + log(l)`` (natural log) to the partial slot
   ``row_slot_start[t] + split``, or, when the request has a single split, the final output row
   directly. A row with no visible position gets ``o = 0, lse = -inf``; the exponentials use a finite
-  reference ``m`` so ``exp(-inf - -inf)`` is never computed.
+  reference ``m`` so ``exp(-inf - -inf)`` is never computed. NaN or +-inf that a row sees (in its
+  scores or its V rows) makes the row NaN; values a row cannot see never reach it (masked loads,
+  and a ``where`` on V in the tiles whose rows see different positions).
 
   With ``FUSE_MERGE`` the program that finishes last among the splits of a (request, KV head, row
   block) merges them, reading the slots in a fixed order (so the result does not depend on which
@@ -100,7 +102,7 @@ def split_kv_kernel(
     DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr, FUSE_MERGE: tl.constexpr,
     SCALE_PER_CHANNEL: tl.constexpr = False, MERGE_CHUNK: tl.constexpr = 16,
     LAUNCH_DEPENDENTS: tl.constexpr = False, MULTI_ROW_BLOCKS: tl.constexpr = True,
-    BOUNDS: tl.constexpr = True, COUNT_ERRORS: tl.constexpr = False,
+    BOUNDS: tl.constexpr = True, COUNT_ERRORS: tl.constexpr = False, MIXED_TILES: tl.constexpr = True,
 ):
     """Stage 1, one program per (work item, block of packed query rows), in named steps: load the
     work item, load its packed query rows and int8 scales, walk the KV range (:func:`_kv_loop`),
@@ -150,13 +152,15 @@ def split_kv_kernel(
     bt_row = BLOCK_TABLE + b.to(tl.int64) * stride_bt
     k_base = K + h.to(tl.int64) * stride_kh
     v_base = V + h.to(tl.int64) * stride_vh
-    m_i, l_i, acc, bad_pos = _kv_loop(q, q_pos, m_i, l_i, acc, bt_row, k_base, v_base, start, end, offs_n, offs_d,
-                                      d_ok, k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left, NUM_PAGES,
-                                      stride_kp, stride_kt, stride_vp, stride_vt,
+    i_first = (mblock * BLOCK_M) // GROUP  # the block's first and last query rows
+    i_last = tl.minimum(q_len - 1, (mblock * BLOCK_M + BLOCK_M - 1) // GROUP)
+    m_i, l_i, acc, bad_col = _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, start, end,
+                                      offs_n, offs_d, d_ok, k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left,
+                                      NUM_PAGES, stride_kp, stride_kt, stride_vp, stride_vt, seq_len, q_len,
                                       PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW, DOT_IEEE, UPCAST,
-                                      BOUNDS)
+                                      BOUNDS, MIXED_TILES)
     if COUNT_ERRORS:
-        _report_bad_page(ERRORS, bt_row, b, bad_pos, PAGE)
+        _report_bad_page(ERRORS, bt_row, b, bad_col)
 
     o, lse = _split_state(acc, m_i, l_i)
     out_mask = row_ok[:, None] & d_ok[None, :]
@@ -242,65 +246,214 @@ def _load_kv_scales(K_SCALE, V_SCALE, K_OFFSET, V_OFFSET, h, stride_sh, offs_d, 
 
 
 @triton.jit
-def _kv_loop(q, q_pos, m_i, l_i, acc, bt_row, k_base, v_base, start, end, offs_n, offs_d, d_ok,
+def _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, start, end, offs_n, offs_d, d_ok,
              k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left, NUM_PAGES,
+             stride_kp, stride_kt, stride_vp, stride_vt, seq_len, q_len,
+             PAGE: tl.constexpr, BLOCK_N: tl.constexpr, KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr,
+             SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr,
+             BOUNDS: tl.constexpr, MIXED_TILES: tl.constexpr):
+    """The online softmax over KV positions ``[start, end)`` in tiles of ``BLOCK_N``: returns the
+    updated ``(m_i, l_i, acc)`` (base-2 running max, sum of weights, weighted sum of V rows) and the
+    first logical page (block-table column) whose page id was outside ``[0, NUM_PAGES)``
+    (``INT32_MAX`` if none; such tokens are masked like positions past the end).
+
+    Tiles start on page boundaries (the first one at ``start`` rounded down; positions before
+    ``start`` are masked), so a tile of ``BLOCK_N`` tokens spans ``BLOCK_N / PAGE`` whole pages, or
+    lies inside one page: one page id is loaded and checked per page, not per token, then repeated
+    over the page's tokens (:func:`_tile_rows`). Plain counted loops whose loads are all
+    unconditional (masked) and computed from the loop index alone (page ids, then the K and V copies
+    through them: Triton's software pipeliner turns them into asynchronous copies ``num_stages``
+    tiles ahead). The first covers the positions before ``mid``, in tiles where every row of the
+    block sees every loaded position (all of a one-query-row decode); the second the tiles from
+    ``mid`` on, where rows differ (the causal tail of several query rows, the window's edge with
+    several rows), and clears non-finite V values a row cannot see (:func:`_kv_tile` ``MIXED``).
+    Positions no row of the block sees (past the end, before the first row's window, bad page ids)
+    are loaded as 0.
+
+    ``MIXED_TILES`` False (the launch knows that no request has more than one query row): only the
+    first loop, over the whole range. The second loop costs registers even when it runs no tile
+    (ptxas: 106 -> 168 a thread for 32-token bf16 tiles, one program less per SM), so it is compiled
+    only where it can run."""
+    lo_ok = start
+    if HAS_WINDOW:  # positions before the first row's window: no row of the block sees them
+        lo_ok = tl.maximum(start, seq_len - q_len + i_first - window_left)
+    if BLOCK_N % PAGE == 0:
+        lo = (start // PAGE) * PAGE
+    elif PAGE % BLOCK_N == 0:
+        lo = (start // BLOCK_N) * BLOCK_N
+    else:
+        lo = start
+    # the first tile some row does not see whole: past the first row's causal limit, or (window,
+    # several rows) everywhere
+    cut = seq_len - q_len + i_first + 1
+    mid = tl.where(cut >= end, end, lo + (tl.maximum(cut - lo, 0) // BLOCK_N) * BLOCK_N)
+    if HAS_WINDOW:
+        mid = tl.where(i_last > i_first, lo, mid)
+    mid = tl.maximum(mid, lo)
+    if BLOCK_N % PAGE == 0:
+        bad = tl.full([BLOCK_N // PAGE], 2147483647, tl.int32)
+    elif PAGE % BLOCK_N == 0:
+        bad = tl.full([], 2147483647, tl.int32)
+    else:
+        bad = tl.full([BLOCK_N], 2147483647, tl.int32)
+    col_end = (end - 1) // PAGE + 1  # block-table columns holding positions < end (end >= 1 in a tile)
+    k_slot = (offs_n % PAGE).to(tl.int64) * stride_kt
+    v_slot = (offs_n % PAGE).to(tl.int64) * stride_vt
+    if MIXED_TILES:
+        # the first loop runs to ``end`` and masks positions from ``mid`` on: its bounds come from the
+        # work item alone, so its first page ids leave without waiting for the request's fields
+        for n0 in range(lo, end, BLOCK_N):
+            m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, mid, end, col_end, bt_row, k_base,
+                                          v_base, offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of,
+                                          qk_scale, soft_cap, window_left, NUM_PAGES, stride_kp, stride_kt, stride_vp,
+                                          stride_vt, PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW,
+                                          DOT_IEEE, UPCAST, BOUNDS, False)
+        for n0 in range(mid, end, BLOCK_N):
+            m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, end, end, col_end, bt_row, k_base,
+                                          v_base, offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of,
+                                          qk_scale, soft_cap, window_left, NUM_PAGES, stride_kp, stride_kt, stride_vp,
+                                          stride_vt, PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW,
+                                          DOT_IEEE, UPCAST, BOUNDS, True)
+    else:
+        for n0 in range(lo, end, BLOCK_N):
+            m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, end, end, col_end, bt_row, k_base,
+                                          v_base, offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of,
+                                          qk_scale, soft_cap, window_left, NUM_PAGES, stride_kp, stride_kt, stride_vp,
+                                          stride_vt, PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW,
+                                          DOT_IEEE, UPCAST, BOUNDS, False)
+    if BLOCK_N % PAGE == 0:
+        first_bad = tl.min(bad, 0)
+    elif PAGE % BLOCK_N == 0:
+        first_bad = bad
+    else:
+        first_bad = tl.min(bad, 0)
+    return m_i, l_i, acc, first_bad
+
+
+@triton.jit
+def _expand(x, NP: tl.constexpr, PAGE: tl.constexpr):
+    """``[NP]`` per-page values -> ``[NP * PAGE]`` per-token values (each repeated ``PAGE`` times)."""
+    return tl.reshape(tl.broadcast_to(x[:, None], (NP, PAGE)), (NP * PAGE,))
+
+
+@triton.jit
+def _tile_rows(bt_row, n0, offs_n, end, col_end, k_slot, v_slot, bad, NUM_PAGES, stride_kp, stride_kt, stride_vp,
+               stride_vt, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BOUNDS: tl.constexpr):
+    """Element offsets (int64 ``[BLOCK_N]``) of the tile's K and V rows from the block table, which
+    tokens have a valid page id (``[BLOCK_N]``, all True without ``BOUNDS``), and ``bad`` updated
+    with the columns of out-of-range page ids.
+
+    ``BLOCK_N % PAGE == 0`` (the tile starts on a page: ``BLOCK_N / PAGE`` whole pages): one page id
+    per page, checked and scaled to a 64-bit page base, then repeated over the page's tokens.
+    ``PAGE % BLOCK_N == 0``: the tile lies inside one page, one scalar page id. Otherwise one page id
+    per token."""
+    if BLOCK_N % PAGE == 0:
+        NP: tl.constexpr = BLOCK_N // PAGE
+        cols = n0 // PAGE + tl.arange(0, NP)
+        col_ok = cols < col_end
+        page = tl.load(bt_row + cols, mask=col_ok, other=0)
+        if BOUNDS:
+            page_ok = (page >= 0) & (page < NUM_PAGES)
+            bad = tl.minimum(bad, tl.where(page_ok, 2147483647, tl.where(col_ok, cols, 2147483647)))
+            page = tl.where(page_ok, page, -1)
+            page = _expand(page, NP, PAGE)
+            tok_ok = page >= 0
+            page = tl.maximum(page, 0)
+        else:
+            page = _expand(page, NP, PAGE)
+            tok_ok = offs_n >= 0
+        page = page.to(tl.int64)  # per token, so the offsets keep the strides' known alignment
+        k_row = page * stride_kp + k_slot
+        v_row = page * stride_vp + v_slot
+    elif PAGE % BLOCK_N == 0:
+        col = n0 // PAGE
+        page = tl.load(bt_row + col)
+        if BOUNDS:
+            page_ok = (page >= 0) & (page < NUM_PAGES)
+            bad = tl.minimum(bad, tl.where(page_ok, 2147483647, col))
+            page = tl.where(page_ok, page, 0)
+            tok_ok = (offs_n >= 0) & page_ok
+        else:
+            tok_ok = offs_n >= 0
+        page = page.to(tl.int64)
+        slot = (n0 % PAGE + offs_n).to(tl.int64)
+        k_row = page * stride_kp + slot * stride_kt
+        v_row = page * stride_vp + slot * stride_vt
+    else:
+        pos = n0 + offs_n
+        in_end = pos < end
+        page = tl.load(bt_row + pos // PAGE, mask=in_end, other=0)
+        if BOUNDS:
+            page_ok = (page >= 0) & (page < NUM_PAGES)
+            bad = tl.minimum(bad, tl.where(page_ok, 2147483647, tl.where(in_end, pos // PAGE, 2147483647)))
+            page = tl.where(page_ok, page, 0)
+            tok_ok = page_ok
+        else:
+            tok_ok = offs_n >= 0
+        page = page.to(tl.int64)
+        slot = (pos % PAGE).to(tl.int64)
+        k_row = page * stride_kp + slot * stride_kt
+        v_row = page * stride_vp + slot * stride_vt
+    return k_row, v_row, tok_ok, bad
+
+
+@triton.jit
+def _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, hi_ok, end, col_end, bt_row, k_base, v_base, offs_n, offs_d, d_ok,
+             k_slot, v_slot, k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left, NUM_PAGES,
              stride_kp, stride_kt, stride_vp, stride_vt,
              PAGE: tl.constexpr, BLOCK_N: tl.constexpr, KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr,
              SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr,
-             BOUNDS: tl.constexpr):
-    """The online softmax over KV positions ``[start, end)`` in tiles of ``BLOCK_N``: returns the
-    updated ``(m_i, l_i, acc)`` (base-2 running max, sum of weights, weighted sum of V rows) and
-    ``bad_pos`` (``[BLOCK_N]``: per lane the first position whose page id was outside
-    ``[0, NUM_PAGES)``, ``INT32_MAX`` if none; such tokens are masked like positions past the end).
-
-    A plain counted loop whose loads are all unconditional (masked) and computed from the loop
-    index alone: page ids of the tile's tokens, then the K and V gathers through them. Triton's
-    software pipeliner turns this chain into asynchronous copies ``num_stages`` tiles ahead."""
-    bad_pos = tl.full([BLOCK_N], 2147483647, tl.int32)
-    for n0 in range(start, end, BLOCK_N):
-        pos = n0 + offs_n
-        kv_ok = pos < end
-        page = tl.load(bt_row + pos // PAGE, mask=kv_ok, other=0)
-        if BOUNDS:  # an out-of-range page id: its tokens are absent (and the first is remembered)
-            page_ok = (page >= 0) & (page < NUM_PAGES)
-            bad_pos = tl.minimum(bad_pos, tl.where(kv_ok, tl.where(page_ok, 2147483647, pos), 2147483647))
-            kv_ok = kv_ok & page_ok
-            page = tl.where(page_ok, page, 0)
-        page = page.to(tl.int64)
-        slot = (pos % PAGE).to(tl.int64)
-        tile_ok = kv_ok[:, None] & d_ok[None, :]
-        k_raw = tl.load(k_base + (page * stride_kp + slot * stride_kt)[:, None] + offs_d[None, :],
-                        mask=tile_ok, other=0)
-        v_raw = tl.load(v_base + (page * stride_vp + slot * stride_vt)[:, None] + offs_d[None, :],
-                        mask=tile_ok, other=0)
-        # -- scores (base 2), soft cap, visibility ------------------------------------------
-        k = _dequant(k_raw, k_sc, k_of, KV_INT8, HAS_OFFSET, UPCAST)
-        if DOT_IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        if SOFT_CAP:
-            s = soft_cap * LOG2E * _tanh(s * (qk_scale / soft_cap))
-        else:
-            s = s * (qk_scale * LOG2E)
+             BOUNDS: tl.constexpr, MIXED: tl.constexpr):
+    """One tile of the online softmax over the positions ``[lo_ok, hi_ok)`` of tile ``[n0, n0 + BLOCK_N)``
+    (page ids read up to ``end``). ``MIXED`` False: every row of the block sees every loaded
+    position (``kv_ok``); True: visibility per row (causal, window), and V values a row cannot see
+    are cleared before the dot (``0 * NaN`` would be NaN), a non-finite V value a row sees making
+    that row NaN. In both, a non-finite score a row sees is made NaN before the soft cap (which would
+    turn ``-inf`` into a finite score), so the row's sum of weights is NaN."""
+    k_row, v_row, tok_ok, bad = _tile_rows(bt_row, n0, offs_n, end, col_end, k_slot, v_slot, bad, NUM_PAGES,
+                                           stride_kp, stride_kt, stride_vp, stride_vt, PAGE, BLOCK_N, BOUNDS)
+    pos = n0 + offs_n
+    kv_ok = ((pos >= lo_ok) & (pos < hi_ok)) & tok_ok
+    tile_ok = kv_ok[:, None] & d_ok[None, :]
+    k_raw = tl.load(k_base + k_row[:, None] + offs_d[None, :], mask=tile_ok, other=0)
+    v_raw = tl.load(v_base + v_row[:, None] + offs_d[None, :], mask=tile_ok, other=0)
+    # -- scores (base 2), soft cap, visibility ----------------------------------------------
+    k = _dequant(k_raw, k_sc, k_of, KV_INT8, HAS_OFFSET, UPCAST)
+    if DOT_IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = s + s * 0.0  # +-inf -> NaN (finite scores unchanged)
+    if SOFT_CAP:
+        s = soft_cap * LOG2E * _tanh(s * (qk_scale / soft_cap))
+    else:
+        s = s * (qk_scale * LOG2E)
+    if MIXED:
         visible = kv_ok[None, :] & (pos[None, :] <= q_pos[:, None])
         if HAS_WINDOW:
             visible = visible & (pos[None, :] >= q_pos[:, None] - window_left)
         s = tl.where(visible, s, float("-inf"))
-        # -- online softmax with a finite reference max ---------------------------------------
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_ref)
-        p = tl.exp2(s - m_ref[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = _dequant(v_raw, v_sc, v_of, KV_INT8, HAS_OFFSET, UPCAST)
-        if DOT_IEEE:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
-    return m_i, l_i, acc, bad_pos
+    else:
+        s = tl.where(kv_ok[None, :], s, float("-inf"))
+    # -- online softmax with a finite reference max -------------------------------------------
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = _dequant(v_raw, v_sc, v_of, KV_INT8, HAS_OFFSET, UPCAST)
+    if MIXED:  # V a row cannot see must be 0, not NaN; a non-finite V a row sees poisons it
+        v_fin = (v - v) == 0.0
+        v = tl.where(v_fin, v, 0.0)
+        v_bad = tl.max(tl.where(v_fin, 0, 1), 1)
+        seen_bad = tl.max(tl.where(visible, v_bad[None, :], 0), 1)
+        l_i = l_i + tl.where(seen_bad > 0, float("nan"), 0.0)
+    if DOT_IEEE:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + pv
+    return m_new, l_i, acc, bad
 
 
 @triton.jit
@@ -317,14 +470,13 @@ def _tanh(x):
 
 
 @triton.jit
-def _report_bad_page(ERRORS, bt_row, b, bad_pos, PAGE: tl.constexpr):
-    """Count a program that met an out-of-range page id in ``ERRORS[0]``; the first to count writes
-    its request, logical page and the page id to ``ERRORS[1:4]`` (read after the launch)."""
-    first = tl.min(bad_pos, 0)
-    if first < 2147483647:
+def _report_bad_page(ERRORS, bt_row, b, col):
+    """Count a program that met an out-of-range page id (first at block-table column ``col``,
+    ``INT32_MAX`` if none) in ``ERRORS[0]``; the first to count writes its request, logical page
+    and the page id to ``ERRORS[1:4]`` (read after the launch)."""
+    if col < 2147483647:
         old = tl.atomic_add(ERRORS, 1)
         if old == 0:
-            col = first // PAGE
             tl.store(ERRORS + 1, b)
             tl.store(ERRORS + 2, col)
             tl.store(ERRORS + 3, tl.load(bt_row + col))
@@ -332,7 +484,10 @@ def _report_bad_page(ERRORS, bt_row, b, bad_pos, PAGE: tl.constexpr):
 
 @triton.jit
 def _split_state(acc, m_i, l_i):
-    """The split's state: ``o = u / l``, ``lse = m + log l`` (natural log); empty rows ``0, -inf``."""
+    """The split's state: ``o = u / l``, ``lse = m + log l`` (natural log); empty rows ``0, -inf``.
+    A row whose weighted sum of V is not finite in some channel (a non-finite V value it sees) is
+    NaN whole, ``o`` and ``lse``."""
+    l_i = l_i + tl.sum(acc * 0.0, 1)  # NaN where a channel of acc is +-inf or NaN
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     o = acc / l_safe[:, None]

@@ -113,6 +113,7 @@ class DevicePlan:
     block_m: int
     row_blocks: int
     graph_stable: bool
+    max_q_len: int = 0  # query rows of the longest request; 0: unknown (the kernel then handles several)
 
     @staticmethod
     def sizes(num_items: int, batch_size: int, num_rows: int) -> list[int]:
@@ -144,10 +145,12 @@ class DevicePlan:
                     f"requests, {plan.num_rows} rows vs {out.num_items}, {out.batch_size}, {out.num_rows})")
             if (block_m, row_blocks) != (out.block_m, out.row_blocks) and block_m * row_blocks > out.block_m * out.row_blocks:
                 raise ValueError("plan: the longest request has more query rows than the graph was captured for")
+            if out.max_q_len == 1 and max_q > 1:
+                raise ValueError(f"plan: a request has {max_q} query rows; the graph was captured for one per request")
             out.data.copy_(host)
             return out
         return cls(host.to(device), plan.num_items, plan.batch_size, plan.num_rows, plan.num_slots,
-                   plan.max_splits, block_m, row_blocks, plan.graph_stable)
+                   plan.max_splits, block_m, row_blocks, plan.graph_stable, max_q)
 
 
 def _scale_layout(scale: "torch.Tensor | None") -> tuple[int, bool]:
@@ -229,6 +232,7 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
             SCALE_PER_CHANNEL=per_channel, MERGE_CHUNK=merge_chunk(block_d),
             LAUNCH_DEPENDENTS=pdl and dplan.num_items * dplan.row_blocks <= 2 * sms,
             MULTI_ROW_BLOCKS=dplan.row_blocks > 1, BOUNDS=_KERNEL_BOUNDS, COUNT_ERRORS=errors is not None,
+            MIXED_TILES=dplan.max_q_len != 1,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if with_merge:
         launch_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), dplan.view("row_num_splits"),

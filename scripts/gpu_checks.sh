@@ -15,6 +15,12 @@
 #          huge lengths, corrupt plans, strided indices (expect "ERROR SUMMARY: 0 errors", exit 0)
 #   overhead scripts/h200_perf_check.py --overhead: the cost of the always-on checks at B1x16k and
 #          B64x2k (OUTDIR/overhead/overhead.json; target at most 1 % of the decode time)
+#   keypoints  the key points (read flush) with the default, stage 1 alone and a few stage-1
+#          configurations only (OUTDIR/keypoints)
+#   before   with KERNELS_BEFORE=FILE (another version of cuda_ref/kernels.py, e.g. from
+#          `git show REV:cuda_ref/kernels.py`): the overhead step and the key points' default with those
+#          kernels, for a before / after in the same run (OUTDIR/before_overhead, OUTDIR/before_keypoints);
+#          the file must take the current launch's parameters (MIXED_TILES since run 12)
 set -u
 out=${1:?usage: gpu_checks.sh OUTDIR STEP...}
 shift
@@ -22,6 +28,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1 || export PYTHONPATH=$PWD
 status=0
+keypoints="B1x2k,B1x4k,B1x16k,B1x128k,B16x8k,B64x2k,B128x1k"
 memcheck_cases="seed/worked-example,mask/sliding-window,int8/per-channel-offset,empty/some-rows,multi-query/ragged,head-dim/96,policy/count-7,paging/page-size-1"
 
 for step in "$@"; do
@@ -64,6 +71,15 @@ for step in "$@"; do
     overhead)
       python3 scripts/h200_perf_check.py --out "$out/overhead" --overhead B1x16k,B64x2k --iters 30 --flush read \
           2>&1 | tee "$out/overhead.log" || status=1 ;;
+    keypoints)
+      python3 scripts/h200_perf_check.py --out "$out/keypoints" --iters 15 --flush read --points "$keypoints" \
+          --variants "default,stage 1 alone,n64w4s5,n64w4s7,n32w4s5,n32w4s7" 2>&1 | tee "$out/keypoints.log" || status=1 ;;
+    before)
+      python3 scripts/h200_perf_check.py --out "$out/before_overhead" --overhead B1x16k,B64x2k --iters 30 \
+          --flush read --kernels-from "${KERNELS_BEFORE:?set KERNELS_BEFORE}" 2>&1 | tee "$out/before_overhead.log" || status=1
+      python3 scripts/h200_perf_check.py --out "$out/before_keypoints" --iters 15 --flush read --points "$keypoints" \
+          --variants "default,stage 1 alone" --kernels-from "$KERNELS_BEFORE" 2>&1 | tee "$out/before_keypoints.log" \
+          || status=1 ;;
     *) echo "unknown step $step" >&2; status=2 ;;
   esac
   echo "== $step done in $(( $(date +%s) - start )) s (status so far $status)"

@@ -12,6 +12,13 @@ backend. Method as ``bench_decode.py``: CUDA-graph replay after an L2 flush, med
     python scripts/h200_perf_check.py --out DIR [--points B1x16k,B64x2k] [--flush read,write]
     python scripts/h200_perf_check.py --eager-once B1x16k     # one eager call of each (for ncu)
     python scripts/h200_perf_check.py --out DIR --overhead B1x16k,B64x2k   # cost of the safety checks
+    python scripts/h200_perf_check.py ... --variants default,n32w4s5       # only these variants (and the peers)
+    python scripts/h200_perf_check.py ... --kernels-from OLD/kernels.py    # another version of cuda_ref/kernels.py
+
+``--kernels-from`` runs everything with the kernels of another file (e.g. ``git show REV:cuda_ref/kernels.py``,
+same kernel signatures) in place of ``cuda_ref/kernels.py``: the before / after of a kernel change in one run.
+(Run 12 timed the kernels of bd22d80 this way, before ``split_kv_kernel`` took ``MIXED_TILES``: versions without
+that parameter no longer launch from the current ``launch.py``.)
 
 ``--overhead`` writes ``DIR/overhead.json``: per point, the replayed graph of ``run()`` with the
 kernels' bounds masks (the default) and without them (``launch._KERNEL_BOUNDS = False``, the
@@ -41,7 +48,7 @@ from cuda_ref.launch import KernelConfig, default_config  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
 
-POINTS = {"B1x1k": (1, 1024), "B16x1k": (16, 1024), "B1x4k": (1, 4096), "B1x16k": (1, 16384), "B1x64k": (1, 65536), "B1x128k": (1, 131072),
+POINTS = {"B1x1k": (1, 1024), "B1x2k": (1, 2048), "B16x1k": (16, 1024), "B1x4k": (1, 4096), "B1x16k": (1, 16384), "B1x64k": (1, 65536), "B1x128k": (1, 131072),
           "B16x8k": (16, 8192), "B64x2k": (64, 2048), "B128x1k": (128, 1024)}
 GRID = [KernelConfig(64, 4, 3), KernelConfig(64, 4, 5), KernelConfig(64, 4, 7), KernelConfig(32, 4, 5),
         KernelConfig(32, 4, 7), KernelConfig(64, 8, 5), KernelConfig(64, 8, 7), KernelConfig(128, 8, 5),
@@ -92,7 +99,17 @@ def variants(ctx, B):
     return v
 
 
-def measure_point(name, timers, ceiling):
+def use_kernels_from(path: str) -> None:
+    """Launch the kernels of ``path`` (a version of ``cuda_ref/kernels.py``) from here on."""
+    import importlib.util
+    from cuda_ref import launch
+    spec = importlib.util.spec_from_file_location("cuda_ref_kernels_alt", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    launch.kernels = mod
+
+
+def measure_point(name, timers, ceiling, only=None):
     B, ctx = POINTS[name]
     q, k, v, bt, seq = make_point(B, ctx, 32, 8, 128, torch.bfloat16)
     nbytes = kv_bytes(B, ctx, 8, 128, "bf16")
@@ -111,6 +128,8 @@ def measure_point(name, timers, ceiling):
               "HND in order": (hnd(ks), hnd(vs), in_order)}
     r = dict(point=name, B=B, ctx=ctx, kv_bytes=nbytes, us={}, err={}, splits={})
     for vname, kw in variants(ctx, B).items():
+        if only and vname not in only:
+            continue
         try:
             kw = dict(kw)
             kk, vv, bb = caches[kw.pop("layout", "NHD")]
@@ -231,7 +250,12 @@ def main(argv=None):
     ap.add_argument("--eager-once", default=None, metavar="POINTS")
     ap.add_argument("--overhead", default=None, metavar="POINTS",
                     help="the cost of the safety checks at these points (e.g. B1x16k,B64x2k): DIR/overhead.json")
+    ap.add_argument("--variants", default=None, help="comma-separated variant names to time (default: all)")
+    ap.add_argument("--kernels-from", default=None, metavar="FILE",
+                    help="use this version of cuda_ref/kernels.py (same kernel signatures)")
     a = ap.parse_args(argv)
+    if a.kernels_from:
+        use_kernels_from(a.kernels_from)
     if a.eager_once:
         eager_once(a.eager_once)
         return 0
@@ -240,6 +264,7 @@ def main(argv=None):
         timer = Timer(a.iters, flush=a.flush.split(",")[0])
         res = dict(provenance=provenance(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                    triton=importlib.import_module("triton").__version__, flush=timer.flush_mode,
+                   kernels_from=a.kernels_from and os.path.basename(a.kernels_from),
                    date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), points=overhead(a.overhead, timer))
         with open(os.path.join(a.out, "overhead.json"), "w") as f:
             json.dump(res, f, indent=1)
@@ -247,11 +272,12 @@ def main(argv=None):
     timers = {fl: Timer(a.iters, flush=fl) for fl in a.flush.split(",")}
     res = dict(provenance=provenance(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                triton=importlib.import_module("triton").__version__,
+               kernels_from=a.kernels_from and os.path.basename(a.kernels_from),
                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                ceiling_gbps=copy_ceiling(next(iter(timers.values()))), points=[])
     t0 = time.time()
     for name in a.points.split(","):
-        r = measure_point(name, timers, res["ceiling_gbps"])
+        r = measure_point(name, timers, res["ceiling_gbps"], a.variants.split(",") if a.variants else None)
         res["points"].append(r)
         with open(os.path.join(a.out, "perf.json"), "w") as f:
             json.dump(res, f, indent=1)

@@ -127,7 +127,8 @@ def _split_constexprs(d, qd, kvq, g, bm, bn, cap=False, win=False, page=PAGE_SIZ
                 KV_INT8=kvq, HAS_OFFSET=kvq, SOFT_CAP=cap, HAS_WINDOW=win,
                 DOT_IEEE=(qd == "fp32" or kvq), UPCAST=False, FUSE_MERGE=False,
                 SCALE_PER_CHANNEL=bool(kvq and per_channel), MERGE_CHUNK=16,
-                LAUNCH_DEPENDENTS=False, MULTI_ROW_BLOCKS=True, BOUNDS=True, COUNT_ERRORS=False)
+                LAUNCH_DEPENDENTS=False, MULTI_ROW_BLOCKS=True, BOUNDS=True, COUNT_ERRORS=False,
+                MIXED_TILES=True)  # both KV loops (a one-row decode compiles the first alone)
 
 
 def split_kv_variants(quick: bool = False) -> list[Variant]:

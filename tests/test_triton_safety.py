@@ -94,6 +94,61 @@ def test_bad_page_id_is_masked_counted_and_isolated(clean, bad):
     w.check_errors()
 
 
+# the three ways a tile meets the block table (kernels._tile_rows): whole pages per tile (one page id
+# per page), a tile inside one page (one page id per tile), neither (one page id per token)
+TILE_PAGE_MODES = [(4, 16), (8, 32), (1, 16), (64, 16), (3, 16)]
+
+
+@pytest.mark.parametrize("page,block_n", TILE_PAGE_MODES)
+def test_bad_page_id_in_every_tile_mode(page, block_n):
+    from cuda_ref.launch import KernelConfig
+    inp = cases.random_inputs(3, [150, 77, 100], num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=page,
+                              dtype="float32")
+    w = DecodeWrapper(4, 2, 16, page, dtype="float32", device=DEVICE, policy=f"size:{page * max(1, 32 // page)}",
+                      config=KernelConfig(block_n, 4, 2))
+    w.plan(inp.seq_lens)
+    x = to_torch(inp, DEVICE)
+    out0, lse0 = _run(w, x)
+    col = 40 // page  # a logical page of request 1 holding position 40
+    xb = dict(x, block_table=x["block_table"].clone())
+    xb["block_table"][1, col] = -3
+    out, lse = _run(w, xb)
+    assert all(torch.equal(out[r], out0[r]) and torch.equal(lse[r], lse0[r]) for r in (0, 2))
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all() and not torch.equal(out[1], out0[1])
+    with pytest.raises(RuntimeError, match=rf"request 1, logical page {col}, page id -3\b"):
+        w.check_errors()
+
+
+@pytest.mark.parametrize("page,block_n", TILE_PAGE_MODES)
+@pytest.mark.parametrize("q_lens,window", [([3, 1, 4], None), ([2, 3, 1], 5), ([1, 1, 1], 7)])
+def test_every_tile_mode_matches_the_reference(page, block_n, q_lens, window):
+    """Multi-query rows (the mixed-visibility loop) and windows, split and unsplit, in every tile mode."""
+    from cuda_ref.launch import KernelConfig
+    inp = cases.random_inputs(page + block_n, [130, 45, 77], num_q_heads=4, num_kv_heads=2, head_dim=16,
+                              page_size=page, dtype="float32", q_lens=q_lens, window_left=window)
+    ref_o, ref_l = dense_attention(inp)
+    for policy in (f"size:{page * max(1, 32 // page)}", "none"):
+        w = DecodeWrapper(4, 2, 16, page, dtype="float32", device=DEVICE, policy=policy,
+                          config=KernelConfig(block_n, 4, 2))
+        w.plan(inp.seq_lens, query_start_loc=inp.query_start_loc, window_left=window)
+        out, lse = _run(w, to_torch(inp, DEVICE), window_left=window)
+        acc = accuracy.check(out.float().cpu().numpy(), lse.cpu().numpy(), ref_o, ref_l, plain_attention(inp),
+                             inp.dtype)
+        assert acc.passed, (policy, acc.reason)
+
+
+def test_graph_plan_for_one_row_refuses_several():
+    """A graph-stable plan made for one query row per request compiles the kernel without the
+    mixed-visibility loop: a refreshed plan with more rows per request is refused, not run wrong."""
+    inp = _inputs()
+    w = DecodeWrapper(4, 2, 16, PAGE, dtype=inp.dtype, device=DEVICE, policy="size:8", graph_stable=True,
+                      max_splits=8)
+    w.plan(inp.seq_lens)
+    assert w.dplan.max_q_len == 1
+    with pytest.raises(ValueError, match="captured for one per request"):
+        w.plan(inp.seq_lens, query_start_loc=np.array([0, 2, 2, 3], np.int32))
+
+
 def test_bad_page_ids_in_the_fused_merge_and_every_page():
     inp = _inputs()
     w = _wrapper(inp, fuse_merge=True)

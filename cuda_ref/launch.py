@@ -32,12 +32,15 @@ class KernelConfig:
     """Tile and launch shape of stage 1: ``block_n`` KV tokens per tile, warps, software-pipeline
     stages (``num_stages`` >= 2 turns the tile loads into asynchronous copies that many tiles ahead);
     ``merge_warps``: warps of the separate merge (one warp reduces a row's ``[CHUNK, D]`` tile with
-    shuffles alone, no shared memory or barriers). Why these defaults: docs/perf-notes.md."""
+    shuffles alone, no shared memory or barriers); ``merge_tree``: the separate merge as tree
+    reductions over a ``[CHUNK, D]`` tile (the form of runs 4b-12; only to measure against: its bits
+    differ from the fused merge's). Why these defaults: docs/perf-notes.md."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
     merge_warps: int = 1
+    merge_tree: bool = False
 
     def __str__(self):
         return f"n{self.block_n}w{self.num_warps}s{self.num_stages}"
@@ -232,18 +235,18 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
             SCALE_PER_CHANNEL=per_channel, MERGE_CHUNK=merge_chunk(block_d),
             LAUNCH_DEPENDENTS=pdl and dplan.num_items * dplan.row_blocks <= 2 * sms,
             MULTI_ROW_BLOCKS=dplan.row_blocks > 1, BOUNDS=_KERNEL_BOUNDS, COUNT_ERRORS=errors is not None,
-            MIXED_TILES=dplan.max_q_len != 1,
+            MIXED_TILES=dplan.max_q_len != 1, GROUP_P=triton.next_power_of_2(group),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if with_merge:
         launch_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), dplan.view("row_num_splits"),
-                     skip_single=True, num_warps=cfg.merge_warps, pdl=pdl)
+                     skip_single=True, num_warps=cfg.merge_warps, pdl=pdl, tree=cfg.merge_tree)
 
 
 def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,
-                 skip_single: bool = False, num_warps: int = 1, pdl: bool = False) -> None:
+                 skip_single: bool = False, num_warps: int = 1, pdl: bool = False, tree: bool = False) -> None:
     """Merge kernel: row ``t`` of ``out [T, H, D]`` / ``lse [T, H]`` from slots
     ``row_slot_start[t] + j * slot_step``, ``j < row_num_splits[t]``, of ``part_o [S, H, D]`` /
-    ``part_lse [S, H]``, one program per (row, head). With ``skip_single`` rows of one split are
+    ``part_lse [S, H]``, one program per (row, head) (``tree``: :class:`KernelConfig`'s ``merge_tree``). With ``skip_single`` rows of one split are
     left as they are. ``pdl``: the launch follows the previous kernel on the stream by programmatic
     dependent launch (the kernel waits for it before reading the partial states). Slots outside
     ``part_o`` / ``part_lse`` are read as empty, whatever the plan says."""
@@ -258,4 +261,4 @@ def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, 
         part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
         slot_step, min(part_o.shape[0], part_lse.shape[0]), HEAD_DIM=D, BLOCK_D=block_d, SKIP_SINGLE=skip_single,
-        CHUNK=merge_chunk(block_d), WAIT_PRIMARY=pdl, num_warps=num_warps, **extra)
+        CHUNK=merge_chunk(block_d), WAIT_PRIMARY=pdl, TREE=tree, num_warps=num_warps, **extra)

@@ -166,10 +166,19 @@ def _scale_layout(scale: "torch.Tensor | None") -> tuple[int, bool]:
     return scale.stride(0), scale.dim() == 2
 
 
+def fuse_by_default(dplan: DevicePlan, sms: int) -> bool:
+    """Merge in stage 1 (``fuse_merge=None``): where the plan has splits and all of stage 1's programs
+    are resident at once (at most two per multiprocessor: batch 1 and small batches), so the last
+    split of a (request, KV head) merges its GQA group right after its own tile loop instead of a
+    second kernel waiting for the whole grid (docs/perf-notes.md, run 13). Both merges give the same
+    bits (``kernels._merge_slots``), so the choice never changes a result."""
+    return (dplan.max_splits > 1 or dplan.graph_stable) and 0 < dplan.num_items * dplan.row_blocks <= 2 * sms
+
+
 def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan,
                   out, lse, part_o, part_lse, counters=None, *, scale: float, soft_cap=None, window_left=None,
                   k_scale=None, v_scale=None, k_offset=None, v_offset=None, config: KernelConfig | None = None,
-                  fuse_merge: bool = False, interpret: bool = False, merge: bool = True,
+                  fuse_merge: bool | None = False, interpret: bool = False, merge: bool = True,
                   batch_invariant: bool = True, pdl: bool | None = None, errors=None) -> None:
     """Stage 1 (and stage 2 unless fused) into the caller's buffers. No allocation, no host sync.
 
@@ -182,7 +191,8 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
     Shapes: ``q [T, Hq, D]``, ``k_cache``/``v_cache [P, page, Hkv, D]`` (last dim contiguous),
     ``out [T, Hq, D]`` (q's dtype), ``lse [T, Hq]`` float32, ``part_o [>= num_slots, Hq, D]`` and
     ``part_lse [>= num_slots, Hq]`` float32, ``counters`` int32 ``[>= B * Hkv * row_blocks]``
-    zeroed once (only with ``fuse_merge``). ``merge=False`` leaves stage 2 out (timing only).
+    zeroed once (only with ``fuse_merge``; ``None``: :func:`fuse_by_default` decides, where ``counters``
+    is given). ``merge=False`` leaves stage 2 out (timing only).
     ``batch_invariant=False`` lets the default configuration depend on the plan's size (plans of
     the ``auto`` and ``count:N`` policies, see :func:`default_config`). ``pdl``: launch the separate
     merge by programmatic dependent launch (default: on sm_90+ with a Triton that has it); when every
@@ -205,11 +215,13 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
     num_rows = min(T, out.shape[0], lse.shape[0], dplan.num_rows)
     num_slots = min(part_o.shape[0], part_lse.shape[0])
     kv_cap = min(block_table.shape[1] * page, _INT32_MAX)
+    sms, can_pdl = _device_traits(q.device)
+    if fuse_merge is None:
+        fuse_merge = merge and counters is not None and fuse_by_default(dplan, sms)
     if fuse_merge and counters.numel() < batch * Hkv * dplan.row_blocks:
         raise ValueError(f"counters: {counters.numel()} entries, the fused merge needs {batch * Hkv * dplan.row_blocks}")
     win = 0 if window_left is None else min(int(window_left), 1 << 30)  # wider than any position: no window
     with_merge = merge and not fuse_merge and (dplan.max_splits > 1 or dplan.graph_stable) and T > 0
-    sms, can_pdl = _device_traits(q.device)
     pdl = with_merge and not interpret and (can_pdl if pdl is None else bool(pdl))
     if dplan.num_items and T:
         grid = (dplan.num_items, dplan.row_blocks)

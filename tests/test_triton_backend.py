@@ -93,6 +93,20 @@ def test_decode_op_is_correct_and_passes_opcheck():
     torch.library.opcheck(torch.ops.splitkv.merge_states.default, (o.to(DEVICE), torch.randn(3, 4, 2).to(DEVICE)))
 
 
+def test_decode_op_takes_the_plans_longest_request_from_plan_shape():
+    # plan_args' ninth entry (most query rows per request) lets the one-row kernel run; 8 entries
+    # (unknown) keep the kernel that handles several rows: the same values either way
+    inp, args = _op_args("seed/worked-example")
+    shape = args[7]
+    assert len(shape) == 9 and shape[8] == int(np.diff(inp.query_start_loc).max())
+    out9, lse9 = torch.ops.splitkv.decode_attention(*args)
+    out8, lse8 = torch.ops.splitkv.decode_attention(*args[:7], shape[:8], args[8])
+    assert _judge(inp, out9.float().cpu().numpy(), lse9.cpu().numpy()).passed
+    torch.testing.assert_close(out9, out8, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="plan_shape: must be 8 or 9 sizes"):
+        torch.ops.splitkv.decode_attention(*args[:7], shape + [1], args[8])
+
+
 def test_torch_compile_traces_the_ops_through_fake_kernels():
     inp, args = _op_args()
     f = torch.compile(lambda *a: torch.ops.splitkv.decode_attention(*a)[0].float() * 2, backend="aot_eager",

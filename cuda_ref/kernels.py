@@ -21,16 +21,15 @@ inlines into the kernel: the same PTX instructions as the kernel written in one 
   and a ``where`` on V in the tiles whose rows see different positions).
 
   With ``FUSE_MERGE`` the program that finishes last among the splits of a (request, KV head, row
-  block) merges them, each query row's GQA group as one tile, reading the slots in a fixed order (so
-  the result does not depend on which program is last), and resets its counter to zero, leaving the
-  counters ready for the next launch or graph replay.
+  block) merges them, reading the slots in a fixed order (so the result does not depend on which
+  program is last), and resets its counter to zero, leaving the counters ready for the next launch
+  or graph replay.
 
 * :func:`merge_kernel` (stage 2): one program per (output row, head); merges the row's partial
   states with the exact rule of ``splitkv_common.merge`` (``m = max lse``, ``w = exp(lse - m)``,
   ``out = sum w o / sum w``, ``lse = m + log sum w``), up to ``CHUNK`` splits per round trip to
   memory. ``lse = +inf`` on input is read as empty. Rows with a single split are skipped when
-  stage 1 wrote them directly. The fused merge and this kernel share :func:`_merge_slots`, element
-  by element in slot order: both give the same bits.
+  stage 1 wrote them directly. The fused merge and this kernel share :func:`_merge_row`.
 
 The KV loop of stage 1 is a plain counted loop whose loads depend on the loop index alone, so
 Triton's software pipeliner turns them into asynchronous copies ``num_stages`` deep on sm_80+
@@ -104,7 +103,6 @@ def split_kv_kernel(
     SCALE_PER_CHANNEL: tl.constexpr = False, MERGE_CHUNK: tl.constexpr = 16,
     LAUNCH_DEPENDENTS: tl.constexpr = False, MULTI_ROW_BLOCKS: tl.constexpr = True,
     BOUNDS: tl.constexpr = True, COUNT_ERRORS: tl.constexpr = False, MIXED_TILES: tl.constexpr = True,
-    GROUP_P: tl.constexpr = 1,
 ):
     """Stage 1, one program per (work item, block of packed query rows), in named steps: load the
     work item, load its packed query rows and int8 scales, walk the KV range (:func:`_kv_loop`),
@@ -174,10 +172,10 @@ def split_kv_kernel(
                        stride_ps, stride_ph, stride_ls, stride_lh, NUM_SLOTS, BOUNDS)
         if FUSE_MERGE:
             if q_len > 0:  # not for padding items (nor requests without query rows)
-                _merge_group_if_last(PART_O, PART_LSE, OUT, OUT_LSE, ROW_SLOT, COUNTERS, b, h, mblock, r0, n_split,
-                                     i_first, i_last, offs_d, d_ok, NUM_KV_HEADS, NUM_ROWS, NUM_SLOTS, stride_ps,
-                                     stride_ph, stride_ls, stride_lh, stride_ot, stride_oh, stride_lot, stride_loh,
-                                     GROUP, GROUP_P, BLOCK_M, MERGE_CHUNK)
+                _merge_if_last(PART_O, PART_LSE, OUT, OUT_LSE, ROW_SLOT, COUNTERS, b, h, mblock, r0, q_len, n_split,
+                               offs_d, d_ok, NUM_KV_HEADS, NUM_ROWS, NUM_SLOTS, stride_ps, stride_ph, stride_ls,
+                               stride_lh,
+                               stride_ot, stride_oh, stride_lot, stride_loh, GROUP, BLOCK_M, MERGE_CHUNK)
 
 
 @triton.jit
@@ -521,97 +519,32 @@ def _store_partial(PART_O, PART_LSE, ROW_SLOT, o, lse, t, hq, split, offs_d, row
 
 
 @triton.jit
-def _merge_group_if_last(PART_O, PART_LSE, OUT, OUT_LSE, ROW_SLOT, COUNTERS, b, h, mblock, r0, n_split, i_first, i_last,
-                         offs_d, d_ok, NUM_KV_HEADS, NUM_ROWS, NUM_SLOTS, stride_ps, stride_ph, stride_ls, stride_lh,
-                         stride_ot, stride_oh, stride_lot, stride_loh,
-                         GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_M: tl.constexpr, MERGE_CHUNK: tl.constexpr):
-    """The fused merge: the last of the splits of a (request, KV head, row block) to finish (a
-    counter per triple) merges the block's rows, each query row's GQA group at once as one
-    ``[GROUP_P, BLOCK_D]`` tile per slot (:func:`_merge_slots`: the arithmetic of the separate merge,
-    element by element, so both give the same bits), then resets the counter to zero."""
+def _merge_if_last(PART_O, PART_LSE, OUT, OUT_LSE, ROW_SLOT, COUNTERS, b, h, mblock, r0, q_len, n_split,
+                   offs_d, d_ok, NUM_KV_HEADS, NUM_ROWS, NUM_SLOTS, stride_ps, stride_ph, stride_ls, stride_lh,
+                   stride_ot, stride_oh, stride_lot, stride_loh,
+                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, MERGE_CHUNK: tl.constexpr):
+    """The fused merge: the last of the request's splits to finish (a per-(request, KV head, row
+    block) counter) merges the block's rows, one (query row, head) at a time, and resets the counter."""
     tl.debug_barrier()
     counter = COUNTERS + (b * NUM_KV_HEADS + h) * tl.num_programs(1) + mblock
     done = tl.atomic_add(counter, 1, sem="acq_rel")
     if done == n_split - 1:
         tl.debug_barrier()
-        g = tl.arange(0, GROUP_P)[:, None]  # [GROUP_P, 1]: head g of the group
-        hq = h * GROUP + g
-        for i in range(i_first, i_last + 1):  # one query row per request in plain decode
-            m_row = i * GROUP + g  # packed row of (query row i, head g): only this block's
-            t = r0 + i
-            ok = ((g < GROUP) & ((m_row >= mblock * BLOCK_M) & (m_row < mblock * BLOCK_M + BLOCK_M))) & (
-                (t >= 0) & (t < NUM_ROWS))  # rows of a query_start_loc the plan was not made for: masked
-            first = tl.load(ROW_SLOT + t, mask=(t >= 0) & (t < NUM_ROWS), other=0).to(tl.int64)
-            o_ok = ok & d_ok[None, :]
-            o, lse = _merge_slots(PART_O, PART_LSE, first, 1, n_split, hq * stride_lh, ok,
-                                  hq * stride_ph + offs_d[None, :], o_ok, NUM_SLOTS, stride_ps, stride_ls,
-                                  MERGE_CHUNK, True)
-            t64 = t.to(tl.int64)
-            tl.store(OUT + t64 * stride_ot + hq * stride_oh + offs_d[None, :], o.to(OUT.dtype.element_ty), mask=o_ok)
-            tl.store(OUT_LSE + t64 * stride_lot + hq * stride_loh, lse, mask=ok)
+        # the block's valid rows, one (query row, head) at a time
+        n_rows = tl.minimum(q_len * GROUP - mblock * BLOCK_M, BLOCK_M)
+        for rr in range(0, n_rows):
+            r_m = mblock * BLOCK_M + rr
+            r_t = r0 + r_m // GROUP
+            r_h = h * GROUP + r_m % GROUP
+            r_in = (r_t >= 0) & (r_t < NUM_ROWS)  # rows of a query_start_loc the plan was not made for
+            first = tl.load(ROW_SLOT + r_t, mask=r_in, other=0).to(tl.int64)
+            o_m, lse_m = _merge_row(PART_O, PART_LSE, first, 1, n_split, r_h, offs_d, d_ok, NUM_SLOTS,
+                                    stride_ps, stride_ph, stride_ls, stride_lh, MERGE_CHUNK, True)
+            r64 = r_t.to(tl.int64)
+            tl.store(OUT + r64 * stride_ot + r_h * stride_oh + offs_d, o_m.to(OUT.dtype.element_ty),
+                     mask=d_ok & r_in)
+            tl.store(OUT_LSE + r64 * stride_lot + r_h * stride_loh, lse_m, mask=r_in)
         tl.atomic_xchg(counter, 0)
-
-
-@triton.jit
-def _slot_lse(PART_LSE, sid, ok, lse_off, lse_ok, stride_ls, BYPASS_L1: tl.constexpr):
-    """A slot's lse (``[H, 1]`` float32) with ``+-inf`` (empty) and masked-off entries as ``-inf``."""
-    ptr = PART_LSE + sid * stride_ls + lse_off
-    if BYPASS_L1:  # the fused merge reads what other programs of the same launch wrote
-        x = tl.load(ptr, mask=ok & lse_ok, other=float("-inf"), cache_modifier=".cg")
-    else:
-        x = tl.load(ptr, mask=ok & lse_ok, other=float("-inf"))
-    x = x.to(tl.float32)
-    return tl.where(x == float("inf"), float("-inf"), x)
-
-
-@triton.jit
-def _merge_slots(PART_O, PART_LSE, first, slot_step, n, lse_off, lse_ok, o_off, o_ok, n_slots, stride_ps, stride_ls,
-                 CHUNK: tl.constexpr, BYPASS_L1: tl.constexpr):
-    """Merge the states in slots ``first + j * slot_step`` (``j < n``) of ``H`` (row, head) pairs at
-    once: ``lse_off`` / ``lse_ok`` ``[H, 1]`` and ``o_off`` / ``o_ok`` ``[H, BLOCK_D]`` are the
-    element offsets (and masks) of the pairs within a slot; slots outside ``[0, n_slots)`` read as
-    empty (never loaded). ``m = max lse``, ``w = exp(lse - m)``, ``out = sum w o / sum w``,
-    ``lse = m + log sum w`` (natural log); ``lse = +-inf`` is empty. Returns ``(o [H, BLOCK_D], lse [H, 1])``.
-
-    Slot order, element by element: per chunk of ``CHUNK`` slots (unrolled, all loads independent
-    of one another, so they leave together: one round trip), first the chunk's max, then the
-    slots' weights and weighted rows added in slot order; chunks rescaled by a running max. No
-    reduction across threads: the bits depend on ``CHUNK`` alone, not on ``H``, the warps or the
-    layout, so the separate merge (``H = 1``) and the fused merge (``H`` = the GQA group) agree,
-    and a row's result does not depend on the rest of the batch."""
-    m = tl.full(lse_off.shape, float("-inf"), tl.float32)
-    l = tl.zeros(lse_off.shape, tl.float32)
-    u = tl.zeros(o_off.shape, tl.float32)
-    n = tl.minimum(n, n_slots)  # more would only read empty slots
-    for j0 in range(0, n, CHUNK):
-        m_c = m
-        for jj in tl.static_range(CHUNK):
-            sid = first + (tl.zeros([], tl.int64) + (j0 + jj)) * slot_step
-            ok = (j0 + jj < n) & ((sid >= 0) & (sid < n_slots))
-            m_c = tl.maximum(m_c, _slot_lse(PART_LSE, sid, ok, lse_off, lse_ok, stride_ls, BYPASS_L1))
-        m_ref = tl.where(m_c == float("-inf"), 0.0, m_c)  # never exp(-inf - -inf)
-        a = tl.exp(m - m_ref)
-        l = l * a
-        u = u * a
-        for jj in tl.static_range(CHUNK):
-            sid = first + (tl.zeros([], tl.int64) + (j0 + jj)) * slot_step
-            ok = (j0 + jj < n) & ((sid >= 0) & (sid < n_slots))
-            lse_j = _slot_lse(PART_LSE, sid, ok, lse_off, lse_ok, stride_ls, BYPASS_L1)
-            o_ptr = PART_O + sid * stride_ps + o_off
-            if BYPASS_L1:
-                o_j = tl.load(o_ptr, mask=ok & o_ok, other=0.0, cache_modifier=".cg")
-            else:
-                o_j = tl.load(o_ptr, mask=ok & o_ok, other=0.0)
-            o_j = tl.where(lse_j == float("-inf"), 0.0, o_j.to(tl.float32))
-            w = tl.exp(lse_j - m_ref)
-            l = l + w
-            u = u + w * o_j
-        m = m_c
-    empty_row = l == 0.0
-    l_safe = tl.where(empty_row, 1.0, l)
-    o = tl.where(empty_row, 0.0, u / l_safe)
-    lse = tl.where(empty_row, float("-inf"), m + tl.log(l_safe))
-    return o, lse
 
 
 @triton.jit
@@ -667,12 +600,10 @@ def merge_kernel(
     stride_ot, stride_oh, stride_lot, stride_loh,
     slot_step, NUM_SLOTS,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SKIP_SINGLE: tl.constexpr,
-    CHUNK: tl.constexpr = 16, WAIT_PRIMARY: tl.constexpr = False, TREE: tl.constexpr = False,
+    CHUNK: tl.constexpr = 16, WAIT_PRIMARY: tl.constexpr = False,
 ):
     """Row ``t``, head ``h`` merges slots ``row_slot[t] + j * slot_step`` for ``j < row_ns[t]``; one
-    program per (row, head), ``CHUNK`` splits loaded at a time, in slot order (:func:`_merge_slots`,
-    the fused merge's arithmetic) or, with ``TREE``, as tree reductions over a ``[CHUNK, BLOCK_D]``
-    tile (:func:`_merge_row`, the form of runs 4b-12, kept to measure against). With ``WAIT_PRIMARY`` (a
+    program per (row, head), ``CHUNK`` splits loaded at a time. With ``WAIT_PRIMARY`` (a
     programmatic dependent launch after stage 1) it reads the plan, then waits until stage 1 has
     finished and its writes are visible."""
     t = tl.program_id(0)
@@ -686,16 +617,8 @@ def merge_kernel(
     first = tl.load(ROW_SLOT + t).to(tl.int64)
     if WAIT_PRIMARY:
         gdc_wait()
+    o, lse = _merge_row(PART_O, PART_LSE, first, slot_step, n, h, offs_d, d_ok, NUM_SLOTS,
+                        stride_ps, stride_ph, stride_ls, stride_lh, CHUNK, False)
     t64 = t.to(tl.int64)
-    if TREE:
-        o, lse = _merge_row(PART_O, PART_LSE, first, slot_step, n, h, offs_d, d_ok, NUM_SLOTS,
-                            stride_ps, stride_ph, stride_ls, stride_lh, CHUNK, False)
-        tl.store(OUT + t64 * stride_ot + h * stride_oh + offs_d, o.to(OUT.dtype.element_ty), mask=d_ok)
-        tl.store(OUT_LSE + t64 * stride_lot + h * stride_loh, lse)
-    else:
-        one = tl.zeros([1, 1], tl.int32) + h  # a "group" of one head: [1, 1] and [1, BLOCK_D] tiles
-        o_ok = (one >= 0) & d_ok[None, :]
-        o, lse = _merge_slots(PART_O, PART_LSE, first, slot_step, n, one * stride_lh, one >= 0,
-                              one * stride_ph + offs_d[None, :], o_ok, NUM_SLOTS, stride_ps, stride_ls, CHUNK, False)
-        tl.store(OUT + t64 * stride_ot + one * stride_oh + offs_d[None, :], o.to(OUT.dtype.element_ty), mask=o_ok)
-        tl.store(OUT_LSE + t64 * stride_lot + one * stride_loh, lse)
+    tl.store(OUT + t64 * stride_ot + h * stride_oh + offs_d, o.to(OUT.dtype.element_ty), mask=d_ok)
+    tl.store(OUT_LSE + t64 * stride_lot + h * stride_loh, lse)

@@ -32,15 +32,12 @@ class KernelConfig:
     """Tile and launch shape of stage 1: ``block_n`` KV tokens per tile, warps, software-pipeline
     stages (``num_stages`` >= 2 turns the tile loads into asynchronous copies that many tiles ahead);
     ``merge_warps``: warps of the separate merge (one warp reduces a row's ``[CHUNK, D]`` tile with
-    shuffles alone, no shared memory or barriers); ``merge_tree``: the separate merge as tree
-    reductions over a ``[CHUNK, D]`` tile (the form of runs 4b-12; only to measure against: its bits
-    differ from the fused merge's). Why these defaults: docs/perf-notes.md."""
+    shuffles alone, no shared memory or barriers). Why these defaults: docs/perf-notes.md."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
     merge_warps: int = 1
-    merge_tree: bool = False
 
     def __str__(self):
         return f"n{self.block_n}w{self.num_warps}s{self.num_stages}"
@@ -59,8 +56,10 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     Plans of more items ("many"): with ``batch_invariant`` (fixed split size or no split, whose
     results must not depend on the rest of the batch) only ``num_stages`` changes, to 7: the tile
     and the warps decide the order of the sums and stay as they are. Otherwise (``auto``,
-    ``count:N``) the 16-bit D-128 tile halves to 32 tokens with 5 stages (more programs per SM); other
-    head dims and dtypes were not measured and keep the batch-invariant choice."""
+    ``count:N``) the 16-bit D-128 tile halves to 32 tokens with 5 stages where the plan fits one
+    wave of such programs (four per SM: B64 x 2k, 512 items, 131 against 151 µs with 64-token
+    tiles), and stays at 64 tokens with 5 stages beyond (B128 x 1k, 1024 items: 137 against 147 µs,
+    runs 12 and 13); other head dims and dtypes were not measured and keep the batch-invariant choice."""
     d = max(16, triton.next_power_of_2(head_dim))
     key = "few" if 0 < num_items <= 2 * 132 else "many"
     elem = min(max(kv_bytes, 2), 4)
@@ -69,7 +68,8 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     if key == "few":
         return KernelConfig(block_n=block_n, num_warps=warps, num_stages=5)
     if not batch_invariant and d == 128 and elem == 2:
-        return KernelConfig(block_n=block_n // 2, num_warps=warps, num_stages=5)
+        one_wave = num_items <= 4 * 132  # 32-token tiles: four programs per SM (106 registers a thread)
+        return KernelConfig(block_n=block_n // 2 if one_wave else block_n, num_warps=warps, num_stages=5)
     return KernelConfig(block_n=block_n, num_warps=warps, num_stages=7)
 
 
@@ -166,19 +166,10 @@ def _scale_layout(scale: "torch.Tensor | None") -> tuple[int, bool]:
     return scale.stride(0), scale.dim() == 2
 
 
-def fuse_by_default(dplan: DevicePlan, sms: int) -> bool:
-    """Merge in stage 1 (``fuse_merge=None``): where the plan has splits and all of stage 1's programs
-    are resident at once (at most two per multiprocessor: batch 1 and small batches), so the last
-    split of a (request, KV head) merges its GQA group right after its own tile loop instead of a
-    second kernel waiting for the whole grid (docs/perf-notes.md, run 13). Both merges give the same
-    bits (``kernels._merge_slots``), so the choice never changes a result."""
-    return (dplan.max_splits > 1 or dplan.graph_stable) and 0 < dplan.num_items * dplan.row_blocks <= 2 * sms
-
-
 def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan,
                   out, lse, part_o, part_lse, counters=None, *, scale: float, soft_cap=None, window_left=None,
                   k_scale=None, v_scale=None, k_offset=None, v_offset=None, config: KernelConfig | None = None,
-                  fuse_merge: bool | None = False, interpret: bool = False, merge: bool = True,
+                  fuse_merge: bool = False, interpret: bool = False, merge: bool = True,
                   batch_invariant: bool = True, pdl: bool | None = None, errors=None) -> None:
     """Stage 1 (and stage 2 unless fused) into the caller's buffers. No allocation, no host sync.
 
@@ -191,8 +182,7 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
     Shapes: ``q [T, Hq, D]``, ``k_cache``/``v_cache [P, page, Hkv, D]`` (last dim contiguous),
     ``out [T, Hq, D]`` (q's dtype), ``lse [T, Hq]`` float32, ``part_o [>= num_slots, Hq, D]`` and
     ``part_lse [>= num_slots, Hq]`` float32, ``counters`` int32 ``[>= B * Hkv * row_blocks]``
-    zeroed once (only with ``fuse_merge``; ``None``: :func:`fuse_by_default` decides, where ``counters``
-    is given). ``merge=False`` leaves stage 2 out (timing only).
+    zeroed once (only with ``fuse_merge``). ``merge=False`` leaves stage 2 out (timing only).
     ``batch_invariant=False`` lets the default configuration depend on the plan's size (plans of
     the ``auto`` and ``count:N`` policies, see :func:`default_config`). ``pdl``: launch the separate
     merge by programmatic dependent launch (default: on sm_90+ with a Triton that has it); when every
@@ -215,13 +205,11 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
     num_rows = min(T, out.shape[0], lse.shape[0], dplan.num_rows)
     num_slots = min(part_o.shape[0], part_lse.shape[0])
     kv_cap = min(block_table.shape[1] * page, _INT32_MAX)
-    sms, can_pdl = _device_traits(q.device)
-    if fuse_merge is None:
-        fuse_merge = merge and counters is not None and fuse_by_default(dplan, sms)
     if fuse_merge and counters.numel() < batch * Hkv * dplan.row_blocks:
         raise ValueError(f"counters: {counters.numel()} entries, the fused merge needs {batch * Hkv * dplan.row_blocks}")
     win = 0 if window_left is None else min(int(window_left), 1 << 30)  # wider than any position: no window
     with_merge = merge and not fuse_merge and (dplan.max_splits > 1 or dplan.graph_stable) and T > 0
+    sms, can_pdl = _device_traits(q.device)
     pdl = with_merge and not interpret and (can_pdl if pdl is None else bool(pdl))
     if dplan.num_items and T:
         grid = (dplan.num_items, dplan.row_blocks)
@@ -247,18 +235,18 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
             SCALE_PER_CHANNEL=per_channel, MERGE_CHUNK=merge_chunk(block_d),
             LAUNCH_DEPENDENTS=pdl and dplan.num_items * dplan.row_blocks <= 2 * sms,
             MULTI_ROW_BLOCKS=dplan.row_blocks > 1, BOUNDS=_KERNEL_BOUNDS, COUNT_ERRORS=errors is not None,
-            MIXED_TILES=dplan.max_q_len != 1, GROUP_P=triton.next_power_of_2(group),
+            MIXED_TILES=dplan.max_q_len != 1,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if with_merge:
         launch_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), dplan.view("row_num_splits"),
-                     skip_single=True, num_warps=cfg.merge_warps, pdl=pdl, tree=cfg.merge_tree)
+                     skip_single=True, num_warps=cfg.merge_warps, pdl=pdl)
 
 
 def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,
-                 skip_single: bool = False, num_warps: int = 1, pdl: bool = False, tree: bool = False) -> None:
+                 skip_single: bool = False, num_warps: int = 1, pdl: bool = False) -> None:
     """Merge kernel: row ``t`` of ``out [T, H, D]`` / ``lse [T, H]`` from slots
     ``row_slot_start[t] + j * slot_step``, ``j < row_num_splits[t]``, of ``part_o [S, H, D]`` /
-    ``part_lse [S, H]``, one program per (row, head) (``tree``: :class:`KernelConfig`'s ``merge_tree``). With ``skip_single`` rows of one split are
+    ``part_lse [S, H]``, one program per (row, head). With ``skip_single`` rows of one split are
     left as they are. ``pdl``: the launch follows the previous kernel on the stream by programmatic
     dependent launch (the kernel waits for it before reading the partial states). Slots outside
     ``part_o`` / ``part_lse`` are read as empty, whatever the plan says."""
@@ -273,4 +261,4 @@ def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, 
         part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
         slot_step, min(part_o.shape[0], part_lse.shape[0]), HEAD_DIM=D, BLOCK_D=block_d, SKIP_SINGLE=skip_single,
-        CHUNK=merge_chunk(block_d), WAIT_PRIMARY=pdl, TREE=tree, num_warps=num_warps, **extra)
+        CHUNK=merge_chunk(block_d), WAIT_PRIMARY=pdl, num_warps=num_warps, **extra)

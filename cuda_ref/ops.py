@@ -101,7 +101,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     counters = torch.zeros(max(B * Hkv * row_blocks, 1), dtype=torch.int32, device=q.device)
     launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan, out, lse, part_o, part_lse,
                   counters, scale=scale, soft_cap=soft_cap, window_left=window_left, k_scale=k_scale,
-                  v_scale=v_scale, k_offset=k_offset, v_offset=v_offset, fuse_merge=None, interpret=INTERPRET)
+                  v_scale=v_scale, k_offset=k_offset, v_offset=v_offset, interpret=INTERPRET)
     return out, lse
 
 

@@ -46,9 +46,8 @@ class DecodeWrapper(PlannedWrapper):
         profile: device profile of the ``auto`` planner; policy: ``auto``, ``none``, ``size:N``, ``count:N``.
         graph_stable: fixed-shape plans for graph replay (``max_splits`` and ``max_work_items`` bound them).
         fuse_merge: merge in stage 1 (the last split to finish merges, with a per-(request, KV head)
-            counter) instead of a second launch; default (``None``): in stage 1 where all of its
-            programs are resident at once, else the second launch
-            (:func:`cuda_ref.launch.fuse_by_default`, docs/perf-notes.md). Both give bitwise the same result.
+            counter) instead of a second launch; default: the second launch (the faster on the H200,
+            docs/perf-notes.md). Both give bitwise the same result.
         config: stage-1 tile / warps / stages (default by head dim and plan, see
             :func:`cuda_ref.launch.default_config`; fixed-size and no-split plans keep their
             batch invariance).
@@ -126,7 +125,7 @@ class DecodeWrapper(PlannedWrapper):
         """Bytes of the partial buffers (and merge counters) the current plan needs."""
         if self.host_plan is None:
             return 0
-        extra = self._buffers["counters"].numel() * 4 if self.fuse_merge is not False else 0  # None: may fuse
+        extra = self._buffers["counters"].numel() * 4 if self._fused() else 0
         return self.host_plan.workspace_bytes(self.num_q_heads, self.head_dim) + extra
 
     # -- device side ---------------------------------------------------------------------------
@@ -158,7 +157,7 @@ class DecodeWrapper(PlannedWrapper):
                       b["part_o"], b["part_lse"], b["counters"],
                       scale=float(scale) if scale is not None else self.head_dim ** -0.5, soft_cap=soft_cap,
                       window_left=window_left, k_scale=k_scale, v_scale=v_scale, k_offset=k_offset,
-                      v_offset=v_offset, config=self.config, fuse_merge=self.fuse_merge, interpret=INTERPRET,
+                      v_offset=v_offset, config=self.config, fuse_merge=self._fused(), interpret=INTERPRET,
                       merge=self.merge, batch_invariant=self.host_plan.policy.kind in ("fixed_size", "none"),
                       pdl=self.pdl, errors=b["errors"])
         self._num_pages = k_cache.shape[0]
@@ -180,6 +179,9 @@ class DecodeWrapper(PlannedWrapper):
                 f"block_table: page ids outside [0, {self._num_pages}) (num_pages of k_cache) in {count} kernel "
                 f"program(s); their tokens were read as absent. First seen: request {req}, logical page {col}, "
                 f"page id {page}")
+
+    def _fused(self) -> bool:
+        return bool(self.fuse_merge)
 
     def _default_qsl(self, T, B, device):
         if T != B:

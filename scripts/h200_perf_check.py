@@ -3,9 +3,8 @@
 run on a CUDA GPU, under each L2-flush method of the timer (see docs/perf-notes.md).
 
 For each point (bf16, Hq 32 / Hkv 8, D 128, page 16, one query per request) and each flush method:
-the default (``auto`` plan; the merge fused into stage 1 where all of its programs are resident, else a
-separate merge by programmatic dependent launch where the GPU has it), the same with a plain merge launch,
-with the merge fused into stage 1, the separate merge (also in its tree form of runs 4b-12), stage 1 alone (for the merge
+the default (``auto`` plan, separate merge by programmatic dependent launch where the GPU has it),
+the same with a plain merge launch, with the merge fused into stage 1, stage 1 alone (for the merge
 share), the same cache laid out head-major within each page ("HND"), fixed split sizes, a grid of stage-1 configurations, and PyTorch SDPA with the cuDNN and
 flash backends on a contiguous copy. Every configuration's output is checked against SDPA's math
 backend. Method as ``bench_decode.py``: CUDA-graph replay after an L2 flush, median.
@@ -56,16 +55,16 @@ GRID = [KernelConfig(64, 4, 3), KernelConfig(64, 4, 5), KernelConfig(64, 4, 7), 
         KernelConfig(32, 4, 4), KernelConfig(32, 2, 5), KernelConfig(16, 4, 7)]
 
 
-def make_runner(q, k, v, bt, seq, policy="auto", config=None, fuse=None, merge=True, pdl=None, merge_warps=None,
-                merge_tree=False):
+def make_runner(q, k, v, bt, seq, policy="auto", config=None, fuse=None, merge=True, pdl=None, merge_warps=None):
     """``(run, plan, wrapper)``: ``run()`` launches our kernels for the point (planned once here)."""
     B = bt.shape[0]
     w = DecodeWrapper(q.shape[1], k.shape[2], q.shape[2], PAGE, dtype=q.dtype, policy=policy, config=config,
                       fuse_merge=fuse)
     plan = w.plan(seq.cpu().numpy())
-    if merge_warps is not None or merge_tree:  # the default stage-1 configuration, another merge
-        cfg = default_config(q.shape[2], k.element_size(), plan.num_items, plan.policy.kind in ("fixed_size", "none"))
-        w.config = dataclasses.replace(cfg, merge_warps=merge_warps or cfg.merge_warps, merge_tree=merge_tree)
+    if merge_warps is not None:  # the default stage-1 configuration with another merge width
+        w.config = dataclasses.replace(default_config(q.shape[2], k.element_size(), plan.num_items,
+                                                      plan.policy.kind in ("fixed_size", "none")),
+                                       merge_warps=merge_warps)
     w.merge, w.pdl = merge, pdl
     qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
     return (lambda: w.run(q, k, v, bt, seq, qsl)), plan, w
@@ -80,7 +79,6 @@ def rel_err(run, ref) -> float:
 def variants(ctx, B):
     """name -> make_runner keyword arguments."""
     v = {"default": {}, "plain merge launch": dict(pdl=False), "fused merge": dict(fuse=True),
-         "separate merge": dict(fuse=False), "separate tree merge": dict(fuse=False, merge_tree=True),
          "stage 1 alone": dict(merge=False), "no split": dict(policy="none"),
          "HND cache": dict(layout="HND"), "HND cache, stage 1 alone": dict(layout="HND", merge=False),
          "pages in order": dict(layout="NHD in order"),

@@ -128,7 +128,7 @@ def _split_constexprs(d, qd, kvq, g, bm, bn, cap=False, win=False, page=PAGE_SIZ
                 DOT_IEEE=(qd == "fp32" or kvq), UPCAST=False, FUSE_MERGE=False,
                 SCALE_PER_CHANNEL=bool(kvq and per_channel), MERGE_CHUNK=16,
                 LAUNCH_DEPENDENTS=False, MULTI_ROW_BLOCKS=True, BOUNDS=True, COUNT_ERRORS=False,
-                MIXED_TILES=True, GROUP_P=_next_pow2(g))  # both KV loops (a one-row decode: the first alone)
+                MIXED_TILES=True)  # both KV loops (a one-row decode compiles the first alone)
 
 
 def split_kv_variants(quick: bool = False) -> list[Variant]:
@@ -176,7 +176,7 @@ def merge_variants(quick: bool = False) -> list[Variant]:
     # cuda_ref.launch.launch_merge: one program per (row, head), CHUNK = cuda_ref.launch.merge_chunk
     for d, qd in itertools.product((128,) if quick else _npu_tables().CHECKED_HEAD_DIMS, Q_DTYPES):
         c = dict(HEAD_DIM=d, BLOCK_D=_next_pow2(d), SKIP_SINGLE=True, CHUNK=max(1, min(32, 4096 // _next_pow2(d))),
-                 WAIT_PRIMARY=False, TREE=False)
+                 WAIT_PRIMARY=False)
         out.append(Variant("merge_kernel", c, qd, qd))
     return out
 

@@ -167,7 +167,7 @@ def mix_ub_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int, sof
     """Every UB buffer of one vector core of the mixed split stage (``MixVec::Init``), bytes."""
     D, TT, RH = head_dim, tile_tokens, rows_pad // 2
     b = {"s (scores)": _r32(RH * TT * 4), "p (probabilities, q dtype)": _r32(RH * TT * ITEMSIZE[dtype]),
-         "o (P V tile)": _r32(RH * D * 4), "acc": _r32(RH * D * 4), "red": _r32(_ru(2 * RH, 8) * 4),
+         "o (P V tile)": _r32(RH * D * 4), "acc": _r32(RH * D * 4), "red": 2 * _r32(_ru(2 * RH, 8) * 4),
          "alpha": _r32(_ru(RH, 8) * 4), "work": 256}
     if soft_cap:
         b["cap (soft-cap scratch)"] = _r32(RH * TT * 4)

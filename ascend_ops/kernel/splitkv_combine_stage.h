@@ -90,7 +90,17 @@ private:
         WaitFor<HardEvent::V_S>();
         const float m = red.GetValue(0);
         float sum = 0.0f;
-        if (m != kNegInf) {
+        // NaN rule: a NaN partial lse (a split that saw a NaN / inf) makes the head NaN. A NaN max
+        // (a reduction that propagates NaN) gives NaN weights below; a NaN-ignoring one that found
+        // nothing else (m = -inf) is checked here, on the scalar unit (rare path).
+        bool nanSeen = m != m;
+        if (m == kNegInf) {
+            for (int32_t i = 0; i < ns && !nanSeen; i++) {
+                const float x = lses.GetValue(i * kLseRepeat);
+                nanSeen = x != x;
+            }
+        }
+        if (m != kNegInf && !nanSeen) {
             Adds(w, lses, -m, n8);
             PipeBarrier<PIPE_V>();
             Exp(w, w, n8);
@@ -101,9 +111,13 @@ private:
         LocalTensor<float> os = oQ_.template DeQue<float>();
         Duplicate(acc, 0.0f, D_);
         PipeBarrier<PIPE_V>();
-        if (m != kNegInf) {
+        if (m != kNegInf && !nanSeen) {
             for (int32_t i = 0; i < ns; i++) {
                 const float wi = w.GetValue(i * kLseRepeat);
+                if (wi != wi) {
+                    nanSeen = true;
+                    break;
+                }
                 if (wi > 0.0f) {
                     sum += wi;
                     Axpy(acc, os[i * RE_], wi, D_);
@@ -114,7 +128,10 @@ private:
         oQ_.FreeTensor(os);
 
         float lse = kNegInf;
-        if (sum > 0.0f) {
+        if (nanSeen) {
+            Duplicate(acc, kNaN, D_);
+            lse = kNaN;
+        } else if (sum > 0.0f) {
             Muls(acc, acc, 1.0f / sum, D_);
             LocalTensor<float> tmp = tmp_.Get<float>();
             Duplicate(tmp, sum, kLseRepeat);

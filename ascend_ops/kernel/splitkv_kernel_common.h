@@ -10,6 +10,10 @@ namespace splitkv {
 constexpr int32_t kBlockBytes = 32;        // UB alignment unit and DataCopy granule
 constexpr int32_t kLseRepeat = 8;          // each workspace lse fills one 32-byte block
 constexpr float kNegInf = -__builtin_huge_valf();
+constexpr float kNaN = __builtin_nanf("");
+
+// false for NaN and +-inf (x - x is NaN for both)
+__aicore__ inline bool IsFinite(float x) { return x - x == 0.0f; }
 
 __aicore__ inline int32_t CeilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
 __aicore__ inline int32_t RoundUp(int32_t a, int32_t b) { return CeilDiv(a, b) * b; }

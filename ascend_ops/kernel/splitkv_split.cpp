@@ -8,6 +8,8 @@
 // partial (o = u / l, lse = m + ln l) of every row is written to the workspace slot
 // rowSlot[row] + j. A row that sees no position of the range writes o = 0, lse = -inf; no
 // exp(-inf - -inf) is ever formed (a tile's running max is taken over visible positions only).
+// A row that sees a NaN or inf (in q, K or V) writes o = NaN, lse = NaN (docs/conventions.md):
+// the sum of its visible scores (before the soft cap) and of its accumulator are checked.
 // Design and UB budget: docs/ascend-kernel.md.
 #include "splitkv_kernel_common.h"
 
@@ -270,6 +272,10 @@ private:
         }
         Muls(sc, sc, t_.scale, c);
         PipeBarrier<PIPE_V>();
+        // non-finite check of the visible scores, before the soft cap (which would turn -inf and
+        // +inf into finite values): their sum is NaN or inf iff one of them is (K or q held NaN or
+        // inf); read with the running max below (no extra round trip)
+        ReduceSum(tmp, sc, work, c);
         if (t_.softCap > 0.0f) {  // cap * tanh(s / cap) = cap - 2 cap / (exp(2 s / cap) + 1)
             LocalTensor<float> two = cap_.Get<float>();
             Muls(sc, sc, 2.0f / t_.softCap, c);
@@ -289,6 +295,11 @@ private:
         // running max over visible scores only: m_new is finite, so exp(s - m_new) is safe
         ReduceMax(red, sc, work, c);
         WaitFor<HardEvent::V_S>();
+        const int32_t lBase = RoundUp(R_, 8);
+        if (!IsFinite(tmp.GetValue(0))) {
+            stat.SetValue(lBase + r, kNaN);  // the row saw a NaN / inf: NaN from here on (sticky)
+            return;
+        }
         const float mOld = stat.GetValue(r);
         const float mTile = red.GetValue(0);
         const float mNew = mOld > mTile ? mOld : mTile;
@@ -310,7 +321,6 @@ private:
             Muls(accRow, accRow, alpha, D_);
             PipeBarrier<PIPE_V>();
         }
-        const int32_t lBase = RoundUp(R_, 8);
         stat.SetValue(r, mNew);
         stat.SetValue(lBase + r, stat.GetValue(lBase + r) * alpha + lTile);
         // u += p_j * v_j
@@ -325,13 +335,20 @@ private:
     __aicore__ inline void WriteRows(const Item& it, int32_t c0, int32_t nr) {
         LocalTensor<float> acc = acc_.Get<float>();
         LocalTensor<float> stat = stat_.Get<float>();
+        LocalTensor<float> red = red_.Get<float>();
+        LocalTensor<float> work = work_.Get<float>();
         const int32_t lBase = RoundUp(R_, 8);
         for (int32_t r = 0; r < nr; r++) {
             const int32_t row = c0 + r, qi = row / G_, g = row % G_;
+            // a NaN / inf value row v_j the row saw reached its accumulator: NaN / inf in the sum
+            ReduceSum(red, acc[r * RE_], work, D_);
+            WaitFor<HardEvent::V_S>();
             const float m = stat.GetValue(r);
-            const float l = stat.GetValue(lBase + r);
+            const float l = IsFinite(red.GetValue(0)) ? stat.GetValue(lBase + r) : kNaN;
             LocalTensor<float> o = outQ_.template AllocTensor<float>();
-            if (l > 0.0f) {
+            if (l != l) {  // NaN rule (docs/conventions.md): out and lse NaN
+                Duplicate(o, kNaN, RE_ + kLseRepeat);
+            } else if (l > 0.0f) {
                 Muls(o, acc[r * RE_], 1.0f / l, D_);
                 Duplicate(o[RE_], l, kLseRepeat);
                 PipeBarrier<PIPE_V>();

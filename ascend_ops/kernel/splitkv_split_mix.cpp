@@ -161,17 +161,24 @@ private:
     }
 
     // Tokens of tile j -> K and V buffers `buf` (NZ, token rows, C0 stride TT), one copy per page
-    // segment; a masked page (id outside [0, numPages)) copies the zero row instead.
+    // segment. Zero rows (copied from the core's zero row, never from the cache) stand for what no
+    // row of the item may see, so that P V never multiplies a value it must not see by 0 (0 * NaN
+    // is NaN): a masked page (id outside [0, numPages)), the positions before the window of the
+    // item's first query row, and the tile's tail up to a whole 16-token fractal.
     __aicore__ inline void LoadKV(const MixItem& it, int32_t j, int32_t buf) {
         const int32_t TT = c_.TT, D = c_.D, hkv = c_.t.numKVHeads, ps = c_.t.pageSize;
         const int32_t p0 = it.start + j * TT, n = Tokens(it, j);
+        const int32_t loAll = c_.t.windowLeft >= 0 ? it.seqLen - it.qLen - c_.t.windowLeft : 0;
         LocalTensor<T> k1 = kL1_.Get<T>()[buf * TT * D];
         LocalTensor<T> v1 = vL1_.Get<T>()[buf * TT * D];
         int32_t p = p0;
-        while (p < p0 + n) {
-            const int32_t page = c_.Page(it, p);
+        while (p < p0 + RoundUp(n, 16)) {
+            const bool tail = p >= p0 + n;
+            const bool early = !tail && p < loAll;
+            const int32_t page = tail || early ? -1 : c_.Page(it, p);
             const int32_t inPage = p % ps;
-            const int32_t cnt = Min(ps - inPage, p0 + n - p);
+            const int32_t cnt = tail ? p0 + RoundUp(n, 16) - p
+                                     : (early ? Min(loAll - p, p0 + n - p) : Min(ps - inPage, p0 + n - p));
             const int32_t at = (p - p0) * 16;
             if (c_.PageOk(page)) {
                 const uint64_t off = ((uint64_t(page) * ps + inPage) * hkv + it.h) * D;
@@ -290,7 +297,8 @@ public:
         pipe_.InitBuffer(p_, uint32_t(RH_) * TT * sizeof(T));
         pipe_.InitBuffer(o_, uint32_t(RH_) * D * sizeof(float));
         pipe_.InitBuffer(acc_, uint32_t(RH_) * D * sizeof(float));
-        pipe_.InitBuffer(red_, uint32_t(RoundUp(2 * RH_, 8)) * sizeof(float));
+        RHP_ = RoundUp(2 * RH_, 8);  // red: row maxima / sums [0, RHP_), score-check sums [RHP_, 2 RHP_)
+        pipe_.InitBuffer(red_, 2u * RHP_ * sizeof(float));
         pipe_.InitBuffer(alpha_, uint32_t(RoundUp(RH_, 8)) * sizeof(float));
         pipe_.InitBuffer(work_, 64u * sizeof(float));
         if (t.softCap > 0.0f) {
@@ -348,33 +356,80 @@ private:
         }
     }
 
-    // Set positions [a, b) of a UB row to -inf: a vector Duplicate over the 32-byte-aligned part, the
+    // Set positions [a, b) of a UB row to `value`: a vector Duplicate over the 32-byte-aligned part, the
     // scalar unit for the at most 7 positions before it (only at a window or causal edge).
-    __aicore__ inline void MaskRange(const LocalTensor<float>& row, int32_t a, int32_t b, bool& scalarPending) {
+    __aicore__ inline void MaskRange(const LocalTensor<float>& row, int32_t a, int32_t b, float value,
+                                     bool& scalarPending) {
         if (b <= a) {
             return;
         }
         const int32_t a8 = Min(RoundUp(a, 8), b);
         const int32_t b8 = b - (b - a8) % 8;
         if (b8 > a8) {
-            Duplicate(row[a8], kNegInf, b8 - a8);
+            Duplicate(row[a8], value, b8 - a8);
         }
         if (a8 > a || b > b8) {
             scalarPending = true;
         }
     }
-    __aicore__ inline void MaskRangeScalar(const LocalTensor<float>& row, int32_t a, int32_t b) {
+    __aicore__ inline void MaskRangeScalar(const LocalTensor<float>& row, int32_t a, int32_t b, float value) {
         if (b <= a) {
             return;
         }
         const int32_t a8 = Min(RoundUp(a, 8), b);
         const int32_t b8 = b - (b - a8) % 8;
         for (int32_t i = a; i < a8; i++) {
-            row.SetValue(i, kNegInf);
+            row.SetValue(i, value);
         }
         for (int32_t i = b8 > a8 ? b8 : a8; i < b; i++) {
-            row.SetValue(i, kNegInf);
+            row.SetValue(i, value);
         }
+    }
+
+    // Columns outside each row's visible interval (causal tail, window), the tile tail [n, n16)
+    // and the columns of masked pages -> `value`, over the [nr x n16] block (then a V barrier).
+    __aicore__ inline void Mask(const MixItem& it, const LocalTensor<float>& s, int32_t r0, int32_t nr, int32_t p0,
+                                int32_t n, int32_t n16, float value) {
+        bool scalarPending = false;
+        for (int32_t r = 0; r < nr; r++) {
+            int32_t js, je;
+            Visible(it, r0 + r, p0, n, js, je);
+            MaskRange(s[r * n16], 0, js, value, scalarPending);
+            MaskRange(s[r * n16], je, n16, value, scalarPending);
+        }
+        bool pagesMasked = false;
+        for (int32_t p = p0; p < p0 + n;) {  // one block-table read per page segment of the tile
+            const int32_t cntp = Min(c_.t.pageSize - p % c_.t.pageSize, p0 + n - p);
+            if (!c_.PageOk(c_.Page(it, p))) {
+                pagesMasked = true;
+                for (int32_t r = 0; r < nr; r++) {
+                    MaskRange(s[r * n16], p - p0, p - p0 + cntp, value, scalarPending);
+                }
+            }
+            p += cntp;
+        }
+        if (scalarPending) {
+            WaitFor<HardEvent::V_S>();
+            for (int32_t r = 0; r < nr; r++) {
+                int32_t js, je;
+                Visible(it, r0 + r, p0, n, js, je);
+                MaskRangeScalar(s[r * n16], 0, js, value);
+                MaskRangeScalar(s[r * n16], je, n16, value);
+            }
+            if (pagesMasked) {
+                for (int32_t p = p0; p < p0 + n;) {
+                    const int32_t cntp = Min(c_.t.pageSize - p % c_.t.pageSize, p0 + n - p);
+                    if (!c_.PageOk(c_.Page(it, p))) {
+                        for (int32_t r = 0; r < nr; r++) {
+                            MaskRangeScalar(s[r * n16], p - p0, p - p0 + cntp, value);
+                        }
+                    }
+                    p += cntp;
+                }
+            }
+            WaitFor<HardEvent::S_V>();
+        }
+        PipeBarrier<PIPE_V>();
     }
 
     // The row's visible columns of tile [p0, p0 + n): [js, je) (causal tail and window are intervals).
@@ -449,57 +504,27 @@ private:
         WaitFor<HardEvent::MTE2_V>();
         Muls(s, s, c_.t.scale, cnt);
         PipeBarrier<PIPE_V>();
+        // NaN rule: the visible scores are checked before the soft cap (which would make -inf and
+        // +inf finite): the masked columns are set to 0 first, so a row's sum is NaN or inf iff a
+        // score it sees is (q or K held NaN / inf); the sums are read with the row maxima below.
+        LocalTensor<float> red = red_.Get<float>(), work = work_.Get<float>(), alpha = alpha_.Get<float>();
+        Mask(it, s, r0, nr, p0, n, n16, 0.0f);
+        for (int32_t r = 0; r < nr; r++) {
+            ReduceSum(red[RHP_ + 2 * r], s[r * n16], work, n16);
+        }
         if (c_.t.softCap > 0.0f) {
             SoftCap(s, cnt);
         }
-        // masks: columns outside each row's visible interval, the tile tail [n, n16), masked pages
-        bool scalarPending = false;
-        for (int32_t r = 0; r < nr; r++) {
-            int32_t js, je;
-            Visible(it, r0 + r, p0, n, js, je);
-            MaskRange(s[r * n16], 0, js, scalarPending);
-            MaskRange(s[r * n16], je, n16, scalarPending);
-        }
-        bool pagesMasked = false;
-        for (int32_t p = p0; p < p0 + n;) {  // one block-table read per page segment of the tile
-            const int32_t cntp = Min(c_.t.pageSize - p % c_.t.pageSize, p0 + n - p);
-            if (!c_.PageOk(c_.Page(it, p))) {
-                pagesMasked = true;
-                for (int32_t r = 0; r < nr; r++) {
-                    MaskRange(s[r * n16], p - p0, p - p0 + cntp, scalarPending);
-                }
-            }
-            p += cntp;
-        }
-        if (scalarPending) {
-            WaitFor<HardEvent::V_S>();
-            for (int32_t r = 0; r < nr; r++) {
-                int32_t js, je;
-                Visible(it, r0 + r, p0, n, js, je);
-                MaskRangeScalar(s[r * n16], 0, js);
-                MaskRangeScalar(s[r * n16], je, n16);
-            }
-            if (pagesMasked) {
-                for (int32_t p = p0; p < p0 + n;) {
-                    const int32_t cntp = Min(c_.t.pageSize - p % c_.t.pageSize, p0 + n - p);
-                    if (!c_.PageOk(c_.Page(it, p))) {
-                        for (int32_t r = 0; r < nr; r++) {
-                            MaskRangeScalar(s[r * n16], p - p0, p - p0 + cntp);
-                        }
-                    }
-                    p += cntp;
-                }
-            }
-            WaitFor<HardEvent::S_V>();
-        }
-        PipeBarrier<PIPE_V>();
+        Mask(it, s, r0, nr, p0, n, n16, kNegInf);
         // row max (one instruction per row), then the running max on the scalar unit: once per tile
-        LocalTensor<float> red = red_.Get<float>(), work = work_.Get<float>(), alpha = alpha_.Get<float>();
         for (int32_t r = 0; r < nr; r++) {
             ReduceMax(red[2 * r], s[r * n16], work, n16);
         }
         WaitFor<HardEvent::V_S>();
         for (int32_t r = 0; r < nr; r++) {
+            if (!IsFinite(red.GetValue(RHP_ + 2 * r))) {
+                l_[r] = kNaN;  // sticky: l * alpha + sum stays NaN; Finish writes a NaN row
+            }
             const float mt = red.GetValue(2 * r);
             const float mNew = m_[r] > mt ? m_[r] : mt;  // >= kMaxStart: finite
             alpha.SetValue(r, m_[r] - mNew);
@@ -561,10 +586,27 @@ private:
     __aicore__ inline void Finish(const MixItem& it, int32_t r0, int32_t nr) {
         const int32_t D = c_.D, G = c_.G;
         LocalTensor<float> acc = acc_.Get<float>();
+        // NaN rule: a NaN / inf value row the row saw reached its accumulator (one sum per row,
+        // one round trip per item)
+        if (nr > 0) {
+            LocalTensor<float> red = red_.Get<float>(), work = work_.Get<float>();
+            PipeBarrier<PIPE_V>();  // acc's last write (Update, or StartItem's zeros)
+            for (int32_t r = 0; r < nr; r++) {
+                ReduceSum(red[RHP_ + 2 * r], acc[r * D], work, D);
+            }
+            WaitFor<HardEvent::V_S>();
+            for (int32_t r = 0; r < nr; r++) {
+                if (!IsFinite(red.GetValue(RHP_ + 2 * r))) {
+                    l_[r] = kNaN;
+                }
+            }
+        }
         for (int32_t r = 0; r < nr; r++) {
             const int32_t row = r0 + r, qi = row / G, g = row % G;
             LocalTensor<float> o = outQ_.template AllocTensor<float>();
-            if (l_[r] > 0.0f) {
+            if (l_[r] != l_[r]) {  // out and lse NaN (docs/conventions.md)
+                Duplicate(o, kNaN, D + kLseRepeat);
+            } else if (l_[r] > 0.0f) {
                 Muls(o, acc[r * D], 1.0f / l_[r], D);
                 Duplicate(o[D], l_[r], kLseRepeat);
                 PipeBarrier<PIPE_V>();
@@ -603,7 +645,7 @@ private:
 
     MixCommon c_;
     bool direct_ = false;
-    int32_t sub_ = 0, RH_ = 0;
+    int32_t sub_ = 0, RH_ = 0, RHP_ = 8;
     float m_[kMaxVecRows], l_[kMaxVecRows], a_[kMaxVecRows];
     TPipe pipe_;
     TBuf<TPosition::VECCALC> s_, p_, o_, acc_, red_, alpha_, work_, cap_, ob_;

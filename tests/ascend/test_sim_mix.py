@@ -156,3 +156,63 @@ def test_fused_launch_equals_split_then_combine():
     np.testing.assert_array_equal(fused[1], two[1])
     with pytest.raises(ValueError, match="fused"):
         sim.run_twin(inp, plan, kernel="vector", fused=True)
+
+
+def _kv_at(inp, b, pos):
+    """(page, slot) of request b's logical position pos."""
+    page = inp.k_cache.shape[1]
+    return int(inp.block_table[b, pos // page]), pos % page
+
+
+@pytest.mark.parametrize("what", ["nan-k", "inf-v", "minus-inf-k", "nan-q", "minus-inf-k-soft-cap",
+                                  "nan-v-page-tail", "nan-v-windowed-out", "nan-v-unassigned-page",
+                                  "nan-k-causally-masked"])
+def test_nan_rule_on_the_mixed_kernel(what):
+    """docs/conventions.md: a NaN / inf in q, or in K / V at a position a row can see, makes that
+    row NaN (out and lse) for the query heads that read it; values no row can see change nothing
+    (bit-identical to the clean run). Mixed kernel, fused launch, bf16, splits of 128 tokens."""
+    window = 100 if what == "nan-v-windowed-out" else None
+    cap = 5.0 if "soft-cap" in what else None
+    inp = cases.random_inputs(9, [300, 150], num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=64,
+                              dtype="bfloat16", q_lens=[1, 2], window_left=window, soft_cap=cap)
+    plan = inp.plan("size:128", device="910b2")
+    assert tl.build_tiling(inp, plan).mixed
+    clean = sim.run_twin(inp, plan)
+    k, v, q = inp.k_cache.copy(), inp.v_cache.copy(), inp.q.copy()
+    nan_cells = []                                       # (row, query head) that must be NaN
+    if what in ("nan-k", "inf-v", "minus-inf-k", "minus-inf-k-soft-cap"):
+        arr = v if what == "inf-v" else k
+        val = {"nan-k": np.nan, "inf-v": np.inf}.get(what, -np.inf)
+        page, slot = _kv_at(inp, 0, 200)                 # request 0 (row 0), KV head 1, split 1
+        arr[page, slot, 1, :] = val
+        nan_cells = [(0, h) for h in range(4, 8)]
+    elif what == "nan-q":
+        q[2, 5, 3] = np.nan
+        nan_cells = [(2, 5)]
+    elif what == "nan-v-page-tail":
+        page, slot = _kv_at(inp, 1, 149)                 # request 1's last page: slots 22.. unused
+        v[page, slot + 1:, :, :] = np.nan
+        k[page, slot + 1:, :, :] = np.nan
+    elif what == "nan-v-windowed-out":
+        page, slot = _kv_at(inp, 0, 10)                  # request 0 sees [199, 300) only
+        v[page, slot, :, :] = np.nan
+        k[page, slot, :, :] = np.nan
+    elif what == "nan-v-unassigned-page":
+        used = set(inp.block_table[0, :5].tolist()) | set(inp.block_table[1, :3].tolist())
+        free = [p for p in range(k.shape[0]) if p not in used]
+        assert free
+        v[free] = np.nan
+        k[free] = np.nan
+    elif what == "nan-k-causally-masked":
+        page, slot = _kv_at(inp, 1, 149)                 # request 1's last token: row 2 sees it, row 1 not
+        k[page, slot, 0, :] = np.nan
+        nan_cells = [(2, h) for h in range(4)]
+    bad = dataclasses.replace(inp, k_cache=k, v_cache=v, q=q)
+    out, lse = sim.run_twin(bad, plan)
+    want_nan = np.zeros(lse.shape, bool)
+    for cell in nan_cells:
+        want_nan[cell] = True
+    assert (np.isnan(lse) == want_nan).all(), np.argwhere(np.isnan(lse) != want_nan)
+    assert np.isnan(out[want_nan]).all()
+    np.testing.assert_array_equal(out[~want_nan], clean[0][~want_nan])
+    np.testing.assert_array_equal(lse[~want_nan], clean[1][~want_nan])

@@ -284,8 +284,15 @@ def plan_words(plan: Plan, seq_lens, core_range=None) -> tuple[np.ndarray, dict]
 def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page_size: int, max_pages: int,
                   num_pages: int, dtype: str, kv_dtype: str, scale: float, soft_cap: float | None = None,
                   window_left: int | None = None, profile: str = DEFAULT_PROFILE,
-                  block_dim: int | None = None, kernel: str = "auto") -> tuple[dict, bytes, np.ndarray]:
+                  block_dim: int | None = None, kernel: str = "auto",
+                  all_cores: bool = False) -> tuple[dict, bytes, np.ndarray]:
     """``(tiling fields, tiling bytes, plan words)`` for one batch; checks every host-side rule.
+
+    ``kernel``: ``auto`` (the mixed split stage where :func:`~ascend_ops.support.mixed_kernel_unsupported`
+    allows it, else the vector-only one), ``mix`` or ``vector``. ``all_cores``: launch on every core of
+    the profile for the chosen kernel (cube cores for the mixed one, vector cores otherwise) whatever
+    the batch, so that a captured graph keeps its launch. The field dict also holds
+    ``kernelReason`` (not packed): why this split stage serves the call, in words.
 
     Raises ``ValueError`` naming the rule when the head dim, dtypes, UB budget, copy-parameter
     ranges or workspace size are out of what the kernels take.
@@ -324,6 +331,7 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
     if kernel not in ("auto", "mix", "vector"):
         raise ValueError(f"kernel: auto, mix or vector, got {kernel!r}")
     mix = None
+    why = "vector kernel forced (kernel='vector')"
     if kernel != "vector":
         why = mix_unsupported(head_dim, dtype, kv_dtype, num_q_heads, hkv)
         if why is None:
@@ -331,6 +339,8 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
             why = None if mix else f"mixed kernel: {max_q * group} query rows per item do not fit one cube tile"
         if why and kernel == "mix":
             raise ValueError(why)
+    reason = ("mixed AIC + AIV split stage, fused launch (split, SyncAll, combine)" if mix
+              else f"vector-only split stage + combine (fallback: {why})")
     mix_fields = dict(kernelKind=0, mixTileTokens=0, mixRowsPad=0, scratchOffsetBytes=ws, scratchCoreBytes=0,
                       mixUbBytes=0)
     core_range = None
@@ -338,10 +348,14 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
         tt_m, mp = mix
         cores = prof.cube_units or prof.units
         if block_dim is None:
-            block_dim = max(1, min(cores, plan.num_valid_items))
+            block_dim = cores if all_cores else max(1, min(cores, plan.num_valid_items))
         core_range = balance_items(plan, int(block_dim))
         scratch_off = _ru(ws, 512)
-        per_core = mix_scratch_core_bytes(head_dim, dtype, tt_m, mp)
+        # all_cores (graph-stable): the scratch is sized for the largest tile and row count, so that
+        # the workspace keeps its size whatever rows the next batch has (its layout follows the
+        # batch's own tile and rows, which fit)
+        per_core = (mix_scratch_core_bytes(head_dim, dtype, MIX_TILE_CANDIDATES[0], MIX_MAX_ROWS) if all_cores
+                    else mix_scratch_core_bytes(head_dim, dtype, tt_m, mp))
         ws = scratch_off + int(block_dim) * per_core
         mix_fields = dict(kernelKind=1, mixTileTokens=tt_m, mixRowsPad=mp, scratchOffsetBytes=scratch_off,
                           scratchCoreBytes=per_core,
@@ -351,7 +365,7 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
         raise ValueError(f"workspace: {ws} bytes does not fit the tiling's int32 workspaceBytes")
     words, offs = plan_words(plan, seq_lens, core_range)
     if block_dim is None:
-        block_dim = max(1, min(prof.units, max(plan.num_valid_items, T)))
+        block_dim = prof.units if all_cores else max(1, min(prof.units, max(plan.num_valid_items, T)))
     split_b = split_ub_bytes(head_dim, dtype, kv_dtype, tt, rc, soft_cap is not None and soft_cap > 0)
     t = dict(
         version=VERSION, blockDim=int(block_dim), batch=int(plan.batch_size), numRows=int(T),
@@ -364,7 +378,9 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
         maxSplits=max_splits, lseOffsetBytes=lse_off, workspaceBytes=ws,
         splitUbBytes=sum(split_b.values()), combineUbBytes=sum(comb.values()), **mix_fields, **offs,
         combineBlockDim=int(max(1, min(prof.units, T * hkv))))
-    return t, pack_tiling(t), words
+    tb = pack_tiling(t)
+    t["kernelReason"] = reason
+    return t, tb, words
 
 
 def kv_quant_array(inputs) -> np.ndarray:
@@ -405,6 +421,27 @@ class Tiling:
     def mixed(self) -> bool:
         """Whether the split stage is the mixed AIC + AIV kernel (``splitkv_split_mix``)."""
         return int(self.fields["kernelKind"]) == 1
+
+    @property
+    def kernel_reason(self) -> str:
+        """Why this split stage serves the call (the fallback's reason when it is the vector one)."""
+        return str(self.fields.get("kernelReason", ""))
+
+    @property
+    def launches(self) -> list[tuple[str, int]]:
+        """The launches of one call, ``[(kernel entry, block count)]``, in order: what the torch_npu
+        binding enqueues (``ops.decode_attention``'s ``kernel`` = ``kernelKind``) and what the twin
+        runs by default (:func:`ascend_ops.sim_backend.run_twin`)."""
+        return launches(self.fields)
+
+
+def launches(fields: dict) -> list[tuple[str, int]]:
+    """``[(kernel entry, block count)]`` of a tiling: the fused mixed launch on ``blockDim`` AI cores,
+    or the vector split stage on ``blockDim`` vector cores then the combine (the binding gives it
+    the same count; the combine takes any)."""
+    if int(fields["kernelKind"]) == 1:
+        return [("splitkv_attention_mix", int(fields["blockDim"]))]
+    return [("splitkv_split", int(fields["blockDim"])), ("splitkv_combine", int(fields["blockDim"]))]
 
 
 def build_tiling(inputs, plan: Plan, profile: str = DEFAULT_PROFILE, block_dim: int | None = None,

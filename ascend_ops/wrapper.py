@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from splitkv_common.devices import get_profile
 from splitkv_common.npu_probe import torch_npu_imported
 from splitkv_common.torch_io import as_torch_dtype, torch_dtype_name
 from splitkv_common.plan import Plan, PlannedWrapper, PlanSpec
@@ -85,6 +84,7 @@ class AscendDecodeWrapper(PlannedWrapper):
         self._staging_events: dict = {}
         self._attn: tuple = (None, None, None)  # (scale, soft_cap, window_left) of the tiling
         self._pages: tuple | None = None  # (max_pages, num_pages) of the tiling
+        self.kernel_reason = ""  # why the split stage of the current tiling serves the batch, in words
         self._stale = True
 
     # -- host side ---------------------------------------------------------------------------
@@ -142,10 +142,14 @@ class AscendDecodeWrapper(PlannedWrapper):
             kv_dtype=torch_dtype_name(self.kv_dtype), scale=self.head_dim ** -0.5 if scale is None else scale,
             soft_cap=soft_cap, window_left=window_left, profile=self.profile,
             # a captured launch keeps its block count: graph-stable plans use every core
-            block_dim=get_profile(self.profile).units if self.graph_stable else None,
-            # the torch_npu binding launches the vector-only split stage; the mixed AIC + AIV
-            # stage runs on the CPU twin only until the binding launches it (docs/ascend-kernel.md)
-            kernel="vector")
+            all_cores=self.graph_stable,
+            # the fused mixed AIC + AIV launch where support.mixed_kernel_unsupported allows it,
+            # else the vector split stage + combine (the reason is kept: self.kernel_reason)
+            kernel="auto")
+        self.kernel_reason = t.pop("kernelReason")
+        if self.graph_stable and self.tiling is not None and tl.launches(self.tiling) != tl.launches(t):
+            raise ValueError(f"plan: the launch changed ({tl.launches(self.tiling)} -> {tl.launches(t)}) under a "
+                             f"graph-stable plan ({self.kernel_reason}); a captured graph keeps its kernel")
         need = {
             "plan": (words.size, torch.int32), "tiling": (tl.TILING_BYTES, torch.uint8),
             "workspace": (max(int(t["workspaceBytes"]) // 4, 1), torch.float32),
@@ -244,7 +248,7 @@ class AscendDecodeWrapper(PlannedWrapper):
         quant = pack_kv_quant(k_scale, v_scale, k_offset, v_offset, num_kv_heads=self.num_kv_heads,
                               head_dim=self.head_dim, device=q.device)
         ops.decode_attention_op(q, k_cache, v_cache, block_table, quant, b["plan"], b["tiling"], b["workspace"], out,
-                                lse, int(self.tiling["blockDim"]))
+                                lse, int(self.tiling["blockDim"]), int(self.tiling["kernelKind"]))
         return out, lse
 
     def _check_outputs(self, q, out, lse) -> None:

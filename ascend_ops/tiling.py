@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from splitkv_common.devices import get_profile
-from splitkv_common.plan import Plan
+from splitkv_common.plan import Plan, make_plan
 
 from .support import (DEFAULT_PROFILE, kv_dtype_supported, mixed_kernel_unsupported, q_dtype_supported,
                       supported_head_dim)
@@ -233,25 +233,15 @@ def balance_items(plan: Plan, cores: int, overhead_tokens: int = MIX_ITEM_OVERHE
 
 
 def npu_split_count(seq_lens, num_kv_heads: int, page_size: int, profile: str = DEFAULT_PROFILE,
-                    q_lens=None) -> int:
-    """Splits per request for the mixed kernel: about ``cube cores / (B * Hkv)`` (as IFA), chosen
-    as the count ``s`` that minimises the busiest cube core's share ``ceil(B * Hkv * s / cores) / s``
-    (whole items per core), with splits no shorter than the profile's ``min_split_tokens``; ties go
-    to fewer splits (less combine work)."""
-    prof = get_profile(profile)
-    cores = prof.cube_units or prof.units
-    seq = np.asarray(seq_lens, np.int64).reshape(-1)
-    active = int((seq > 0).sum())
-    if active == 0:
-        return 1
-    longest = int(seq.max())
-    cap = max(1, min(prof.max_splits, longest // max(prof.min_split_tokens, page_size)))
-    best, best_s = None, 1
-    for s in range(1, cap + 1):
-        load = -(-active * num_kv_heads * s // cores) / s
-        if best is None or load < best - 1e-9:
-            best, best_s = load, s
-    return best_s
+                    num_q_heads: int | None = None, head_dim: int = 128, kv_elem_bytes: int = 2) -> int:
+    """Splits per request (of the longest one) that the ``auto`` policy gives on an Ascend profile:
+    the shared planner's NPU rule (:func:`splitkv_common.plan.npu_auto`: about ``cube cores / (B *
+    Hkv)``, as CANN's IFA, with the profile's minimum split length), so the estimate, the wrapper
+    and the tests plan the same way."""
+    plan = make_plan(np.asarray(seq_lens, np.int64).reshape(-1), num_kv_heads=num_kv_heads, page_size=page_size,
+                     policy="auto", device=profile, num_q_heads=num_q_heads or num_kv_heads, head_dim=head_dim,
+                     kv_elem_bytes=kv_elem_bytes)
+    return int(plan.num_splits.max(initial=1))
 
 
 def workspace_bytes(num_slots: int, num_q_heads: int, head_dim: int) -> tuple[int, int]:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from splitkv_common.parity import cases
+from splitkv_common.plan import make_plan
 from splitkv_common.reference import dense_attention
 
 sim = pytest.importorskip("ascend_ops.sim_backend")
@@ -140,9 +141,32 @@ def test_core_ranges_are_contiguous_and_balanced():
         assert max(loads) <= w.sum() / cores + w.max()
 
 
-@pytest.mark.parametrize("batch,ctx,want", [(1, 16384, 3), (1, 65536, 3), (16, 8192, 3), (64, 2048, 3), (2, 600, 1)])
-def test_npu_split_count_fills_the_cube_cores(batch, ctx, want):
-    assert tl.npu_split_count([ctx] * batch, 8, 128, "910b2") == want
+@pytest.mark.parametrize("hq", [32, 64])
+@pytest.mark.parametrize("batch,ctx,want", [(1, 16384, 3), (1, 65536, 3), (16, 8192, 2), (64, 2048, 1), (2, 600, 1),
+                                            (64, 16384, 1), (4, 8192, 3)])
+def test_npu_split_count_fills_the_cube_cores(batch, ctx, want, hq):
+    """The issue's shapes on the 910B2 (24 cube cores, Hkv 8, page 128): B 1 is split in 3 (24 items,
+    one per core); B 16 in 2 (256 items, 11 on the busiest core against 6 of twice the length
+    unsplit; 3 splits would gain under 3 % more); B 64 (512 items) already fills the cores within
+    3 % and is not split; 600 tokens are too short for two splits of at least 512."""
+    assert tl.npu_split_count([ctx] * batch, 8, 128, "910b2", num_q_heads=hq) == want
+    plan = make_plan([ctx] * batch, num_kv_heads=8, num_q_heads=hq, page_size=128, policy="auto", device="910b2")
+    assert "NPU rule" in plan.reason and "24 cube cores" in plan.reason
+    assert ("splits of" in plan.reason) == (want > 1)
+    assert int(plan.num_splits.max()) == want and plan.split_tokens in plan.estimates_us
+
+
+def test_npu_auto_uses_each_profiles_core_count():
+    """One request with 4 KV heads fills each profile's own cube cores (24 on 910B2, 20 on 910B3: 6 and
+    5 splits), the counts read from splitkv_common/devices.py."""
+    from splitkv_common.devices import get_profile
+
+    for prof in ("910b2", "910b3"):
+        cores = get_profile(prof).cube_units
+        plan = make_plan([65536], num_kv_heads=4, num_q_heads=32, page_size=128, policy="auto", device=prof)
+        items = int(plan.num_valid_items)
+        assert items % cores == 0 and items // cores == 1, (prof, items)
+        assert f"{cores} cube cores" in plan.reason
 
 
 def test_fused_launch_equals_split_then_combine():

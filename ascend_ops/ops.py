@@ -164,6 +164,8 @@ def _cpu_kernel(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, worksp
     if int(t["kernelKind"]) != kernel:
         raise ValueError(f"kernel: {kernel}, but the tiling was built for kernelKind {int(t['kernelKind'])}")
     host_plan, seq_lens, qsl = plan_from_words(plan.numpy(), t)
+    if int(t["deviceSplitTokens"]) > 0:   # graph mode: the work follows seqLens, as on the device
+        host_plan = _graph_mode_plan(t, seq_lens, qsl)
     quant = {}
     if kv_quant is not None:
         quant = dict(k_scale=kv_quant[0], k_offset=kv_quant[1], v_scale=kv_quant[2], v_offset=kv_quant[3])
@@ -207,6 +209,21 @@ def plan_from_words(words: np.ndarray, t: dict) -> tuple[Plan, np.ndarray, np.nd
              num_slots=int(t["numSlots"]), num_kv_heads=int(t["numKVHeads"]), page_size=int(t["pageSize"]),
              policy=_policy_none(), split_tokens=0, graph_stable=n_valid < n_items, reason="rebuilt from plan words")
     return p, seq_lens, qsl
+
+
+def _graph_mode_plan(t: dict, seq_lens: np.ndarray, qsl: np.ndarray) -> Plan:
+    """The plan the kernels derive in graph mode (``deviceSplitTokens`` S): splits of S tokens, slots
+    ``row * maxSplits + j`` (the same partials as the device grid; the window start is page-aligned
+    here, which changes no output)."""
+    from splitkv_common.plan import make_plan
+
+    S, cap = int(t["deviceSplitTokens"]), int(t["maxSplits"])
+    window = int(t["windowLeft"]) if t["windowLeft"] >= 0 else None
+    lens = np.minimum(seq_lens.astype(np.int64), S * cap)
+    return make_plan(lens, num_kv_heads=int(t["numKVHeads"]), page_size=int(t["pageSize"]), query_start_loc=qsl,
+                     policy=f"size:{S}", graph_stable=True, max_splits=cap, window_left=window,
+                     num_q_heads=int(t["numQHeads"]), head_dim=int(t["headDim"]),
+                     max_work_items=int(t["batch"]) * int(t["numKVHeads"]) * cap)
 
 
 def _policy_none():

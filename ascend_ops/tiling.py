@@ -275,7 +275,7 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
                   num_pages: int, dtype: str, kv_dtype: str, scale: float, soft_cap: float | None = None,
                   window_left: int | None = None, profile: str = DEFAULT_PROFILE,
                   block_dim: int | None = None, kernel: str = "auto",
-                  all_cores: bool = False) -> tuple[dict, bytes, np.ndarray]:
+                  all_cores: bool = False, device_split_tokens: int = 0) -> tuple[dict, bytes, np.ndarray]:
     """``(tiling fields, tiling bytes, plan words)`` for one batch; checks every host-side rule.
 
     ``kernel``: ``auto`` (the mixed split stage where :func:`~ascend_ops.support.mixed_kernel_unsupported`
@@ -283,6 +283,11 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
     the profile for the chosen kernel (cube cores for the mixed one, vector cores otherwise) whatever
     the batch, so that a captured graph keeps its launch. The field dict also holds
     ``kernelReason`` (not packed): why this split stage serves the call, in words.
+
+    ``device_split_tokens`` (graph mode, ``S > 0``): the kernels derive their work items, ranges and
+    partial slots from the plan's ``seqLens`` section on the device (``splitkv_tiling.h``), so new
+    lengths need no new tiling: the plan must be graph-stable (slots ``row * max_splits + j``), ``S``
+    a multiple of the page size, every length at most ``S * max_splits``; implies ``all_cores``.
 
     Raises ``ValueError`` naming the rule when the head dim, dtypes, UB budget, copy-parameter
     ranges or workspace size are out of what the kernels take.
@@ -304,6 +309,21 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
     max_q = int(np.diff(qsl).max(initial=0))
     tt, rc = choose_tiles(head_dim, dtype, kv_dtype, max(1, max_q * group), soft_cap is not None and soft_cap > 0, ub)
     max_splits = max(1, plan.max_splits)
+    S = int(device_split_tokens or 0)
+    if S:
+        T = plan.num_rows
+        if not plan.graph_stable:
+            raise ValueError("device_split_tokens: needs a graph-stable plan (partial slots row * max_splits + j)")
+        if S < 0 or S % page_size:
+            raise ValueError(f"device_split_tokens: {S} must be a positive multiple of page_size {page_size}")
+        max_splits = plan.num_slots // T if T else 1
+        if T and plan.num_slots != T * max_splits:
+            raise ValueError("device_split_tokens: the plan's slots are not row * max_splits + j")
+        longest = int(np.asarray(seq_lens).max(initial=0))
+        if longest > S * max_splits:
+            raise ValueError(f"seq_lens: {longest} tokens is over device_split_tokens * max_splits = "
+                             f"{S} * {max_splits}; the kernels would read only {S * max_splits}")
+        all_cores = True
     comb = combine_ub_bytes(head_dim, dtype, num_q_heads, max_splits)
     if sum(comb.values()) > ub:
         raise ValueError(f"UB budget: the combine kernel needs {sum(comb.values())} bytes for {max_splits} splits "
@@ -360,14 +380,14 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
     t = dict(
         version=VERSION, blockDim=int(block_dim), batch=int(plan.batch_size), numRows=int(T),
         numQHeads=int(num_q_heads), numKVHeads=hkv, groupSize=int(group), headDim=int(head_dim),
-        pageSize=int(page_size), maxPages=int(max_pages), numPages=int(num_pages), numItems=int(plan.num_items),
+        pageSize=int(page_size), maxPages=int(max_pages), numPages=int(num_pages), numItems=int(plan.batch_size * hkv * max_splits) if S else int(plan.num_items),
         numSlots=int(plan.num_slots), maxQLen=max_q, qDtype=DTYPE_CODES[dtype], kvDtype=DTYPE_CODES[kv_dtype],
         windowLeft=-1 if window_left is None or window_left < 0 else int(window_left), scale=float(scale),
         softCap=float(soft_cap) if soft_cap else 0.0, tileTokens=tt, rowChunk=rc,
         kvRowElems=row_elems(head_dim, kv_dtype), qRowElems=row_elems(head_dim, dtype), rowElems=_ru(head_dim, 8),
         maxSplits=max_splits, lseOffsetBytes=lse_off, workspaceBytes=ws,
         splitUbBytes=sum(split_b.values()), combineUbBytes=sum(comb.values()), **mix_fields, **offs,
-        combineBlockDim=int(max(1, min(prof.units, T * hkv))))
+        combineBlockDim=int(max(1, min(prof.units, T * hkv))), deviceSplitTokens=S)
     tb = pack_tiling(t)
     t["kernelReason"] = reason
     return t, tb, words
@@ -435,12 +455,13 @@ def launches(fields: dict) -> list[tuple[str, int]]:
 
 
 def build_tiling(inputs, plan: Plan, profile: str = DEFAULT_PROFILE, block_dim: int | None = None,
-                 kernel: str = "auto") -> Tiling:
+                 kernel: str = "auto", device_split_tokens: int = 0) -> Tiling:
     """:func:`build_buffers` for one :class:`~splitkv_common.inputs.DecodeInputs` and its plan
     (``kernel``: ``auto`` takes the mixed split stage where it applies, ``mix`` or ``vector`` force one)."""
     t, tb, words = build_buffers(
         plan, seq_lens=inputs.seq_lens, num_q_heads=inputs.q.shape[1], head_dim=inputs.q.shape[2],
         page_size=inputs.k_cache.shape[1], max_pages=inputs.block_table.shape[1], num_pages=inputs.k_cache.shape[0],
         dtype=inputs.dtype, kv_dtype=inputs.kv_dtype, scale=inputs.scale, soft_cap=inputs.soft_cap,
-        window_left=inputs.window_left, profile=profile, block_dim=block_dim, kernel=kernel)
+        window_left=inputs.window_left, profile=profile, block_dim=block_dim, kernel=kernel,
+        device_split_tokens=device_split_tokens)
     return Tiling(t, tb, words, kv_quant_array(inputs) if inputs.kv_dtype == "int8" else None)

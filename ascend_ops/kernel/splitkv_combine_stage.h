@@ -49,8 +49,8 @@ public:
         LocalTensor<float> lseRow = lseRow_.Get<float>();
         for (int32_t u = first; u < t_.numRows * hkv; u += nb) {
             const int32_t row = u / hkv, h = u % hkv;
-            const int32_t s0 = planGm_.GetValue(t_.rowSlotOffset + row);
-            const int32_t ns = planGm_.GetValue(t_.rowNumOffset + row);
+            int32_t s0, ns;
+            RowSplits(planGm_, t_, row, s0, ns);
             if (skipSingle && ns == 1) {
                 continue;
             }
@@ -67,6 +67,9 @@ public:
 private:
     // Merge the ns partials of (row, hq); writes out[row, hq, :] and returns the merged lse.
     __aicore__ inline float MergeHead(int32_t row, int32_t hq, int32_t s0, int32_t ns) {
+        if (ns <= 0) {  // graph mode: a request that sees nothing has no partials
+            return WriteEmpty(row, hq);
+        }
         const uint64_t first = uint64_t(s0) * t_.numQHeads + hq;
         LocalTensor<float> lseIn = lseQ_.template AllocTensor<float>();
         DataCopy(lseIn, wsL_[first * kLseRepeat],
@@ -154,6 +157,18 @@ private:
         DataCopyPad(outGm_[(uint64_t(row) * t_.numQHeads + hq) * D_], ready, cp);
         outQ_.FreeTensor(ready);
         return lse;
+    }
+
+    // out[row, hq, :] = 0; returns lse = -inf (a row without partials)
+    __aicore__ inline float WriteEmpty(int32_t row, int32_t hq) {
+        LocalTensor<QT> o = outQ_.template AllocTensor<QT>();
+        Duplicate(o, QT(0.0f), D_);
+        outQ_.EnQue(o);
+        LocalTensor<QT> ready = outQ_.template DeQue<QT>();
+        DataCopyExtParams cp(1, uint32_t(D_) * sizeof(QT), 0, 0, 0);
+        DataCopyPad(outGm_[(uint64_t(row) * t_.numQHeads + hq) * D_], ready, cp);
+        outQ_.FreeTensor(ready);
+        return kNegInf;
     }
 
     SplitKVTiling t_;

@@ -1,6 +1,7 @@
 // Split stage of split-KV decode attention (Ascend C, vector cores only).
 //
-// Work items (request b, KV head h, split j, KV range [start, end)) come from the shared plan;
+// Work items (request b, KV head h, split j, KV range [start, end)) come from the shared plan, or
+// in graph mode (deviceSplitTokens > 0) from the grid over seqLens (splitkv_tiling.h);
 // block k takes items k, k + blockNum, k + 2 * blockNum, ... For each item and each chunk of
 // its query rows (q row i x group head g), K and V tiles of `tileTokens` positions are copied
 // page by page through the block table (GM -> UB, two buffers per queue so the copy of tile t+1
@@ -74,22 +75,9 @@ public:
     __aicore__ inline void Process() {
         const int32_t nb = static_cast<int32_t>(GetBlockNum());
         for (int32_t w = static_cast<int32_t>(GetBlockIdx()); w < t_.numItems; w += nb) {
-            const int32_t base = t_.itemsOffset + 5 * w;
-            const int32_t b = planGm_.GetValue(base);
-            if (b < 0) {
-                continue;  // padding item of a graph-stable plan
-            }
             Item it;
-            it.b = b;
-            it.h = planGm_.GetValue(base + 1);
-            it.split = planGm_.GetValue(base + 2);
-            it.start = planGm_.GetValue(base + 3);
-            it.end = planGm_.GetValue(base + 4);
-            it.row0 = planGm_.GetValue(t_.qslOffset + b);
-            it.qLen = planGm_.GetValue(t_.qslOffset + b + 1) - it.row0;
-            it.seqLen = planGm_.GetValue(t_.seqLensOffset + b);
-            if (it.qLen <= 0) {
-                continue;
+            if (!LoadItem(planGm_, t_, w, it)) {
+                continue;  // padding, no query rows, or (graph mode) outside the request's splits
             }
             if constexpr (kInt8) {
                 LoadQuant(it.h);
@@ -361,7 +349,7 @@ private:
             }
             outQ_.EnQue(o);
             LocalTensor<float> ready = outQ_.template DeQue<float>();
-            const int32_t slot = planGm_.GetValue(t_.rowSlotOffset + it.row0 + qi) + it.split;
+            const int32_t slot = SlotOf(planGm_, t_, it.row0 + qi, it.split);
             const uint64_t hq = uint64_t(slot) * t_.numQHeads + uint64_t(it.h) * G_ + g;
             DataCopy(wsO_[hq * D_], ready, uint32_t(D_));
             DataCopy(wsL_[hq * kLseRepeat], ready[RE_], uint32_t(kLseRepeat));

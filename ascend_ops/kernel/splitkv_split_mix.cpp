@@ -39,7 +39,7 @@ struct MixItem {
 
 struct MixCommon {
     SplitKVTiling t;
-    int32_t G, D, TT, MP, core, w0, w1;
+    int32_t G, D, TT, MP, core, w0, w1, wStep;
     GlobalTensor<int32_t> planGm, btGm;
     GM_ADDR scratch;
 
@@ -53,26 +53,22 @@ struct MixCommon {
         core = coreIdx;
         planGm.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(plan), uint64_t(t.planWords));
         btGm.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(blockTable), uint64_t(t.batch) * t.maxPages);
-        w0 = planGm.GetValue(t.coreRangeOffset + core);
-        w1 = planGm.GetValue(t.coreRangeOffset + core + 1);
+        // items [w0, w1) step wStep: the host's balanced contiguous range, or in graph mode (items
+        // derived from seqLens on the device) every blockDim-th item of the split-major grid, so the
+        // first splits of all (request, KV head) pairs spread over the cores
+        if (t.deviceSplitTokens > 0) {
+            w0 = core;
+            w1 = t.numItems;
+            wStep = t.blockDim;
+        } else {
+            w0 = planGm.GetValue(t.coreRangeOffset + core);
+            w1 = planGm.GetValue(t.coreRangeOffset + core + 1);
+            wStep = 1;
+        }
         scratch = workspace + t.scratchOffsetBytes + uint64_t(core) * t.scratchCoreBytes;
     }
-    // false for padding items and requests without query rows
-    __aicore__ inline bool ReadItem(int32_t w, MixItem& it) {
-        const int32_t base = t.itemsOffset + 5 * w;
-        it.b = planGm.GetValue(base);
-        if (it.b < 0) {
-            return false;
-        }
-        it.h = planGm.GetValue(base + 1);
-        it.split = planGm.GetValue(base + 2);
-        it.start = planGm.GetValue(base + 3);
-        it.end = planGm.GetValue(base + 4);
-        it.row0 = planGm.GetValue(t.qslOffset + it.b);
-        it.qLen = planGm.GetValue(t.qslOffset + it.b + 1) - it.row0;
-        it.seqLen = planGm.GetValue(t.seqLensOffset + it.b);
-        return it.qLen > 0;
-    }
+    // false for padding items, requests without query rows and (graph mode) splits past the request
+    __aicore__ inline bool ReadItem(int32_t w, MixItem& it) { return LoadItem(planGm, t, w, it); }
     __aicore__ inline int32_t Page(const MixItem& it, int32_t p) {
         return btGm.GetValue(uint64_t(it.b) * t.maxPages + p / t.pageSize);
     }
@@ -119,7 +115,7 @@ public:
     __aicore__ inline void Process() {
         CrossCoreWaitFlag(kFlagZero);  // the vector cores wrote this core's zero row
         int32_t tile = 0;              // tiles of this core so far (scratch slot = tile % 2)
-        for (int32_t w = c_.w0; w < c_.w1; w++) {
+        for (int32_t w = c_.w0; w < c_.w1; w += c_.wStep) {
             MixItem it;
             if (!c_.ReadItem(w, it) || it.end <= it.start) {
                 continue;
@@ -315,7 +311,7 @@ public:
     __aicore__ inline void Process() {
         WriteZeroRow();
         int32_t tile = 0;
-        for (int32_t w = c_.w0; w < c_.w1; w++) {
+        for (int32_t w = c_.w0; w < c_.w1; w += c_.wStep) {
             MixItem it;
             if (!c_.ReadItem(w, it)) {
                 continue;
@@ -618,7 +614,11 @@ private:
                 Duplicate(o[D], kNegInf, kLseRepeat);
             }
             const int32_t qrow = it.row0 + qi;
-            const bool direct = direct_ && c_.planGm.GetValue(c_.t.rowNumOffset + qrow) == 1;
+            int32_t s0 = 0, ns = 0;
+            if (direct_) {
+                RowSplits(c_.planGm, c_.t, qrow, s0, ns);
+            }
+            const bool direct = direct_ && ns == 1;
             LocalTensor<T> ob;
             if (direct) {  // the row's only split: final output in q's dtype (as the combine rounds)
                 ob = ob_.Get<T>();
@@ -634,7 +634,7 @@ private:
                 DataCopyExtParams cp(1, uint32_t(sizeof(float)), 0, 0, 0);
                 DataCopyPad(lseGm_[uint64_t(qrow) * c_.t.numQHeads + hqRow], ready[D], cp);
             } else {
-                const int32_t slot = c_.planGm.GetValue(c_.t.rowSlotOffset + qrow) + it.split;
+                const int32_t slot = SlotOf(c_.planGm, c_.t, qrow, it.split);
                 const uint64_t hq = uint64_t(slot) * c_.t.numQHeads + hqRow;
                 DataCopy(wsO_[hq * D], ready, uint32_t(D));
                 DataCopy(wsL_[hq * kLseRepeat], ready[D], uint32_t(kLseRepeat));

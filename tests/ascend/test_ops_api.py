@@ -355,5 +355,9 @@ def test_graph_check_script_logic_on_the_cpu(monkeypatch):
                                                             graph=lambda g: __import__("contextlib").nullcontext()),
                         raising=False)
     for name in ("multi-query/gqa-bf16", "int8/per-head", "mask/sliding-window"):
-        r = gc.graph_case(get_case(name), "910b2")
-        assert r["passed"] and len(r["replays"]) == 4, r
+        for device_ranges in (False, True):   # plan() per replay; graph mode (lengths from a device tensor)
+            r = gc.graph_case(get_case(name), "910b2", device_ranges)
+            assert r["passed"] and len(r["replays"]) == 4, r
+            assert r["mode"] == ("device" if device_ranges else "host")
+            if device_ranges:
+                assert wrappers[-1].tiling["deviceSplitTokens"] > 0

@@ -115,21 +115,30 @@ def split_ub_bytes(head_dim: int, dtype: str, kv_dtype: str, tile_tokens: int, r
     return b
 
 
-def combine_ub_bytes(head_dim: int, dtype: str, num_q_heads: int, max_splits: int) -> dict[str, int]:
-    """Every UB buffer of the combine kernel (``CombineStage::Init``), bytes after 32-byte rounding."""
-    D, S = head_dim, max_splits
-    RE, QR = _ru(D, 8), row_elems(D, dtype)
+def combine_ub_bytes(head_dim: int, dtype: str, num_q_heads: int, max_splits: int, heads: int = 1) -> dict[str, int]:
+    """Every UB buffer of the combine kernel (``CombineStage::Init``), bytes after 32-byte rounding,
+    merging ``heads`` query heads of one KV head at once."""
+    D, S, H = head_dim, max_splits, heads
+    blk = _r32(H * LSE_REPEAT * 4)
     return {
-        "lseQ (2 x lse blocks)": 2 * _r32(S * LSE_REPEAT * 4),
-        "oQ (2 x partial o rows)": 2 * _r32(S * RE * 4),
-        "outQ (2 x out row)": 2 * _r32(QR * ITEMSIZE[dtype]),
-        "w (weights)": _r32(S * LSE_REPEAT * 4),
-        "acc": _r32(RE * 4),
-        "red": BLOCK,
-        "tmp": BLOCK,
-        "work (reduce scratch)": _r32(_ru(2 * -(-(S * LSE_REPEAT) // 64), 8) * 4),
+        "lseQ (lse blocks [splits, heads])": _r32(S * H * LSE_REPEAT * 4),
+        "oQ (partial o rows [splits, heads, D])": _r32(S * H * D * 4),
+        "outQ (2 x out rows [heads, D])": 2 * _r32(H * D * ITEMSIZE[dtype]),
+        "w (weights)": _r32(S * H * LSE_REPEAT * 4),
+        "m, sum, lse": 3 * blk,
+        "acc [heads, D]": _r32(H * D * 4),
         "lseRow": _r32(_ru(num_q_heads, 8) * 4),
     }
+
+
+def combine_heads(head_dim: int, dtype: str, num_q_heads: int, max_splits: int, group: int,
+                  ub_bytes: int = UB_BYTES) -> int:
+    """The most query heads of one KV head (at most ``group``) the combine merges at once within the UB."""
+    best = 1
+    for h in range(1, max(1, group) + 1):
+        if sum(combine_ub_bytes(head_dim, dtype, num_q_heads, max_splits, h).values()) <= ub_bytes:
+            best = h
+    return best
 
 
 def choose_tiles(head_dim: int, dtype: str, kv_dtype: str, rows: int, soft_cap: bool,
@@ -324,7 +333,8 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
             raise ValueError(f"seq_lens: {longest} tokens is over device_split_tokens * max_splits = "
                              f"{S} * {max_splits}; the kernels would read only {S * max_splits}")
         all_cores = True
-    comb = combine_ub_bytes(head_dim, dtype, num_q_heads, max_splits)
+    comb_heads = combine_heads(head_dim, dtype, num_q_heads, max_splits, group, ub)
+    comb = combine_ub_bytes(head_dim, dtype, num_q_heads, max_splits, comb_heads)
     if sum(comb.values()) > ub:
         raise ValueError(f"UB budget: the combine kernel needs {sum(comb.values())} bytes for {max_splits} splits "
                          f"per row, head_dim={head_dim}; rule: all InitBuffer sizes of one vector core must fit "
@@ -387,7 +397,8 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
         kvRowElems=row_elems(head_dim, kv_dtype), qRowElems=row_elems(head_dim, dtype), rowElems=_ru(head_dim, 8),
         maxSplits=max_splits, lseOffsetBytes=lse_off, workspaceBytes=ws,
         splitUbBytes=sum(split_b.values()), combineUbBytes=sum(comb.values()), **mix_fields, **offs,
-        combineBlockDim=int(max(1, min(prof.units, T * hkv))), deviceSplitTokens=S)
+        combineBlockDim=int(max(1, min(prof.units, T * hkv))), deviceSplitTokens=S,
+        combineHeads=int(comb_heads))
     tb = pack_tiling(t)
     t["kernelReason"] = reason
     return t, tb, words

@@ -109,9 +109,10 @@ struct SplitKVTiling {
     int32_t mixUbBytes;       // mixed: UB one vector core reserves
     int32_t combineBlockDim;  // vector cores the combine uses (units of (row, KV head); any count works)
     int32_t deviceSplitTokens;  // graph mode: split size S > 0: items, ranges and slots from seqLens (below); 0 off
+    int32_t combineHeads;     // query heads of one KV head the combine merges at once (<= groupSize; UB-bound)
 };
 
-#define SPLITKV_TILING_WORDS 44
+#define SPLITKV_TILING_WORDS 45
 
 #ifdef __cplusplus
 static_assert(sizeof(SplitKVTiling) == SPLITKV_TILING_WORDS * 4, "SplitKVTiling must be 4-byte fields only");

@@ -240,3 +240,23 @@ def test_nan_rule_on_the_mixed_kernel(what):
     assert np.isnan(out[want_nan]).all()
     np.testing.assert_array_equal(out[~want_nan], clean[0][~want_nan])
     np.testing.assert_array_equal(lse[~want_nan], clean[1][~want_nan])
+
+
+def test_combine_merges_the_heads_of_a_kv_head_together_and_in_chunks():
+    """The combine merges combineHeads query heads of one KV head at once (vectorised over the heads
+    and the splits): all G for the usual shapes, fewer when the splits' partials would not fit the UB;
+    both give the reference."""
+    assert tl.combine_heads(128, "bfloat16", 32, 3, 4) == 4
+    assert tl.combine_heads(128, "bfloat16", 64, 8, 8) == 8
+    few = tl.combine_heads(256, "bfloat16", 16, 32, 8)
+    assert 1 <= few < 8
+    for fused in (True, False):
+        inp = cases.random_inputs(12, [2000, 700], num_q_heads=16, num_kv_heads=2, head_dim=256, page_size=64,
+                                  dtype="bfloat16")
+        plan = inp.plan("size:64", device="910b2")
+        til = tl.build_tiling(inp, plan)
+        assert til.fields["combineHeads"] == few and plan.max_splits == 32
+        out, lse = sim.run_twin(inp, plan, fused=fused)
+        ro, rl = _ref(inp)
+        np.testing.assert_allclose(out, ro, atol=2e-2, rtol=0)
+        np.testing.assert_allclose(lse, rl, atol=1e-3, rtol=0)

@@ -399,9 +399,34 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
         splitUbBytes=sum(split_b.values()), combineUbBytes=sum(comb.values()), **mix_fields, **offs,
         combineBlockDim=int(max(1, min(prof.units, T * hkv))), deviceSplitTokens=S,
         combineHeads=int(comb_heads))
+    check_dma_block_counts(t)
     tb = pack_tiling(t)
     t["kernelReason"] = reason
     return t, tb, words
+
+
+DMA_MAX_BLOCKS = 4095  # DataCopy / DataCopyPad blockCount on dav-c220 (kernel_operator_data_copy_impl.h)
+
+
+def dma_block_counts(t: dict) -> dict[str, int]:
+    """The largest ``blockCount`` each strided copy of the kernels issues for a tiling, by copy."""
+    counts = {
+        "split: K / V rows of one page segment (<= tileTokens)": int(t["tileTokens"]),
+        "split: q rows of one query row's heads (<= rowChunk)": int(t["rowChunk"]),
+        "combine: one lse block / o row per split (maxSplits)": int(t["maxSplits"]),
+    }
+    if int(t["kernelKind"]) == 1:
+        counts["mixed: S / P / O rows of one vector core (mixRowsPad / 2)"] = int(t["mixRowsPad"]) // 2
+    return counts
+
+
+def check_dma_block_counts(t: dict) -> None:
+    """``ValueError`` naming the copy when one would move more than 4095 blocks (the dav-c220 limit
+    the twin enforces as ``[dma-param]``)."""
+    for what, n in dma_block_counts(t).items():
+        if n > DMA_MAX_BLOCKS:
+            raise ValueError(f"DMA block count: {what} would be {n}; a DataCopy moves at most {DMA_MAX_BLOCKS} "
+                             "blocks (blockCount <= 4095 on dav-c220)")
 
 
 def kv_quant_array(inputs) -> np.ndarray:

@@ -172,8 +172,10 @@ MIX_MAX_ROWS = 128  # query rows of one item (q_len x G), padded to 16
 MIX_ITEM_OVERHEAD_TOKENS = 64  # balance weight of an item's fixed cost, in tokens (ASSUMPTION)
 
 
-def mix_ub_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int, soft_cap: bool) -> dict[str, int]:
-    """Every UB buffer of one vector core of the mixed split stage (``MixVec::Init``), bytes."""
+def mix_ub_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int, soft_cap: bool,
+                 multi_query: bool = False) -> dict[str, int]:
+    """Every UB buffer of one vector core of the mixed split stage (``MixVec::Init``), bytes
+    (``multi_query``: a request has several query rows, the causal band's V row buffers)."""
     D, TT, RH = head_dim, tile_tokens, rows_pad // 2
     b = {"s (scores)": _r32(RH * TT * 4), "p (probabilities, q dtype)": _r32(RH * TT * ITEMSIZE[dtype]),
          "o (P V tile)": _r32(RH * D * 4), "acc": _r32(RH * D * 4), "red": 2 * _r32(_ru(2 * RH, 8) * 4),
@@ -181,6 +183,8 @@ def mix_ub_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int, sof
     if soft_cap:
         b["cap (soft-cap scratch)"] = _r32(RH * TT * 4)
     b["outQ (2 x o row + lse block)"] = 2 * _r32((D + LSE_REPEAT) * 4)
+    if multi_query:
+        b["vb, vf (a band V row, q dtype and float32)"] = _r32(D * ITEMSIZE[dtype]) + _r32(D * 4)
     return b
 
 
@@ -202,7 +206,8 @@ def mix_unsupported(head_dim: int, dtype: str, kv_dtype: str, num_q_heads: int, 
     return mixed_kernel_unsupported(head_dim, dtype, kv_dtype, num_q_heads, num_kv_heads)
 
 
-def choose_mix_tiles(head_dim: int, dtype: str, rows: int, soft_cap: bool, ub_bytes: int = UB_BYTES):
+def choose_mix_tiles(head_dim: int, dtype: str, rows: int, soft_cap: bool, ub_bytes: int = UB_BYTES,
+                     multi_query: bool = False):
     """``(tile_tokens, rows_pad)`` of the mixed split stage, or None when no tile fits every unit."""
     MP = max(16, _ru(rows, 16))
     if MP > MIX_MAX_ROWS:
@@ -211,7 +216,7 @@ def choose_mix_tiles(head_dim: int, dtype: str, rows: int, soft_cap: bool, ub_by
         cube = mix_cube_bytes(head_dim, tt, MP)
         if (cube["L1"] <= L1_BYTES and cube["L0A"] <= L0A_BYTES and cube["L0B"] <= L0B_BYTES
                 and cube["L0C"] <= L0C_BYTES and (MP // 2) * tt >= head_dim
-                and sum(mix_ub_bytes(head_dim, dtype, tt, MP, soft_cap).values()) <= ub_bytes):
+                and sum(mix_ub_bytes(head_dim, dtype, tt, MP, soft_cap, multi_query).values()) <= ub_bytes):
             return tt, MP
     return None
 
@@ -355,7 +360,8 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
     if kernel != "vector":
         why = mix_unsupported(head_dim, dtype, kv_dtype, num_q_heads, hkv)
         if why is None:
-            mix = choose_mix_tiles(head_dim, dtype, max(1, max_q * group), soft_cap is not None and soft_cap > 0, ub)
+            mix = choose_mix_tiles(head_dim, dtype, max(1, max_q * group), soft_cap is not None and soft_cap > 0, ub,
+                                   multi_query=max_q > 1)
             why = None if mix else f"mixed kernel: {max_q * group} query rows per item do not fit one cube tile"
         if why and kernel == "mix":
             raise ValueError(why)
@@ -379,8 +385,8 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
         ws = scratch_off + int(block_dim) * per_core
         mix_fields = dict(kernelKind=1, mixTileTokens=tt_m, mixRowsPad=mp, scratchOffsetBytes=scratch_off,
                           scratchCoreBytes=per_core,
-                          mixUbBytes=sum(mix_ub_bytes(head_dim, dtype, tt_m, mp,
-                                                      soft_cap is not None and soft_cap > 0).values()))
+                          mixUbBytes=sum(mix_ub_bytes(head_dim, dtype, tt_m, mp, soft_cap is not None and soft_cap > 0,
+                                                      multi_query=max_q > 1).values()))
     if ws >= 2 ** 31:
         raise ValueError(f"workspace: {ws} bytes does not fit the tiling's int32 workspaceBytes")
     words, offs = plan_words(plan, seq_lens, core_range)

@@ -190,6 +190,14 @@ private:
             }
             p += cnt;
         }
+        // several query rows (MTP): the V rows of the causal band (positions the request's first query
+        // row cannot see) are zero for the cube; the vector cores add them for the rows that see them
+        const int32_t a = Max(p0, it.seqLen - it.qLen + 1);
+        if (it.qLen > 1 && a < p0 + n) {
+            DataCopy(v1[(a - p0) * 16], zGm_,
+                     Nd2NzParams(static_cast<uint16_t>(p0 + n - a), 1, static_cast<uint16_t>(D), 0,
+                                 static_cast<uint16_t>(D), static_cast<uint16_t>(TT), 1, 16));
+        }
     }
 
     // S = Q K^T for tile j (K/V already in L1 buffer j % 2) -> scratch S slot, flag S.
@@ -275,7 +283,7 @@ class MixVec {
 public:
     // out / lse: the fused launch's outputs (rows with one split are written there directly and the
     // combine skips them); nullptr for the split-only launch (every row goes to its partial slot).
-    __aicore__ inline void Init(GM_ADDR bt, GM_ADDR plan, GM_ADDR ws, const SplitKVTiling& t, GM_ADDR out,
+    __aicore__ inline void Init(GM_ADDR v, GM_ADDR bt, GM_ADDR plan, GM_ADDR ws, const SplitKVTiling& t, GM_ADDR out,
                                 GM_ADDR lse) {
         sub_ = static_cast<int32_t>(GetSubBlockIdx());
         direct_ = out != nullptr;
@@ -301,6 +309,12 @@ public:
             pipe_.InitBuffer(cap_, uint32_t(RH_) * TT * sizeof(float));
         }
         pipe_.InitBuffer(outQ_, 2, uint32_t(D + kLseRepeat) * sizeof(float));
+        if (t.maxQLen > 1) {  // the causal band's V rows (AddBand)
+            vGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(v),
+                                 uint64_t(t.numPages) * t.pageSize * t.numKVHeads * t.headDim);
+            pipe_.InitBuffer(vb_, uint32_t(RoundUp(D * int32_t(sizeof(T)), kBlockBytes)));
+            pipe_.InitBuffer(vf_, uint32_t(D) * sizeof(float));
+        }
         if (direct_) {
             outGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(out), uint64_t(t.numRows) * t.numQHeads * D);
             lseGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(lse), uint64_t(t.numRows) * t.numQHeads);
@@ -323,6 +337,7 @@ public:
             for (int32_t j = 0; j < nt; j++) {
                 Softmax(it, r0, nr, j, tile + j);
                 Update(nr, r0, tile + j);
+                AddBand(it, r0, nr, j);
             }
             tile += nt;
             Finish(it, r0, nr);
@@ -577,6 +592,40 @@ private:
         PipeBarrier<PIPE_V>();
     }
 
+    // Several query rows (MTP): the causal band's V rows (positions the request's first query row
+    // cannot see) were zero in the cube's P V, so that no row multiplies a value it cannot see by 0;
+    // here each row adds p * v of the band positions it sees (Axpy, p from the tile's probabilities,
+    // still in s). A masked page contributes nothing.
+    __aicore__ inline void AddBand(const MixItem& it, int32_t r0, int32_t nr, int32_t j) {
+        const int32_t D = c_.D, p0 = it.start + j * c_.TT, n = Min(c_.TT, it.end - p0);
+        const int32_t a = Max(p0, it.seqLen - it.qLen + 1);
+        if (it.qLen <= 1 || nr == 0 || a >= p0 + n) {
+            return;
+        }
+        const int32_t n16 = RoundUp(n, 16), ps = c_.t.pageSize;
+        LocalTensor<float> s = s_.Get<float>(), acc = acc_.Get<float>(), vf = vf_.Get<float>();
+        LocalTensor<T> vb = vb_.Get<T>();
+        WaitFor<HardEvent::V_S>();  // the probabilities in s are readable
+        for (int32_t p = a; p < p0 + n; p++) {
+            const int32_t page = c_.Page(it, p);
+            if (!c_.PageOk(page)) {
+                continue;
+            }
+            WaitFor<HardEvent::V_MTE2>();  // the previous band row's Cast has read vb
+            DataCopy(vb, vGm_[((uint64_t(page) * ps + p % ps) * c_.t.numKVHeads + it.h) * D], uint32_t(D));
+            WaitFor<HardEvent::MTE2_V>();
+            Cast(vf, vb, RoundMode::CAST_NONE, uint32_t(D));
+            PipeBarrier<PIPE_V>();
+            for (int32_t r = 0; r < nr; r++) {
+                if (p > it.seqLen - it.qLen + (r0 + r) / c_.G) {
+                    continue;  // this row cannot see p
+                }
+                Axpy(acc[r * D], vf, s.GetValue(r * n16 + (p - p0)), D);
+                PipeBarrier<PIPE_V>();
+            }
+        }
+    }
+
     // o = acc / l and lse = m + ln l of each row -> the item's partial slot (o = 0, lse = -inf for a
     // row that saw nothing).
     __aicore__ inline void Finish(const MixItem& it, int32_t r0, int32_t nr) {
@@ -648,9 +697,9 @@ private:
     int32_t sub_ = 0, RH_ = 0, RHP_ = 8;
     float m_[kMaxVecRows], l_[kMaxVecRows], a_[kMaxVecRows];
     TPipe pipe_;
-    TBuf<TPosition::VECCALC> s_, p_, o_, acc_, red_, alpha_, work_, cap_, ob_;
+    TBuf<TPosition::VECCALC> s_, p_, o_, acc_, red_, alpha_, work_, cap_, ob_, vb_, vf_;
     TQue<TPosition::VECOUT, 2> outQ_;
-    GlobalTensor<T> pGm_, zGm_, outGm_;
+    GlobalTensor<T> pGm_, zGm_, outGm_, vGm_;
     GlobalTensor<float> sGm_, oGm_, wsO_, wsL_, lseGm_;
 };
 
@@ -666,7 +715,7 @@ __aicore__ inline void RunSplitMix(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, 
     }
     if ASCEND_IS_AIV {
         splitkv::MixVec<T> op;
-        op.Init(bt, plan, ws, t, out, lse);
+        op.Init(v, bt, plan, ws, t, out, lse);
         op.Process();
     }
 }

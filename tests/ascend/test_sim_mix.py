@@ -190,7 +190,7 @@ def _kv_at(inp, b, pos):
 
 @pytest.mark.parametrize("what", ["nan-k", "inf-v", "minus-inf-k", "nan-q", "minus-inf-k-soft-cap",
                                   "nan-v-page-tail", "nan-v-windowed-out", "nan-v-unassigned-page",
-                                  "nan-k-causally-masked"])
+                                  "nan-k-causally-masked", "nan-v-causally-masked"])
 def test_nan_rule_on_the_mixed_kernel(what):
     """docs/conventions.md: a NaN / inf in q, or in K / V at a position a row can see, makes that
     row NaN (out and lse) for the query heads that read it; values no row can see change nothing
@@ -227,9 +227,9 @@ def test_nan_rule_on_the_mixed_kernel(what):
         assert free
         v[free] = np.nan
         k[free] = np.nan
-    elif what == "nan-k-causally-masked":
+    elif what in ("nan-k-causally-masked", "nan-v-causally-masked"):
         page, slot = _kv_at(inp, 1, 149)                 # request 1's last token: row 2 sees it, row 1 not
-        k[page, slot, 0, :] = np.nan
+        (k if what.startswith("nan-k") else v)[page, slot, 0, :] = np.nan
         nan_cells = [(2, h) for h in range(4)]
     bad = dataclasses.replace(inp, k_cache=k, v_cache=v, q=q)
     out, lse = sim.run_twin(bad, plan)

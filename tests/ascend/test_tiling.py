@@ -17,7 +17,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 
 def test_header_fields_are_the_struct():
-    assert tl.TILING_BYTES == 4 * len(tl.FIELDS) == 43 * 4
+    assert tl.TILING_BYTES == 4 * len(tl.FIELDS) == 45 * 4
     assert tl.FIELD_NAMES[0] == "version" and "workspaceBytes" in tl.FIELD_NAMES
     t = {n: (1.5 if k == "f" else i) for i, (n, k) in enumerate(tl.FIELDS)}
     assert tl.unpack_tiling(tl.pack_tiling(t)) == t
@@ -191,3 +191,31 @@ def test_mixed_tiles_fit_every_unit(dtype, soft_cap):
             if d <= 128 and rows <= 16:
                 assert tt == 256
     assert tl.choose_mix_tiles(128, "bfloat16", 129, False) is None  # more rows: the vector kernel
+
+
+def test_no_copy_over_the_dma_block_limit():
+    """Every strided copy's blockCount stays within dav-c220's 4095 for the tilings the host builds,
+    and a tiling that would exceed it is refused naming the copy."""
+    inp = random_inputs(3, [5000, 64], num_q_heads=64, num_kv_heads=1, head_dim=128, page_size=16,
+                              dtype="bfloat16")
+    for kernel in ("vector", "mix"):
+        til = tl.build_tiling(inp, inp.plan("size:512", device="910b2"), kernel=kernel)
+        assert max(tl.dma_block_counts(til.fields).values()) <= tl.DMA_MAX_BLOCKS
+    bad = dict(til.fields, maxSplits=4096)
+    with pytest.raises(ValueError, match="DMA block count: combine"):
+        tl.check_dma_block_counts(bad)
+
+
+def test_every_kernel_entry_declares_its_task_type():
+    """KERNEL_TASK_TYPE_DEFAULT on every entry (AIV only for the vector kernels, MIX_AIC_1_2 for the mixed)."""
+    import re
+
+    seen = set()
+    for src in (tl.HEADER.parent).glob("*.cpp"):
+        text = src.read_text()
+        for m in re.finditer(r'extern "C" __global__ __aicore__ void (\w+)\(.*?\{(.*?)\n\}', text, re.S):
+            name, body = m.group(1), m.group(2)
+            want = "KERNEL_TYPE_MIX_AIC_1_2" if "mix" in name else "KERNEL_TYPE_AIV_ONLY"
+            assert f"KERNEL_TASK_TYPE_DEFAULT({want})" in body, name
+            seen.add(name)
+    assert seen == {"splitkv_split", "splitkv_combine", "splitkv_split_mix", "splitkv_attention_mix"}

@@ -102,9 +102,10 @@ def _check_meta(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, worksp
     if kernel not in (KERNEL_VECTOR, KERNEL_MIX) or isinstance(kernel, bool):
         raise ValueError(f"kernel: must be {KERNEL_VECTOR} (vector split + combine) or {KERNEL_MIX} (fused mixed "
                          f"launch), got {kernel!r}")
-    if kernel == KERNEL_MIX and (q.dtype not in (torch.float16, torch.bfloat16) or k_cache.dtype != q.dtype):
-        raise ValueError(f"kernel: the fused mixed launch takes float16 / bfloat16 q with KV of the same dtype, "
-                         f"got {q.dtype} / {k_cache.dtype}")
+    if kernel == KERNEL_MIX and (q.dtype not in (torch.float16, torch.bfloat16)
+                                 or k_cache.dtype not in (q.dtype, torch.int8)):
+        raise ValueError(f"kernel: the fused mixed launch takes float16 / bfloat16 q with KV of the same dtype or "
+                         f"int8, got {q.dtype} / {k_cache.dtype}")
     named = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, kv_quant=kv_quant, plan=plan,
                  tiling=tiling, workspace=workspace, out=out, lse=lse)
     for name, x in named.items():

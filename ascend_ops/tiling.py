@@ -447,6 +447,8 @@ def dma_block_counts(t: dict) -> dict[str, int]:
     }
     if int(t["kernelKind"]) == 1:
         counts["mixed: S / P / O rows of one vector core (mixRowsPad / 2)"] = int(t["mixRowsPad"]) // 2
+        if int(t["kvDtype"]) == DTYPE_CODES["int8"]:
+            counts["mixed int8: K / V rows of one cast chunk (<= MIX_QUANT_CHUNK)"] = MIX_QUANT_CHUNK
     return counts
 
 

@@ -10,7 +10,7 @@
 // captured by aclgraph like them. `kernel` (the tiling's kernelKind, chosen on the host by
 // ascend_ops.tiling from ascend_ops.support.mixed_kernel_unsupported) picks the launch:
 //   0: splitkv_split then splitkv_combine, each on `block_dim` vector cores (the fallback: fp32 q,
-//      int8 KV, head dims not a multiple of 16, very large MTP groups);
+//      head dims not a multiple of 16, very large MTP groups);
 //   1: splitkv_attention_mix on `block_dim` AI cores (1 cube + 2 vector cores each, one launch:
 //      the mixed split stage, SyncAll, the combine). Its SyncAll is the hardware one (FFTS
 //      cross-core flags on dav-c220), which needs no system workspace (NOT RUN on an NPU).
@@ -104,9 +104,9 @@ void decode_attention_npu(const at::Tensor &q, const at::Tensor &k_cache, const 
     TORCH_CHECK(block_dim > 0 && block_dim <= 65535, "block_dim: must be in [1, 65535], got ", block_dim);
     TORCH_CHECK(kernel == 0 || kernel == 1, "kernel: must be 0 (vector split + combine) or 1 (fused mixed launch), got ",
                 kernel);
-    TORCH_CHECK(kernel == 0 || ((qt == at::kHalf || qt == at::kBFloat16) && k_cache.scalar_type() == qt),
-                "kernel: the fused mixed launch takes float16 / bfloat16 q with KV of the same dtype, got ", qt, " / ",
-                k_cache.scalar_type());
+    TORCH_CHECK(kernel == 0 || ((qt == at::kHalf || qt == at::kBFloat16) && (k_cache.scalar_type() == qt || int8_kv)),
+                "kernel: the fused mixed launch takes float16 / bfloat16 q with KV of the same dtype or int8, got ", qt,
+                " / ", k_cache.scalar_type());
     if (int8_kv) {
         TORCH_CHECK(kv_quant.has_value(), "kv_quant: required with an int8 KV cache");
     }

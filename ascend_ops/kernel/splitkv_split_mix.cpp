@@ -483,10 +483,10 @@ private:
             }
             WaitFor<HardEvent::V_S>();
             vBad_ = !IsFinite(red.GetValue(RHP_));
-            float mx = 0.0f;
+            float mx = 0.0f;  // over the finite rows: a NaN / inf row (NaN rule) leaves the others' e alone
             for (int32_t r = 0; r < nr; r++) {
                 const float x = red.GetValue(2 * r);
-                mx = x > mx ? x : mx;
+                mx = x > mx && IsFinite(x) ? x : mx;
             }
             const float f = PowerOfTwoFor(mx);
             sScale_ = c_.t.scale / f;

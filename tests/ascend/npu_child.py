@@ -310,9 +310,9 @@ def scenario_cpp_kernel(lib_path: str) -> dict:
         return mix_counter[0].value
 
     def body_runs():
-        for case in ("basic/vector-v-float32", "int8/per-head"):
+        for case in ("basic/vector-v-float32", "int8/per-head-offset-fp32"):
             *_, args = case_tensors(case, "npu")
-            assert args[-1] == 0, "the vector kernel serves fp32 q and int8 KV"
+            assert args[-1] == 0, "the vector kernel serves fp32 q (with KV of the same dtype or int8)"
             before, mix_before = launches_so_far(), mix_launches_so_far()
             op(*args)
             assert launches_so_far() - before == 2, "expected the split and the combine launch"
@@ -320,6 +320,12 @@ def scenario_cpp_kernel(lib_path: str) -> dict:
         return "binding.cpp's checks pass on valid npu tensors and both vector-path kernels are launched"
 
     def body_runs_mix():
+        for case in ("int8/per-head",):  # fp16 q, int8 KV: the mixed kernel too, kv_quant passed
+            *_, w, args = case_tensors(case, "npu")
+            assert args[-1] == 1 and args[4] is not None, (case, w.kernel_reason)
+            before, mix_before = launches_so_far(), mix_launches_so_far()
+            op(*args)
+            assert launches_so_far() - before == 1 and mix_launches_so_far() - mix_before == 1, case
         *_, w, args = case_tensors("multi-query/gqa-bf16", "npu")
         assert args[-1] == 1 and "mixed" in w.kernel_reason, w.kernel_reason
         before, mix_before = launches_so_far(), mix_launches_so_far()
@@ -334,7 +340,8 @@ def scenario_cpp_kernel(lib_path: str) -> dict:
             assert "kernel: must be" in str(e)
         else:
             raise AssertionError("kernel=2 was accepted")
-        return "a bf16 tiling of kernelKind 1 makes binding.cpp enqueue one launch of splitkv_attention_mix"
+        return ("a bf16 tiling and an fp16 / int8 KV one of kernelKind 1 each make binding.cpp enqueue one launch "
+                "of splitkv_attention_mix")
 
     def body_rejects():
         *_, args = case_tensors("multi-query/gqa-bf16", "npu")

@@ -261,3 +261,24 @@ def test_combine_merges_the_heads_of_a_kv_head_together_and_in_chunks():
         ro, rl = _ref(inp)
         np.testing.assert_allclose(out, ro, atol=2e-2, rtol=0)
         np.testing.assert_allclose(lse, rl, atol=1e-3, rtol=0)
+
+
+def test_band_value_before_a_later_rows_window_stays_out_of_it():
+    """Several query rows and a window narrower than q_len: a band position (AddBand's V row, read from
+    the cache) that a later row's window has already left is never multiplied into that row, even by a
+    zero probability (0 * NaN is NaN). Rows 1 and 2 see position L - 3, row 0 (causal) and row 3 (window
+    [L - 2, L - 1]) do not."""
+    inp = cases.random_inputs(21, [200], num_q_heads=4, num_kv_heads=1, head_dim=64, page_size=32,
+                              dtype="bfloat16", q_lens=[4], window_left=1)
+    plan = inp.plan("size:128", device="910b2")
+    assert tl.build_tiling(inp, plan).mixed
+    clean = sim.run_twin(inp, plan)
+    v = inp.v_cache.copy()
+    page, slot = _kv_at(inp, 0, 200 - 3)
+    v[page, slot, 0, :] = np.nan
+    out, lse = sim.run_twin(dataclasses.replace(inp, v_cache=v), plan)
+    want = np.zeros(lse.shape, bool)
+    want[1:3] = True
+    assert (np.isnan(lse) == want).all(), np.argwhere(np.isnan(lse) != want)
+    np.testing.assert_array_equal(out[~want], clean[0][~want])
+    np.testing.assert_array_equal(lse[~want], clean[1][~want])

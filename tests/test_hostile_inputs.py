@@ -414,7 +414,7 @@ CASES = [
     Case("nan-k-visible-window", lambda: poke(replace(base("window")), "k", (2, 2, 0), NAN),
          NaNRows(((1, 0), (1, 1)), base="window"), entries=DEFAULT_ENTRIES + ("ascend-sim",)),
     Case("nan-int8-scale", _int8(k_scale=np.array([NAN, 0.02], np.float32)),
-         NaNRows(((0, 0), (0, 1), (1, 0), (1, 1)), base="int8"), entries=NO_FLASH),
+         NaNRows(((0, 0), (0, 1), (1, 0), (1, 1)), base="int8"), entries=NO_FLASH + ("ascend-sim",)),
     # --- empty batches and shared pages --------------------------------------------------------
     Case("empty-batch", _empty_batch, Empty(0), entries=DEFAULT_ENTRIES + ("ascend-sim", "triton")),
     Case("no-query-rows", _no_rows, Empty(0), entries=NO_FLASH + ("ascend-sim", "triton")),

@@ -3,11 +3,14 @@
 // vector-only `splitkv_split` (docs/ascend-kernel.md); used when the tiling's kernelKind is 1.
 //
 // AI core c takes the plan's items [coreRange[c], coreRange[c + 1]) (contiguous ranges balanced
-// by length on the host). An item (request b, KV head h, split, [start, end)) has M = q_len * G
+// by length on the host; graph mode, deviceSplitTokens > 0: items c, c + blockDim, ... of the grid
+// derived from seqLens). An item (request b, KV head h, split, [start, end)) has M = q_len * G
 // query rows (all query rows of the request and the whole GQA group): the M dimension of the cube.
 // Per tile of TT tokens:
 //   cube (AIC): K, V pages GM -> L1 through the block table (ND -> NZ, one copy per page segment;
-//     a page id outside [0, numPages) is never dereferenced: its rows are copied from a zero row);
+//     what no row may see is copied from a zero row: masked page ids (never dereferenced), positions
+//     before the window, the tail to a whole fractal; several query rows: V's causal band too, which
+//     the vector cores add per row (AddBand));
 //     S = Q K^T on the cube (fp16/bf16 in, fp32 out) -> scratch S slot, flag S;
 //     after flag P: P (q's dtype) scratch -> L1 -> L0A, V -> L0B (transposed fractals),
 //     O = P V -> scratch O slot, flag O.
@@ -15,7 +18,8 @@
 //     masks (causal tail, window, tile tail, masked pages) as whole-row ranges, row max, exp, row
 //     sum, all as vector instructions over [rows x tile]; the running m and l are updated per
 //     (row, tile) by the scalar unit (one V->S round trip per tile, none per token); P -> scratch,
-//     flag P; after flag O: acc = acc * alpha + O.
+//     flag P; after flag O: acc = acc * alpha + O. NaN rule: a row whose visible scores or
+//     accumulator hold NaN / inf writes NaN (out and lse; docs/conventions.md).
 // The scratch (per AI core, after the partials in the workspace) holds two slots of S, P and O:
 // the cube runs QK of tile j + 1 and loads K/V of tile j + 2 while the vector cores work on tile j.
 // Cross-core flags: 1 S ready, 2 P ready, 3 O ready (all mode 2), 4 zero row ready (once).
@@ -24,7 +28,7 @@
 // the vector cores write q' = 2^e (q * k_scale) as two half rows, q'_hi + q'_lo (flag 5; the cube
 // accumulates both products in L0C, ~22 bits of q'), and keep beta = q' . k_offset per row;
 // per tile vector core 0 casts the K tile and vector core 1 the V tile int8 -> half into a scratch
-// slot (flag 6, one Cast per page segment, no scale); scores s = scale 2^-e (q' K_int^T - beta); the
+// slot (flag 6, one Cast per page segment, no scale; the same zero rows as the cube's loads); scores s = scale 2^-e (q' K_int^T - beta); the
 // output o = v_scale (P V_int / sum P) - v_scale v_offset, with sum P over the rounded P the cube
 // multiplies (the lse keeps the float sum).
 // NOT RUN ON AN NPU: type-checked against CANN 8.1 headers and run on the CPU twin only.

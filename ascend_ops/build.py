@@ -7,8 +7,9 @@ On a machine with CANN and torch_npu::
 configures ``ascend_ops/csrc/CMakeLists.txt`` with the torch and torch_npu directories and the
 torch C++ ABI, compiles the Ascend C kernels with CANN's ``ascendc_library()`` (bisheng) and the
 binding against torch and torch_npu, and copies the library where :func:`ascend_ops.load_extension`
-looks for it. ``--route bisheng`` instead compiles ``csrc/launch_split.asc`` and
-``csrc/launch_combine.asc`` (each: a kernel source and its ``<<<>>>`` launch function) with
+looks for it. ``--route bisheng`` instead compiles ``csrc/launch_split.asc``,
+``csrc/launch_combine.asc`` and ``csrc/launch_attention_mix.asc`` (each: a kernel source and its
+``<<<>>>`` launch function) with
 ``bisheng -x asc --npu-arch=dav-2201`` into ``libsplitkv_ascend_kernels.so``, then the binding with
 the host compiler, linked to it. Every missing piece is reported in a sentence, with exit status 2.
 
@@ -94,6 +95,8 @@ def detect_soc(default: str = DEFAULT_SOC) -> str:
 
 NPU_ARCH = {"Ascend910B": "dav-2201", "Ascend910_93": "dav-2201"}  # SoC name prefix -> bisheng --npu-arch
 KERNELS_LIB_FILE = "libsplitkv_ascend_kernels.so"
+#: The bisheng route's sources: each one kernel entry and its ``<<<>>>`` launch function.
+LAUNCH_SOURCES = ("launch_split.asc", "launch_combine.asc", "launch_attention_mix.asc")
 
 
 def npu_arch(soc: str) -> str:
@@ -212,7 +215,7 @@ def _bisheng_build(home, torch_dir, npu_dir, soc, build_dir, log) -> tuple[Path,
         f"{' '.join(bisheng_lang_flags(version, soc))}")
     _run([bisheng, *bisheng_lang_flags(version, soc), "-shared", "-fPIC", "-O2", "-std=c++17",
           f"-I{KERNEL_DIR}", f"-I{CSRC / 'launch'}", f"-I{home / 'include'}",
-          str(CSRC / "launch_split.asc"), str(CSRC / "launch_combine.asc"), "-o", str(kernels)], log)
+          *[str(CSRC / f) for f in LAUNCH_SOURCES], "-o", str(kernels)], log)
     out = build_dir / LIB_FILE
     torch_inc = torch_dir / "include"
     libs = [f"-L{build_dir}", f"-L{torch_dir / 'lib'}", f"-L{npu_dir / 'lib'}", f"-L{home / 'lib64'}",

@@ -44,8 +44,13 @@ QUALNAME = f"{NAMESPACE}::{OP_NAME}"
 #: The operator's schema, the single definition (binding.cpp implements it).
 SCHEMA = (
     "decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor? kv_quant, "
-    "Tensor plan, Tensor tiling, Tensor(a!) workspace, Tensor(b!) out, Tensor(c!) lse, int block_dim) -> ()"
+    "Tensor plan, Tensor tiling, Tensor(a!) workspace, Tensor(b!) out, Tensor(c!) lse, int block_dim, "
+    "int kernel=0) -> ()"
 )
+#: ``kernel``: which launch the tiling was built for (its ``kernelKind``): the vector-only split stage
+#: then the combine on ``block_dim`` vector cores (two launches), or the fused mixed AIC + AIV launch
+#: ``splitkv_attention_mix`` on ``block_dim`` AI cores (split, SyncAll, combine).
+KERNEL_VECTOR, KERNEL_MIX = 0, 1
 
 _Q_TORCH_DTYPES = tuple(TORCH_DTYPES[n] for n in Q_DTYPES)
 
@@ -58,7 +63,8 @@ _LIB = torch.library.Library(NAMESPACE, "DEF")
 _LIB.define(SCHEMA)
 
 
-def _check_meta(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, workspace, out, lse, block_dim):
+def _check_meta(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, workspace, out, lse, block_dim,
+                kernel=KERNEL_VECTOR):
     """Metadata checks shared by the fake and CPU kernels (binding.cpp makes the same ones)."""
     from . import tiling as tl
 
@@ -93,6 +99,13 @@ def _check_meta(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, worksp
         raise ValueError(f"kv_quant: only with an int8 KV cache (k_cache is {k_cache.dtype})")
     if not isinstance(block_dim, int) or isinstance(block_dim, bool) or not 0 < block_dim <= 65535:
         raise ValueError(f"block_dim: must be an int in [1, 65535], got {block_dim!r}")
+    if kernel not in (KERNEL_VECTOR, KERNEL_MIX) or isinstance(kernel, bool):
+        raise ValueError(f"kernel: must be {KERNEL_VECTOR} (vector split + combine) or {KERNEL_MIX} (fused mixed "
+                         f"launch), got {kernel!r}")
+    if kernel == KERNEL_MIX and (q.dtype not in (torch.float16, torch.bfloat16)
+                                 or k_cache.dtype not in (q.dtype, torch.int8)):
+        raise ValueError(f"kernel: the fused mixed launch takes float16 / bfloat16 q with KV of the same dtype or "
+                         f"int8, got {q.dtype} / {k_cache.dtype}")
     named = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, kv_quant=kv_quant, plan=plan,
                  tiling=tiling, workspace=workspace, out=out, lse=lse)
     for name, x in named.items():
@@ -134,20 +147,26 @@ def _check_tiling(t: dict, q, k_cache, block_table, plan, workspace) -> None:
 
 
 @torch.library.register_fake(QUALNAME, lib=_LIB)
-def _fake_kernel(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, workspace, out, lse, block_dim):
-    _check_meta(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, workspace, out, lse, block_dim)
+def _fake_kernel(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, workspace, out, lse, block_dim,
+                 kernel=KERNEL_VECTOR):
+    _check_meta(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, workspace, out, lse, block_dim, kernel)
 
 
-def _cpu_kernel(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, workspace, out, lse, block_dim):
+def _cpu_kernel(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, workspace, out, lse, block_dim,
+                kernel=KERNEL_VECTOR):
     """The op's contract on CPU tensors, from the same ``plan`` and ``tiling`` the kernels read."""
     from splitkv_common.torch_eager import decode_attention as eager
 
     from . import tiling as tl
 
-    _check_meta(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, workspace, out, lse, block_dim)
+    _check_meta(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, workspace, out, lse, block_dim, kernel)
     t = tl.unpack_tiling(tiling.numpy().tobytes())
     _check_tiling(t, q, k_cache, block_table, plan, workspace)
+    if int(t["kernelKind"]) != kernel:
+        raise ValueError(f"kernel: {kernel}, but the tiling was built for kernelKind {int(t['kernelKind'])}")
     host_plan, seq_lens, qsl = plan_from_words(plan.numpy(), t)
+    if int(t["deviceSplitTokens"]) > 0:   # graph mode: the work follows seqLens, as on the device
+        host_plan = _graph_mode_plan(t, seq_lens, qsl)
     quant = {}
     if kv_quant is not None:
         quant = dict(k_scale=kv_quant[0], k_offset=kv_quant[1], v_scale=kv_quant[2], v_offset=kv_quant[3])
@@ -193,6 +212,21 @@ def plan_from_words(words: np.ndarray, t: dict) -> tuple[Plan, np.ndarray, np.nd
     return p, seq_lens, qsl
 
 
+def _graph_mode_plan(t: dict, seq_lens: np.ndarray, qsl: np.ndarray) -> Plan:
+    """The plan the kernels derive in graph mode (``deviceSplitTokens`` S): splits of S tokens, slots
+    ``row * maxSplits + j`` (the same partials as the device grid; the window start is page-aligned
+    here, which changes no output)."""
+    from splitkv_common.plan import make_plan
+
+    S, cap = int(t["deviceSplitTokens"]), int(t["maxSplits"])
+    window = int(t["windowLeft"]) if t["windowLeft"] >= 0 else None
+    lens = np.minimum(seq_lens.astype(np.int64), S * cap)
+    return make_plan(lens, num_kv_heads=int(t["numKVHeads"]), page_size=int(t["pageSize"]), query_start_loc=qsl,
+                     policy=f"size:{S}", graph_stable=True, max_splits=cap, window_left=window,
+                     num_q_heads=int(t["numQHeads"]), head_dim=int(t["headDim"]),
+                     max_work_items=int(t["batch"]) * int(t["numKVHeads"]) * cap)
+
+
 def _policy_none():
     from splitkv_common.plan import SplitPolicy
 
@@ -200,10 +234,10 @@ def _policy_none():
 
 
 def decode_attention_op(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, workspace, out, lse,
-                        block_dim: int) -> None:
+                        block_dim: int, kernel: int = KERNEL_VECTOR) -> None:
     """``torch.ops.splitkv_ascend.decode_attention``: fill ``out`` and ``lse`` (and ``workspace``)."""
     torch.ops.splitkv_ascend.decode_attention(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, workspace,
-                                              out, lse, block_dim)
+                                              out, lse, block_dim, kernel)
 
 
 def pack_kv_quant(k_scale, v_scale, k_offset=None, v_offset=None, *, num_kv_heads: int, head_dim: int,

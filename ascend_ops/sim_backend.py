@@ -211,14 +211,31 @@ def run_twin(inputs: DecodeInputs, plan: Plan, profile: str = PROFILE, kernel: s
     """Split then combine on the twin: ``(out [T, Hq, D] float32 values of q's dtype, lse [T, Hq] float32)``.
 
     ``kernel``: ``auto`` (the mixed split stage where it applies), ``mix`` or ``vector``. ``fused``
-    (default: whenever the split stage is the mixed one): one launch, the combine after SyncAll.
+    (default: whenever the split stage is the mixed one, the launches the torch_npu binding makes:
+    ``Tiling.launches``): one launch, the combine after SyncAll.
     The inputs (host arrays) and the plan are checked first: the twin's kernels trust both."""
     inputs.validate()
     plan.validate(inputs.seq_lens, inputs.query_start_loc, window_left=inputs.window_left,
                   num_kv_heads=inputs.k_cache.shape[2])
-    til = tl.build_tiling(inputs, plan, profile, kernel=kernel)
+    return run_tiling(inputs, plan, tl.build_tiling(inputs, plan, profile, kernel=kernel), fused)
+
+
+def with_seq_lens(til: tl.Tiling, seq_lens) -> tl.Tiling:
+    """The same tiling with new lengths in the plan's ``seqLens`` section, as the wrapper's device copy
+    writes them before a graph replay (graph mode: ``deviceSplitTokens > 0``)."""
+    words = til.plan_words.copy()
+    off = int(til.fields["seqLensOffset"])
+    lens = np.asarray(seq_lens, np.int32).reshape(-1)
+    words[off:off + lens.size] = lens
+    return tl.Tiling(til.fields, til.tiling_bytes, words, til.kv_quant)
+
+
+def run_tiling(inputs: DecodeInputs, plan: Plan, til: tl.Tiling,
+               fused: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The launches of ``til`` on the twin (no checks: the kernels trust the tiling and plan words):
+    the fused mixed launch, or the split stage then the combine (``fused=False`` splits the mixed one)."""
     if fused is None:
-        fused = til.mixed
+        fused = [k for k, _ in til.launches] == ["splitkv_attention_mix"]
     if fused:
         if not til.mixed:
             raise ValueError("fused: only the mixed split stage has a fused launch")

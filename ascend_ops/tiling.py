@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from splitkv_common.devices import get_profile
-from splitkv_common.plan import Plan
+from splitkv_common.plan import Plan, make_plan
 
 from .support import (DEFAULT_PROFILE, kv_dtype_supported, mixed_kernel_unsupported, q_dtype_supported,
                       supported_head_dim)
@@ -115,21 +115,30 @@ def split_ub_bytes(head_dim: int, dtype: str, kv_dtype: str, tile_tokens: int, r
     return b
 
 
-def combine_ub_bytes(head_dim: int, dtype: str, num_q_heads: int, max_splits: int) -> dict[str, int]:
-    """Every UB buffer of the combine kernel (``CombineStage::Init``), bytes after 32-byte rounding."""
-    D, S = head_dim, max_splits
-    RE, QR = _ru(D, 8), row_elems(D, dtype)
+def combine_ub_bytes(head_dim: int, dtype: str, num_q_heads: int, max_splits: int, heads: int = 1) -> dict[str, int]:
+    """Every UB buffer of the combine kernel (``CombineStage::Init``), bytes after 32-byte rounding,
+    merging ``heads`` query heads of one KV head at once."""
+    D, S, H = head_dim, max_splits, heads
+    blk = _r32(H * LSE_REPEAT * 4)
     return {
-        "lseQ (2 x lse blocks)": 2 * _r32(S * LSE_REPEAT * 4),
-        "oQ (2 x partial o rows)": 2 * _r32(S * RE * 4),
-        "outQ (2 x out row)": 2 * _r32(QR * ITEMSIZE[dtype]),
-        "w (weights)": _r32(S * LSE_REPEAT * 4),
-        "acc": _r32(RE * 4),
-        "red": BLOCK,
-        "tmp": BLOCK,
-        "work (reduce scratch)": _r32(_ru(2 * -(-(S * LSE_REPEAT) // 64), 8) * 4),
+        "lseQ (lse blocks [splits, heads])": _r32(S * H * LSE_REPEAT * 4),
+        "oQ (partial o rows [splits, heads, D])": _r32(S * H * D * 4),
+        "outQ (2 x out rows [heads, D])": 2 * _r32(H * D * ITEMSIZE[dtype]),
+        "w (weights)": _r32(S * H * LSE_REPEAT * 4),
+        "m, sum, lse": 3 * blk,
+        "acc [heads, D]": _r32(H * D * 4),
         "lseRow": _r32(_ru(num_q_heads, 8) * 4),
     }
+
+
+def combine_heads(head_dim: int, dtype: str, num_q_heads: int, max_splits: int, group: int,
+                  ub_bytes: int = UB_BYTES) -> int:
+    """The most query heads of one KV head (at most ``group``) the combine merges at once within the UB."""
+    best = 1
+    for h in range(1, max(1, group) + 1):
+        if sum(combine_ub_bytes(head_dim, dtype, num_q_heads, max_splits, h).values()) <= ub_bytes:
+            best = h
+    return best
 
 
 def choose_tiles(head_dim: int, dtype: str, kv_dtype: str, rows: int, soft_cap: bool,
@@ -170,13 +179,14 @@ def mix_cube_dtype(dtype: str, kv_dtype: str) -> str:
 
 
 def mix_ub_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int, soft_cap: bool,
-                 kv_dtype: str | None = None) -> dict[str, int]:
+                 kv_dtype: str | None = None, multi_query: bool = False) -> dict[str, int]:
     """Every UB buffer of one vector core of the mixed split stage (``MixVec::Init`` and, for int8
-    KV, ``MixVec::InitQuant``), bytes."""
+    KV, ``MixVec::InitQuant``), bytes (``multi_query``: a request has several query rows, the
+    causal band's V row buffers of ``AddBand``)."""
     D, TT, RH = head_dim, tile_tokens, rows_pad // 2
     cube = mix_cube_dtype(dtype, kv_dtype or dtype)
     b = {"s (scores)": _r32(RH * TT * 4), "p (probabilities, cube dtype)": _r32(RH * TT * ITEMSIZE[cube]),
-         "o (P V tile)": _r32(RH * D * 4), "acc": _r32(RH * D * 4), "red": _r32(_ru(2 * RH, 8) * 4),
+         "o (P V tile)": _r32(RH * D * 4), "acc": _r32(RH * D * 4), "red": 2 * _r32(_ru(2 * RH, 8) * 4),
          "alpha": _r32(_ru(RH, 8) * 4), "work": 256}
     if soft_cap:
         b["cap (soft-cap scratch)"] = _r32(RH * TT * 4)
@@ -186,6 +196,10 @@ def mix_ub_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int, sof
         b.update({"qT (q rows)": _r32(RH * D * ITEMSIZE[dtype]), "qf (q' float)": _r32(RH * D * 4),
                   "qh (q' half, hi and lo)": _r32(2 * RH * D * 2), "kvq (scales, offsets)": _r32(4 * D * 4),
                   "i8 (int8 chunk)": _r32(MIX_QUANT_CHUNK * kr), "h16 (half chunk)": _r32(MIX_QUANT_CHUNK * kr * 2)})
+    if multi_query and kv_dtype == "int8":
+        b["vb, vh, vf (a band V row, int8, half and float32)"] = _r32(_ru(D, 32)) + _r32(D * 2) + _r32(D * 4)
+    elif multi_query:
+        b["vb, vf (a band V row, q dtype and float32)"] = _r32(D * ITEMSIZE[dtype]) + _r32(D * 4)
     return b
 
 
@@ -217,7 +231,7 @@ def mix_unsupported(head_dim: int, dtype: str, kv_dtype: str, num_q_heads: int, 
 
 
 def choose_mix_tiles(head_dim: int, dtype: str, rows: int, soft_cap: bool, ub_bytes: int = UB_BYTES,
-                     kv_dtype: str | None = None):
+                     kv_dtype: str | None = None, multi_query: bool = False):
     """``(tile_tokens, rows_pad)`` of the mixed split stage, or None when no tile fits every unit."""
     MP = max(16, _ru(rows, 16))
     if MP > MIX_MAX_ROWS:
@@ -226,7 +240,7 @@ def choose_mix_tiles(head_dim: int, dtype: str, rows: int, soft_cap: bool, ub_by
         cube = mix_cube_bytes(head_dim, tt, MP, kv_dtype)
         if (cube["L1"] <= L1_BYTES and cube["L0A"] <= L0A_BYTES and cube["L0B"] <= L0B_BYTES
                 and cube["L0C"] <= L0C_BYTES and (MP // 2) * tt >= head_dim
-                and sum(mix_ub_bytes(head_dim, dtype, tt, MP, soft_cap, kv_dtype).values()) <= ub_bytes):
+                and sum(mix_ub_bytes(head_dim, dtype, tt, MP, soft_cap, kv_dtype, multi_query).values()) <= ub_bytes):
             return tt, MP
     return None
 
@@ -257,25 +271,15 @@ def balance_items(plan: Plan, cores: int, overhead_tokens: int = MIX_ITEM_OVERHE
 
 
 def npu_split_count(seq_lens, num_kv_heads: int, page_size: int, profile: str = DEFAULT_PROFILE,
-                    q_lens=None) -> int:
-    """Splits per request for the mixed kernel: about ``cube cores / (B * Hkv)`` (as IFA), chosen
-    as the count ``s`` that minimises the busiest cube core's share ``ceil(B * Hkv * s / cores) / s``
-    (whole items per core), with splits no shorter than the profile's ``min_split_tokens``; ties go
-    to fewer splits (less combine work)."""
-    prof = get_profile(profile)
-    cores = prof.cube_units or prof.units
-    seq = np.asarray(seq_lens, np.int64).reshape(-1)
-    active = int((seq > 0).sum())
-    if active == 0:
-        return 1
-    longest = int(seq.max())
-    cap = max(1, min(prof.max_splits, longest // max(prof.min_split_tokens, page_size)))
-    best, best_s = None, 1
-    for s in range(1, cap + 1):
-        load = -(-active * num_kv_heads * s // cores) / s
-        if best is None or load < best - 1e-9:
-            best, best_s = load, s
-    return best_s
+                    num_q_heads: int | None = None, head_dim: int = 128, kv_elem_bytes: int = 2) -> int:
+    """Splits per request (of the longest one) that the ``auto`` policy gives on an Ascend profile:
+    the shared planner's NPU rule (:func:`splitkv_common.plan.npu_auto`: about ``cube cores / (B *
+    Hkv)``, as CANN's IFA, with the profile's minimum split length), so the estimate, the wrapper
+    and the tests plan the same way."""
+    plan = make_plan(np.asarray(seq_lens, np.int64).reshape(-1), num_kv_heads=num_kv_heads, page_size=page_size,
+                     policy="auto", device=profile, num_q_heads=num_q_heads or num_kv_heads, head_dim=head_dim,
+                     kv_elem_bytes=kv_elem_bytes)
+    return int(plan.num_splits.max(initial=1))
 
 
 def workspace_bytes(num_slots: int, num_q_heads: int, head_dim: int) -> tuple[int, int]:
@@ -308,8 +312,20 @@ def plan_words(plan: Plan, seq_lens, core_range=None) -> tuple[np.ndarray, dict]
 def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page_size: int, max_pages: int,
                   num_pages: int, dtype: str, kv_dtype: str, scale: float, soft_cap: float | None = None,
                   window_left: int | None = None, profile: str = DEFAULT_PROFILE,
-                  block_dim: int | None = None, kernel: str = "auto") -> tuple[dict, bytes, np.ndarray]:
+                  block_dim: int | None = None, kernel: str = "auto",
+                  all_cores: bool = False, device_split_tokens: int = 0) -> tuple[dict, bytes, np.ndarray]:
     """``(tiling fields, tiling bytes, plan words)`` for one batch; checks every host-side rule.
+
+    ``kernel``: ``auto`` (the mixed split stage where :func:`~ascend_ops.support.mixed_kernel_unsupported`
+    allows it, else the vector-only one), ``mix`` or ``vector``. ``all_cores``: launch on every core of
+    the profile for the chosen kernel (cube cores for the mixed one, vector cores otherwise) whatever
+    the batch, so that a captured graph keeps its launch. The field dict also holds
+    ``kernelReason`` (not packed): why this split stage serves the call, in words.
+
+    ``device_split_tokens`` (graph mode, ``S > 0``): the kernels derive their work items, ranges and
+    partial slots from the plan's ``seqLens`` section on the device (``splitkv_tiling.h``), so new
+    lengths need no new tiling: the plan must be graph-stable (slots ``row * max_splits + j``), ``S``
+    a multiple of the page size, every length at most ``S * max_splits``; implies ``all_cores``.
 
     Raises ``ValueError`` naming the rule when the head dim, dtypes, UB budget, copy-parameter
     ranges or workspace size are out of what the kernels take.
@@ -331,7 +347,23 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
     max_q = int(np.diff(qsl).max(initial=0))
     tt, rc = choose_tiles(head_dim, dtype, kv_dtype, max(1, max_q * group), soft_cap is not None and soft_cap > 0, ub)
     max_splits = max(1, plan.max_splits)
-    comb = combine_ub_bytes(head_dim, dtype, num_q_heads, max_splits)
+    S = int(device_split_tokens or 0)
+    if S:
+        T = plan.num_rows
+        if not plan.graph_stable:
+            raise ValueError("device_split_tokens: needs a graph-stable plan (partial slots row * max_splits + j)")
+        if S < 0 or S % page_size:
+            raise ValueError(f"device_split_tokens: {S} must be a positive multiple of page_size {page_size}")
+        max_splits = plan.num_slots // T if T else 1
+        if T and plan.num_slots != T * max_splits:
+            raise ValueError("device_split_tokens: the plan's slots are not row * max_splits + j")
+        longest = int(np.asarray(seq_lens).max(initial=0))
+        if longest > S * max_splits:
+            raise ValueError(f"seq_lens: {longest} tokens is over device_split_tokens * max_splits = "
+                             f"{S} * {max_splits}; the kernels would read only {S * max_splits}")
+        all_cores = True
+    comb_heads = combine_heads(head_dim, dtype, num_q_heads, max_splits, group, ub)
+    comb = combine_ub_bytes(head_dim, dtype, num_q_heads, max_splits, comb_heads)
     if sum(comb.values()) > ub:
         raise ValueError(f"UB budget: the combine kernel needs {sum(comb.values())} bytes for {max_splits} splits "
                          f"per row, head_dim={head_dim}; rule: all InitBuffer sizes of one vector core must fit "
@@ -348,14 +380,17 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
     if kernel not in ("auto", "mix", "vector"):
         raise ValueError(f"kernel: auto, mix or vector, got {kernel!r}")
     mix = None
+    why = "vector kernel forced (kernel='vector')"
     if kernel != "vector":
         why = mix_unsupported(head_dim, dtype, kv_dtype, num_q_heads, hkv)
         if why is None:
             mix = choose_mix_tiles(head_dim, dtype, max(1, max_q * group), soft_cap is not None and soft_cap > 0, ub,
-                                   kv_dtype)
+                                   kv_dtype, multi_query=max_q > 1)
             why = None if mix else f"mixed kernel: {max_q * group} query rows per item do not fit one cube tile"
         if why and kernel == "mix":
             raise ValueError(why)
+    reason = ("mixed AIC + AIV split stage, fused launch (split, SyncAll, combine)" if mix
+              else f"vector-only split stage + combine (fallback: {why})")
     mix_fields = dict(kernelKind=0, mixTileTokens=0, mixRowsPad=0, scratchOffsetBytes=ws, scratchCoreBytes=0,
                       mixUbBytes=0)
     core_range = None
@@ -363,33 +398,67 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
         tt_m, mp = mix
         cores = prof.cube_units or prof.units
         if block_dim is None:
-            block_dim = max(1, min(cores, plan.num_valid_items))
+            block_dim = cores if all_cores else max(1, min(cores, plan.num_valid_items))
         core_range = balance_items(plan, int(block_dim))
         scratch_off = _ru(ws, 512)
-        per_core = mix_scratch_core_bytes(head_dim, dtype, tt_m, mp, kv_dtype)
+        # all_cores (graph-stable): the scratch is sized for the largest tile and row count, so that
+        # the workspace keeps its size whatever rows the next batch has (its layout follows the
+        # batch's own tile and rows, which fit)
+        per_core = (mix_scratch_core_bytes(head_dim, dtype, MIX_TILE_CANDIDATES[0], MIX_MAX_ROWS, kv_dtype)
+                    if all_cores else mix_scratch_core_bytes(head_dim, dtype, tt_m, mp, kv_dtype))
         ws = scratch_off + int(block_dim) * per_core
         mix_fields = dict(kernelKind=1, mixTileTokens=tt_m, mixRowsPad=mp, scratchOffsetBytes=scratch_off,
                           scratchCoreBytes=per_core,
                           mixUbBytes=sum(mix_ub_bytes(head_dim, dtype, tt_m, mp, soft_cap is not None and soft_cap > 0,
-                                                      kv_dtype).values()))
+                                                      kv_dtype, multi_query=max_q > 1).values()))
     if ws >= 2 ** 31:
         raise ValueError(f"workspace: {ws} bytes does not fit the tiling's int32 workspaceBytes")
     words, offs = plan_words(plan, seq_lens, core_range)
     if block_dim is None:
-        block_dim = max(1, min(prof.units, max(plan.num_valid_items, T)))
+        block_dim = prof.units if all_cores else max(1, min(prof.units, max(plan.num_valid_items, T)))
     split_b = split_ub_bytes(head_dim, dtype, kv_dtype, tt, rc, soft_cap is not None and soft_cap > 0)
     t = dict(
         version=VERSION, blockDim=int(block_dim), batch=int(plan.batch_size), numRows=int(T),
         numQHeads=int(num_q_heads), numKVHeads=hkv, groupSize=int(group), headDim=int(head_dim),
-        pageSize=int(page_size), maxPages=int(max_pages), numPages=int(num_pages), numItems=int(plan.num_items),
+        pageSize=int(page_size), maxPages=int(max_pages), numPages=int(num_pages), numItems=int(plan.batch_size * hkv * max_splits) if S else int(plan.num_items),
         numSlots=int(plan.num_slots), maxQLen=max_q, qDtype=DTYPE_CODES[dtype], kvDtype=DTYPE_CODES[kv_dtype],
         windowLeft=-1 if window_left is None or window_left < 0 else int(window_left), scale=float(scale),
         softCap=float(soft_cap) if soft_cap else 0.0, tileTokens=tt, rowChunk=rc,
         kvRowElems=row_elems(head_dim, kv_dtype), qRowElems=row_elems(head_dim, dtype), rowElems=_ru(head_dim, 8),
         maxSplits=max_splits, lseOffsetBytes=lse_off, workspaceBytes=ws,
         splitUbBytes=sum(split_b.values()), combineUbBytes=sum(comb.values()), **mix_fields, **offs,
-        combineBlockDim=int(max(1, min(prof.units, T * hkv))))
-    return t, pack_tiling(t), words
+        combineBlockDim=int(max(1, min(prof.units, T * hkv))), deviceSplitTokens=S,
+        combineHeads=int(comb_heads))
+    check_dma_block_counts(t)
+    tb = pack_tiling(t)
+    t["kernelReason"] = reason
+    return t, tb, words
+
+
+DMA_MAX_BLOCKS = 4095  # DataCopy / DataCopyPad blockCount on dav-c220 (kernel_operator_data_copy_impl.h)
+
+
+def dma_block_counts(t: dict) -> dict[str, int]:
+    """The largest ``blockCount`` each strided copy of the kernels issues for a tiling, by copy."""
+    counts = {
+        "split: K / V rows of one page segment (<= tileTokens)": int(t["tileTokens"]),
+        "split: q rows of one query row's heads (<= rowChunk)": int(t["rowChunk"]),
+        "combine: one lse block / o row per split (maxSplits)": int(t["maxSplits"]),
+    }
+    if int(t["kernelKind"]) == 1:
+        counts["mixed: S / P / O rows of one vector core (mixRowsPad / 2)"] = int(t["mixRowsPad"]) // 2
+        if int(t["kvDtype"]) == DTYPE_CODES["int8"]:
+            counts["mixed int8: K / V rows of one cast chunk (<= MIX_QUANT_CHUNK)"] = MIX_QUANT_CHUNK
+    return counts
+
+
+def check_dma_block_counts(t: dict) -> None:
+    """``ValueError`` naming the copy when one would move more than 4095 blocks (the dav-c220 limit
+    the twin enforces as ``[dma-param]``)."""
+    for what, n in dma_block_counts(t).items():
+        if n > DMA_MAX_BLOCKS:
+            raise ValueError(f"DMA block count: {what} would be {n}; a DataCopy moves at most {DMA_MAX_BLOCKS} "
+                             "blocks (blockCount <= 4095 on dav-c220)")
 
 
 def kv_quant_array(inputs) -> np.ndarray:
@@ -431,14 +500,36 @@ class Tiling:
         """Whether the split stage is the mixed AIC + AIV kernel (``splitkv_split_mix``)."""
         return int(self.fields["kernelKind"]) == 1
 
+    @property
+    def kernel_reason(self) -> str:
+        """Why this split stage serves the call (the fallback's reason when it is the vector one)."""
+        return str(self.fields.get("kernelReason", ""))
+
+    @property
+    def launches(self) -> list[tuple[str, int]]:
+        """The launches of one call, ``[(kernel entry, block count)]``, in order: what the torch_npu
+        binding enqueues (``ops.decode_attention``'s ``kernel`` = ``kernelKind``) and what the twin
+        runs by default (:func:`ascend_ops.sim_backend.run_twin`)."""
+        return launches(self.fields)
+
+
+def launches(fields: dict) -> list[tuple[str, int]]:
+    """``[(kernel entry, block count)]`` of a tiling: the fused mixed launch on ``blockDim`` AI cores,
+    or the vector split stage on ``blockDim`` vector cores then the combine (the binding gives it
+    the same count; the combine takes any)."""
+    if int(fields["kernelKind"]) == 1:
+        return [("splitkv_attention_mix", int(fields["blockDim"]))]
+    return [("splitkv_split", int(fields["blockDim"])), ("splitkv_combine", int(fields["blockDim"]))]
+
 
 def build_tiling(inputs, plan: Plan, profile: str = DEFAULT_PROFILE, block_dim: int | None = None,
-                 kernel: str = "auto") -> Tiling:
+                 kernel: str = "auto", device_split_tokens: int = 0) -> Tiling:
     """:func:`build_buffers` for one :class:`~splitkv_common.inputs.DecodeInputs` and its plan
     (``kernel``: ``auto`` takes the mixed split stage where it applies, ``mix`` or ``vector`` force one)."""
     t, tb, words = build_buffers(
         plan, seq_lens=inputs.seq_lens, num_q_heads=inputs.q.shape[1], head_dim=inputs.q.shape[2],
         page_size=inputs.k_cache.shape[1], max_pages=inputs.block_table.shape[1], num_pages=inputs.k_cache.shape[0],
         dtype=inputs.dtype, kv_dtype=inputs.kv_dtype, scale=inputs.scale, soft_cap=inputs.soft_cap,
-        window_left=inputs.window_left, profile=profile, block_dim=block_dim, kernel=kernel)
+        window_left=inputs.window_left, profile=profile, block_dim=block_dim, kernel=kernel,
+        device_split_tokens=device_split_tokens)
     return Tiling(t, tb, words, kv_quant_array(inputs) if inputs.kv_dtype == "int8" else None)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from splitkv_common.devices import get_profile
 from splitkv_common.npu_probe import torch_npu_imported
 from splitkv_common.torch_io import as_torch_dtype, torch_dtype_name
 from splitkv_common.plan import Plan, PlannedWrapper, PlanSpec
@@ -65,8 +64,19 @@ class AscendDecodeWrapper(PlannedWrapper):
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  dtype=torch.bfloat16, kv_dtype=None, device=None, profile: str = DEFAULT_PROFILE, policy: str = "auto",
                  graph_stable: bool = False, max_splits: int | None = None, max_work_items: int | None = None,
-                 min_split_tokens: int | None = None):
+                 min_split_tokens: int | None = None, device_split_tokens: int | None = None):
         check_gqa(num_q_heads, num_kv_heads)
+        if device_split_tokens is not None:
+            S = int(device_split_tokens)
+            if not graph_stable:
+                raise ValueError("device_split_tokens: needs graph_stable=True (fixed slots per query row)")
+            if S <= 0 or S % int(page_size):
+                raise ValueError(f"device_split_tokens: must be a positive multiple of page_size {page_size}, got {S}")
+            if policy not in ("auto", f"size:{S}"):
+                raise ValueError(f"policy: {policy!r} with device_split_tokens={S}; the split size is fixed (size:{S})")
+            policy = f"size:{S}"
+        #: graph mode: the split size fixed at capture; the kernels derive their work from seq_lens on the device
+        self.device_split_tokens = int(device_split_tokens or 0)
         self.dtype = as_torch_dtype(dtype)
         self.kv_dtype = self.dtype if kv_dtype is None else as_torch_dtype(kv_dtype)
         why = unsupported_reason(int(head_dim), torch_dtype_name(self.dtype), torch_dtype_name(self.kv_dtype))
@@ -85,6 +95,7 @@ class AscendDecodeWrapper(PlannedWrapper):
         self._staging_events: dict = {}
         self._attn: tuple = (None, None, None)  # (scale, soft_cap, window_left) of the tiling
         self._pages: tuple | None = None  # (max_pages, num_pages) of the tiling
+        self.kernel_reason = ""  # why the split stage of the current tiling serves the batch, in words
         self._stale = True
 
     # -- host side ---------------------------------------------------------------------------
@@ -142,10 +153,14 @@ class AscendDecodeWrapper(PlannedWrapper):
             kv_dtype=torch_dtype_name(self.kv_dtype), scale=self.head_dim ** -0.5 if scale is None else scale,
             soft_cap=soft_cap, window_left=window_left, profile=self.profile,
             # a captured launch keeps its block count: graph-stable plans use every core
-            block_dim=get_profile(self.profile).units if self.graph_stable else None,
-            # the torch_npu binding launches the vector-only split stage; the mixed AIC + AIV
-            # stage runs on the CPU twin only until the binding launches it (docs/ascend-kernel.md)
-            kernel="vector")
+            all_cores=self.graph_stable, device_split_tokens=self.device_split_tokens,
+            # the fused mixed AIC + AIV launch where support.mixed_kernel_unsupported allows it,
+            # else the vector split stage + combine (the reason is kept: self.kernel_reason)
+            kernel="auto")
+        self.kernel_reason = t.pop("kernelReason")
+        if self.graph_stable and self.tiling is not None and tl.launches(self.tiling) != tl.launches(t):
+            raise ValueError(f"plan: the launch changed ({tl.launches(self.tiling)} -> {tl.launches(t)}) under a "
+                             f"graph-stable plan ({self.kernel_reason}); a captured graph keeps its kernel")
         need = {
             "plan": (words.size, torch.int32), "tiling": (tl.TILING_BYTES, torch.uint8),
             "workspace": (max(int(t["workspaceBytes"]) // 4, 1), torch.float32),
@@ -241,11 +256,27 @@ class AscendDecodeWrapper(PlannedWrapper):
         out = b["out"] if out is None else out
         lse = b["lse"] if lse is None else lse
         self._check_outputs(q, out, lse)
+        if self.device_split_tokens and seq_lens is not None:
+            self._device_seq_lens(seq_lens)
         quant = pack_kv_quant(k_scale, v_scale, k_offset, v_offset, num_kv_heads=self.num_kv_heads,
                               head_dim=self.head_dim, device=q.device)
         ops.decode_attention_op(q, k_cache, v_cache, block_table, quant, b["plan"], b["tiling"], b["workspace"], out,
-                                lse, int(self.tiling["blockDim"]))
+                                lse, int(self.tiling["blockDim"]), int(self.tiling["kernelKind"]))
         return out, lse
+
+    def _device_seq_lens(self, seq_lens) -> None:
+        """Graph mode: write ``seq_lens`` (a ``[B]`` tensor on the wrapper's device) into the plan buffer's
+        ``seqLens`` section with a device copy, ordered before the launch on the stream (captured with it):
+        the kernels derive their ranges from it, so a replay needs no host work. Lengths over
+        ``device_split_tokens * max_splits`` are cut there (checked on the host only by ``plan()``)."""
+        B = self.host_plan.batch_size
+        if not isinstance(seq_lens, torch.Tensor) or tuple(seq_lens.shape) != (B,):
+            raise ValueError(f"seq_lens: graph mode takes a [{B}] tensor on {self.device}, got "
+                             f"{tuple(seq_lens.shape) if isinstance(seq_lens, torch.Tensor) else type(seq_lens).__name__}")
+        if seq_lens.device.type != self.device.type or seq_lens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"seq_lens: must be int32 or int64 on {self.device}, got {seq_lens.dtype} on {seq_lens.device}")
+        off = int(self.tiling["seqLensOffset"])
+        self._buffers["plan"][off:off + B].copy_(seq_lens)
 
     def _check_outputs(self, q, out, lse) -> None:
         """``out [T, Hq, D]`` in q's dtype and ``lse [T, Hq]`` float32, on q's device, contiguous."""

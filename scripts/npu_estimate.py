@@ -24,6 +24,7 @@ tokens (per-item work is fixed, per-token work linear), which the two points det
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -223,10 +224,14 @@ def count_shape(shape: Shape, points=(1, 2), kernel: str = "vector") -> dict:
     from splitkv_common.plan import make_plan
 
     if kernel == "mix":
-        splits = tl.npu_split_count([shape.context] * shape.batch, shape.hkv, shape.page, "910b2")
+        splits = tl.npu_split_count([shape.context] * shape.batch, shape.hkv, shape.page, "910b2",
+                                    num_q_heads=shape.hq, head_dim=shape.head_dim)
     else:
+        # the old kernel with the planner it had: the cost model over the 48 vector cores (the
+        # 910b2 profile without its cube cores; auto on Ascend profiles now takes the NPU rule)
+        old_profile = dataclasses.replace(get_profile("910b2"), cube_units=0)
         full = make_plan([shape.context] * shape.batch, num_kv_heads=shape.hkv, page_size=shape.page,
-                         policy="auto", device="910b2", num_q_heads=shape.hq, head_dim=shape.head_dim,
+                         policy="auto", device=old_profile, num_q_heads=shape.hq, head_dim=shape.head_dim,
                          kv_elem_bytes=2)
         splits = int(full.num_splits.max())
     per_split_full = shape.context / splits

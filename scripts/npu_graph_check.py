@@ -4,11 +4,15 @@
 For every catalog case: a graph-stable ``AscendDecodeWrapper`` is planned, run once eagerly,
 captured in a ``torch.npu.NPUGraph`` once, then replayed for shorter and shorter lengths (the plan
 refreshed in place by ``plan()``, ``out``/``lse`` poisoned with NaN before each replay) and each
-result is judged against the float64 reference by the shared accuracy rule. ``--bench`` also times
-eager ``run()`` against replay on one production-like batch (measured on the node; nothing here
-has run on an NPU before).
+result is judged against the float64 reference by the shared accuracy rule. ``--mode device``
+(graph mode without host tiling per step) captures a wrapper with ``device_split_tokens`` fixed at
+capture instead: before each replay only the device ``seq_lens`` tensor is rewritten (no ``plan()``),
+and the kernels derive their ranges from it. ``--mode both`` (the default) runs both. ``--bench``
+also times eager ``run()`` against replay on one production-like batch (measured on the node;
+nothing here has run on an NPU before).
 
-    python scripts/npu_graph_check.py [--size small|full|all] [--cases PATTERN] [--bench] [--out FILE.json]
+    python scripts/npu_graph_check.py [--size small|full|all] [--cases PATTERN] [--mode host|device|both]
+                                      [--bench] [--out FILE.json]
 
 Exit status: 0 every replay passed, 1 a failure, 2 the operator cannot run here (with the reason).
 """
@@ -44,7 +48,16 @@ def shrink_steps(seq_lens: np.ndarray, page: int) -> list[np.ndarray]:
     return out
 
 
-def graph_case(case, profile: str) -> dict:
+def device_split_size(inputs, policy: str, profile: str) -> int:
+    """The split size a graph-mode capture fixes: the policy's for the capture's lengths, else one
+    page-rounded split of the longest request."""
+    page = int(inputs.k_cache.shape[1])
+    plan = inputs.plan(policy, device=profile)
+    longest = int(np.max(inputs.seq_lens, initial=1))
+    return int(plan.split_tokens) or max(page, -(-longest // page) * page)
+
+
+def graph_case(case, profile: str, device_ranges: bool = False) -> dict:
     import torch
 
     from splitkv_common.torch_io import to_torch
@@ -53,17 +66,22 @@ def graph_case(case, profile: str) -> dict:
     t = to_torch(inputs, "npu")
     q, k = t["q"], t["k_cache"]
     prof = get_profile(profile)
+    mode = {}
+    if device_ranges:
+        mode = dict(device_split_tokens=device_split_size(inputs, case.policy, profile), policy="auto")
     w = ascend_ops.AscendDecodeWrapper(q.shape[1], k.shape[2], q.shape[2], k.shape[1], dtype=q.dtype,
-                                       kv_dtype=k.dtype, profile=profile, policy=case.policy, graph_stable=True,
-                                       max_splits=prof.max_splits, **{k_: v for k_, v in case.plan_kwargs.items()
-                                                                      if k_ == "min_split_tokens"})
+                                       kv_dtype=k.dtype, profile=profile, graph_stable=True,
+                                       max_splits=prof.max_splits, **{"policy": case.policy, **mode},
+                                       **{k_: v for k_, v in case.plan_kwargs.items() if k_ == "min_split_tokens"})
     const = dict(scale=inputs.scale, soft_cap=inputs.soft_cap, window_left=inputs.window_left)
     pages = dict(max_pages=t["block_table"].shape[1], num_pages=k.shape[0])
     quant = dict(k_scale=t["k_scale"], v_scale=t["v_scale"], k_offset=t["k_offset"], v_offset=t["v_offset"])
     w.plan(inputs.seq_lens, query_start_loc=inputs.query_start_loc, **const, **pages)
+    lens_dev = torch.as_tensor(np.asarray(inputs.seq_lens, np.int32)).to(q.device)
 
     def step():
-        return w.run(t["q"], t["k_cache"], t["v_cache"], t["block_table"], **quant)
+        extra = dict(seq_lens=lens_dev) if device_ranges else {}
+        return w.run(t["q"], t["k_cache"], t["v_cache"], t["block_table"], **quant, **extra)
 
     step()  # warm-up, eager
     torch.npu.synchronize()
@@ -72,7 +90,10 @@ def graph_case(case, profile: str) -> dict:
         out, lse = step()
     results = []
     for lens in shrink_steps(inputs.seq_lens, inputs.k_cache.shape[1]):
-        w.plan(lens, query_start_loc=inputs.query_start_loc, **const)
+        if device_ranges:   # graph mode: only the device lengths change, no host tiling
+            lens_dev.copy_(torch.as_tensor(lens.astype(np.int32)).to(q.device))
+        else:
+            w.plan(lens, query_start_loc=inputs.query_start_loc, **const)
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
         g.replay()
@@ -83,7 +104,8 @@ def graph_case(case, profile: str) -> dict:
                              plain_attention(ref_in), inputs.dtype)
         results.append({"seq_lens": lens.tolist()[:8], "passed": acc.passed, "out_max": acc.out_max,
                         "reason": acc.reason})
-    return {"case": case.name, "passed": all(r["passed"] for r in results), "replays": results}
+    return {"case": case.name, "mode": "device" if device_ranges else "host", "kernel": w.kernel_reason,
+            "passed": all(r["passed"] for r in results), "replays": results}
 
 
 def bench(profile: str, iters: int = 50) -> dict:
@@ -129,6 +151,9 @@ def main(argv=None) -> int:
     ap.add_argument("--size", choices=("small", "full", "all"), default="small")
     ap.add_argument("--cases", default=None, help="filter: glob or substring of case names, comma-separated")
     ap.add_argument("--profile", default=support.profile())
+    ap.add_argument("--mode", choices=("host", "device", "both"), default="both",
+                    help="host: plan() before each replay; device: split size fixed at capture, lengths from a "
+                         "device tensor (no host tiling per step); both (default)")
     ap.add_argument("--bench", action="store_true", help="also time eager run() against graph replay")
     ap.add_argument("--out", help="write the results as JSON")
     args = ap.parse_args(argv)
@@ -143,12 +168,14 @@ def main(argv=None) -> int:
         if why:
             report["graph"].append({"case": case.name, "passed": True, "skipped": why})
             continue
-        try:
-            r = graph_case(case, args.profile)
-        except Exception as e:  # noqa: BLE001 - reported per case
-            r = {"case": case.name, "passed": False, "error": f"{type(e).__name__}: {e}"}
-        report["graph"].append(r)
-        print(f"{'pass' if r['passed'] else 'FAIL'}  {case.name}  {r.get('error', '')}")
+        for device_ranges in {"host": (False,), "device": (True,), "both": (False, True)}[args.mode]:
+            try:
+                r = graph_case(case, args.profile, device_ranges)
+            except Exception as e:  # noqa: BLE001 - reported per case
+                r = {"case": case.name, "mode": "device" if device_ranges else "host", "passed": False,
+                     "error": f"{type(e).__name__}: {e}"}
+            report["graph"].append(r)
+            print(f"{'pass' if r['passed'] else 'FAIL'}  {case.name} ({r['mode']})  {r.get('error', '')}")
     if args.bench:
         report["bench"] = bench(args.profile)
         print(json.dumps(report["bench"], indent=1))

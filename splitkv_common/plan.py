@@ -497,14 +497,69 @@ def _candidate_stats(sp: _Spans, ql, cands: list):
 def _choose_auto(sp: _Spans, batch: _Batch, *, num_kv_heads: int, head_dim: int, kv_elem_bytes: int,
                  page: int):
     """``auto``: the cost model (``docs/planner.md``) for every candidate, the cheapest taken, fewer
-    splits preferred unless more gain over 3 %. Returns the split length, the reason, the estimates."""
+    splits preferred unless more gain over 3 %. Returns the split length, the reason, the estimates.
+    Ascend profiles (``cube_units``) take :func:`npu_auto` instead."""
     B = batch.seq.shape[0]
     if B == 0:
         return 0, "auto: empty batch", {}
+    if batch.prof.cube_units:
+        span = sp.end - sp.start
+        return npu_auto(batch.prof, int((span > 0).sum()), int(span.max()), num_kv_heads=num_kv_heads,
+                        num_q_heads=batch.hq, head_dim=head_dim, kv_elem_bytes=kv_elem_bytes, page=page,
+                        min_split=batch.min_split, cap=batch.cap)
     cands = _auto_candidates(sp.longest, batch.min_split, page, batch.cap)
     stats = _candidate_stats(sp, batch.ql, cands)
     lens_total = int(sp.end.sum()) if sp.at_zero else int((sp.end - sp.start).sum())
     return _auto_model(batch.prof, B, batch.hq, cands, stats, lens_total, num_kv_heads, head_dim, kv_elem_bytes)
+
+
+def npu_auto(prof: DeviceProfile, active: int, longest: int, *, num_kv_heads: int, num_q_heads: int,
+             head_dim: int, kv_elem_bytes: int, page: int, min_split: int, cap: int):
+    """``auto`` on an Ascend profile: the split count from the cube-core count, as CANN's IFA does
+    (about ``cube cores / (B * Hkv)``, splits no shorter than ``min_split``; docs/ascend-kernel.md).
+
+    The mixed kernel runs one AI core (1 cube + 2 vector cores) per cube core, each taking a
+    contiguous run of work items balanced by length. For ``s`` splits per request the busiest core
+    holds ``ceil(active * Hkv * s / cube cores)`` items of ``longest / s`` tokens on average, each
+    costing its bytes at the core's share of the bandwidth plus the profile's per-item overhead;
+    the ``s`` that minimises it is taken, fewer splits unless more gain over 3 % (the combine and
+    the per-item cost are not free). ``active``: requests that see a token; ``longest``: the longest
+    span (tokens). Returns the split length (0: no split), the reason in words and the estimates
+    per candidate split length (µs)."""
+    cores = prof.cube_units or prof.units
+    items = active * num_kv_heads
+    if items == 0:
+        return 0, f"auto on {prof.name}: no request sees a token", {}
+    core_bw = prof.bandwidth_gbps * 1e3 / cores            # bytes per µs for one core
+    token_bytes = head_dim * 2 * kv_elem_bytes
+    most = max(1, min(cap, longest // max(min_split, page)))
+    est, shape, best, best_t = {}, {}, None, None
+    for want in range(1, most + 1):
+        length = 0 if want == 1 else _round_up(-(-longest // want), page)
+        count = 1 if want == 1 else -(-longest // length)
+        if length in est or count != want:                # page rounding gave another count
+            continue
+        per_core = -(-items * count // cores)             # items on the busiest core (balanced by length)
+        t_attn = prof.launch_us + per_core * (longest / count * token_bytes / core_bw + prof.item_overhead_us)
+        t_merge = 0.0 if count == 1 else active * num_q_heads * count * (head_dim + 8) * 4 * 2 / (prof.bandwidth_gbps * 1e3)
+        est[length] = {"attention_us": round(t_attn, 3), "merge_us": round(t_merge, 3), "work_items": items * count}
+        shape[length] = (count, per_core)
+        if best is None or t_attn + t_merge < best_t * 0.97:
+            best, best_t = length, t_attn + t_merge
+    none_t = est[0]["attention_us"]
+    head = f"auto on {prof.name} (NPU rule, as CANN's IFA: about cube cores / (B * Hkv) splits)"
+    if best == 0 and items >= cores:
+        return 0, (f"{head}: {items} (request, KV head) items already occupy {cores} cube cores; splitting would "
+                   f"not shorten the busiest core by 3 % (no split est. {none_t:.1f} µs)"), est
+    if best == 0:
+        return 0, (f"{head}: {items} (request, KV head) items for {cores} cube cores, but the history is too "
+                   f"short for splits no shorter than {max(min_split, page)} tokens to pay (no split est. "
+                   f"{none_t:.1f} µs)"), est
+    e, (count, per_core) = est[best], shape[best]
+    return best, (f"{head}: only {items} (request, KV head) items for {cores} cube cores; splits of {best} "
+                  f"tokens ({count} per request) give {e['work_items']} items, {per_core} on "
+                  f"the busiest core, est. {e['attention_us']:.1f} µs + {e['merge_us']:.1f} µs combine vs "
+                  f"{none_t:.1f} µs unsplit"), est
 
 
 def _auto_model(prof: DeviceProfile, B: int, hq: int, cands: list, stats, lens_total: int, num_kv_heads: int,
@@ -842,6 +897,11 @@ def _plan_small(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, poli
     fixed = _fixed_choice(pol, page_size)
     if fixed is not None:
         split, reason, est = fixed
+    elif prof.cube_units:   # Ascend profiles: the NPU rule (the general path calls the same function)
+        min_split = prof.min_split_tokens if min_split_tokens is None else int(min_split_tokens)
+        split, reason, est = npu_auto(prof, sum(x > 0 for x in seq), longest, num_kv_heads=hkv, num_q_heads=hq,
+                                      head_dim=head_dim, kv_elem_bytes=kv_elem_bytes, page=page_size,
+                                      min_split=min_split, cap=cap)
     else:
         min_split = prof.min_split_tokens if min_split_tokens is None else int(min_split_tokens)
         cands = _auto_candidates(longest, min_split, page_size, cap)

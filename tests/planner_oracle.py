@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from splitkv_common.devices import DeviceProfile, get_profile
-from splitkv_common.plan import Plan, SplitPolicy
+from splitkv_common.plan import Plan, SplitPolicy, npu_auto
 
 
 def visible_range(seq_len: int, q_len: int, window_left: int | None) -> tuple[int, int]:
@@ -131,6 +131,14 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
     elif pol.kind == "fixed_count":
         split = 0  # per request below
         reason = f"fixed split count {pol.value} per request (split length rounded up to the page size)"
+    elif prof.cube_units and spans:
+        # Ascend profiles: the NPU rule (the shared function; its choices are tested in
+        # tests/ascend/test_sim_mix.py), fed from the spans as this oracle computes them
+        vis = [(lo, hi) for lo, hi in spans if hi > lo]
+        split, reason, est = npu_auto(prof, len(vis), max([hi - (lo // page_size) * page_size for lo, hi in vis],
+                                                           default=0),
+                                      num_kv_heads=num_kv_heads, num_q_heads=hq, head_dim=head_dim,
+                                      kv_elem_bytes=kv_elem_bytes, page=page_size, min_split=min_split, cap=cap)
     else:
         kw = dict(num_kv_heads=num_kv_heads, num_q_heads=hq, head_dim=head_dim, kv_elem_bytes=kv_elem_bytes,
                   page=page_size, prof=prof)

@@ -207,9 +207,6 @@ def run_triton(p):
 RUNNERS = {"numpy": run_numpy, "reference": run_reference, "torch": run_torch, "flash": run_flash,
            "ascend-wrapper": run_ascend_wrapper, "ascend-sim": run_ascend_sim, "triton": run_triton}
 DEFAULT_ENTRIES = ("numpy", "reference", "torch", "flash", "ascend-wrapper")
-TWIN_NAN = ("the Ascend C kernel reads a NaN score or value as an empty split (finite row); the shared rule "
-            "makes the row NaN: the kernel is being rewritten")
-
 
 # ---------------------------------------------------------------------------------------------
 # Expectations
@@ -395,29 +392,29 @@ CASES = [
          SameAsClean(), entries=DEFAULT_ENTRIES + ("ascend-sim",)),
     Case("nan-causally-masked", lambda: poke(replace(base("multi")), "v", (5, 1, 0), NAN),
          NaNRows(((1, 0), (1, 1)), base="multi"), entries=NO_FLASH + ("ascend-sim", "triton"),
-         xfail={"ascend-sim": TWIN_NAN}),
+),
     Case("nan-k-causally-masked", lambda: poke(replace(base("multi")), "k", (5, 1, 1), NAN),
-         NaNRows(((1, 2), (1, 3)), base="multi"), entries=NO_FLASH + ("ascend-sim",),
-         xfail={"ascend-sim": TWIN_NAN}),
+         NaNRows(((1, 2), (1, 3)), base="multi"), entries=NO_FLASH + ("ascend-sim",)),
     Case("nan-windowed-out", lambda: poke(replace(base("window")), "v", (2, 1), NAN), SameAsClean(base="window"),
          entries=DEFAULT_ENTRIES + ("ascend-sim", "triton")),
-    Case("nan-before-window-page", lambda: poke(replace(base("window")), "k", 1, NAN), SameAsClean(base="window")),
+    Case("nan-before-window-page", lambda: poke(replace(base("window")), "k", 1, NAN), SameAsClean(base="window"),
+         entries=DEFAULT_ENTRIES + ("ascend-sim",)),
     Case("inf-q-of-empty-request", lambda: poke(base(), "q", 2, INF), SameAsClean()),
     # --- values a row can see: that row is NaN, the others bit-identical ------------------------
     Case("nan-k-visible", lambda: poke(base(), "k", (2, 1, 1), NAN), NaNRows(((1, 2), (1, 3))),
-         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton"), xfail={"ascend-sim": TWIN_NAN}),
+         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton")),
     Case("inf-v-visible", lambda: poke(base(), "v", (3, 0, 0), INF), NaNRows(((0, 0), (0, 1))),
-         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton"), xfail={"ascend-sim": TWIN_NAN}),
+         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton")),
     Case("minus-inf-k-visible", lambda: poke(base(), "k", (7, 0, 0), -INF), NaNRows(((1, 0), (1, 1))),
-         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton"), xfail={"ascend-sim": TWIN_NAN}),
+         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton")),
     Case("minus-inf-k-visible-soft-cap", lambda: replace(poke(base(), "k", (7, 0, 0), -INF), soft_cap=5.0),
-         NaNRows(((1, 0), (1, 1)), base="softcap")),
+         NaNRows(((1, 0), (1, 1)), base="softcap"), entries=DEFAULT_ENTRIES + ("ascend-sim",)),
     Case("nan-q-one-head", lambda: poke(base(), "q", (0, 3, 5), NAN), NaNRows(((0, 3),)),
-         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton"), xfail={"ascend-sim": TWIN_NAN}),
+         entries=DEFAULT_ENTRIES + ("ascend-sim", "triton")),
     Case("nan-k-visible-window", lambda: poke(replace(base("window")), "k", (2, 2, 0), NAN),
-         NaNRows(((1, 0), (1, 1)), base="window")),
+         NaNRows(((1, 0), (1, 1)), base="window"), entries=DEFAULT_ENTRIES + ("ascend-sim",)),
     Case("nan-int8-scale", _int8(k_scale=np.array([NAN, 0.02], np.float32)),
-         NaNRows(((0, 0), (0, 1), (1, 0), (1, 1)), base="int8"), entries=NO_FLASH),
+         NaNRows(((0, 0), (0, 1), (1, 0), (1, 1)), base="int8"), entries=NO_FLASH + ("ascend-sim",)),
     # --- empty batches and shared pages --------------------------------------------------------
     Case("empty-batch", _empty_batch, Empty(0), entries=DEFAULT_ENTRIES + ("ascend-sim", "triton")),
     Case("no-query-rows", _no_rows, Empty(0), entries=NO_FLASH + ("ascend-sim", "triton")),

@@ -1,6 +1,7 @@
 // The combine stage's class (Ascend C, vector cores), shared by the combine launch
 // (splitkv_combine.cpp) and the fused mixed launch (splitkv_split_mix.cpp: after SyncAll).
-// Merge rule: see splitkv_combine.cpp.
+// Merge rule: see splitkv_combine.cpp. Vectorised over the G query heads of a KV head (combineHeads
+// at a time) and over the splits; rows with one split are skipped by the fused launch.
 #ifndef SPLITKV_COMBINE_STAGE_H
 #define SPLITKV_COMBINE_STAGE_H
 
@@ -16,9 +17,8 @@ public:
     __aicore__ inline void Init(GM_ADDR workspace, GM_ADDR plan, GM_ADDR out, GM_ADDR lse, const SplitKVTiling& t) {
         t_ = t;
         D_ = t.headDim;
-        RE_ = t.rowElems;
-        QR_ = t.qRowElems;
         S_ = t.maxSplits;
+        GC_ = t.combineHeads;
         wsO_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace), uint64_t(t.numSlots) * t.numQHeads * t.headDim);
         wsL_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + t.lseOffsetBytes),
                              uint64_t(t.numSlots) * t.numQHeads * kLseRepeat);
@@ -26,14 +26,15 @@ public:
         outGm_.SetGlobalBuffer(reinterpret_cast<__gm__ QT*>(out), uint64_t(t.numRows) * t.numQHeads * t.headDim);
         lseGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(lse), uint64_t(t.numRows) * t.numQHeads);
 
-        pipe_.InitBuffer(lseQ_, 2, uint32_t(S_) * kLseRepeat * sizeof(float));
-        pipe_.InitBuffer(oQ_, 2, uint32_t(S_) * RE_ * sizeof(float));
-        pipe_.InitBuffer(outQ_, 2, uint32_t(QR_) * sizeof(QT));
-        pipe_.InitBuffer(w_, uint32_t(S_) * kLseRepeat * sizeof(float));
-        pipe_.InitBuffer(acc_, uint32_t(RE_) * sizeof(float));
-        pipe_.InitBuffer(red_, kBlockBytes);
-        pipe_.InitBuffer(tmp_, kBlockBytes);
-        pipe_.InitBuffer(work_, uint32_t(RoundUp(2 * CeilDiv(S_ * kLseRepeat, 64), 8)) * sizeof(float));
+        const uint32_t blk = uint32_t(GC_) * kLseRepeat * sizeof(float);  // one lse block per head
+        pipe_.InitBuffer(lseQ_, 1, uint32_t(S_) * blk);
+        pipe_.InitBuffer(oQ_, 1, uint32_t(S_) * GC_ * D_ * sizeof(float));
+        pipe_.InitBuffer(outQ_, 2, uint32_t(RoundUp(GC_ * D_ * int32_t(sizeof(QT)), kBlockBytes)));
+        pipe_.InitBuffer(w_, uint32_t(S_) * blk);
+        pipe_.InitBuffer(m_, blk);
+        pipe_.InitBuffer(sum_, blk);
+        pipe_.InitBuffer(lv_, blk);
+        pipe_.InitBuffer(acc_, uint32_t(GC_) * D_ * sizeof(float));
         pipe_.InitBuffer(lseRow_, uint32_t(RoundUp(t.numQHeads, 8)) * sizeof(float));
     }
 
@@ -49,13 +50,13 @@ public:
         LocalTensor<float> lseRow = lseRow_.Get<float>();
         for (int32_t u = first; u < t_.numRows * hkv; u += nb) {
             const int32_t row = u / hkv, h = u % hkv;
-            const int32_t s0 = planGm_.GetValue(t_.rowSlotOffset + row);
-            const int32_t ns = planGm_.GetValue(t_.rowNumOffset + row);
+            int32_t s0, ns;
+            RowSplits(planGm_, t_, row, s0, ns);
             if (skipSingle && ns == 1) {
                 continue;
             }
-            for (int32_t g = 0; g < G; g++) {
-                lseRow.SetValue(g, MergeHead(row, h * G + g, s0, ns));
+            for (int32_t g0 = 0; g0 < G; g0 += GC_) {
+                MergeHeads(row, h * G + g0, Min(GC_, G - g0), s0, ns, lseRow[g0]);
             }
             WaitFor<HardEvent::S_MTE3>();
             DataCopyExtParams cp(1, uint32_t(G) * sizeof(float), 0, 0, 0);
@@ -65,86 +66,112 @@ public:
     }
 
 private:
-    // Merge the ns partials of (row, hq); writes out[row, hq, :] and returns the merged lse.
-    __aicore__ inline float MergeHead(int32_t row, int32_t hq, int32_t s0, int32_t ns) {
-        const uint64_t first = uint64_t(s0) * t_.numQHeads + hq;
+    // Merge the ns partials of query heads hq0 .. hq0 + gc of one row, all heads at once: per split one
+    // vector instruction over the gc heads' lse blocks (max, weight, sum), one Ln for the gc merged
+    // lse; the weighted sum of the o rows takes one Axpy per (split, head) with a weight > 0. Writes
+    // out[row, hq0 .. hq0 + gc, :] (one copy) and the gc lse values to lseRow (the caller writes them).
+    //   m = max(max_i lse_i, -3e38) (finite: an all-empty head gives w = exp(-inf) = 0, never NaN)
+    //   w_i = exp(lse_i - m);  lse = m + ln(sum_i w_i) (-inf when all are empty);  out = sum_i w_i o_i / sum_i w_i
+    // NaN rule: a NaN partial lse gives NaN weights, sum and lse; that head's out is NaN.
+    __aicore__ inline void MergeHeads(int32_t row, int32_t hq0, int32_t gc, int32_t s0, int32_t ns,
+                                      const LocalTensor<float>& lseOut) {
+        const int32_t Hq = t_.numQHeads, n8 = gc * kLseRepeat;
+        LocalTensor<float> acc = acc_.Get<float>();
+        if (ns <= 0) {  // graph mode: a request that sees nothing has no partials
+            Duplicate(acc, 0.0f, gc * D_);
+            WaitFor<HardEvent::V_S>();  // lseOut (read by the previous unit's copy) is written below
+            for (int32_t g = 0; g < gc; g++) {
+                lseOut.SetValue(g, kNegInf);
+            }
+            WriteOut(row, hq0, gc);
+            return;
+        }
+        const uint64_t first = uint64_t(s0) * Hq + hq0;
         LocalTensor<float> lseIn = lseQ_.template AllocTensor<float>();
         DataCopy(lseIn, wsL_[first * kLseRepeat],
-                 DataCopyParams(static_cast<uint16_t>(ns), 1, static_cast<uint16_t>(t_.numQHeads - 1), 0));
+                 DataCopyParams(static_cast<uint16_t>(ns), static_cast<uint16_t>(gc), static_cast<uint16_t>(Hq - gc),
+                                0));
         lseQ_.EnQue(lseIn);
         LocalTensor<float> oIn = oQ_.template AllocTensor<float>();
-        const uint16_t rowBlocks = static_cast<uint16_t>(D_ * sizeof(float) / kBlockBytes);
+        const int32_t rowBlocks = D_ * int32_t(sizeof(float)) / kBlockBytes;
         DataCopy(oIn, wsO_[first * D_],
-                 DataCopyParams(static_cast<uint16_t>(ns), rowBlocks,
-                                static_cast<uint16_t>((t_.numQHeads - 1) * rowBlocks),
-                                static_cast<uint16_t>((RE_ - D_) * sizeof(float) / kBlockBytes)));
+                 DataCopyParams(static_cast<uint16_t>(ns), static_cast<uint16_t>(gc * rowBlocks),
+                                static_cast<uint16_t>((Hq - gc) * rowBlocks), 0));
         oQ_.EnQue(oIn);
 
-        LocalTensor<float> lses = lseQ_.template DeQue<float>();
-        LocalTensor<float> red = red_.Get<float>();
-        LocalTensor<float> w = w_.Get<float>();
-        LocalTensor<float> work = work_.Get<float>();
-        LocalTensor<float> acc = acc_.Get<float>();
-        const int32_t n8 = ns * kLseRepeat;  // each lse is repeated 8 times: max and exp work on all
-        ReduceMax(red, lses, work, n8);
-        WaitFor<HardEvent::V_S>();
-        const float m = red.GetValue(0);
-        float sum = 0.0f;
-        if (m != kNegInf) {
-            Adds(w, lses, -m, n8);
-            PipeBarrier<PIPE_V>();
-            Exp(w, w, n8);
-            WaitFor<HardEvent::V_S>();
-        }
-        lseQ_.FreeTensor(lses);
-
-        LocalTensor<float> os = oQ_.template DeQue<float>();
-        Duplicate(acc, 0.0f, D_);
+        LocalTensor<float> l = lseQ_.template DeQue<float>();
+        LocalTensor<float> w = w_.Get<float>(), m = m_.Get<float>(), sum = sum_.Get<float>(), lv = lv_.Get<float>();
+        Duplicate(m, kMergeFloor, n8);
         PipeBarrier<PIPE_V>();
-        if (m != kNegInf) {
+        for (int32_t i = 0; i < ns; i++) {
+            Max(m, m, l[i * n8], n8);
+            PipeBarrier<PIPE_V>();
+        }
+        for (int32_t i = 0; i < ns; i++) {
+            Sub(w[i * n8], l[i * n8], m, n8);
+        }
+        PipeBarrier<PIPE_V>();
+        Exp(w, w, ns * n8);
+        PipeBarrier<PIPE_V>();
+        lseQ_.FreeTensor(l);
+        Adds(sum, w, 0.0f, n8);
+        PipeBarrier<PIPE_V>();
+        for (int32_t i = 1; i < ns; i++) {
+            Add(sum, sum, w[i * n8], n8);
+            PipeBarrier<PIPE_V>();
+        }
+        Ln(lv, sum, n8);
+        PipeBarrier<PIPE_V>();
+        Add(lv, lv, m, n8);  // the gc merged lse values, each 8 times
+        Duplicate(acc, 0.0f, gc * D_);
+        PipeBarrier<PIPE_V>();
+        WaitFor<HardEvent::V_S>();  // weights, sums and lse to the scalar unit: one round trip per chunk
+
+        LocalTensor<float> o = oQ_.template DeQue<float>();
+        for (int32_t g = 0; g < gc; g++) {
             for (int32_t i = 0; i < ns; i++) {
-                const float wi = w.GetValue(i * kLseRepeat);
+                const float wi = w.GetValue((i * gc + g) * kLseRepeat);
                 if (wi > 0.0f) {
-                    sum += wi;
-                    Axpy(acc, os[i * RE_], wi, D_);
+                    Axpy(acc[g * D_], o[(i * gc + g) * D_], wi, D_);
                     PipeBarrier<PIPE_V>();
                 }
             }
+            const float sg = sum.GetValue(g * kLseRepeat);
+            if (sg != sg) {
+                Duplicate(acc[g * D_], kNaN, D_);
+            } else if (sg > 0.0f) {
+                Muls(acc[g * D_], acc[g * D_], 1.0f / sg, D_);
+            }
+            lseOut.SetValue(g, lv.GetValue(g * kLseRepeat));
         }
-        oQ_.FreeTensor(os);
-
-        float lse = kNegInf;
-        if (sum > 0.0f) {
-            Muls(acc, acc, 1.0f / sum, D_);
-            LocalTensor<float> tmp = tmp_.Get<float>();
-            Duplicate(tmp, sum, kLseRepeat);
-            PipeBarrier<PIPE_V>();
-            Ln(tmp, tmp, kLseRepeat);
-            WaitFor<HardEvent::V_S>();
-            lse = m + tmp.GetValue(0);
-        }
+        oQ_.FreeTensor(o);
         PipeBarrier<PIPE_V>();
-
-        LocalTensor<QT> o = outQ_.template AllocTensor<QT>();
-        if constexpr (sizeof(QT) == 4) {
-            Adds(o, acc, 0.0f, D_);
-        } else {
-            Cast(o, acc, RoundMode::CAST_RINT, uint32_t(D_));
-        }
-        outQ_.EnQue(o);
-        LocalTensor<QT> ready = outQ_.template DeQue<QT>();
-        DataCopyExtParams cp(1, uint32_t(D_) * sizeof(QT), 0, 0, 0);
-        DataCopyPad(outGm_[(uint64_t(row) * t_.numQHeads + hq) * D_], ready, cp);
-        outQ_.FreeTensor(ready);
-        return lse;
+        WriteOut(row, hq0, gc);
     }
 
+    // acc [gc, D] (float) -> out[row, hq0 .. hq0 + gc, :] in q's dtype (round to nearest even), one copy
+    __aicore__ inline void WriteOut(int32_t row, int32_t hq0, int32_t gc) {
+        LocalTensor<float> acc = acc_.Get<float>();
+        LocalTensor<QT> ob = outQ_.template AllocTensor<QT>();
+        if constexpr (sizeof(QT) == 4) {
+            Adds(ob, acc, 0.0f, gc * D_);
+        } else {
+            Cast(ob, acc, RoundMode::CAST_RINT, uint32_t(gc * D_));
+        }
+        outQ_.EnQue(ob);
+        LocalTensor<QT> ready = outQ_.template DeQue<QT>();
+        DataCopyExtParams cp(1, uint32_t(gc * D_) * sizeof(QT), 0, 0, 0);
+        DataCopyPad(outGm_[(uint64_t(row) * t_.numQHeads + hq0) * D_], ready, cp);
+        outQ_.FreeTensor(ready);
+    }
+
+    static constexpr float kMergeFloor = -3.0e38f;
     SplitKVTiling t_;
-    int32_t D_ = 0, RE_ = 0, QR_ = 0, S_ = 1;
+    int32_t D_ = 0, S_ = 1, GC_ = 1;
     TPipe pipe_;
-    TQue<TPosition::VECIN, 2> lseQ_, oQ_;
+    TQue<TPosition::VECIN, 1> lseQ_, oQ_;
     TQue<TPosition::VECOUT, 2> outQ_;
-    TBuf<TPosition::VECCALC> w_, acc_, red_, tmp_, work_, lseRow_;
+    TBuf<TPosition::VECCALC> w_, m_, sum_, lv_, acc_, lseRow_;
     GlobalTensor<float> wsO_, wsL_, lseGm_;
     GlobalTensor<int32_t> planGm_;
     GlobalTensor<QT> outGm_;

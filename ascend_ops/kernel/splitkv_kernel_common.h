@@ -10,6 +10,10 @@ namespace splitkv {
 constexpr int32_t kBlockBytes = 32;        // UB alignment unit and DataCopy granule
 constexpr int32_t kLseRepeat = 8;          // each workspace lse fills one 32-byte block
 constexpr float kNegInf = -__builtin_huge_valf();
+constexpr float kNaN = __builtin_nanf("");
+
+// false for NaN and +-inf (x - x is NaN for both)
+__aicore__ inline bool IsFinite(float x) { return x - x == 0.0f; }
 
 __aicore__ inline int32_t CeilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
 __aicore__ inline int32_t RoundUp(int32_t a, int32_t b) { return CeilDiv(a, b) * b; }
@@ -31,6 +35,92 @@ __aicore__ inline void WaitFor() {
     int32_t id = static_cast<int32_t>(GetTPipePtr()->FetchEventID(E));
     AscendC::SetFlag<E>(id);
     AscendC::WaitFlag<E>(id);
+}
+
+// The request of query row `row`: the last b with qsl[b] <= row (binary search over the plan's
+// query_start_loc section; requests without rows share their successor's start).
+__aicore__ inline int32_t RowRequest(const AscendC::GlobalTensor<int32_t>& plan, const SplitKVTiling& t,
+                                     int32_t row) {
+    int32_t lo = 0, hi = t.batch - 1;
+    while (lo < hi) {
+        const int32_t mid = (lo + hi + 1) / 2;
+        if (plan.GetValue(t.qslOffset + mid) <= row) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return lo;
+}
+
+// Graph mode (deviceSplitTokens S > 0): the splits [jlo, jhi) of a request of seqLen tokens and
+// qLen query rows, and the first position any of its rows sees (`lo`).
+__aicore__ inline void DeviceSplits(const SplitKVTiling& t, int32_t seqLen, int32_t qLen, int32_t& jlo,
+                                    int32_t& jhi, int32_t& lo) {
+    const int32_t S = t.deviceSplitTokens;
+    lo = t.windowLeft >= 0 ? Max(0, seqLen - qLen - t.windowLeft) : 0;
+    jhi = Min(CeilDiv(Max(seqLen, 0), S), t.maxSplits);
+    jlo = Min(lo / S, jhi);
+}
+
+// The partial slots of query row `row`: [s0, s0 + ns). From the plan's rowSlot / rowNum sections,
+// or in graph mode from seqLens (slots row * maxSplits + j for the request's splits j).
+__aicore__ inline void RowSplits(const AscendC::GlobalTensor<int32_t>& plan, const SplitKVTiling& t, int32_t row,
+                                 int32_t& s0, int32_t& ns) {
+    if (t.deviceSplitTokens <= 0) {
+        s0 = plan.GetValue(t.rowSlotOffset + row);
+        ns = plan.GetValue(t.rowNumOffset + row);
+        return;
+    }
+    const int32_t b = RowRequest(plan, t, row);
+    const int32_t qLen = plan.GetValue(t.qslOffset + b + 1) - plan.GetValue(t.qslOffset + b);
+    int32_t jlo, jhi, lo;
+    DeviceSplits(t, plan.GetValue(t.seqLensOffset + b), qLen, jlo, jhi, lo);
+    s0 = row * t.maxSplits + jlo;
+    ns = jhi - jlo;
+}
+
+// The partial slot of split `split` of query row `row` (graph mode: row * maxSplits + split).
+__aicore__ inline int32_t SlotOf(const AscendC::GlobalTensor<int32_t>& plan, const SplitKVTiling& t, int32_t row,
+                                 int32_t split) {
+    return (t.deviceSplitTokens > 0 ? row * t.maxSplits : plan.GetValue(t.rowSlotOffset + row)) + split;
+}
+
+// Work item w (request b, KV head h, split, [start, end), first row, rows, seqLen) from the plan's
+// items section, or in graph mode from the grid (splitkv_tiling.h). False for padding items,
+// requests without query rows, and grid items outside their request's splits.
+template <typename Item>
+__aicore__ inline bool LoadItem(const AscendC::GlobalTensor<int32_t>& plan, const SplitKVTiling& t, int32_t w,
+                                Item& it) {
+    if (t.deviceSplitTokens > 0) {
+        const int32_t bh = t.batch * t.numKVHeads;
+        it.split = w / bh;
+        it.b = (w % bh) / t.numKVHeads;
+        it.h = w % t.numKVHeads;
+    } else {
+        const int32_t base = t.itemsOffset + 5 * w;
+        it.b = plan.GetValue(base);
+        if (it.b < 0) {
+            return false;  // padding item of a graph-stable plan
+        }
+        it.h = plan.GetValue(base + 1);
+        it.split = plan.GetValue(base + 2);
+        it.start = plan.GetValue(base + 3);
+        it.end = plan.GetValue(base + 4);
+    }
+    it.row0 = plan.GetValue(t.qslOffset + it.b);
+    it.qLen = plan.GetValue(t.qslOffset + it.b + 1) - it.row0;
+    it.seqLen = plan.GetValue(t.seqLensOffset + it.b);
+    if (t.deviceSplitTokens > 0) {
+        int32_t jlo, jhi, lo;
+        DeviceSplits(t, it.seqLen, it.qLen, jlo, jhi, lo);
+        if (it.split < jlo || it.split >= jhi) {
+            return false;
+        }
+        it.start = Max(it.split * t.deviceSplitTokens, lo);
+        it.end = Min((it.split + 1) * t.deviceSplitTokens, it.seqLen);
+    }
+    return it.qLen > 0;
 }
 
 }  // namespace splitkv

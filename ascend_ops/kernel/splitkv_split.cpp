@@ -1,6 +1,7 @@
 // Split stage of split-KV decode attention (Ascend C, vector cores only).
 //
-// Work items (request b, KV head h, split j, KV range [start, end)) come from the shared plan;
+// Work items (request b, KV head h, split j, KV range [start, end)) come from the shared plan, or
+// in graph mode (deviceSplitTokens > 0) from the grid over seqLens (splitkv_tiling.h);
 // block k takes items k, k + blockNum, k + 2 * blockNum, ... For each item and each chunk of
 // its query rows (q row i x group head g), K and V tiles of `tileTokens` positions are copied
 // page by page through the block table (GM -> UB, two buffers per queue so the copy of tile t+1
@@ -8,6 +9,8 @@
 // partial (o = u / l, lse = m + ln l) of every row is written to the workspace slot
 // rowSlot[row] + j. A row that sees no position of the range writes o = 0, lse = -inf; no
 // exp(-inf - -inf) is ever formed (a tile's running max is taken over visible positions only).
+// A row that sees a NaN or inf (in q, K or V) writes o = NaN, lse = NaN (docs/conventions.md):
+// the sum of its visible scores (before the soft cap) and of its accumulator are checked.
 // Design and UB budget: docs/ascend-kernel.md.
 #include "splitkv_kernel_common.h"
 
@@ -72,22 +75,9 @@ public:
     __aicore__ inline void Process() {
         const int32_t nb = static_cast<int32_t>(GetBlockNum());
         for (int32_t w = static_cast<int32_t>(GetBlockIdx()); w < t_.numItems; w += nb) {
-            const int32_t base = t_.itemsOffset + 5 * w;
-            const int32_t b = planGm_.GetValue(base);
-            if (b < 0) {
-                continue;  // padding item of a graph-stable plan
-            }
             Item it;
-            it.b = b;
-            it.h = planGm_.GetValue(base + 1);
-            it.split = planGm_.GetValue(base + 2);
-            it.start = planGm_.GetValue(base + 3);
-            it.end = planGm_.GetValue(base + 4);
-            it.row0 = planGm_.GetValue(t_.qslOffset + b);
-            it.qLen = planGm_.GetValue(t_.qslOffset + b + 1) - it.row0;
-            it.seqLen = planGm_.GetValue(t_.seqLensOffset + b);
-            if (it.qLen <= 0) {
-                continue;
+            if (!LoadItem(planGm_, t_, w, it)) {
+                continue;  // padding, no query rows, or (graph mode) outside the request's splits
             }
             if constexpr (kInt8) {
                 LoadQuant(it.h);
@@ -270,6 +260,10 @@ private:
         }
         Muls(sc, sc, t_.scale, c);
         PipeBarrier<PIPE_V>();
+        // non-finite check of the visible scores, before the soft cap (which would turn -inf and
+        // +inf into finite values): their sum is NaN or inf iff one of them is (K or q held NaN or
+        // inf); read with the running max below (no extra round trip)
+        ReduceSum(tmp, sc, work, c);
         if (t_.softCap > 0.0f) {  // cap * tanh(s / cap) = cap - 2 cap / (exp(2 s / cap) + 1)
             LocalTensor<float> two = cap_.Get<float>();
             Muls(sc, sc, 2.0f / t_.softCap, c);
@@ -289,6 +283,11 @@ private:
         // running max over visible scores only: m_new is finite, so exp(s - m_new) is safe
         ReduceMax(red, sc, work, c);
         WaitFor<HardEvent::V_S>();
+        const int32_t lBase = RoundUp(R_, 8);
+        if (!IsFinite(tmp.GetValue(0))) {
+            stat.SetValue(lBase + r, kNaN);  // the row saw a NaN / inf: NaN from here on (sticky)
+            return;
+        }
         const float mOld = stat.GetValue(r);
         const float mTile = red.GetValue(0);
         const float mNew = mOld > mTile ? mOld : mTile;
@@ -310,7 +309,6 @@ private:
             Muls(accRow, accRow, alpha, D_);
             PipeBarrier<PIPE_V>();
         }
-        const int32_t lBase = RoundUp(R_, 8);
         stat.SetValue(r, mNew);
         stat.SetValue(lBase + r, stat.GetValue(lBase + r) * alpha + lTile);
         // u += p_j * v_j
@@ -325,13 +323,20 @@ private:
     __aicore__ inline void WriteRows(const Item& it, int32_t c0, int32_t nr) {
         LocalTensor<float> acc = acc_.Get<float>();
         LocalTensor<float> stat = stat_.Get<float>();
+        LocalTensor<float> red = red_.Get<float>();
+        LocalTensor<float> work = work_.Get<float>();
         const int32_t lBase = RoundUp(R_, 8);
         for (int32_t r = 0; r < nr; r++) {
             const int32_t row = c0 + r, qi = row / G_, g = row % G_;
+            // a NaN / inf value row v_j the row saw reached its accumulator: NaN / inf in the sum
+            ReduceSum(red, acc[r * RE_], work, D_);
+            WaitFor<HardEvent::V_S>();
             const float m = stat.GetValue(r);
-            const float l = stat.GetValue(lBase + r);
+            const float l = IsFinite(red.GetValue(0)) ? stat.GetValue(lBase + r) : kNaN;
             LocalTensor<float> o = outQ_.template AllocTensor<float>();
-            if (l > 0.0f) {
+            if (l != l) {  // NaN rule (docs/conventions.md): out and lse NaN
+                Duplicate(o, kNaN, RE_ + kLseRepeat);
+            } else if (l > 0.0f) {
                 Muls(o, acc[r * RE_], 1.0f / l, D_);
                 Duplicate(o[RE_], l, kLseRepeat);
                 PipeBarrier<PIPE_V>();
@@ -344,7 +349,7 @@ private:
             }
             outQ_.EnQue(o);
             LocalTensor<float> ready = outQ_.template DeQue<float>();
-            const int32_t slot = planGm_.GetValue(t_.rowSlotOffset + it.row0 + qi) + it.split;
+            const int32_t slot = SlotOf(planGm_, t_, it.row0 + qi, it.split);
             const uint64_t hq = uint64_t(slot) * t_.numQHeads + uint64_t(it.h) * G_ + g;
             DataCopy(wsO_[hq * D_], ready, uint32_t(D_));
             DataCopy(wsL_[hq * kLseRepeat], ready[RE_], uint32_t(kLseRepeat));

@@ -3,11 +3,14 @@
 // vector-only `splitkv_split` (docs/ascend-kernel.md); used when the tiling's kernelKind is 1.
 //
 // AI core c takes the plan's items [coreRange[c], coreRange[c + 1]) (contiguous ranges balanced
-// by length on the host). An item (request b, KV head h, split, [start, end)) has M = q_len * G
+// by length on the host; graph mode, deviceSplitTokens > 0: items c, c + blockDim, ... of the grid
+// derived from seqLens). An item (request b, KV head h, split, [start, end)) has M = q_len * G
 // query rows (all query rows of the request and the whole GQA group): the M dimension of the cube.
 // Per tile of TT tokens:
 //   cube (AIC): K, V pages GM -> L1 through the block table (ND -> NZ, one copy per page segment;
-//     a page id outside [0, numPages) is never dereferenced: its rows are copied from a zero row);
+//     what no row may see is copied from a zero row: masked page ids (never dereferenced), positions
+//     before the window, the tail to a whole fractal; several query rows: V's causal band too, which
+//     the vector cores add per row (AddBand));
 //     S = Q K^T on the cube (fp16/bf16 in, fp32 out) -> scratch S slot, flag S;
 //     after flag P: P (q's dtype) scratch -> L1 -> L0A, V -> L0B (transposed fractals),
 //     O = P V -> scratch O slot, flag O.
@@ -15,7 +18,8 @@
 //     masks (causal tail, window, tile tail, masked pages) as whole-row ranges, row max, exp, row
 //     sum, all as vector instructions over [rows x tile]; the running m and l are updated per
 //     (row, tile) by the scalar unit (one V->S round trip per tile, none per token); P -> scratch,
-//     flag P; after flag O: acc = acc * alpha + O.
+//     flag P; after flag O: acc = acc * alpha + O. NaN rule: a row whose visible scores or
+//     accumulator hold NaN / inf writes NaN (out and lse; docs/conventions.md).
 // The scratch (per AI core, after the partials in the workspace) holds two slots of S, P and O:
 // the cube runs QK of tile j + 1 and loads K/V of tile j + 2 while the vector cores work on tile j.
 // Cross-core flags: 1 S ready, 2 P ready, 3 O ready (all mode 2), 4 zero row ready (once).
@@ -24,7 +28,7 @@
 // the vector cores write q' = 2^e (q * k_scale) as two half rows, q'_hi + q'_lo (flag 5; the cube
 // accumulates both products in L0C, ~22 bits of q'), and keep beta = q' . k_offset per row;
 // per tile vector core 0 casts the K tile and vector core 1 the V tile int8 -> half into a scratch
-// slot (flag 6, one Cast per page segment, no scale); scores s = scale 2^-e (q' K_int^T - beta); the
+// slot (flag 6, one Cast per page segment, no scale; the same zero rows as the cube's loads); scores s = scale 2^-e (q' K_int^T - beta); the
 // output o = v_scale (P V_int / sum P) - v_scale v_offset, with sum P over the rounded P the cube
 // multiplies (the lse keeps the float sum).
 // NOT RUN ON AN NPU: type-checked against CANN 8.1 headers and run on the CPU twin only.
@@ -48,7 +52,7 @@ struct MixItem {
 
 struct MixCommon {
     SplitKVTiling t;
-    int32_t G, D, TT, MP, core, w0, w1;
+    int32_t G, D, TT, MP, core, w0, w1, wStep;
     bool quant;  // int8 KV: the cube reads q' and the half K/V tiles the vector cores write
     GlobalTensor<int32_t> planGm, btGm;
     GM_ADDR scratch;
@@ -64,26 +68,22 @@ struct MixCommon {
         core = coreIdx;
         planGm.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(plan), uint64_t(t.planWords));
         btGm.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(blockTable), uint64_t(t.batch) * t.maxPages);
-        w0 = planGm.GetValue(t.coreRangeOffset + core);
-        w1 = planGm.GetValue(t.coreRangeOffset + core + 1);
+        // items [w0, w1) step wStep: the host's balanced contiguous range, or in graph mode (items
+        // derived from seqLens on the device) every blockDim-th item of the split-major grid, so the
+        // first splits of all (request, KV head) pairs spread over the cores
+        if (t.deviceSplitTokens > 0) {
+            w0 = core;
+            w1 = t.numItems;
+            wStep = t.blockDim;
+        } else {
+            w0 = planGm.GetValue(t.coreRangeOffset + core);
+            w1 = planGm.GetValue(t.coreRangeOffset + core + 1);
+            wStep = 1;
+        }
         scratch = workspace + t.scratchOffsetBytes + uint64_t(core) * t.scratchCoreBytes;
     }
-    // false for padding items and requests without query rows
-    __aicore__ inline bool ReadItem(int32_t w, MixItem& it) {
-        const int32_t base = t.itemsOffset + 5 * w;
-        it.b = planGm.GetValue(base);
-        if (it.b < 0) {
-            return false;
-        }
-        it.h = planGm.GetValue(base + 1);
-        it.split = planGm.GetValue(base + 2);
-        it.start = planGm.GetValue(base + 3);
-        it.end = planGm.GetValue(base + 4);
-        it.row0 = planGm.GetValue(t.qslOffset + it.b);
-        it.qLen = planGm.GetValue(t.qslOffset + it.b + 1) - it.row0;
-        it.seqLen = planGm.GetValue(t.seqLensOffset + it.b);
-        return it.qLen > 0;
-    }
+    // false for padding items, requests without query rows and (graph mode) splits past the request
+    __aicore__ inline bool ReadItem(int32_t w, MixItem& it) { return LoadItem(planGm, t, w, it); }
     __aicore__ inline int32_t Page(const MixItem& it, int32_t p) {
         return btGm.GetValue(uint64_t(it.b) * t.maxPages + p / t.pageSize);
     }
@@ -141,7 +141,7 @@ public:
     __aicore__ inline void Process() {
         CrossCoreWaitFlag(kFlagZero);  // the vector cores wrote this core's zero row
         int32_t tile = 0;              // tiles of this core so far (scratch slot = tile % 2)
-        for (int32_t w = c_.w0; w < c_.w1; w++) {
+        for (int32_t w = c_.w0; w < c_.w1; w += c_.wStep) {
             MixItem it;
             if (!c_.ReadItem(w, it) || it.end <= it.start) {
                 continue;
@@ -191,26 +191,34 @@ private:
     }
 
     // Tokens of tile j -> K and V buffers `buf` (NZ, token rows, C0 stride TT), one copy per page
-    // segment; a masked page (id outside [0, numPages)) copies the zero row instead. int8 KV: the
-    // half tiles of scratch slot gTile % 2 (the vector cores' flag KV; masked pages already zero).
+    // segment. Zero rows (copied from the core's zero row, never from the cache) stand for what no
+    // row of the item may see, so that P V never multiplies a value it must not see by 0 (0 * NaN
+    // is NaN): a masked page (id outside [0, numPages)), the positions before the window of the
+    // item's first query row, and the tile's tail up to a whole 16-token fractal. int8 KV: the
+    // half tiles of scratch slot gTile % 2, whole fractals (the vector cores' flag KV; Convert
+    // wrote the same zero rows, and the band's V rows as zeros).
     __aicore__ inline void LoadKV(const MixItem& it, int32_t j, int32_t buf, int32_t gTile) {
         const int32_t TT = c_.TT, D = c_.D, hkv = c_.t.numKVHeads, ps = c_.t.pageSize;
         const int32_t p0 = it.start + j * TT, n = Tokens(it, j);
+        const int32_t loAll = c_.t.windowLeft >= 0 ? it.seqLen - it.qLen - c_.t.windowLeft : 0;
         LocalTensor<T> k1 = kL1_.Get<T>()[buf * TT * D];
         LocalTensor<T> v1 = vL1_.Get<T>()[buf * TT * D];
         if (c_.quant) {
             CrossCoreWaitFlag(kFlagKV);
-            const Nd2NzParams nz(1, static_cast<uint16_t>(n), static_cast<uint16_t>(D), 0, static_cast<uint16_t>(D),
-                                 static_cast<uint16_t>(TT), 1, 0);
+            const Nd2NzParams nz(1, static_cast<uint16_t>(RoundUp(n, 16)), static_cast<uint16_t>(D), 0,
+                                 static_cast<uint16_t>(D), static_cast<uint16_t>(TT), 1, 0);
             DataCopy(k1, kvGm_[uint64_t(gTile % 2) * 2 * TT * D], nz);
             DataCopy(v1, kvGm_[(uint64_t(gTile % 2) * 2 + 1) * TT * D], nz);
             return;
         }
         int32_t p = p0;
-        while (p < p0 + n) {
-            const int32_t page = c_.Page(it, p);
+        while (p < p0 + RoundUp(n, 16)) {
+            const bool tail = p >= p0 + n;
+            const bool early = !tail && p < loAll;
+            const int32_t page = tail || early ? -1 : c_.Page(it, p);
             const int32_t inPage = p % ps;
-            const int32_t cnt = Min(ps - inPage, p0 + n - p);
+            const int32_t cnt = tail ? p0 + RoundUp(n, 16) - p
+                                     : (early ? Min(loAll - p, p0 + n - p) : Min(ps - inPage, p0 + n - p));
             const int32_t at = (p - p0) * 16;
             if (c_.PageOk(page)) {
                 const uint64_t off = ((uint64_t(page) * ps + inPage) * hkv + it.h) * D;
@@ -225,6 +233,14 @@ private:
                 DataCopy(v1[at], zGm_, nz);
             }
             p += cnt;
+        }
+        // several query rows (MTP): the V rows of the causal band (positions the request's first query
+        // row cannot see) are zero for the cube; the vector cores add them for the rows that see them
+        const int32_t a = Max(p0, it.seqLen - it.qLen + 1);
+        if (it.qLen > 1 && a < p0 + n) {
+            DataCopy(v1[(a - p0) * 16], zGm_,
+                     Nd2NzParams(static_cast<uint16_t>(p0 + n - a), 1, static_cast<uint16_t>(D), 0,
+                                 static_cast<uint16_t>(D), static_cast<uint16_t>(TT), 1, 16));
         }
     }
 
@@ -318,7 +334,7 @@ class MixVec {
 public:
     // out / lse: the fused launch's outputs (rows with one split are written there directly and the
     // combine skips them); nullptr for the split-only launch (every row goes to its partial slot).
-    __aicore__ inline void Init(GM_ADDR bt, GM_ADDR plan, GM_ADDR ws, const SplitKVTiling& t, GM_ADDR out,
+    __aicore__ inline void Init(GM_ADDR v, GM_ADDR bt, GM_ADDR plan, GM_ADDR ws, const SplitKVTiling& t, GM_ADDR out,
                                 GM_ADDR lse) {
         sub_ = static_cast<int32_t>(GetSubBlockIdx());
         direct_ = out != nullptr;
@@ -336,13 +352,24 @@ public:
         pipe_.InitBuffer(p_, uint32_t(RH_) * TT * sizeof(C));
         pipe_.InitBuffer(o_, uint32_t(RH_) * D * sizeof(float));
         pipe_.InitBuffer(acc_, uint32_t(RH_) * D * sizeof(float));
-        pipe_.InitBuffer(red_, uint32_t(RoundUp(2 * RH_, 8)) * sizeof(float));
+        RHP_ = RoundUp(2 * RH_, 8);  // red: row maxima / sums [0, RHP_), score-check sums [RHP_, 2 RHP_)
+        pipe_.InitBuffer(red_, 2u * RHP_ * sizeof(float));
         pipe_.InitBuffer(alpha_, uint32_t(RoundUp(RH_, 8)) * sizeof(float));
         pipe_.InitBuffer(work_, 64u * sizeof(float));
         if (t.softCap > 0.0f) {
             pipe_.InitBuffer(cap_, uint32_t(RH_) * TT * sizeof(float));
         }
         pipe_.InitBuffer(outQ_, 2, uint32_t(D + kLseRepeat) * sizeof(float));
+        if (t.maxQLen > 1 && c_.quant) {  // the causal band's V rows (AddBand): int8 -> half -> float32
+            pipe_.InitBuffer(vb_, uint32_t(RoundUp(D, kBlockBytes)));
+            pipe_.InitBuffer(vh_, uint32_t(D) * sizeof(half));
+            pipe_.InitBuffer(vf_, uint32_t(D) * sizeof(float));
+        } else if (t.maxQLen > 1) {  // the causal band's V rows (AddBand): q's dtype -> float32
+            vGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(v),
+                                 uint64_t(t.numPages) * t.pageSize * t.numKVHeads * t.headDim);
+            pipe_.InitBuffer(vb_, uint32_t(RoundUp(D * int32_t(sizeof(T)), kBlockBytes)));
+            pipe_.InitBuffer(vf_, uint32_t(D) * sizeof(float));
+        }
         if (direct_) {
             outGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(out), uint64_t(t.numRows) * t.numQHeads * D);
             lseGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(lse), uint64_t(t.numRows) * t.numQHeads);
@@ -373,7 +400,7 @@ public:
     __aicore__ inline void Process() {
         WriteZeroRow();
         int32_t tile = 0;
-        for (int32_t w = c_.w0; w < c_.w1; w++) {
+        for (int32_t w = c_.w0; w < c_.w1; w += c_.wStep) {
             MixItem it;
             if (!c_.ReadItem(w, it)) {
                 continue;
@@ -392,6 +419,7 @@ public:
                 }
                 Softmax(it, r0, nr, j, tile + j);
                 Update(nr, r0, tile + j);
+                AddBand(it, r0, nr, j);
             }
             tile += nt;
             Finish(it, r0, nr);
@@ -432,11 +460,18 @@ private:
         WaitFor<HardEvent::MTE2_V>();
         Mul(kvq[3 * D], kvq[2 * D], kvq[3 * D], D);
         sScale_ = c_.t.scale;
+        vBad_ = false;
         if (nr > 0) {
             LocalTensor<float> qf = qf_.Get<float>(), tmp = o_.Get<float>(), red = red_.Get<float>();
             LocalTensor<float> work = work_.Get<float>();
             LocalTensor<half> qh = qh_.Get<half>();
             const uint32_t cnt = uint32_t(nr) * D;
+            // NaN rule: a NaN / inf V scale or offset makes every dequantised V value of the head
+            // non-finite (0 * x is 0 for a finite x, NaN otherwise; read with the row maxima below)
+            PipeBarrier<PIPE_V>();
+            Muls(tmp, kvq[2 * D], 0.0f, 2 * D);
+            PipeBarrier<PIPE_V>();
+            ReduceSum(red[RHP_], tmp, work, 2 * D);
             Cast(qf, qt, RoundMode::CAST_NONE, cnt);
             PipeBarrier<PIPE_V>();
             for (int32_t r = 0; r < nr; r++) {
@@ -451,10 +486,11 @@ private:
                 ReduceMax(red[2 * r], tmp[r * D], work, D);
             }
             WaitFor<HardEvent::V_S>();
-            float mx = 0.0f;
+            vBad_ = !IsFinite(red.GetValue(RHP_));
+            float mx = 0.0f;  // over the finite rows: a NaN / inf row (NaN rule) leaves the others' e alone
             for (int32_t r = 0; r < nr; r++) {
                 const float x = red.GetValue(2 * r);
-                mx = x > mx ? x : mx;
+                mx = x > mx && IsFinite(x) ? x : mx;
             }
             const float f = PowerOfTwoFor(mx);
             sScale_ = c_.t.scale / f;
@@ -511,22 +547,28 @@ private:
     }
 
     // int8 KV: tile j of the item, K (sub-block 0) or V (sub-block 1), int8 -> half into the scratch
-    // slot gTile % 2, flag KV. Chunks of kQuantChunk tokens; per page segment one DataCopyPad (rows
-    // of D bytes at a stride of Hkv * D, each landing on a 32-byte row) and one Cast; a masked page's
-    // rows are zero (never read). No scale or offset here: they are folded into q', the scores and
-    // the output.
+    // slot gTile % 2, whole 16-token fractals, flag KV. Chunks of kQuantChunk tokens; per page
+    // segment one DataCopyPad (rows of D bytes at a stride of Hkv * D, each landing on a 32-byte row)
+    // and one Cast. Zero rows, never read from the cache, as the cube's LoadKV: masked pages, the
+    // positions before the window of the item's first query row, the tile's tail up to a whole
+    // fractal, and for V the causal band of several query rows (AddBand adds it). No scale or offset
+    // here: they are folded into q', the scores and the output.
     __aicore__ inline void Convert(const MixItem& it, int32_t j, int32_t gTile) {
         const int32_t TT = c_.TT, D = c_.D, KR = RoundUp(D, kBlockBytes), ps = c_.t.pageSize;
-        const int32_t p0 = it.start + j * TT, n = Min(TT, it.end - p0);
+        const int32_t p0 = it.start + j * TT, n = Min(TT, it.end - p0), n16 = RoundUp(n, 16);
+        // cache rows [lo, hi) of the tile; the rest are zero
+        const int32_t lo = c_.t.windowLeft >= 0 ? it.seqLen - it.qLen - c_.t.windowLeft : 0;
+        const int32_t hi = sub_ == 1 && it.qLen > 1 ? Min(p0 + n, it.seqLen - it.qLen + 1) : p0 + n;
         const GlobalTensor<int8_t>& src = sub_ == 0 ? kI8Gm_ : vI8Gm_;
         LocalTensor<int8_t> i8 = i8_.Get<int8_t>();
         LocalTensor<half> h = h16_.Get<half>();
         const uint64_t dst = (uint64_t(gTile % 2) * 2 + sub_) * TT * D;
-        for (int32_t c = 0; c < n; c += kQuantChunk) {
-            const int32_t cn = Min(kQuantChunk, n - c);
+        for (int32_t c = 0; c < n16; c += kQuantChunk) {
+            const int32_t cn = Min(kQuantChunk, n16 - c);
             WaitFor<HardEvent::V_MTE2>();  // the previous chunk's Cast has read i8
             for (int32_t p = p0 + c; p < p0 + c + cn;) {
-                const int32_t page = c_.Page(it, p), inPage = p % ps, cnt = Min(ps - inPage, p0 + c + cn - p);
+                int32_t cnt;
+                const int32_t page = Segment(it, p, p0 + c + cn, lo, hi, cnt), inPage = p % ps;
                 if (c_.PageOk(page)) {
                     const uint64_t off = ((uint64_t(page) * ps + inPage) * c_.t.numKVHeads + it.h) * D;
                     DataCopyExtParams cp(static_cast<uint16_t>(cnt), uint32_t(D), uint32_t(c_.t.numKVHeads - 1) * D,
@@ -539,7 +581,8 @@ private:
             WaitFor<HardEvent::MTE2_V>();
             WaitFor<HardEvent::MTE3_V>();  // the previous chunk's copy-out has read h
             for (int32_t p = p0 + c; p < p0 + c + cn;) {
-                const int32_t page = c_.Page(it, p), inPage = p % ps, cnt = Min(ps - inPage, p0 + c + cn - p);
+                int32_t cnt;
+                const int32_t page = Segment(it, p, p0 + c + cn, lo, hi, cnt);
                 const int32_t at = (p - p0 - c) * KR;
                 if (c_.PageOk(page)) {
                     Cast(h[at], i8[at], RoundMode::CAST_NONE, uint32_t(cnt) * KR);
@@ -556,6 +599,22 @@ private:
         CrossCoreSetFlag<2, PIPE_MTE3>(kFlagKV);
     }
 
+    // The segment of Convert's rows at position p (before pe): its page id, or -1 for zero rows
+    // (outside the cache rows [lo, hi)), and in cnt its length (within one page).
+    __aicore__ inline int32_t Segment(const MixItem& it, int32_t p, int32_t pe, int32_t lo, int32_t hi,
+                                      int32_t& cnt) {
+        if (p < lo) {
+            cnt = Min(lo, pe) - p;
+            return -1;
+        }
+        if (p >= hi) {
+            cnt = pe - p;
+            return -1;
+        }
+        cnt = Min(c_.t.pageSize - p % c_.t.pageSize, Min(hi, pe) - p);
+        return c_.Page(it, p);
+    }
+
     __aicore__ inline void StartItem(int32_t nr) {
         if (nr > 0) {
             Duplicate(acc_.Get<float>(), 0.0f, nr * c_.D);
@@ -567,33 +626,80 @@ private:
         }
     }
 
-    // Set positions [a, b) of a UB row to -inf: a vector Duplicate over the 32-byte-aligned part, the
+    // Set positions [a, b) of a UB row to `value`: a vector Duplicate over the 32-byte-aligned part, the
     // scalar unit for the at most 7 positions before it (only at a window or causal edge).
-    __aicore__ inline void MaskRange(const LocalTensor<float>& row, int32_t a, int32_t b, bool& scalarPending) {
+    __aicore__ inline void MaskRange(const LocalTensor<float>& row, int32_t a, int32_t b, float value,
+                                     bool& scalarPending) {
         if (b <= a) {
             return;
         }
         const int32_t a8 = Min(RoundUp(a, 8), b);
         const int32_t b8 = b - (b - a8) % 8;
         if (b8 > a8) {
-            Duplicate(row[a8], kNegInf, b8 - a8);
+            Duplicate(row[a8], value, b8 - a8);
         }
         if (a8 > a || b > b8) {
             scalarPending = true;
         }
     }
-    __aicore__ inline void MaskRangeScalar(const LocalTensor<float>& row, int32_t a, int32_t b) {
+    __aicore__ inline void MaskRangeScalar(const LocalTensor<float>& row, int32_t a, int32_t b, float value) {
         if (b <= a) {
             return;
         }
         const int32_t a8 = Min(RoundUp(a, 8), b);
         const int32_t b8 = b - (b - a8) % 8;
         for (int32_t i = a; i < a8; i++) {
-            row.SetValue(i, kNegInf);
+            row.SetValue(i, value);
         }
         for (int32_t i = b8 > a8 ? b8 : a8; i < b; i++) {
-            row.SetValue(i, kNegInf);
+            row.SetValue(i, value);
         }
+    }
+
+    // Columns outside each row's visible interval (causal tail, window), the tile tail [n, n16)
+    // and the columns of masked pages -> `value`, over the [nr x n16] block (then a V barrier).
+    __aicore__ inline void Mask(const MixItem& it, const LocalTensor<float>& s, int32_t r0, int32_t nr, int32_t p0,
+                                int32_t n, int32_t n16, float value) {
+        bool scalarPending = false;
+        for (int32_t r = 0; r < nr; r++) {
+            int32_t js, je;
+            Visible(it, r0 + r, p0, n, js, je);
+            MaskRange(s[r * n16], 0, js, value, scalarPending);
+            MaskRange(s[r * n16], je, n16, value, scalarPending);
+        }
+        bool pagesMasked = false;
+        for (int32_t p = p0; p < p0 + n;) {  // one block-table read per page segment of the tile
+            const int32_t cntp = Min(c_.t.pageSize - p % c_.t.pageSize, p0 + n - p);
+            if (!c_.PageOk(c_.Page(it, p))) {
+                pagesMasked = true;
+                for (int32_t r = 0; r < nr; r++) {
+                    MaskRange(s[r * n16], p - p0, p - p0 + cntp, value, scalarPending);
+                }
+            }
+            p += cntp;
+        }
+        if (scalarPending) {
+            WaitFor<HardEvent::V_S>();
+            for (int32_t r = 0; r < nr; r++) {
+                int32_t js, je;
+                Visible(it, r0 + r, p0, n, js, je);
+                MaskRangeScalar(s[r * n16], 0, js, value);
+                MaskRangeScalar(s[r * n16], je, n16, value);
+            }
+            if (pagesMasked) {
+                for (int32_t p = p0; p < p0 + n;) {
+                    const int32_t cntp = Min(c_.t.pageSize - p % c_.t.pageSize, p0 + n - p);
+                    if (!c_.PageOk(c_.Page(it, p))) {
+                        for (int32_t r = 0; r < nr; r++) {
+                            MaskRangeScalar(s[r * n16], p - p0, p - p0 + cntp, value);
+                        }
+                    }
+                    p += cntp;
+                }
+            }
+            WaitFor<HardEvent::S_V>();
+        }
+        PipeBarrier<PIPE_V>();
     }
 
     // The row's visible columns of tile [p0, p0 + n): [js, je) (causal tail and window are intervals).
@@ -674,57 +780,27 @@ private:
         }
         Muls(s, s, c_.quant ? sScale_ : c_.t.scale, cnt);
         PipeBarrier<PIPE_V>();
+        // NaN rule: the visible scores are checked before the soft cap (which would make -inf and
+        // +inf finite): the masked columns are set to 0 first, so a row's sum is NaN or inf iff a
+        // score it sees is (q or K held NaN / inf); the sums are read with the row maxima below.
+        LocalTensor<float> red = red_.Get<float>(), work = work_.Get<float>(), alpha = alpha_.Get<float>();
+        Mask(it, s, r0, nr, p0, n, n16, 0.0f);
+        for (int32_t r = 0; r < nr; r++) {
+            ReduceSum(red[RHP_ + 2 * r], s[r * n16], work, n16);
+        }
         if (c_.t.softCap > 0.0f) {
             SoftCap(s, cnt);
         }
-        // masks: columns outside each row's visible interval, the tile tail [n, n16), masked pages
-        bool scalarPending = false;
-        for (int32_t r = 0; r < nr; r++) {
-            int32_t js, je;
-            Visible(it, r0 + r, p0, n, js, je);
-            MaskRange(s[r * n16], 0, js, scalarPending);
-            MaskRange(s[r * n16], je, n16, scalarPending);
-        }
-        bool pagesMasked = false;
-        for (int32_t p = p0; p < p0 + n;) {  // one block-table read per page segment of the tile
-            const int32_t cntp = Min(c_.t.pageSize - p % c_.t.pageSize, p0 + n - p);
-            if (!c_.PageOk(c_.Page(it, p))) {
-                pagesMasked = true;
-                for (int32_t r = 0; r < nr; r++) {
-                    MaskRange(s[r * n16], p - p0, p - p0 + cntp, scalarPending);
-                }
-            }
-            p += cntp;
-        }
-        if (scalarPending) {
-            WaitFor<HardEvent::V_S>();
-            for (int32_t r = 0; r < nr; r++) {
-                int32_t js, je;
-                Visible(it, r0 + r, p0, n, js, je);
-                MaskRangeScalar(s[r * n16], 0, js);
-                MaskRangeScalar(s[r * n16], je, n16);
-            }
-            if (pagesMasked) {
-                for (int32_t p = p0; p < p0 + n;) {
-                    const int32_t cntp = Min(c_.t.pageSize - p % c_.t.pageSize, p0 + n - p);
-                    if (!c_.PageOk(c_.Page(it, p))) {
-                        for (int32_t r = 0; r < nr; r++) {
-                            MaskRangeScalar(s[r * n16], p - p0, p - p0 + cntp);
-                        }
-                    }
-                    p += cntp;
-                }
-            }
-            WaitFor<HardEvent::S_V>();
-        }
-        PipeBarrier<PIPE_V>();
+        Mask(it, s, r0, nr, p0, n, n16, kNegInf);
         // row max (one instruction per row), then the running max on the scalar unit: once per tile
-        LocalTensor<float> red = red_.Get<float>(), work = work_.Get<float>(), alpha = alpha_.Get<float>();
         for (int32_t r = 0; r < nr; r++) {
             ReduceMax(red[2 * r], s[r * n16], work, n16);
         }
         WaitFor<HardEvent::V_S>();
         for (int32_t r = 0; r < nr; r++) {
+            if (!IsFinite(red.GetValue(RHP_ + 2 * r))) {
+                l_[r] = kNaN;  // sticky: l * alpha + sum stays NaN; Finish writes a NaN row
+            }
             const float mt = red.GetValue(2 * r);
             const float mNew = m_[r] > mt ? m_[r] : mt;  // >= kMaxStart: finite
             alpha.SetValue(r, m_[r] - mNew);
@@ -790,17 +866,89 @@ private:
         PipeBarrier<PIPE_V>();
     }
 
+    // Several query rows (MTP): the causal band's V rows (positions the request's first query row
+    // cannot see) were zero in the cube's P V, so that no row multiplies a value it cannot see by 0;
+    // here each row adds p * v of the band positions it sees (Axpy, p from the tile's probabilities,
+    // still in s). A masked page contributes nothing.
+    __aicore__ inline void AddBand(const MixItem& it, int32_t r0, int32_t nr, int32_t j) {
+        const int32_t D = c_.D, p0 = it.start + j * c_.TT, n = Min(c_.TT, it.end - p0);
+        const int32_t a = Max(p0, it.seqLen - it.qLen + 1);
+        if (it.qLen <= 1 || nr == 0 || a >= p0 + n) {
+            return;
+        }
+        const int32_t n16 = RoundUp(n, 16), ps = c_.t.pageSize;
+        LocalTensor<float> s = s_.Get<float>(), acc = acc_.Get<float>(), vf = vf_.Get<float>();
+        WaitFor<HardEvent::V_S>();  // the probabilities in s are readable (int8 KV: the rounded P)
+        for (int32_t p = a; p < p0 + n; p++) {
+            const int32_t page = c_.Page(it, p);
+            if (!c_.PageOk(page)) {
+                continue;
+            }
+            LoadBandRow(((uint64_t(page) * ps + p % ps) * c_.t.numKVHeads + it.h) * D, vf);
+            for (int32_t r = 0; r < nr; r++) {
+                const int32_t qpos = it.seqLen - it.qLen + (r0 + r) / c_.G;
+                if (p > qpos || (c_.t.windowLeft >= 0 && p < qpos - c_.t.windowLeft)) {
+                    continue;  // this row cannot see p
+                }
+                Axpy(acc[r * D], vf, s.GetValue(r * n16 + (p - p0)), D);
+                PipeBarrier<PIPE_V>();
+            }
+        }
+    }
+
+    // One V row of the cache (element offset off) -> vf as float32: q's dtype cast, or for int8 KV
+    // the raw integers (int8 -> half -> float; the V scale and offset are applied in Finish, as for
+    // the cube's P V_int).
+    __aicore__ inline void LoadBandRow(uint64_t off, const LocalTensor<float>& vf) {
+        const int32_t D = c_.D;
+        WaitFor<HardEvent::V_MTE2>();  // the previous band row's Cast has read vb
+        if (c_.quant) {
+            LocalTensor<int8_t> vb = vb_.Get<int8_t>();
+            LocalTensor<half> vh = vh_.Get<half>();
+            DataCopyExtParams cp(1, uint32_t(D), 0, 0, 0);
+            DataCopyPadExtParams<int8_t> pp(true, 0, static_cast<uint8_t>(RoundUp(D, kBlockBytes) - D), 0);
+            DataCopyPad(vb, vI8Gm_[off], cp, pp);
+            WaitFor<HardEvent::MTE2_V>();
+            Cast(vh, vb, RoundMode::CAST_NONE, uint32_t(D));
+            PipeBarrier<PIPE_V>();
+            Cast(vf, vh, RoundMode::CAST_NONE, uint32_t(D));
+        } else {
+            LocalTensor<T> vb = vb_.Get<T>();
+            DataCopy(vb, vGm_[off], uint32_t(D));
+            WaitFor<HardEvent::MTE2_V>();
+            Cast(vf, vb, RoundMode::CAST_NONE, uint32_t(D));
+        }
+        PipeBarrier<PIPE_V>();
+    }
+
     // o = acc / l and lse = m + ln l of each row -> the item's partial slot (o = 0, lse = -inf for a
     // row that saw nothing).
     __aicore__ inline void Finish(const MixItem& it, int32_t r0, int32_t nr) {
         const int32_t D = c_.D, G = c_.G;
         LocalTensor<float> acc = acc_.Get<float>();
+        // NaN rule: a NaN / inf value row the row saw reached its accumulator (one sum per row,
+        // one round trip per item)
+        if (nr > 0) {
+            LocalTensor<float> red = red_.Get<float>(), work = work_.Get<float>();
+            PipeBarrier<PIPE_V>();  // acc's last write (Update, or StartItem's zeros)
+            for (int32_t r = 0; r < nr; r++) {
+                ReduceSum(red[RHP_ + 2 * r], acc[r * D], work, D);
+            }
+            WaitFor<HardEvent::V_S>();
+            for (int32_t r = 0; r < nr; r++) {
+                if (!IsFinite(red.GetValue(RHP_ + 2 * r))) {
+                    l_[r] = kNaN;
+                }
+            }
+        }
         for (int32_t r = 0; r < nr; r++) {
             const int32_t row = r0 + r, qi = row / G, g = row % G;
             LocalTensor<float> o = outQ_.template AllocTensor<float>();
-            if (l_[r] > 0.0f) {
+            if (l_[r] != l_[r] || (l_[r] > 0.0f && vBad_)) {  // out and lse NaN (docs/conventions.md)
+                Duplicate(o, kNaN, D + kLseRepeat);
+            } else if (l_[r] > 0.0f) {
                 Muls(o, acc[r * D], 1.0f / lr_[r], D);
-                if (c_.quant) {  // o = v_scale (P V_int / l) - v_scale v_offset
+                if (c_.quant) {  // o = v_scale (P V_int / lr) - v_scale v_offset
                     LocalTensor<float> kvq = kvq_.Get<float>();
                     PipeBarrier<PIPE_V>();
                     Mul(o, o, kvq[2 * D], D);
@@ -817,7 +965,11 @@ private:
                 Duplicate(o[D], kNegInf, kLseRepeat);
             }
             const int32_t qrow = it.row0 + qi;
-            const bool direct = direct_ && c_.planGm.GetValue(c_.t.rowNumOffset + qrow) == 1;
+            int32_t s0 = 0, ns = 0;
+            if (direct_) {
+                RowSplits(c_.planGm, c_.t, qrow, s0, ns);
+            }
+            const bool direct = direct_ && ns == 1;
             LocalTensor<T> ob;
             if (direct) {  // the row's only split: final output in q's dtype (as the combine rounds)
                 ob = ob_.Get<T>();
@@ -833,7 +985,7 @@ private:
                 DataCopyExtParams cp(1, uint32_t(sizeof(float)), 0, 0, 0);
                 DataCopyPad(lseGm_[uint64_t(qrow) * c_.t.numQHeads + hqRow], ready[D], cp);
             } else {
-                const int32_t slot = c_.planGm.GetValue(c_.t.rowSlotOffset + qrow) + it.split;
+                const int32_t slot = SlotOf(c_.planGm, c_.t, qrow, it.split);
                 const uint64_t hq = uint64_t(slot) * c_.t.numQHeads + hqRow;
                 DataCopy(wsO_[hq * D], ready, uint32_t(D));
                 DataCopy(wsL_[hq * kLseRepeat], ready[D], uint32_t(kLseRepeat));
@@ -844,16 +996,17 @@ private:
 
     MixCommon c_;
     bool direct_ = false;
-    int32_t sub_ = 0, RH_ = 0;
+    int32_t sub_ = 0, RH_ = 0, RHP_ = 8;
     float m_[kMaxVecRows], l_[kMaxVecRows], a_[kMaxVecRows], beta_[kMaxVecRows];
     float lr_[kMaxVecRows];  // the sum of P as the cube multiplies it (rounded; int8 KV), else l_
     float sScale_ = 0.0f;
+    bool vBad_ = false;  // int8 KV: a V scale or offset of the item's KV head is NaN or inf
     TPipe pipe_;
-    TBuf<TPosition::VECCALC> s_, p_, o_, acc_, red_, alpha_, work_, cap_, ob_;
+    TBuf<TPosition::VECCALC> s_, p_, o_, acc_, red_, alpha_, work_, cap_, ob_, vb_, vh_, vf_;
     TBuf<TPosition::VECCALC> qT_, qf_, qh_, kvq_, i8_, h16_;  // int8 KV only
     TQue<TPosition::VECOUT, 2> outQ_;
     GlobalTensor<C> pGm_, zGm_;
-    GlobalTensor<T> outGm_, qGm_;
+    GlobalTensor<T> outGm_, qGm_, vGm_;
     GlobalTensor<int8_t> kI8Gm_, vI8Gm_;
     GlobalTensor<half> qsGm_, kvGm_;
     GlobalTensor<float> sGm_, oGm_, wsO_, wsL_, lseGm_, quantGm_;
@@ -872,7 +1025,7 @@ __aicore__ inline void RunSplitMix(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, 
     }
     if ASCEND_IS_AIV {
         splitkv::MixVec<T, C> op;
-        op.Init(bt, plan, ws, t, out, lse);
+        op.Init(v, bt, plan, ws, t, out, lse);
         if (t.kvDtype == SPLITKV_DT_INT8) {
             op.InitQuant(q, k, v, kvQuant);
         }

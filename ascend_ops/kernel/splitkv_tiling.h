@@ -36,6 +36,16 @@
 // Launch both on `blockDim` vector cores (AIV), one after the other on the same stream: the
 // combine reads what the split stage wrote. No SyncAll, no system workspace.
 //
+// Graph mode (deviceSplitTokens = S > 0): the kernels make no use of the items, rowSlot and rowNum
+// sections; they derive the work from seqLens (written on the device before each launch, so a
+// captured graph replays with new lengths and no host work). Items form a grid of numItems =
+// batch * numKVHeads * maxSplits, split-major: item w is split j = w / (batch * Hkv), request
+// b = (w % (batch * Hkv)) / Hkv, KV head h = w % Hkv; its range is [max(j S, lo), min((j + 1) S,
+// seqLen[b])) with lo the request's window start (0 without a window), and it exists only for
+// lo / S <= j < min(ceil(seqLen / S), maxSplits). Query row r of request b has its partials in
+// slots r * maxSplits + j for those j (the combine reads them; one of them: written directly by the
+// fused launch). The host checks seqLen <= S * maxSplits where it knows the lengths.
+//
 // Workspace layout (float32): o [numSlots, Hq, D] at byte 0, then lse [numSlots, Hq, 8] at byte
 // lseOffsetBytes: each partial lse repeated 8 times so that every lse is one 32-byte block
 // (the aligned-copy unit). Only the slots of valid work items are written and read.
@@ -50,7 +60,7 @@
 #define SPLITKV_DT_BFLOAT16 2
 #define SPLITKV_DT_INT8 3
 
-#define SPLITKV_TILING_VERSION 2
+#define SPLITKV_TILING_VERSION 3
 
 // All fields are 4 bytes (int32 or float32), no padding; tiling.py reads this declaration to pack
 // the bytes, so keep one field per line in the form `type name;  // comment`.
@@ -98,9 +108,11 @@ struct SplitKVTiling {
     int32_t coreRangeOffset;  // mixed: plan section coreRange [blockDim + 1] (first item of each AI core)
     int32_t mixUbBytes;       // mixed: UB one vector core reserves
     int32_t combineBlockDim;  // vector cores the combine uses (units of (row, KV head); any count works)
+    int32_t deviceSplitTokens;  // graph mode: split size S > 0: items, ranges and slots from seqLens (below); 0 off
+    int32_t combineHeads;     // query heads of one KV head the combine merges at once (<= groupSize; UB-bound)
 };
 
-#define SPLITKV_TILING_WORDS 43
+#define SPLITKV_TILING_WORDS 45
 
 #ifdef __cplusplus
 static_assert(sizeof(SplitKVTiling) == SPLITKV_TILING_WORDS * 4, "SplitKVTiling must be 4-byte fields only");

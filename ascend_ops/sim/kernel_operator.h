@@ -473,8 +473,16 @@ public:
 
 class TPipe {
 public:
-    TPipe() { current_pipe() = this; }
-    ~TPipe() { if (current_pipe() == this) current_pipe() = nullptr; }
+    // A TPipe's buffers start where the live pipes' end; a destroyed pipe's UB is free again (CANN
+    // 8.1 kernel_tpipe_impl.h: TPipe::Init -> ResetPool, the next pipe allocates from the pool's
+    // base): the fused launch's combine reuses the split stage's UB after its pipe is gone.
+    TPipe() : ubBase_(sim::core().ubUsed) { current_pipe() = this; }
+    ~TPipe() {
+        if (current_pipe() == this) current_pipe() = nullptr;
+        sim::Core& c = sim::core();
+        if (c.ubUsed > ubBase_) sim::unmark(ubBase_, c.ubUsed - ubBase_);  // the next pipe's bytes start unwritten
+        c.ubUsed = ubBase_;
+    }
     template <class Q>
     bool InitBuffer(Q& que, uint8_t num, uint32_t len) {
         if (Q::kPos != TPosition::VECIN && Q::kPos != TPosition::VECOUT && Q::kPos != TPosition::VECCALC)
@@ -507,6 +515,7 @@ public:
     void Reset() {}
 
 private:
+    uint32_t ubBase_ = 0;
     static uint32_t round32(uint32_t x) { return (x + 31u) / 32u * 32u; }
     static uint32_t round_to(uint32_t x, uint32_t a) { return (x + a - 1u) / a * a; }
     // L1 / L0A / L0B / L0C of a cube core: capacities of sim_limits.h; L1 buffers start 32-byte
@@ -538,6 +547,7 @@ private:
                                          " bytes exceed the 192 KiB Unified Buffer");
         uint32_t a = c.ubUsed;
         c.ubUsed += uint32_t(bytes);
+        c.ubPeak = c.ubUsed > c.ubPeak ? c.ubUsed : c.ubPeak;
         return a;
     }
 };

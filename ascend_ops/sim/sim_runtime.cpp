@@ -307,7 +307,7 @@ std::string stats_json(const std::vector<std::unique_ptr<sim::Core>>& cores) {
           << ",\"set_flags\":" << s.setFlags << ",\"wait_flags\":" << s.waitFlags << ",\"waits_to_s\":" << s.waitsToS
           << ",\"v_to_s\":" << s.vToS << ",\"barrier_v\":" << s.barrierV << ",\"barrier_all\":" << s.barrierAll
           << ",\"queue_waits\":" << s.queueWaits << ",\"sync_all\":" << s.syncAll << ",\"dcci\":" << s.dcci
-          << ",\"ub_used\":" << c.ubUsed << ",\"mmad_calls\":" << s.mmadCalls
+          << ",\"ub_used\":" << c.ubPeak << ",\"mmad_calls\":" << s.mmadCalls
           << ",\"cube_fractal_macs\":" << s.cubeFractalMacs << ",\"cube_macs\":" << s.cubeMacs
           << ",\"l1_in_bytes\":" << s.l1InBytes << ",\"l0_bytes\":" << s.l0Bytes << ",\"fix_bytes\":" << s.fixBytes
           << ",\"fix_rows\":" << s.fixRows << ",\"cross_sets\":" << s.crossSets << ",\"cross_waits\":" << s.crossWaits
@@ -411,7 +411,7 @@ int launch(int blockDim, const std::function<void()>& fn, char* err, int errLen,
         return s.rc;
     }
     unsigned peak = 0;
-    for (auto& c : s.cores) peak = std::max(peak, c->ubUsed);
+    for (auto& c : s.cores) peak = std::max(peak, c->ubPeak);
     if (ubPeak) *ubPeak = peak;
     return 0;
 }

@@ -122,7 +122,8 @@ def case_tensors(name: str, device: str = "cpu"):
                           head_dim=w.head_dim, device="cpu")
     b = w._buffers
     args = [t["q"], t["k_cache"], t["v_cache"], t["block_table"], quant, b["plan"], b["tiling"],
-            b["workspace"].clone(), torch.empty_like(b["out"]), torch.empty_like(b["lse"]), int(w.tiling["blockDim"])]
+            b["workspace"].clone(), torch.empty_like(b["out"]), torch.empty_like(b["lse"]), int(w.tiling["blockDim"]),
+            int(w.tiling["kernelKind"])]
     return inputs, plan, t, w, [a.to(device) if isinstance(a, torch.Tensor) and device != "cpu" else a for a in args]
 
 
@@ -175,9 +176,9 @@ def scenario_python_kernel() -> dict:
 
     calls = []
 
-    def standin(q, k, v, bt, kvq, plan, tiling, ws, out, lse, block_dim):
+    def standin(q, k, v, bt, kvq, plan, tiling, ws, out, lse, block_dim, kernel=0):
         calls.append(int(block_dim))
-        ops._cpu_kernel(*(unwrap(x) for x in (q, k, v, bt, kvq, plan, tiling, ws, out, lse)), block_dim)
+        ops._cpu_kernel(*(unwrap(x) for x in (q, k, v, bt, kvq, plan, tiling, ws, out, lse)), block_dim, kernel)
 
     lib = torch.library.Library(ops.NAMESPACE, "IMPL")
     lib.impl(ops.OP_NAME, standin, "PrivateUse1")
@@ -301,13 +302,46 @@ def scenario_cpp_kernel(lib_path: str) -> dict:
             counter.append(ctypes.c_int.in_dll(ctypes.CDLL(lib_path), "splitkv_offline_launches"))
         return counter[0].value
 
+    mix_counter = []
+
+    def mix_launches_so_far() -> int:
+        if not mix_counter:
+            mix_counter.append(ctypes.c_int.in_dll(ctypes.CDLL(lib_path), "splitkv_offline_mix_launches"))
+        return mix_counter[0].value
+
     def body_runs():
-        for case in ("multi-query/gqa-bf16", "int8/per-head"):
+        for case in ("basic/vector-v-float32", "int8/per-head-offset-fp32"):
             *_, args = case_tensors(case, "npu")
-            before = launches_so_far()
+            assert args[-1] == 0, "the vector kernel serves fp32 q (with KV of the same dtype or int8)"
+            before, mix_before = launches_so_far(), mix_launches_so_far()
             op(*args)
             assert launches_so_far() - before == 2, "expected the split and the combine launch"
-        return "binding.cpp's checks pass on valid npu tensors and both kernels are launched"
+            assert mix_launches_so_far() == mix_before
+        return "binding.cpp's checks pass on valid npu tensors and both vector-path kernels are launched"
+
+    def body_runs_mix():
+        for case in ("int8/per-head",):  # fp16 q, int8 KV: the mixed kernel too, kv_quant passed
+            *_, w, args = case_tensors(case, "npu")
+            assert args[-1] == 1 and args[4] is not None, (case, w.kernel_reason)
+            before, mix_before = launches_so_far(), mix_launches_so_far()
+            op(*args)
+            assert launches_so_far() - before == 1 and mix_launches_so_far() - mix_before == 1, case
+        *_, w, args = case_tensors("multi-query/gqa-bf16", "npu")
+        assert args[-1] == 1 and "mixed" in w.kernel_reason, w.kernel_reason
+        before, mix_before = launches_so_far(), mix_launches_so_far()
+        op(*args)
+        assert launches_so_far() - before == 1 and mix_launches_so_far() - mix_before == 1, \
+            "expected one launch: the fused mixed kernel"
+        bad = list(args)
+        bad[-1] = 2
+        try:
+            op(*bad)
+        except RuntimeError as e:
+            assert "kernel: must be" in str(e)
+        else:
+            raise AssertionError("kernel=2 was accepted")
+        return ("a bf16 tiling and an fp16 / int8 KV one of kernelKind 1 each make binding.cpp enqueue one launch "
+                "of splitkv_attention_mix")
 
     def body_rejects():
         *_, args = case_tensors("multi-query/gqa-bf16", "npu")
@@ -343,6 +377,7 @@ def scenario_cpp_kernel(lib_path: str) -> dict:
     _check(results, "load", load)
     if results["load"]["ok"]:
         _check(results, "body_runs", body_runs)
+        _check(results, "body_runs_mix", body_runs_mix)
         _check(results, "body_rejects", body_rejects)
     return results
 

@@ -44,6 +44,10 @@ def test_cpp_binding_body_launches_both_kernels(cpp_npu):
     verdict(cpp_npu, "body_runs")
 
 
+def test_cpp_binding_launches_the_fused_mixed_kernel_where_the_tiling_says(cpp_npu):
+    verdict(cpp_npu, "body_runs_mix")
+
+
 def test_cpp_binding_rejects_bad_arguments_before_launching(cpp_npu):
     verdict(cpp_npu, "body_rejects")
 
@@ -56,7 +60,7 @@ def test_a_wrong_cpp_signature_is_refused(tmp_path):
     bad = tmp_path / "csrc"
     shutil.copytree(BINDING.parent, bad)
     src = bad / "binding.cpp"
-    src.write_text(src.read_text().replace("int64_t block_dim)", "int64_t block_dim, double extra)"))
+    src.write_text(src.read_text().replace("int64_t kernel)", "int64_t kernel, double extra)"))
     orig = build.CSRC
     try:
         build.CSRC = bad

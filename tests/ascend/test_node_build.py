@@ -74,7 +74,9 @@ def fake_node(tmp_path, monkeypatch):
                       "uint32_t aclrtlaunch_splitkv_split(uint32_t b, void *s, void *a0, void *a1, void *a2, "
                       "void *a3, void *a4, void *a5, void *a6, void *a7) { return 0; }\n"
                       "uint32_t aclrtlaunch_splitkv_combine(uint32_t b, void *s, void *a0, void *a1, void *a2, "
-                      "void *a3, void *a4) { return 0; }\n")
+                      "void *a3, void *a4) { return 0; }\n"
+                      "uint32_t aclrtlaunch_splitkv_attention_mix(uint32_t b, void *s, void *a0, void *a1, void *a2, "
+                      "void *a3, void *a4, void *a5, void *a6, void *a7, void *a8, void *a9) { return 0; }\n")
     (bin_dir / "bisheng").write_text(f"""#!/usr/bin/env bash
 # stand-in: check the flags the real bisheng gets, then build the launch functions from stubs
 set -euo pipefail
@@ -126,7 +128,7 @@ def test_node_build_bisheng_route_with_stand_ins(fake_node, tmp_path):
     lib = build.node_build(build_dir=tmp_path / "build", log=lambda *a: None, route="bisheng")
     args = (tmp_path / "bisheng.args").read_text().split()
     assert {"-x", "asc", "--npu-arch=dav-2201", "-shared"} <= set(args)
-    assert [Path(a).name for a in args if a.endswith(".asc")] == ["launch_split.asc", "launch_combine.asc"]
+    assert [Path(a).name for a in args if a.endswith(".asc")] == list(build.LAUNCH_SOURCES)
     assert (lib.parent / build.KERNELS_LIB_FILE).is_file()
     assert _resolved(lib, build.KERNELS_LIB_FILE) and _resolved(lib, "libtorch_npu.so")
     assert build.load_check(lib).startswith("ok")

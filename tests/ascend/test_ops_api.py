@@ -288,11 +288,17 @@ def test_node_checks_refuse_to_run_without_an_npu():
 @pytest.mark.parametrize("case", SMALL, ids=[c.name for c in SMALL])
 def test_the_npu_path_feeds_the_kernels_the_bytes_the_twin_ran(case):
     """The wrapper's device buffers hold exactly what ``tiling.build_tiling`` gives the CPU twin
-    for the same case and plan with the split stage the binding launches (the vector-only one; the
-    twin runs it on the catalog in ``test_sim.py::test_small_catalog_vector_kernel``)."""
+    (``sim_backend.run_twin``'s default route) for the same case and plan, and the binding is
+    asked for the launches the twin runs: the fused mixed kernel where it applies, else the vector
+    split stage and the combine."""
     inputs, plan, w, _, _ = run_case(case)
-    twin = tiling.build_tiling(inputs, plan, profile="910b2", kernel="vector")
+    twin = tiling.build_tiling(inputs, plan, profile="910b2")
     assert w._buffers["tiling"].numpy().tobytes() == twin.tiling_bytes
+    assert tiling.launches(w.tiling) == twin.launches
+    assert w.kernel_reason == twin.kernel_reason
+    assert twin.mixed == (tiling.mix_unsupported(inputs.q.shape[2], inputs.dtype, inputs.kv_dtype,
+                                                 inputs.q.shape[1], inputs.k_cache.shape[2]) is None
+                          and "cube tile" not in twin.kernel_reason)
     np.testing.assert_array_equal(w._buffers["plan"].numpy(), twin.plan_words)
     assert w._buffers["workspace"].numel() * 4 == max(twin.workspace_bytes, 4)
 
@@ -349,5 +355,9 @@ def test_graph_check_script_logic_on_the_cpu(monkeypatch):
                                                             graph=lambda g: __import__("contextlib").nullcontext()),
                         raising=False)
     for name in ("multi-query/gqa-bf16", "int8/per-head", "mask/sliding-window"):
-        r = gc.graph_case(get_case(name), "910b2")
-        assert r["passed"] and len(r["replays"]) == 4, r
+        for device_ranges in (False, True):   # plan() per replay; graph mode (lengths from a device tensor)
+            r = gc.graph_case(get_case(name), "910b2", device_ranges)
+            assert r["passed"] and len(r["replays"]) == 4, r
+            assert r["mode"] == ("device" if device_ranges else "host")
+            if device_ranges:
+                assert wrappers[-1].tiling["deviceSplitTokens"] > 0

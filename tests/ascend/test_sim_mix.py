@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from splitkv_common.parity import cases
+from splitkv_common.plan import make_plan
 from splitkv_common.reference import dense_attention
 
 sim = pytest.importorskip("ascend_ops.sim_backend")
@@ -141,9 +142,32 @@ def test_core_ranges_are_contiguous_and_balanced():
         assert max(loads) <= w.sum() / cores + w.max()
 
 
-@pytest.mark.parametrize("batch,ctx,want", [(1, 16384, 3), (1, 65536, 3), (16, 8192, 3), (64, 2048, 3), (2, 600, 1)])
-def test_npu_split_count_fills_the_cube_cores(batch, ctx, want):
-    assert tl.npu_split_count([ctx] * batch, 8, 128, "910b2") == want
+@pytest.mark.parametrize("hq", [32, 64])
+@pytest.mark.parametrize("batch,ctx,want", [(1, 16384, 3), (1, 65536, 3), (16, 8192, 2), (64, 2048, 1), (2, 600, 1),
+                                            (64, 16384, 1), (4, 8192, 3)])
+def test_npu_split_count_fills_the_cube_cores(batch, ctx, want, hq):
+    """The issue's shapes on the 910B2 (24 cube cores, Hkv 8, page 128): B 1 is split in 3 (24 items,
+    one per core); B 16 in 2 (256 items, 11 on the busiest core against 6 of twice the length
+    unsplit; 3 splits would gain under 3 % more); B 64 (512 items) already fills the cores within
+    3 % and is not split; 600 tokens are too short for two splits of at least 512."""
+    assert tl.npu_split_count([ctx] * batch, 8, 128, "910b2", num_q_heads=hq) == want
+    plan = make_plan([ctx] * batch, num_kv_heads=8, num_q_heads=hq, page_size=128, policy="auto", device="910b2")
+    assert "NPU rule" in plan.reason and "24 cube cores" in plan.reason
+    assert ("splits of" in plan.reason) == (want > 1)
+    assert int(plan.num_splits.max()) == want and plan.split_tokens in plan.estimates_us
+
+
+def test_npu_auto_uses_each_profiles_core_count():
+    """One request with 4 KV heads fills each profile's own cube cores (24 on 910B2, 20 on 910B3: 6 and
+    5 splits), the counts read from splitkv_common/devices.py."""
+    from splitkv_common.devices import get_profile
+
+    for prof in ("910b2", "910b3"):
+        cores = get_profile(prof).cube_units
+        plan = make_plan([65536], num_kv_heads=4, num_q_heads=32, page_size=128, policy="auto", device=prof)
+        items = int(plan.num_valid_items)
+        assert items % cores == 0 and items // cores == 1, (prof, items)
+        assert f"{cores} cube cores" in plan.reason
 
 
 def test_fused_launch_equals_split_then_combine():
@@ -157,3 +181,104 @@ def test_fused_launch_equals_split_then_combine():
     np.testing.assert_array_equal(fused[1], two[1])
     with pytest.raises(ValueError, match="fused"):
         sim.run_twin(inp, plan, kernel="vector", fused=True)
+
+
+def _kv_at(inp, b, pos):
+    """(page, slot) of request b's logical position pos."""
+    page = inp.k_cache.shape[1]
+    return int(inp.block_table[b, pos // page]), pos % page
+
+
+@pytest.mark.parametrize("what", ["nan-k", "inf-v", "minus-inf-k", "nan-q", "minus-inf-k-soft-cap",
+                                  "nan-v-page-tail", "nan-v-windowed-out", "nan-v-unassigned-page",
+                                  "nan-k-causally-masked", "nan-v-causally-masked"])
+def test_nan_rule_on_the_mixed_kernel(what):
+    """docs/conventions.md: a NaN / inf in q, or in K / V at a position a row can see, makes that
+    row NaN (out and lse) for the query heads that read it; values no row can see change nothing
+    (bit-identical to the clean run). Mixed kernel, fused launch, bf16, splits of 128 tokens."""
+    window = 100 if what == "nan-v-windowed-out" else None
+    cap = 5.0 if "soft-cap" in what else None
+    inp = cases.random_inputs(9, [300, 150], num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=64,
+                              dtype="bfloat16", q_lens=[1, 2], window_left=window, soft_cap=cap)
+    plan = inp.plan("size:128", device="910b2")
+    assert tl.build_tiling(inp, plan).mixed
+    clean = sim.run_twin(inp, plan)
+    k, v, q = inp.k_cache.copy(), inp.v_cache.copy(), inp.q.copy()
+    nan_cells = []                                       # (row, query head) that must be NaN
+    if what in ("nan-k", "inf-v", "minus-inf-k", "minus-inf-k-soft-cap"):
+        arr = v if what == "inf-v" else k
+        val = {"nan-k": np.nan, "inf-v": np.inf}.get(what, -np.inf)
+        page, slot = _kv_at(inp, 0, 200)                 # request 0 (row 0), KV head 1, split 1
+        arr[page, slot, 1, :] = val
+        nan_cells = [(0, h) for h in range(4, 8)]
+    elif what == "nan-q":
+        q[2, 5, 3] = np.nan
+        nan_cells = [(2, 5)]
+    elif what == "nan-v-page-tail":
+        page, slot = _kv_at(inp, 1, 149)                 # request 1's last page: slots 22.. unused
+        v[page, slot + 1:, :, :] = np.nan
+        k[page, slot + 1:, :, :] = np.nan
+    elif what == "nan-v-windowed-out":
+        page, slot = _kv_at(inp, 0, 10)                  # request 0 sees [199, 300) only
+        v[page, slot, :, :] = np.nan
+        k[page, slot, :, :] = np.nan
+    elif what == "nan-v-unassigned-page":
+        used = set(inp.block_table[0, :5].tolist()) | set(inp.block_table[1, :3].tolist())
+        free = [p for p in range(k.shape[0]) if p not in used]
+        assert free
+        v[free] = np.nan
+        k[free] = np.nan
+    elif what in ("nan-k-causally-masked", "nan-v-causally-masked"):
+        page, slot = _kv_at(inp, 1, 149)                 # request 1's last token: row 2 sees it, row 1 not
+        (k if what.startswith("nan-k") else v)[page, slot, 0, :] = np.nan
+        nan_cells = [(2, h) for h in range(4)]
+    bad = dataclasses.replace(inp, k_cache=k, v_cache=v, q=q)
+    out, lse = sim.run_twin(bad, plan)
+    want_nan = np.zeros(lse.shape, bool)
+    for cell in nan_cells:
+        want_nan[cell] = True
+    assert (np.isnan(lse) == want_nan).all(), np.argwhere(np.isnan(lse) != want_nan)
+    assert np.isnan(out[want_nan]).all()
+    np.testing.assert_array_equal(out[~want_nan], clean[0][~want_nan])
+    np.testing.assert_array_equal(lse[~want_nan], clean[1][~want_nan])
+
+
+def test_combine_merges_the_heads_of_a_kv_head_together_and_in_chunks():
+    """The combine merges combineHeads query heads of one KV head at once (vectorised over the heads
+    and the splits): all G for the usual shapes, fewer when the splits' partials would not fit the UB;
+    both give the reference."""
+    assert tl.combine_heads(128, "bfloat16", 32, 3, 4) == 4
+    assert tl.combine_heads(128, "bfloat16", 64, 8, 8) == 8
+    few = tl.combine_heads(256, "bfloat16", 16, 32, 8)
+    assert 1 <= few < 8
+    for fused in (True, False):
+        inp = cases.random_inputs(12, [2000, 700], num_q_heads=16, num_kv_heads=2, head_dim=256, page_size=64,
+                                  dtype="bfloat16")
+        plan = inp.plan("size:64", device="910b2")
+        til = tl.build_tiling(inp, plan)
+        assert til.fields["combineHeads"] == few and plan.max_splits == 32
+        out, lse = sim.run_twin(inp, plan, fused=fused)
+        ro, rl = _ref(inp)
+        np.testing.assert_allclose(out, ro, atol=2e-2, rtol=0)
+        np.testing.assert_allclose(lse, rl, atol=1e-3, rtol=0)
+
+
+def test_band_value_before_a_later_rows_window_stays_out_of_it():
+    """Several query rows and a window narrower than q_len: a band position (AddBand's V row, read from
+    the cache) that a later row's window has already left is never multiplied into that row, even by a
+    zero probability (0 * NaN is NaN). Rows 1 and 2 see position L - 3, row 0 (causal) and row 3 (window
+    [L - 2, L - 1]) do not."""
+    inp = cases.random_inputs(21, [200], num_q_heads=4, num_kv_heads=1, head_dim=64, page_size=32,
+                              dtype="bfloat16", q_lens=[4], window_left=1)
+    plan = inp.plan("size:128", device="910b2")
+    assert tl.build_tiling(inp, plan).mixed
+    clean = sim.run_twin(inp, plan)
+    v = inp.v_cache.copy()
+    page, slot = _kv_at(inp, 0, 200 - 3)
+    v[page, slot, 0, :] = np.nan
+    out, lse = sim.run_twin(dataclasses.replace(inp, v_cache=v), plan)
+    want = np.zeros(lse.shape, bool)
+    want[1:3] = True
+    assert (np.isnan(lse) == want).all(), np.argwhere(np.isnan(lse) != want)
+    np.testing.assert_array_equal(out[~want], clean[0][~want])
+    np.testing.assert_array_equal(lse[~want], clean[1][~want])

@@ -135,3 +135,104 @@ def test_int8_scratch_and_ub_are_what_the_kernel_uses():
                                                               "int8")
     assert f["scratchCoreBytes"] > tl.mix_scratch_core_bytes(96, "bfloat16", f["mixTileTokens"], f["mixRowsPad"])
     assert (ws[til.workspace_bytes:] == sim.WS_POISON).all()
+
+
+# --- int8 KV with the zero rows, the causal band, the NaN rule and graph mode ---------------------
+
+def _mtp(dtype, window=None, seed=64):
+    """Several query rows per request (q_len 1 to 4, G 4) on int8 KV per channel with offsets, and an
+    empty request; the window (if any) narrower than some q_len, so that later rows' windows start
+    inside the causal band."""
+    return cases.random_inputs(seed, [530, 77, 0, 300], num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=32,
+                               dtype=dtype, kv_quant="channel", kv_offset=True, q_lens=[4, 2, 3, 1],
+                               window_left=window)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("window", [None, 1, 37, 200])
+def test_multi_query_rows_band_and_window(dtype, window):
+    """The causal band's V rows are zero for the cube and added by the vector cores (AddBand), here
+    from the int8 cache (int8 -> half -> float, scaled with the rest of P V_int); positions before the
+    window and the tile tail are zero rows of the int8 Convert. Out and lse as the float32 vector
+    kernel's (within 2x), the empty request 0 / -inf."""
+    inp = _mtp(dtype, window)
+    plan = inp.plan("size:128", device="910b2")
+    til = tl.build_tiling(inp, plan)
+    assert til.mixed and til.fields["maxQLen"] == 4
+    mix, (out, lse) = _judge(inp, plan, "mix")
+    vec, _ = _judge(inp, plan, "vector")
+    assert mix.passed and vec.passed, (mix.reason, vec.reason)
+    assert mix.out_max <= 2 * vec.out_max + 1e-6, (mix.out_max, vec.out_max)
+    assert mix.lse_max <= 2 * vec.lse_max + 1e-5, (mix.lse_max, vec.lse_max)
+    empty = slice(6, 9)  # request 2's query rows
+    assert np.isneginf(lse[empty]).all() and (out[empty] == 0).all()
+
+
+def _poison_quant(inp, what):
+    """int8 inputs with one scale / offset row or one q value made NaN or inf, and the (row, query
+    head) cells that must then be NaN (docs/conventions.md: a NaN / inf in a dequantised K or V value a
+    row sees makes it NaN; a row that sees nothing stays 0 / -inf)."""
+    T, Hq, D = inp.q.shape
+    hkv = inp.k_cache.shape[2]
+    G = Hq // hkv
+    seen = np.repeat(inp.seq_lens, np.diff(inp.query_start_loc)) > 0  # rows that see a position
+    quant = {n: np.broadcast_to(np.asarray(getattr(inp, n), np.float32).reshape(hkv, -1), (hkv, D)).copy()
+             for n in ("k_scale", "k_offset", "v_scale", "v_offset")}
+    q = inp.q.copy()
+    h = 1
+    if what == "nan-q":
+        q[1, 5, 7] = np.nan
+        return dataclasses.replace(inp, q=q), [(1, 5)]
+    name, val = {"nan-k-scale": ("k_scale", np.nan), "inf-k-offset": ("k_offset", np.inf),
+                 "nan-v-scale": ("v_scale", np.nan), "inf-v-offset": ("v_offset", -np.inf)}[what]
+    quant[name][h, 3] = val
+    cells = [(r, hq) for r in range(T) if seen[r] for hq in range(h * G, (h + 1) * G)]
+    return dataclasses.replace(inp, **quant), cells
+
+
+@pytest.mark.parametrize("what", ["nan-q", "nan-k-scale", "inf-k-offset", "nan-v-scale", "inf-v-offset"])
+def test_nan_rule_with_int8_kv(what):
+    """A NaN / inf q value makes its (row, head) NaN; a NaN / inf K scale or offset channel of a KV
+    head (it reaches q' or beta, so every visible score) or V scale or offset channel (every dequantised
+    V row; checked once per item) makes every row of that head that sees a position NaN, out and lse;
+    the empty request stays 0 / -inf and every other cell is bit-identical to the clean run. Mixed
+    kernel, fused launch, several query rows and a window."""
+    inp = _mtp("bfloat16", window=100)
+    plan = inp.plan("size:128", device="910b2")
+    assert tl.build_tiling(inp, plan).mixed
+    clean = sim.run_twin(inp, plan)
+    bad, cells = _poison_quant(inp, what)
+    out, lse = sim.run_twin(bad, plan)
+    want = np.zeros(lse.shape, bool)
+    for cell in cells:
+        want[cell] = True
+    assert want.any()
+    assert (np.isnan(lse) == want).all(), np.argwhere(np.isnan(lse) != want)
+    assert np.isnan(out[want]).all()
+    np.testing.assert_array_equal(out[~want], clean[0][~want])
+    np.testing.assert_array_equal(lse[~want], clean[1][~want])
+
+
+@pytest.mark.parametrize("window", [None, 300])
+def test_graph_mode_replays_with_int8_kv(window):
+    """Graph mode (deviceSplitTokens): one tiling, new lengths only in the plan's seqLens section; the
+    int8 mixed kernel gives the reference for each set of lengths (the scratch sized for the largest
+    tile and rows holds the int8 q' and half K/V slots too) and a fresh host plan's bits."""
+    split, cap = 256, 8
+    full = cases.random_inputs(11, [2048, 2048, 2048, 2048], num_q_heads=8, num_kv_heads=2, head_dim=64,
+                               page_size=64, dtype="bfloat16", kv_quant="channel", kv_offset=True,
+                               q_lens=[1, 2, 1, 1], window_left=window)
+    first = dataclasses.replace(full, seq_lens=np.array([700, 33, 0, 1200], np.int32))
+    plan = first.plan(f"size:{split}", device="910b2", graph_stable=True, max_splits=cap)
+    til = tl.build_tiling(first, plan, device_split_tokens=split)
+    assert til.mixed and til.fields["deviceSplitTokens"] == split
+    assert til.fields["scratchCoreBytes"] == tl.mix_scratch_core_bytes(64, "bfloat16", tl.MIX_TILE_CANDIDATES[0],
+                                                                       tl.MIX_MAX_ROWS, "int8")
+    for lens in ([700, 33, 0, 1200], [1500, 2, 64, 2048], [1, 2, 1, 1], [0, 300, 2048, 257]):
+        inp = dataclasses.replace(full, seq_lens=np.array(lens, np.int32))
+        out, lse = sim.run_tiling(inp, plan, sim.with_seq_lens(til, lens))
+        res = check(out, lse, *dense_attention(inp), plain_attention(inp), inp.dtype)
+        assert res.passed, (lens, res.reason)
+        fresh = sim.run_twin(inp, inp.plan(f"size:{split}", device="910b2", graph_stable=True, max_splits=cap))
+        np.testing.assert_array_equal(out, fresh[0], err_msg=str(lens))
+        np.testing.assert_array_equal(lse, fresh[1], err_msg=str(lens))

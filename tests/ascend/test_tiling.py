@@ -17,7 +17,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 
 def test_header_fields_are_the_struct():
-    assert tl.TILING_BYTES == 4 * len(tl.FIELDS) == 43 * 4
+    assert tl.TILING_BYTES == 4 * len(tl.FIELDS) == 45 * 4
     assert tl.FIELD_NAMES[0] == "version" and "workspaceBytes" in tl.FIELD_NAMES
     t = {n: (1.5 if k == "f" else i) for i, (n, k) in enumerate(tl.FIELDS)}
     assert tl.unpack_tiling(tl.pack_tiling(t)) == t
@@ -173,21 +173,56 @@ def test_workspace_size_matches_what_the_kernel_writes(graph_stable, head_dim):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("soft_cap", [False, True])
-def test_mixed_tiles_fit_every_unit(dtype, soft_cap):
+@pytest.mark.parametrize("kv_dtype", [None, "int8"])
+@pytest.mark.parametrize("multi_query", [False, True])
+def test_mixed_tiles_fit_every_unit(dtype, soft_cap, kv_dtype, multi_query):
     """The mixed split stage's tile fits L1, L0A, L0B, L0C and the UB for every head dim and row count
-    it takes (always up to 64 rows); 256-token tiles for D <= 128 and the GQA groups of decode."""
+    it takes (always up to 64 rows), with int8 KV's buffers (q', the cast chunks) and the causal band's
+    V row buffers of several query rows counted together; 256-token tiles for D <= 128 and the GQA
+    groups of decode."""
     for d in range(16, 257, 16):
         for rows in (1, 4, 8, 16, 32, 64, 100, 128):
-            got = tl.choose_mix_tiles(d, dtype, rows, soft_cap)
-            if got is None:  # e.g. 128 rows at D 256 overflow L0A: the vector kernel serves those
-                assert rows > 64, (d, rows)
+            got = tl.choose_mix_tiles(d, dtype, rows, soft_cap, kv_dtype=kv_dtype, multi_query=multi_query)
+            if got is None:  # 128 rows at D 256 overflow L0A, and with int8 KV (q' as a high and a
+                # low half) 64 rows at D >= 240: the vector kernel serves those
+                assert rows > 64 or (kv_dtype == "int8" and rows == 64 and d >= 240), (d, rows)
                 continue
             tt, mp = got
             assert mp % 16 == 0 and mp >= rows and tt % 16 == 0
-            cube = tl.mix_cube_bytes(d, tt, mp)
+            cube = tl.mix_cube_bytes(d, tt, mp, kv_dtype)
             assert cube["L1"] <= tl.L1_BYTES and cube["L0A"] <= tl.L0A_BYTES
             assert cube["L0B"] <= tl.L0B_BYTES and cube["L0C"] <= tl.L0C_BYTES
-            assert sum(tl.mix_ub_bytes(d, dtype, tt, mp, soft_cap).values()) <= tl.UB_BYTES
+            ub = tl.mix_ub_bytes(d, dtype, tt, mp, soft_cap, kv_dtype, multi_query)
+            assert sum(ub.values()) <= tl.UB_BYTES
+            assert any(k.startswith("vb") for k in ub) == multi_query
             if d <= 128 and rows <= 16:
                 assert tt == 256
     assert tl.choose_mix_tiles(128, "bfloat16", 129, False) is None  # more rows: the vector kernel
+
+
+def test_no_copy_over_the_dma_block_limit():
+    """Every strided copy's blockCount stays within dav-c220's 4095 for the tilings the host builds,
+    and a tiling that would exceed it is refused naming the copy."""
+    inp = random_inputs(3, [5000, 64], num_q_heads=64, num_kv_heads=1, head_dim=128, page_size=16,
+                              dtype="bfloat16")
+    for kernel in ("vector", "mix"):
+        til = tl.build_tiling(inp, inp.plan("size:512", device="910b2"), kernel=kernel)
+        assert max(tl.dma_block_counts(til.fields).values()) <= tl.DMA_MAX_BLOCKS
+    bad = dict(til.fields, maxSplits=4096)
+    with pytest.raises(ValueError, match="DMA block count: combine"):
+        tl.check_dma_block_counts(bad)
+
+
+def test_every_kernel_entry_declares_its_task_type():
+    """KERNEL_TASK_TYPE_DEFAULT on every entry (AIV only for the vector kernels, MIX_AIC_1_2 for the mixed)."""
+    import re
+
+    seen = set()
+    for src in (tl.HEADER.parent).glob("*.cpp"):
+        text = src.read_text()
+        for m in re.finditer(r'extern "C" __global__ __aicore__ void (\w+)\(.*?\{(.*?)\n\}', text, re.S):
+            name, body = m.group(1), m.group(2)
+            want = "KERNEL_TYPE_MIX_AIC_1_2" if "mix" in name else "KERNEL_TYPE_AIV_ONLY"
+            assert f"KERNEL_TASK_TYPE_DEFAULT({want})" in body, name
+            seen.add(name)
+    assert seen == {"splitkv_split", "splitkv_combine", "splitkv_split_mix", "splitkv_attention_mix"}

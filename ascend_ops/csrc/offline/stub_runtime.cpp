@@ -2,6 +2,7 @@
 // The "launches" count themselves so a check can see that the op body ran to its end.
 #include <cstdint>
 
+#include "aclrtlaunch_splitkv_attention_mix.h"
 #include "aclrtlaunch_splitkv_combine.h"
 #include "aclrtlaunch_splitkv_split.h"
 #include "torch_npu/csrc/core/npu/NPUStream.h"
@@ -29,6 +30,14 @@ uint32_t aclrtlaunch_splitkv_split(uint32_t, aclrtStream, void *, void *, void *
 uint32_t aclrtlaunch_splitkv_combine(uint32_t, aclrtStream, void *, void *, void *, void *, void *)
 {
     ++splitkv_offline_launches;
+    return 0;
+}
+int splitkv_offline_mix_launches = 0;
+uint32_t aclrtlaunch_splitkv_attention_mix(uint32_t, aclrtStream, void *, void *, void *, void *, void *, void *,
+                                           void *, void *, void *, void *)
+{
+    ++splitkv_offline_launches;
+    ++splitkv_offline_mix_launches;
     return 0;
 }
 }

@@ -41,7 +41,7 @@ ALIGNED_INTS = ("stride_qt", "stride_qh", "stride_kp", "stride_kt", "stride_kh",
 BASE = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=64, KV_INT8=False,
             HAS_OFFSET=False, SOFT_CAP=False, HAS_WINDOW=False, DOT_IEEE=False, UPCAST=False,
             FUSE_MERGE=False, SCALE_PER_CHANNEL=False, MERGE_CHUNK=32,
-            MULTI_ROW_BLOCKS=False, BOUNDS=True, COUNT_ERRORS=True)
+            MULTI_ROW_BLOCKS=False, BOUNDS=True, COUNT_ERRORS=True, DEVICE_PLAN=False)
 
 
 def variants():
@@ -129,9 +129,9 @@ def main(argv=None):
             bad.append(name)
     m = K.merge_kernel
     mp = {"PART_O": "*fp32", "PART_LSE": "*fp32", "OUT": "*bf16", "OUT_LSE": "*fp32", "ROW_SLOT": "*i32",
-          "ROW_NS": "*i32"}
+          "ROW_NS": "*i32", "SEQ_LENS": "*i32", "QUERY_START": "*i32"}
     for d, chunk, pdl in ((128, 32, False), (128, 32, True), (256, 16, True)):
-        mc = dict(HEAD_DIM=d, BLOCK_D=d, SKIP_SINGLE=True, CHUNK=chunk, WAIT_PRIMARY=pdl)
+        mc = dict(HEAD_DIM=d, BLOCK_D=d, SKIP_SINGLE=True, CHUNK=chunk, WAIT_PRIMARY=pdl, DEVICE_PLAN=False)
         sg = {n: ("constexpr" if n in mc else mp.get(n, "i32")) for n in m.arg_names}
         mk = triton.compile(ASTSource(m, sg, constexprs=dict(mc)), target=TARGET,
                             options={"num_warps": 1, "launch_pdl": pdl})  # KernelConfig.merge_warps

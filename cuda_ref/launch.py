@@ -83,9 +83,13 @@ def packed_rows(max_q_len: int, group: int, max_block_m: int = 64) -> tuple[int,
     """``(BLOCK_M, row blocks)``: a work item packs ``q_len * group`` query rows into tiles of
     ``BLOCK_M``, from 16 (the ``tl.dot`` minimum) up to ``max_block_m`` (64 on CUDA; the NPU's
     Unified Buffer needs smaller caps, ``cuda_ref.npu.npu_tile``)."""
-    rows = max(1, int(max_q_len)) * int(group)
-    block_m = min(int(max_block_m), max(16, triton.next_power_of_2(rows)))
-    return block_m, triton.cdiv(rows, block_m)
+    return _packed_rows(max(1, int(max_q_len)) * int(group), int(max_block_m))
+
+
+@functools.lru_cache(maxsize=256)
+def _packed_rows(rows: int, max_block_m: int) -> tuple[int, int]:
+    block_m = min(max_block_m, max(16, 1 << (rows - 1).bit_length()))  # the next power of two, as plain ints
+    return block_m, -(-rows // block_m)
 
 
 def merge_chunk(block_d: int) -> int:
@@ -303,8 +307,7 @@ class DecodeLaunch:
     scalars: tuple                # the kernel's arguments after its tensors
     constexprs: dict
     fuse_merge: bool
-    merge: "dict | None"          # launch_merge's keyword arguments; None: no separate merge
-    device_plan: tuple = ()       # merge arguments of a device-made plan (see launch_merge)
+    merge: "MergeLaunch | None"   # the separate merge; None: none (fused, or one split everywhere)
 
     def launch(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan, out, lse,
                part_o, part_lse, counters=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
@@ -327,8 +330,7 @@ class DecodeLaunch:
                 *self.scalars, **self.constexprs)
         if self.merge is not None:
             ns = seq_lens if dplan.split_size else dplan.view("row_num_splits")
-            launch_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), ns, **self.merge,
-                         device_plan=(seq_lens, query_start_loc, *self.device_plan) if self.device_plan else None)
+            self.merge.launch(part_o, part_lse, out, lse, dplan.view("row_slot_start"), ns, seq_lens, query_start_loc)
 
 
 def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan,
@@ -376,9 +378,13 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
         LAUNCH_DEPENDENTS=pdl and dplan.num_items * dplan.row_blocks <= 2 * sms,
         MULTI_ROW_BLOCKS=dplan.row_blocks > 1, BOUNDS=_KERNEL_BOUNDS, COUNT_ERRORS=errors is not None,
         DEVICE_PLAN=dplan.split_size > 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    merge_kw = dict(skip_single=True, num_warps=cfg.merge_warps, pdl=pdl) if with_merge else None
-    device_plan = (batch, dplan.split_size, dplan.max_splits) if dplan.split_size else ()
-    return DecodeLaunch(grid, scalars, constexprs, fuse_merge, merge_kw, device_plan)
+    merge_prep = None
+    if with_merge:
+        ns = seq_lens if dplan.split_size else dplan.view("row_num_splits")
+        merge_prep = prepare_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), ns, skip_single=True,
+                                   num_warps=cfg.merge_warps, pdl=pdl,
+                                   device_plan=(batch, dplan.split_size, dplan.max_splits) if dplan.split_size else None)
+    return DecodeLaunch(grid, scalars, constexprs, fuse_merge, merge_prep)
 
 
 def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,
@@ -395,23 +401,48 @@ def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, 
     request ``b`` is found in ``query_start_loc`` (a binary search) and its split count is
     ``ceil(seq_lens[b] / split_size)`` (1 to ``max_splits``); rows past ``query_start_loc[batch]``
     are left as they are."""
-    T = min(out.shape[0], lse.shape[0], row_slot_start.shape[0], row_num_splits.shape[0])
+    dp = device_plan[2:] if device_plan is not None else None
+    m = prepare_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, slot_step=slot_step,
+                      skip_single=skip_single, num_warps=num_warps, pdl=pdl, device_plan=dp)
+    if m is not None:
+        seq_lens, qsl = device_plan[:2] if device_plan is not None else (row_num_splits, row_num_splits)
+        m.launch(part_o, part_lse, out, lse, row_slot_start, row_num_splits, seq_lens, qsl)
+
+
+@dataclass
+class MergeLaunch:
+    """:func:`launch_merge`'s grid, scalar arguments and constexprs, computed once (:func:`prepare_merge`)."""
+
+    grid: tuple
+    strides: tuple                # the arguments between the tensors and seq_lens / query_start_loc
+    tail: tuple                   # the arguments after them
+    constexprs: dict
+
+    def launch(self, part_o, part_lse, out, lse, row_slot_start, row_num_splits, seq_lens, query_start_loc):
+        kernels.merge_kernel[self.grid](part_o, part_lse, out, lse, row_slot_start, row_num_splits, *self.strides,
+                                        seq_lens, query_start_loc, *self.tail, **self.constexprs)
+
+
+def prepare_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,
+                  skip_single: bool = False, num_warps: int = 1, pdl: bool = False,
+                  device_plan=None) -> "MergeLaunch | None":
+    """:func:`launch_merge` without the launch (None: nothing to merge); ``device_plan = (batch,
+    split_size, max_splits)``."""
     if device_plan is not None:
-        seq_lens, qsl, batch, split_size, max_splits = device_plan
+        batch, split_size, max_splits = device_plan
         T = min(out.shape[0], lse.shape[0], row_slot_start.shape[0])
     else:
-        seq_lens = qsl = row_num_splits
         batch, split_size, max_splits = 0, 1, 1
+        T = min(out.shape[0], lse.shape[0], row_slot_start.shape[0], row_num_splits.shape[0])
     H, D = part_o.shape[1], part_o.shape[2]
     if T == 0 or H == 0:
-        return
-    block_d = triton.next_power_of_2(D)
+        return None
+    block_d = 1 << (D - 1).bit_length()
     extra = dict(launch_pdl=True) if pdl else {}
-    kernels.merge_kernel[(T, H)](
-        part_o, part_lse, out, lse, row_slot_start, row_num_splits,
-        part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-        slot_step, min(part_o.shape[0], part_lse.shape[0]), seq_lens, qsl, batch, split_size, max_splits,
-        max(batch - 1, 0).bit_length(), HEAD_DIM=D, BLOCK_D=block_d, SKIP_SINGLE=skip_single,
-        CHUNK=merge_chunk(block_d), WAIT_PRIMARY=pdl, DEVICE_PLAN=device_plan is not None, num_warps=num_warps,
-        **extra)
+    strides = (part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
+               out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+               slot_step, min(part_o.shape[0], part_lse.shape[0]))
+    tail = (batch, split_size, max_splits, max(batch - 1, 0).bit_length())
+    constexprs = dict(HEAD_DIM=D, BLOCK_D=block_d, SKIP_SINGLE=skip_single, CHUNK=merge_chunk(block_d),
+                      WAIT_PRIMARY=pdl, DEVICE_PLAN=device_plan is not None, num_warps=num_warps, **extra)
+    return MergeLaunch((T, H), strides, tail, constexprs)

@@ -369,7 +369,8 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
         part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
         sh, Hkv, k_cache.shape[0], kv_cap, num_rows, num_slots, batch,
-        max(dplan.split_size, 1), dplan.max_splits)
+        # a device-made plan's split length and splits per request; constants otherwise (no respecialization)
+        *((dplan.split_size, dplan.max_splits) if dplan.split_size else (1, 1)))
     constexprs = dict(
         GROUP=group, PAGE=page, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=dplan.block_m, BLOCK_N=cfg.block_n,
         KV_INT8=kv_int8, HAS_OFFSET=k_offset is not None, SOFT_CAP=soft_cap is not None,

@@ -172,6 +172,9 @@ class DecodeWrapper(PlannedWrapper):
 
     def workspace_bytes(self) -> int:
         """Bytes of the partial buffers (and merge counters) the current plan needs."""
+        if self.device_plan:   # T x max_splits slots of o [Hq, D] and lse [Hq], float32
+            d = self.dplan
+            return 0 if d is None else d.num_slots * self.num_q_heads * (self.head_dim + 1) * 4
         if self.host_plan is None:
             return 0
         extra = self._buffers["counters"].numel() * 4 if self._fused() else 0

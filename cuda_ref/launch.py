@@ -139,14 +139,19 @@ class DevicePlan:
         return out
 
     @staticmethod
-    def pack_into(plan: Plan, out: np.ndarray) -> int:
+    def pack_into(plan: Plan, out: np.ndarray, items_upto: "int | None" = None) -> int:
         """Write the plan's eight arrays back to back into the int32 array ``out`` (long enough);
-        returns the entries written. One slice assignment per field, no intermediate array."""
+        returns the entries written. One slice assignment per field, no intermediate array.
+        ``items_upto``: write only the first entries of the five work-item arrays, ``out`` already
+        holding the rest (the padding of a graph-stable plan of the same shapes)."""
         off = 0
-        for f in _FIELDS:
+        for k, f in enumerate(_FIELDS):
             a = getattr(plan, f)
             n = a.shape[0]
-            out[off:off + n] = a
+            if k < 5 and items_upto is not None:
+                out[off:off + items_upto] = a[:items_upto]
+            else:
+                out[off:off + n] = a
             off += n
         return off
 
@@ -196,8 +201,9 @@ class PlanUploader:
     def __init__(self, device, ring: int = 2):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        self.ring = max(1, int(ring)) if self.cuda else 1
+        self.ring = max(1, int(ring))
         self._host: list = [None] * self.ring      # (tensor, numpy view) per slot
+        self._layout: list = [None] * self.ring    # per slot: (items, size, valid items) of its last graph-stable pack
         self._events: list = [None] * self.ring
         self._next = 0
         self._dev: "torch.Tensor | None" = None    # the device buffer (capacity >= the plan)
@@ -214,6 +220,7 @@ class PlanUploader:
         if buf is None or buf[0].numel() < n:
             t = torch.empty(max(n, 2 * (buf[0].numel() if buf else 0)), dtype=torch.int32, pin_memory=self.cuda)
             buf = self._host[k] = (t, t.numpy())
+            self._layout[k] = None
             self.allocations += 1
         return k, buf
 
@@ -241,7 +248,14 @@ class PlanUploader:
                 self.allocations += 1
             dst = self._dev[:n]
         k, (host_t, host_np) = self._staging(n)
-        DevicePlan.pack_into(plan, host_np)
+        # a graph-stable plan like the slot's last one: its padding is there already, write the valid
+        # items only (up to the last one's count, which this plan's padding overwrites)
+        last = self._layout[k]
+        upto = None
+        if plan.graph_stable and last is not None and last[:2] == (W, n):
+            upto = max(plan.num_valid_items, last[2])
+        DevicePlan.pack_into(plan, host_np, items_upto=upto)
+        self._layout[k] = (W, n, plan.num_valid_items) if plan.graph_stable else None
         dst.copy_(host_t[:n], non_blocking=self.cuda)
         if self.cuda:
             ev = self._events[k] or torch.cuda.Event()

@@ -54,7 +54,8 @@ def test_graph_stable_steps_allocate_nothing_and_keep_the_views():
     inp = cases.random_inputs(3, [70, 33, 5, 120], q_lens=[1, 2, 1, 3], num_q_heads=4, num_kv_heads=2,
                               head_dim=32, page_size=8)
     w = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16", graph_stable=True, max_splits=16)
-    w.plan(inp.seq_lens, query_start_loc=inp.query_start_loc)
+    for _ in range(w._uploader.ring):   # every staging buffer of the ring in use once
+        w.plan(inp.seq_lens, query_start_loc=inp.query_start_loc)
     dp = w.dplan
     views = {f: dp.view(f) for f in _FIELDS}
     ptr, allocs, bufs = dp.data.data_ptr(), w._uploader.allocations, dict(w._buffers)
@@ -109,3 +110,14 @@ def test_run_prepares_its_launches_once_per_signature(monkeypatch):
     w.plan([16, 9])                       # fewer work items: prepared again
     w.run(**x)
     assert len(calls) == 3
+
+
+def test_graph_stable_staging_rewrites_only_the_valid_items_and_stays_exact():
+    # valid counts going down and up: the padding left in each staging buffer must be right each time
+    up = PlanUploader(DEVICE, ring=2)
+    out = None
+    for lens in ([3000, 2000, 10], [0, 0, 0], [5000, 4000, 3000], [17, 0, 900], [5000, 5000, 5000], [1, 1, 1]):
+        plan = make_plan(lens, num_kv_heads=2, page_size=16, policy="size:256", num_q_heads=8, graph_stable=True,
+                         max_splits=32)
+        out = up.upload(plan, group=4, out=out)
+        _assert_views_hold(out, plan)

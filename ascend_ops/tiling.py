@@ -216,12 +216,14 @@ def balance_items(plan: Plan, cores: int, overhead_tokens: int = MIX_ITEM_OVERHE
     midpoint falls in (``floor(mid * cores / total)``), so a core's load is within one item of
     ``total / cores`` and the items of one request stay together (the same block-table rows).
     """
-    valid = np.asarray(plan.item_request) >= 0
-    w = np.where(valid, np.maximum(0, np.asarray(plan.item_kv_end) - np.asarray(plan.item_kv_start))
+    # items past num_valid_items are padding (weight 0, the last core's): the prefix decides the bounds
+    nv = int(plan.num_valid_items)
+    valid = np.asarray(plan.item_request[:nv]) >= 0
+    w = np.where(valid, np.maximum(0, np.asarray(plan.item_kv_end[:nv]) - np.asarray(plan.item_kv_start[:nv]))
                  + overhead_tokens, 0).astype(np.float64)
     n = w.shape[0]
     bounds = np.zeros(cores + 1, np.int64)
-    bounds[cores] = n
+    bounds[cores] = plan.num_items
     total = w.sum()
     if n == 0 or total <= 0:
         return bounds.astype(np.int32)

@@ -51,6 +51,9 @@ def variants():
         v.append((f"bf16 D128 M16 n{bn}w{nw}s{ns}", "bf16", "bf16", dict(BASE, BLOCK_N=bn), nw, ns))
     v.append(("bf16 D128 M16 fused n64w4s5", "bf16", "bf16", dict(BASE, FUSE_MERGE=True), 4, 5))
     v.append(("bf16 D128 M16 PDL trigger n64w4s5", "bf16", "bf16", dict(BASE, LAUNCH_DEPENDENTS=True), 4, 5))
+    v.append(("bf16 D128 M16 device plan n64w4s7", "bf16", "bf16", dict(BASE, DEVICE_PLAN=True), 4, 7))
+    v.append(("bf16 D128 M16 device plan fused n64w4s5", "bf16", "bf16", dict(BASE, DEVICE_PLAN=True,
+                                                                            FUSE_MERGE=True), 4, 5))
     v.append(("bf16 D128 M64 (multi-query) n64w4s5", "bf16", "bf16", dict(BASE, BLOCK_M=64, MULTI_ROW_BLOCKS=True),
               4, 5))
     v.append(("bf16 D128 cap+window n64w4s5", "bf16", "bf16", dict(BASE, SOFT_CAP=True, HAS_WINDOW=True), 4, 5))
@@ -130,13 +133,14 @@ def main(argv=None):
     m = K.merge_kernel
     mp = {"PART_O": "*fp32", "PART_LSE": "*fp32", "OUT": "*bf16", "OUT_LSE": "*fp32", "ROW_SLOT": "*i32",
           "ROW_NS": "*i32", "SEQ_LENS": "*i32", "QUERY_START": "*i32"}
-    for d, chunk, pdl in ((128, 32, False), (128, 32, True), (256, 16, True)):
-        mc = dict(HEAD_DIM=d, BLOCK_D=d, SKIP_SINGLE=True, CHUNK=chunk, WAIT_PRIMARY=pdl, DEVICE_PLAN=False)
+    for d, chunk, pdl, dev in ((128, 32, False, False), (128, 32, True, False), (256, 16, True, False),
+                               (128, 32, True, True)):
+        mc = dict(HEAD_DIM=d, BLOCK_D=d, SKIP_SINGLE=True, CHUNK=chunk, WAIT_PRIMARY=pdl, DEVICE_PLAN=dev)
         sg = {n: ("constexpr" if n in mc else mp.get(n, "i32")) for n in m.arg_names}
         mk = triton.compile(ASTSource(m, sg, constexprs=dict(mc)), target=TARGET,
                             options={"num_warps": 1, "launch_pdl": pdl})  # KernelConfig.merge_warps
         regs, st, ld = ptxas_report(mk.asm["ptx"])
-        name = f"merge D{d} chunk{chunk} w1{' PDL' if pdl else ''}"
+        name = f"merge D{d} chunk{chunk} w1{' PDL' if pdl else ''}{' device plan' if dev else ''}"
         print(f"{name:40s} {'-':>12s} {'-':>8s} {mk.metadata.shared / 1024:8.1f} {regs:5d} {st:6d}/{ld:<5d}")
         if pdl and "griddepcontrol.wait" not in mk.asm["ptx"]:
             bad.append(name + " (no griddepcontrol.wait)")

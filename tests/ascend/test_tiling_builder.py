@@ -59,3 +59,32 @@ def test_builder_raises_what_build_buffers_raises():
     with pytest.raises(ValueError) as got:
         tl.TilingBuilder(**s).build(plan, [300], 100)
     assert str(got.value) == str(want.value)
+
+
+def _balance_reference(plan, cores, overhead_tokens=tl.MIX_ITEM_OVERHEAD_TOKENS):
+    """balance_items as first written: weights over every item, one search per core."""
+    valid = np.asarray(plan.item_request) >= 0
+    w = np.where(valid, np.maximum(0, np.asarray(plan.item_kv_end) - np.asarray(plan.item_kv_start))
+                 + overhead_tokens, 0).astype(np.float64)
+    bounds = np.zeros(cores + 1, np.int64)
+    bounds[cores] = w.shape[0]
+    total = w.sum()
+    if w.shape[0] == 0 or total <= 0:
+        return bounds.astype(np.int32)
+    owner = np.minimum(cores - 1, np.floor((np.cumsum(w) - w / 2) * cores / total)).astype(np.int64)
+    for c in range(1, cores):
+        bounds[c] = np.searchsorted(owner, c, side="left")
+    return bounds.astype(np.int32)
+
+
+def test_balance_items_over_the_valid_prefix_is_the_full_computation():
+    rng = np.random.default_rng(3)
+    for _ in range(60):
+        B = int(rng.integers(1, 40))
+        seq = rng.integers(0, 20000, B)
+        seq[rng.random(B) < 0.3] = 0
+        plan = make_plan(seq, num_kv_heads=int(rng.choice([1, 2, 8])), page_size=16, device="910b2",
+                         policy=str(rng.choice(["auto", "size:256", "none", "count:3"])),
+                         graph_stable=bool(rng.integers(2)))
+        for cores in (1, 2, 20, 24, 48):
+            np.testing.assert_array_equal(tl.balance_items(plan, cores), _balance_reference(plan, cores))

@@ -123,6 +123,8 @@ def split_kv_kernel(
     if DEVICE_PLAN:  # no plan arrays: the item from its index (a plan made on the device)
         b, h, split, start, end, seq_len, r0, q_len, n_split = _device_work_item(
             SEQ_LENS, QUERY_START, item, NUM_KV_HEADS, KV_CAP, BATCH, SPLIT_SIZE, MAX_SPLITS)
+        if q_len == 0:  # padding (the grid covers the block table's capacity): nothing to read or write
+            return
     else:
         b, h, split, start, end, seq_len, r0, q_len, n_split = _load_work_item(
             ITEM_REQ, ITEM_HEAD, ITEM_SPLIT, ITEM_START, ITEM_END, SEQ_LENS, QUERY_START, NUM_SPLITS, item,

@@ -254,19 +254,20 @@ def balance_items(plan: Plan, cores: int, overhead_tokens: int = MIX_ITEM_OVERHE
     midpoint falls in (``floor(mid * cores / total)``), so a core's load is within one item of
     ``total / cores`` and the items of one request stay together (the same block-table rows).
     """
-    valid = np.asarray(plan.item_request) >= 0
-    w = np.where(valid, np.maximum(0, np.asarray(plan.item_kv_end) - np.asarray(plan.item_kv_start))
+    # items past num_valid_items are padding (weight 0, the last core's): the prefix decides the bounds
+    nv = int(plan.num_valid_items)
+    valid = np.asarray(plan.item_request[:nv]) >= 0
+    w = np.where(valid, np.maximum(0, np.asarray(plan.item_kv_end[:nv]) - np.asarray(plan.item_kv_start[:nv]))
                  + overhead_tokens, 0).astype(np.float64)
     n = w.shape[0]
     bounds = np.zeros(cores + 1, np.int64)
-    bounds[cores] = n
+    bounds[cores] = plan.num_items
     total = w.sum()
     if n == 0 or total <= 0:
         return bounds.astype(np.int32)
     mid = np.cumsum(w) - w / 2
-    owner = np.minimum(cores - 1, np.floor(mid * cores / total)).astype(np.int64)
-    for c in range(1, cores):
-        bounds[c] = np.searchsorted(owner, c, side="left")
+    owner = np.minimum(cores - 1, np.floor(mid * cores / total)).astype(np.int64)   # non-decreasing
+    bounds[1:cores] = np.searchsorted(owner, np.arange(1, cores), side="left")
     return bounds.astype(np.int32)
 
 
@@ -533,3 +534,102 @@ def build_tiling(inputs, plan: Plan, profile: str = DEFAULT_PROFILE, block_dim: 
         window_left=inputs.window_left, profile=profile, block_dim=block_dim, kernel=kernel,
         device_split_tokens=device_split_tokens)
     return Tiling(t, tb, words, kv_quant_array(inputs) if inputs.kv_dtype == "int8" else None)
+
+
+# fields of build_buffers' tiling that depend on the plan itself; the others depend only on the settings,
+# the KV heads, the longest request's query rows and the most splits of a row (TilingBuilder's key)
+_PLAN_FIELDS = ("blockDim", "batch", "numRows", "numPages", "numItems", "numSlots", "lseOffsetBytes",
+                "workspaceBytes", "scratchOffsetBytes", "combineBlockDim", "itemsOffset", "qslOffset",
+                "seqLensOffset", "rowSlotOffset", "rowNumOffset", "coreRangeOffset", "planWords")
+
+
+class TilingBuilder:
+    """:func:`build_buffers` for a stream of plans with the same settings (one decode step each): the
+    same ``(fields, tiling bytes, plan words)`` bit for bit, in a fraction of the host time.
+
+    What depends only on the settings, the KV heads, the longest request's query rows and the most
+    splits of a row (the dtype and head-dim rules, the tiles, the UB budgets, the mixed kernel's
+    tiles and scratch) is computed by :func:`build_buffers` once per such key and kept; per plan only
+    the plan's own fields (sizes, workspace, block dims, word offsets) and the words are made. The
+    words are written into a buffer kept by the builder and reused while the size is the same (a
+    graph-stable stream: no allocation, and only the work items up to the larger of this plan's and
+    the previous plan's valid count are rewritten, the rest being padding already). The returned
+    words are that buffer: copy them to the device before the next :meth:`build`.
+    """
+
+    def __init__(self, *, num_q_heads: int, head_dim: int, page_size: int, max_pages: int, dtype: str,
+                 kv_dtype: str, scale: float, soft_cap: float | None = None, window_left: int | None = None,
+                 profile: str = DEFAULT_PROFILE, block_dim: int | None = None, kernel: str = "auto"):
+        self.settings = dict(num_q_heads=num_q_heads, head_dim=head_dim, page_size=page_size, max_pages=max_pages,
+                             dtype=dtype, kv_dtype=kv_dtype, scale=scale, soft_cap=soft_cap,
+                             window_left=window_left, profile=profile, block_dim=block_dim, kernel=kernel)
+        self._prof = get_profile(profile)
+        self._static: dict = {}
+        self._words: "np.ndarray | None" = None
+        self._valid = 0          # work items of the last plan written to self._words (-1: none)
+
+    def build(self, plan: Plan, seq_lens, num_pages: int) -> tuple[dict, bytes, np.ndarray]:
+        """``(fields, tiling bytes, plan words)`` of ``plan`` (the batch's host ``seq_lens [B]``)."""
+        B, T, W = plan.batch_size, plan.num_rows, plan.num_items
+        qsl = plan.query_start_loc
+        max_q = int((qsl[1:] - qsl[:-1]).max()) if B else 0
+        key = (int(plan.num_kv_heads), max_q, max(1, plan.max_splits))
+        st = self._static.get(key)
+        if st is None:   # the first plan of this key: build_buffers itself (its checks and errors)
+            t, _, _ = build_buffers(plan, seq_lens=seq_lens, num_pages=num_pages, **self.settings)
+            st = self._static[key] = {k: v for k, v in t.items() if k not in _PLAN_FIELDS}
+        t = dict(st)
+        hkv = key[0]
+        Hq, D = self.settings["num_q_heads"], self.settings["head_dim"]
+        block_dim = self.settings["block_dim"]
+        lse_off, ws = workspace_bytes(plan.num_slots, Hq, D)
+        core_range = None
+        scratch_off = ws
+        if st["kernelKind"] == 1:
+            if block_dim is None:
+                block_dim = max(1, min(self._prof.cube_units or self._prof.units, plan.num_valid_items))
+            core_range = balance_items(plan, int(block_dim))
+            scratch_off = _ru(ws, 512)
+            ws = scratch_off + int(block_dim) * st["scratchCoreBytes"]
+        if ws >= 2 ** 31:
+            raise ValueError(f"workspace: {ws} bytes does not fit the tiling's int32 workspaceBytes")
+        if block_dim is None:
+            block_dim = max(1, min(self._prof.units, max(plan.num_valid_items, T)))
+        words, offs = self._words_of(plan, seq_lens, core_range)
+        t.update(blockDim=int(block_dim), batch=int(B), numRows=int(T), numPages=int(num_pages), numItems=int(W),
+                 numSlots=int(plan.num_slots), lseOffsetBytes=lse_off, workspaceBytes=ws, scratchOffsetBytes=scratch_off,
+                 combineBlockDim=int(max(1, min(self._prof.units, T * hkv))), **offs)
+        return t, pack_tiling(t), words
+
+    def _words_of(self, plan: Plan, seq_lens, core_range) -> tuple[np.ndarray, dict]:
+        """:func:`plan_words` into the builder's buffer."""
+        B, T, W = plan.batch_size, plan.num_rows, plan.num_items
+        seq = np.asarray(seq_lens).reshape(-1)
+        nc = 0 if core_range is None else core_range.shape[0]
+        sizes = (5 * W, B + 1, seq.shape[0], T, T, nc)
+        offs, at = {}, 0
+        for name, n in zip(("itemsOffset", "qslOffset", "seqLensOffset", "rowSlotOffset", "rowNumOffset",
+                            "coreRangeOffset"), sizes):
+            offs[name] = at
+            at += n
+        size = max(at, 1)
+        offs["planWords"] = size
+        reuse = self._words is not None and self._words.shape[0] == size and plan.graph_stable
+        if not reuse:
+            self._words = np.zeros(size, np.int32)
+            self._valid = W
+        words = self._words
+        hi = max(plan.num_valid_items, self._valid) if reuse else W
+        items = words[:5 * W].reshape(W, 5)
+        for k, f in enumerate((plan.item_request, plan.item_kv_head, plan.item_split, plan.item_kv_start,
+                               plan.item_kv_end)):
+            items[:hi, k] = f[:hi]
+        self._valid = plan.num_valid_items
+        rest = [plan.query_start_loc, seq, plan.row_slot_start, plan.row_num_splits]
+        if core_range is not None:
+            rest.append(core_range)
+        at = 5 * W
+        for a in rest:
+            words[at:at + a.shape[0]] = a
+            at += a.shape[0]
+        return words, offs

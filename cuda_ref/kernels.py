@@ -95,7 +95,7 @@ def split_kv_kernel(
     stride_ps, stride_ph, stride_ls, stride_lh,
     stride_ot, stride_oh, stride_lot, stride_loh,
     stride_sh,
-    NUM_KV_HEADS, NUM_PAGES, KV_CAP, NUM_ROWS, NUM_SLOTS, BATCH,
+    NUM_KV_HEADS, NUM_PAGES, KV_CAP, NUM_ROWS, NUM_SLOTS, BATCH, SPLIT_SIZE, MAX_SPLITS,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
@@ -103,6 +103,7 @@ def split_kv_kernel(
     SCALE_PER_CHANNEL: tl.constexpr = False, MERGE_CHUNK: tl.constexpr = 16,
     LAUNCH_DEPENDENTS: tl.constexpr = False, MULTI_ROW_BLOCKS: tl.constexpr = True,
     BOUNDS: tl.constexpr = True, COUNT_ERRORS: tl.constexpr = False, MIXED_TILES: tl.constexpr = True,
+    DEVICE_PLAN: tl.constexpr = False,
 ):
     """Stage 1, one program per (work item, block of packed query rows), in named steps: load the
     work item, load its packed query rows and int8 scales, walk the KV range (:func:`_kv_loop`),
@@ -122,9 +123,15 @@ def split_kv_kernel(
         gdc_launch_dependents()
     item = tl.program_id(0)
     mblock = tl.program_id(1)
-    b, h, split, start, end, seq_len, r0, q_len, n_split = _load_work_item(
-        ITEM_REQ, ITEM_HEAD, ITEM_SPLIT, ITEM_START, ITEM_END, SEQ_LENS, QUERY_START, NUM_SPLITS, item,
-        NUM_KV_HEADS, KV_CAP, BATCH, BOUNDS)
+    if DEVICE_PLAN:  # no plan arrays: the item from its index (a plan made on the device)
+        b, h, split, start, end, seq_len, r0, q_len, n_split = _device_work_item(
+            SEQ_LENS, QUERY_START, item, NUM_KV_HEADS, KV_CAP, BATCH, SPLIT_SIZE, MAX_SPLITS)
+        if q_len == 0:  # padding (the grid covers the block table's capacity): nothing to read or write
+            return
+    else:
+        b, h, split, start, end, seq_len, r0, q_len, n_split = _load_work_item(
+            ITEM_REQ, ITEM_HEAD, ITEM_SPLIT, ITEM_START, ITEM_END, SEQ_LENS, QUERY_START, NUM_SPLITS, item,
+            NUM_KV_HEADS, KV_CAP, BATCH, BOUNDS)
     if MULTI_ROW_BLOCKS:  # a request may have fewer packed rows than the grid (one query row: never)
         if mblock * BLOCK_M >= q_len * GROUP:
             return
@@ -212,6 +219,28 @@ def _load_work_item(ITEM_REQ, ITEM_HEAD, ITEM_SPLIT, ITEM_START, ITEM_END, SEQ_L
         r0 = tl.load(QUERY_START + b)
         q_len = tl.where(valid, tl.load(QUERY_START + b + 1) - r0, 0)
         n_split = tl.load(NUM_SPLITS + b)
+    return b, h, split, start, end, seq_len, r0, q_len, n_split
+
+
+@triton.jit
+def _device_work_item(SEQ_LENS, QUERY_START, item, NUM_KV_HEADS, KV_CAP, BATCH, SPLIT_SIZE, MAX_SPLITS):
+    """:func:`_load_work_item` for a plan made on the device (no plan arrays): item ``i`` of the grid
+    ``BATCH x NUM_KV_HEADS x MAX_SPLITS`` is request ``b``, KV head ``h``, split ``j``, range
+    ``[j * SPLIT_SIZE, min((j + 1) * SPLIT_SIZE, seq_len))`` of ``ceil(seq_len / SPLIT_SIZE)`` splits
+    (1 to ``MAX_SPLITS``): the items of the host's ``size:SPLIT_SIZE`` plan. A split past its
+    request's count (or a request past ``BATCH``) is padding: no rows, an empty range."""
+    b = item // (NUM_KV_HEADS * MAX_SPLITS)
+    h = (item // MAX_SPLITS) % NUM_KV_HEADS
+    split = item % MAX_SPLITS
+    valid = b < BATCH
+    b = tl.where(valid, b, 0)
+    seq_len = tl.load(SEQ_LENS + b, mask=valid, other=0)
+    n_split = tl.minimum(tl.maximum((seq_len + SPLIT_SIZE - 1) // SPLIT_SIZE, 1), MAX_SPLITS)
+    valid = valid & (split < n_split)
+    start = split * SPLIT_SIZE
+    end = tl.where(valid, tl.minimum(tl.minimum(start + SPLIT_SIZE, seq_len), KV_CAP), start)
+    r0 = tl.load(QUERY_START + b, mask=valid, other=0)
+    q_len = tl.where(valid, tl.load(QUERY_START + b + 1, mask=valid, other=0) - r0, 0)
     return b, h, split, start, end, seq_len, r0, q_len, n_split
 
 
@@ -594,24 +623,49 @@ def _merge_row(PART_O, PART_LSE, first, slot_step, n, head, offs_d, d_ok, n_slot
 
 
 @triton.jit
+def _device_row_splits(SEQ_LENS, QUERY_START, t, BATCH, SPLIT_SIZE, MAX_SPLITS, SEARCH_STEPS):
+    """Row ``t``'s split count under a device-made plan: its request ``b`` (the last with
+    ``query_start[b] <= t``, by ``SEARCH_STEPS = bit_length(BATCH - 1)`` halvings of ``[0, BATCH)``),
+    then ``ceil(seq_lens[b] / SPLIT_SIZE)`` clamped to ``[1, MAX_SPLITS]``; 1 (nothing to merge) for a
+    row past ``query_start[BATCH]`` or an empty batch."""
+    lo = t * 0
+    hi = lo + BATCH
+    for _ in range(0, SEARCH_STEPS):
+        active = hi - lo > 1
+        mid = (lo + hi) // 2
+        v = tl.load(QUERY_START + mid, mask=active, other=0)
+        lo = tl.where(active & (v <= t), mid, lo)
+        hi = tl.where(active & (v > t), mid, hi)
+    in_batch = (BATCH > 0) & (t < tl.load(QUERY_START + BATCH))
+    seq_len = tl.load(SEQ_LENS + lo, mask=in_batch, other=0)
+    n = tl.minimum(tl.maximum((seq_len + SPLIT_SIZE - 1) // SPLIT_SIZE, 1), MAX_SPLITS)
+    return tl.where(in_batch, n, 1)
+
+
+@triton.jit
 def merge_kernel(
     PART_O, PART_LSE, OUT, OUT_LSE, ROW_SLOT, ROW_NS,
     stride_ps, stride_ph, stride_ls, stride_lh,
     stride_ot, stride_oh, stride_lot, stride_loh,
-    slot_step, NUM_SLOTS,
+    slot_step, NUM_SLOTS, SEQ_LENS, QUERY_START, BATCH, SPLIT_SIZE, MAX_SPLITS, SEARCH_STEPS,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SKIP_SINGLE: tl.constexpr,
-    CHUNK: tl.constexpr = 16, WAIT_PRIMARY: tl.constexpr = False,
+    CHUNK: tl.constexpr = 16, WAIT_PRIMARY: tl.constexpr = False, DEVICE_PLAN: tl.constexpr = False,
 ):
     """Row ``t``, head ``h`` merges slots ``row_slot[t] + j * slot_step`` for ``j < row_ns[t]``; one
     program per (row, head), ``CHUNK`` splits loaded at a time. With ``WAIT_PRIMARY`` (a
     programmatic dependent launch after stage 1) it reads the plan, then waits until stage 1 has
-    finished and its writes are visible."""
+    finished and its writes are visible. ``DEVICE_PLAN`` (a plan made on the device): ``ROW_NS`` is
+    not read; the row's split count is ``ceil(seq_len / SPLIT_SIZE)`` of its request
+    (:func:`_device_row_splits`)."""
     t = tl.program_id(0)
     h = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     # the row's plan entries come from the host, not from stage 1: read them before the wait
-    n = tl.load(ROW_NS + t)
+    if DEVICE_PLAN:
+        n = _device_row_splits(SEQ_LENS, QUERY_START, t, BATCH, SPLIT_SIZE, MAX_SPLITS, SEARCH_STEPS)
+    else:
+        n = tl.load(ROW_NS + t)
     if SKIP_SINGLE and n == 1:  # stage 1 wrote this row directly
         return
     first = tl.load(ROW_SLOT + t).to(tl.int64)

@@ -7,7 +7,7 @@ take every buffer from the caller, so a CUDA graph can capture them.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -86,9 +86,13 @@ def packed_rows(max_q_len: int, group: int, max_block_m: int = 64) -> tuple[int,
     """``(BLOCK_M, row blocks)``: a work item packs ``q_len * group`` query rows into tiles of
     ``BLOCK_M``, from 16 (the ``tl.dot`` minimum) up to ``max_block_m`` (64 on CUDA; the NPU's
     Unified Buffer needs smaller caps, ``cuda_ref.npu.npu_tile``)."""
-    rows = max(1, int(max_q_len)) * int(group)
-    block_m = min(int(max_block_m), max(16, triton.next_power_of_2(rows)))
-    return block_m, triton.cdiv(rows, block_m)
+    return _packed_rows(max(1, int(max_q_len)) * int(group), int(max_block_m))
+
+
+@functools.lru_cache(maxsize=256)
+def _packed_rows(rows: int, max_block_m: int) -> tuple[int, int]:
+    block_m = min(max_block_m, max(16, 1 << (rows - 1).bit_length()))  # the next power of two, as plain ints
+    return block_m, -(-rows // block_m)
 
 
 def merge_chunk(block_d: int) -> int:
@@ -101,10 +105,18 @@ def merge_chunk(block_d: int) -> int:
 
 @dataclass
 class DevicePlan:
-    """A :class:`~splitkv_common.plan.Plan` copied to the device as one int32 buffer.
+    """A :class:`~splitkv_common.plan.Plan` on the device as one int32 buffer.
 
-    ``data`` holds the eight int32 arrays of the plan back to back (``_FIELDS`` order); the views
-    are slices of it, so one host-to-device copy refreshes a plan in place (graph replay).
+    ``data`` holds the eight int32 arrays of the plan back to back (``_FIELDS`` order, exact sizes);
+    :meth:`view` returns slices of it (made once per buffer, not per launch), so one host-to-device
+    copy refreshes a plan in place (graph replay). :class:`PlanUploader` makes and refreshes them.
+
+    ``split_size > 0``: a plan made on the device (``DecodeWrapper(device_plan=True)``): no work-item
+    arrays; the kernels derive work item ``i`` of the grid ``batch_size * Hkv * max_splits`` as
+    request ``i // (Hkv * max_splits)``, KV head, split ``j = i % max_splits`` with the range
+    ``[j * split_size, min((j + 1) * split_size, seq_len))``, and each row's split count as
+    ``ceil(seq_len / split_size)``; ``data`` is then ``row_slot_start [num_rows]`` alone
+    (``t * max_splits``, fixed while the shapes are).
     """
 
     data: torch.Tensor
@@ -117,6 +129,8 @@ class DevicePlan:
     row_blocks: int
     graph_stable: bool
     max_q_len: int = 0  # query rows of the longest request; 0: unknown (the kernel then handles several)
+    split_size: int = 0
+    _views: "dict | None" = field(default=None, repr=False, compare=False)
 
     @staticmethod
     def sizes(num_items: int, batch_size: int, num_rows: int) -> list[int]:
@@ -124,36 +138,139 @@ class DevicePlan:
 
     @staticmethod
     def pack(plan: Plan) -> np.ndarray:
-        return np.concatenate([np.asarray(getattr(plan, f), np.int32).reshape(-1) for f in _FIELDS])
+        out = np.empty(sum(DevicePlan.sizes(plan.num_items, plan.batch_size, plan.num_rows)), np.int32)
+        DevicePlan.pack_into(plan, out)
+        return out
+
+    @staticmethod
+    def pack_into(plan: Plan, out: np.ndarray, items_upto: "int | None" = None) -> int:
+        """Write the plan's eight arrays back to back into the int32 array ``out`` (long enough);
+        returns the entries written. One slice assignment per field, no intermediate array.
+        ``items_upto``: write only the first entries of the five work-item arrays, ``out`` already
+        holding the rest (the padding of a graph-stable plan of the same shapes)."""
+        off = 0
+        for k, f in enumerate(_FIELDS):
+            a = getattr(plan, f)
+            n = a.shape[0]
+            if k < 5 and items_upto is not None:
+                out[off:off + items_upto] = a[:items_upto]
+            else:
+                out[off:off + n] = a
+            off += n
+        return off
 
     def view(self, name: str) -> torch.Tensor:
-        sizes = self.sizes(self.num_items, self.batch_size, self.num_rows)
-        k = _FIELDS.index(name)
-        off = sum(sizes[:k])
-        return self.data[off:off + sizes[k]]
+        if self._views is None:
+            if self.split_size:
+                self._views = {"row_slot_start": self.data}
+            else:
+                parts = torch.split(self.data, self.sizes(self.num_items, self.batch_size, self.num_rows))
+                self._views = dict(zip(_FIELDS, parts))
+        return self._views[name]
 
     @classmethod
     def from_plan(cls, plan: Plan, group: int, device, out: "DevicePlan | None" = None,
                   max_block_m: int = 64) -> "DevicePlan":
         """Copy ``plan`` to ``device``; with ``out`` of the same shapes, refresh its buffer in place.
-        ``max_block_m`` caps the packed query rows per program (:func:`packed_rows`)."""
-        host = torch.from_numpy(cls.pack(plan))
-        max_q = int(np.diff(plan.query_start_loc).max(initial=1))
+        ``max_block_m`` caps the packed query rows per program (:func:`packed_rows`). A one-off
+        copy; a wrapper keeps a :class:`PlanUploader` (its staging buffers) instead."""
+        return PlanUploader(device).upload(plan, group, out=out, max_block_m=max_block_m)
+
+    @classmethod
+    def on_device(cls, batch_size: int, num_kv_heads: int, num_rows: int, max_pages: int, page_size: int,
+                  split_size: int, group: int, max_q_len: int, device, max_block_m: int = 64) -> "DevicePlan":
+        """A plan made on the device (``split_size > 0``, see the class doc) for a batch of
+        ``batch_size`` requests, ``num_rows`` query rows (at most ``max_q_len`` per request) and
+        block tables of ``max_pages`` columns: ``max_splits = ceil(max_pages * page_size /
+        split_size)``, ``batch_size * num_kv_heads * max_splits`` work items, ``num_rows *
+        max_splits`` partial slots."""
+        max_splits = max(1, -(-max_pages * page_size // split_size))
+        block_m, row_blocks = packed_rows(max_q_len, group, max_block_m)
+        slots = torch.arange(0, num_rows * max_splits, max_splits, dtype=torch.int32).to(device)
+        return cls(slots, batch_size * num_kv_heads * max_splits, batch_size, num_rows, num_rows * max_splits,
+                   max_splits, block_m, row_blocks, True, max_q_len=max_q_len, split_size=split_size)
+
+
+class PlanUploader:
+    """Copies plans to one device as one int32 buffer each step: the plan is packed into a pinned
+    host buffer (one of a ring of ``ring``), then one non-blocking copy moves it into a device buffer
+    that is reused while it is large enough (always, for graph-stable plans: the refresh is in place).
+
+    A pinned buffer is written only after the copy that last read it has finished (a CUDA event per
+    ring slot), so a plan in flight is never overwritten; with two slots the host waits only if it
+    plans two steps ahead of the device. The copy is ordered on the current stream, before the
+    kernels that read the plan. Off CUDA the buffers are plain CPU tensors (the copy is a memcpy).
+    """
+
+    def __init__(self, device, ring: int = 2):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.ring = max(1, int(ring))
+        self._host: list = [None] * self.ring      # (tensor, numpy view) per slot
+        self._layout: list = [None] * self.ring    # per slot: (items, size, valid items) of its last graph-stable pack
+        self._events: list = [None] * self.ring
+        self._next = 0
+        self._dev: "torch.Tensor | None" = None    # the device buffer (capacity >= the plan)
+        self.allocations = 0                       # buffers allocated so far (host and device)
+
+    def _staging(self, n: int):
+        """A host buffer of at least ``n`` int32 entries whose last copy has finished."""
+        k = self._next
+        self._next = (k + 1) % self.ring
+        ev = self._events[k]
+        if ev is not None:
+            ev.synchronize()
+        buf = self._host[k]
+        if buf is None or buf[0].numel() < n:
+            t = torch.empty(max(n, 2 * (buf[0].numel() if buf else 0)), dtype=torch.int32, pin_memory=self.cuda)
+            buf = self._host[k] = (t, t.numpy())
+            self._layout[k] = None
+            self.allocations += 1
+        return k, buf
+
+    def upload(self, plan: Plan, group: int, out: "DevicePlan | None" = None, max_block_m: int = 64) -> DevicePlan:
+        """``plan`` on the device; with ``out`` (a graph-stable plan of the same shapes) its buffer is
+        refreshed in place and ``out`` returned, else a :class:`DevicePlan` over this uploader's device
+        buffer (which the next upload reuses: one plan in use at a time)."""
+        W, B, T = plan.num_items, plan.batch_size, plan.num_rows
+        n = 5 * W + B + 2 * T
+        qsl = plan.query_start_loc
+        max_q = int((qsl[1:] - qsl[:-1]).max()) if B else 1
         block_m, row_blocks = packed_rows(max_q, group, max_block_m)
         if out is not None:
-            if out.data.numel() != host.numel() or (out.num_items, out.batch_size, out.num_rows) != (
-                    plan.num_items, plan.batch_size, plan.num_rows):
+            if out.data.numel() != n or (out.num_items, out.batch_size, out.num_rows) != (W, B, T):
                 raise ValueError(
-                    f"plan: shapes changed under a graph-stable plan ({plan.num_items} items, {plan.batch_size} "
-                    f"requests, {plan.num_rows} rows vs {out.num_items}, {out.batch_size}, {out.num_rows})")
+                    f"plan: shapes changed under a graph-stable plan ({W} items, {B} "
+                    f"requests, {T} rows vs {out.num_items}, {out.batch_size}, {out.num_rows})")
             if (block_m, row_blocks) != (out.block_m, out.row_blocks) and block_m * row_blocks > out.block_m * out.row_blocks:
                 raise ValueError("plan: the longest request has more query rows than the graph was captured for")
             if out.max_q_len == 1 and max_q > 1:
                 raise ValueError(f"plan: a request has {max_q} query rows; the graph was captured for one per request")
-            out.data.copy_(host)
+            dst = out.data
+        else:
+            if self._dev is None or self._dev.numel() < n:
+                cap = n if plan.graph_stable else max(n, 2 * (self._dev.numel() if self._dev is not None else 0))
+                self._dev = torch.empty(cap, dtype=torch.int32, device=self.device)
+                self.allocations += 1
+            dst = self._dev[:n]
+        k, (host_t, host_np) = self._staging(n)
+        # a graph-stable plan like the slot's last one: its padding is there already, write the valid
+        # items only (up to the last one's count, which this plan's padding overwrites)
+        last = self._layout[k]
+        upto = None
+        if plan.graph_stable and last is not None and last[:2] == (W, n):
+            upto = max(plan.num_valid_items, last[2])
+        DevicePlan.pack_into(plan, host_np, items_upto=upto)
+        self._layout[k] = (W, n, plan.num_valid_items) if plan.graph_stable else None
+        dst.copy_(host_t[:n], non_blocking=self.cuda)
+        if self.cuda:
+            ev = self._events[k] or torch.cuda.Event()
+            ev.record()
+            self._events[k] = ev
+        if out is not None:
             return out
-        return cls(host.to(device), plan.num_items, plan.batch_size, plan.num_rows, plan.num_slots,
-                   plan.max_splits, block_m, row_blocks, plan.graph_stable, max_q)
+        return DevicePlan(dst, W, B, T, plan.num_slots, plan.max_splits, block_m, row_blocks, plan.graph_stable,
+                          max_q_len=max_q)
 
 
 def _scale_layout(scale: "torch.Tensor | None") -> tuple[int, bool]:
@@ -188,8 +305,61 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
     merge by programmatic dependent launch (default: on sm_90+ with a Triton that has it); when every
     stage-1 program fits on the GPU at once (at most two per multiprocessor) stage 1 also lets the
     merge launch as soon as it starts, so the merge's launch is hidden behind stage 1's work.
-    Neither changes any arithmetic.
+    Neither changes any arithmetic. This is :func:`prepare_decode` then :meth:`DecodeLaunch.launch`;
+    a caller that launches the same shapes again keeps the :class:`DecodeLaunch`.
     """
+    prep = prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan, out, lse, part_o,
+                          part_lse, counters, scale=scale, soft_cap=soft_cap, window_left=window_left,
+                          k_scale=k_scale, v_scale=v_scale, k_offset=k_offset, v_offset=v_offset, config=config,
+                          fuse_merge=fuse_merge, interpret=interpret, merge=merge, batch_invariant=batch_invariant,
+                          pdl=pdl, errors=errors)
+    prep.launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan, out, lse, part_o, part_lse,
+                counters, k_scale, v_scale, k_offset, v_offset, errors)
+
+
+@dataclass
+class DecodeLaunch:
+    """Everything :func:`launch_decode` derives from the shapes, strides, dtypes, scalars and the
+    plan's sizes, computed once (:func:`prepare_decode`): the grid, the kernel's scalar arguments
+    (scale, window, strides, bounds) and constexprs, and the merge's. Valid for any call whose
+    tensors have the same signature and whose device plan has the same sizes."""
+
+    grid: "tuple | None"          # stage 1's grid; None: no stage-1 launch (no items or no rows)
+    scalars: tuple                # the kernel's arguments after its tensors
+    constexprs: dict
+    fuse_merge: bool
+    merge: "MergeLaunch | None"   # the separate merge; None: none (fused, or one split everywhere)
+
+    def launch(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan, out, lse,
+               part_o, part_lse, counters=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
+               errors=None) -> None:
+        """The launches, with this call's tensors (of the signature it was prepared for)."""
+        dummy = seq_lens
+        if self.grid is not None:
+            if dplan.split_size:
+                items = (dummy,) * 6
+            else:
+                v = dplan.view
+                items = (v("item_request"), v("item_kv_head"), v("item_split"), v("item_kv_start"),
+                         v("item_kv_end"), v("num_splits"))
+            kernels.split_kv_kernel[self.grid](
+                q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *items, dplan.view("row_slot_start"),
+                part_o, part_lse, out, lse, counters if self.fuse_merge else dummy,
+                errors if errors is not None else dummy,
+                k_scale if k_scale is not None else dummy, v_scale if v_scale is not None else dummy,
+                k_offset if k_offset is not None else dummy, v_offset if v_offset is not None else dummy,
+                *self.scalars, **self.constexprs)
+        if self.merge is not None:
+            ns = seq_lens if dplan.split_size else dplan.view("row_num_splits")
+            self.merge.launch(part_o, part_lse, out, lse, dplan.view("row_slot_start"), ns, seq_lens, query_start_loc)
+
+
+def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan,
+                   out, lse, part_o, part_lse, counters=None, *, scale: float, soft_cap=None, window_left=None,
+                   k_scale=None, v_scale=None, k_offset=None, v_offset=None, config: KernelConfig | None = None,
+                   fuse_merge: bool = False, interpret: bool = False, merge: bool = True,
+                   batch_invariant: bool = True, pdl: bool | None = None, errors=None) -> DecodeLaunch:
+    """:func:`launch_decode`'s host work without the launches (see there for the arguments)."""
     T, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
     group = Hq // Hkv
@@ -199,7 +369,6 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
                                    batch_invariant)
     block_d = max(16, triton.next_power_of_2(D))
     sh, per_channel = _scale_layout(k_scale)
-    dummy = seq_lens
     # the bounds the kernel keeps whatever the values: sizes of the tensors it was given
     batch = min(block_table.shape[0], seq_lens.shape[0], query_start_loc.shape[0] - 1, dplan.batch_size)
     num_rows = min(T, out.shape[0], lse.shape[0], dplan.num_rows)
@@ -211,54 +380,91 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
     with_merge = merge and not fuse_merge and (dplan.max_splits > 1 or dplan.graph_stable) and T > 0
     sms, can_pdl = _device_traits(q.device)
     pdl = with_merge and not interpret and (can_pdl if pdl is None else bool(pdl))
-    if dplan.num_items and T:
-        grid = (dplan.num_items, dplan.row_blocks)
-        kernels.split_kv_kernel[grid](
-            q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
-            dplan.view("item_request"), dplan.view("item_kv_head"), dplan.view("item_split"),
-            dplan.view("item_kv_start"), dplan.view("item_kv_end"),
-            dplan.view("num_splits"), dplan.view("row_slot_start"),
-            part_o, part_lse, out, lse, counters if fuse_merge else dummy, errors if errors is not None else dummy,
-            k_scale if k_scale is not None else dummy, v_scale if v_scale is not None else dummy,
-            k_offset if k_offset is not None else dummy, v_offset if v_offset is not None else dummy,
-            float(scale), float(soft_cap if soft_cap is not None else 1.0), win,
-            q.stride(0), q.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            block_table.stride(0),
-            part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
-            out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-            sh, Hkv, k_cache.shape[0], kv_cap, num_rows, num_slots, batch,
-            GROUP=group, PAGE=page, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=dplan.block_m, BLOCK_N=cfg.block_n,
-            KV_INT8=kv_int8, HAS_OFFSET=k_offset is not None, SOFT_CAP=soft_cap is not None,
-            HAS_WINDOW=window_left is not None, DOT_IEEE=dot_ieee, UPCAST=interpret, FUSE_MERGE=fuse_merge,
-            SCALE_PER_CHANNEL=per_channel, MERGE_CHUNK=merge_chunk(block_d),
-            LAUNCH_DEPENDENTS=pdl and dplan.num_items * dplan.row_blocks <= 2 * sms,
-            MULTI_ROW_BLOCKS=dplan.row_blocks > 1, BOUNDS=_KERNEL_BOUNDS, COUNT_ERRORS=errors is not None,
-            MIXED_TILES=dplan.max_q_len != 1,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    grid = (dplan.num_items, dplan.row_blocks) if (dplan.num_items and T) else None
+    scalars = (
+        float(scale), float(soft_cap if soft_cap is not None else 1.0), win,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_table.stride(0),
+        part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+        sh, Hkv, k_cache.shape[0], kv_cap, num_rows, num_slots, batch,
+        # a device-made plan's split length and splits per request; constants otherwise (no respecialization)
+        *((dplan.split_size, dplan.max_splits) if dplan.split_size else (1, 1)))
+    constexprs = dict(
+        GROUP=group, PAGE=page, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=dplan.block_m, BLOCK_N=cfg.block_n,
+        KV_INT8=kv_int8, HAS_OFFSET=k_offset is not None, SOFT_CAP=soft_cap is not None,
+        HAS_WINDOW=window_left is not None, DOT_IEEE=dot_ieee, UPCAST=interpret, FUSE_MERGE=fuse_merge,
+        SCALE_PER_CHANNEL=per_channel, MERGE_CHUNK=merge_chunk(block_d),
+        LAUNCH_DEPENDENTS=pdl and dplan.num_items * dplan.row_blocks <= 2 * sms,
+        MULTI_ROW_BLOCKS=dplan.row_blocks > 1, BOUNDS=_KERNEL_BOUNDS, COUNT_ERRORS=errors is not None,
+        MIXED_TILES=dplan.max_q_len != 1, DEVICE_PLAN=dplan.split_size > 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    merge_prep = None
     if with_merge:
-        launch_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), dplan.view("row_num_splits"),
-                     skip_single=True, num_warps=cfg.merge_warps, pdl=pdl)
+        ns = seq_lens if dplan.split_size else dplan.view("row_num_splits")
+        merge_prep = prepare_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), ns, skip_single=True,
+                                   num_warps=cfg.merge_warps, pdl=pdl,
+                                   device_plan=(batch, dplan.split_size, dplan.max_splits) if dplan.split_size else None)
+    return DecodeLaunch(grid, scalars, constexprs, fuse_merge, merge_prep)
 
 
 def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,
-                 skip_single: bool = False, num_warps: int = 1, pdl: bool = False) -> None:
+                 skip_single: bool = False, num_warps: int = 1, pdl: bool = False, device_plan=None) -> None:
     """Merge kernel: row ``t`` of ``out [T, H, D]`` / ``lse [T, H]`` from slots
     ``row_slot_start[t] + j * slot_step``, ``j < row_num_splits[t]``, of ``part_o [S, H, D]`` /
     ``part_lse [S, H]``, one program per (row, head). With ``skip_single`` rows of one split are
     left as they are. ``pdl``: the launch follows the previous kernel on the stream by programmatic
     dependent launch (the kernel waits for it before reading the partial states). Slots outside
-    ``part_o`` / ``part_lse`` are read as empty, whatever the plan says."""
-    T = min(out.shape[0], lse.shape[0], row_slot_start.shape[0], row_num_splits.shape[0])
+    ``part_o`` / ``part_lse`` are read as empty, whatever the plan says.
+
+    ``device_plan = (seq_lens, query_start_loc, batch, split_size, max_splits)``: a plan made on the
+    device (:class:`DevicePlan` with ``split_size``); ``row_num_splits`` is not read: row ``t``'s
+    request ``b`` is found in ``query_start_loc`` (a binary search) and its split count is
+    ``ceil(seq_lens[b] / split_size)`` (1 to ``max_splits``); rows past ``query_start_loc[batch]``
+    are left as they are."""
+    dp = device_plan[2:] if device_plan is not None else None
+    m = prepare_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, slot_step=slot_step,
+                      skip_single=skip_single, num_warps=num_warps, pdl=pdl, device_plan=dp)
+    if m is not None:
+        seq_lens, qsl = device_plan[:2] if device_plan is not None else (row_num_splits, row_num_splits)
+        m.launch(part_o, part_lse, out, lse, row_slot_start, row_num_splits, seq_lens, qsl)
+
+
+@dataclass
+class MergeLaunch:
+    """:func:`launch_merge`'s grid, scalar arguments and constexprs, computed once (:func:`prepare_merge`)."""
+
+    grid: tuple
+    strides: tuple                # the arguments between the tensors and seq_lens / query_start_loc
+    tail: tuple                   # the arguments after them
+    constexprs: dict
+
+    def launch(self, part_o, part_lse, out, lse, row_slot_start, row_num_splits, seq_lens, query_start_loc):
+        kernels.merge_kernel[self.grid](part_o, part_lse, out, lse, row_slot_start, row_num_splits, *self.strides,
+                                        seq_lens, query_start_loc, *self.tail, **self.constexprs)
+
+
+def prepare_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,
+                  skip_single: bool = False, num_warps: int = 1, pdl: bool = False,
+                  device_plan=None) -> "MergeLaunch | None":
+    """:func:`launch_merge` without the launch (None: nothing to merge); ``device_plan = (batch,
+    split_size, max_splits)``."""
+    if device_plan is not None:
+        batch, split_size, max_splits = device_plan
+        T = min(out.shape[0], lse.shape[0], row_slot_start.shape[0])
+    else:
+        batch, split_size, max_splits = 0, 1, 1
+        T = min(out.shape[0], lse.shape[0], row_slot_start.shape[0], row_num_splits.shape[0])
     H, D = part_o.shape[1], part_o.shape[2]
     if T == 0 or H == 0:
-        return
-    block_d = triton.next_power_of_2(D)
+        return None
+    block_d = 1 << (D - 1).bit_length()
     extra = dict(launch_pdl=True) if pdl else {}
-    kernels.merge_kernel[(T, H)](
-        part_o, part_lse, out, lse, row_slot_start, row_num_splits,
-        part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-        slot_step, min(part_o.shape[0], part_lse.shape[0]), HEAD_DIM=D, BLOCK_D=block_d, SKIP_SINGLE=skip_single,
-        CHUNK=merge_chunk(block_d), WAIT_PRIMARY=pdl, num_warps=num_warps, **extra)
+    strides = (part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
+               out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+               slot_step, min(part_o.shape[0], part_lse.shape[0]))
+    tail = (batch, split_size, max_splits, max(batch - 1, 0).bit_length())
+    constexprs = dict(HEAD_DIM=D, BLOCK_D=block_d, SKIP_SINGLE=skip_single, CHUNK=merge_chunk(block_d),
+                      WAIT_PRIMARY=pdl, DEVICE_PLAN=device_plan is not None, num_warps=num_warps, **extra)
+    return MergeLaunch((T, H), strides, tail, constexprs)

@@ -19,12 +19,26 @@ outside ``[0, num_pages)`` reads as an absent page and is counted in a small dev
 buffer; :meth:`DecodeWrapper.check_errors` (a host sync) raises on it; ``wrapper.debug = True`` (or
 ``SPLITKV_DEBUG=1``) calls it after every eager ``run()``. ``set_plan()`` checks the plan against
 itself and the wrapper (``cuda_ref.checks.check_plan``).
+
+Host cost per step: ``plan()`` packs the plan into a pinned host buffer and makes one non-blocking
+copy into a device buffer that is reused (``cuda_ref.launch.PlanUploader``); ``run()`` prepares its
+launches (grid, strides, constexprs) once per signature and plan shape and then only launches.
+
+With ``device_plan=True`` (and ``policy="size:S"``) there is no host plan at all: the kernels derive
+the work items of the ``size:S`` plan from ``seq_lens`` and ``query_start_loc`` on the device, over
+a grid fixed by the tensors' shapes (``B x Hkv x ceil(block_table columns x page / S)``), so a
+captured graph replays any batch of those shapes after only the inputs vLLM copies anyway:
+
+    w = DecodeWrapper(32, 8, 128, 16, policy="size:256", device_plan=True)
+    with torch.cuda.graph(g): out, lse = w.run(q, k_cache, v_cache, block_table, seq_lens, query_start_loc)
+    seq_lens.copy_(new_lens); query_start_loc.copy_(new_qsl); g.replay()     # no plan(), no plan copy
 """
 
 from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 from splitkv_common.plan import Plan, PlannedWrapper, PlanSpec
@@ -34,7 +48,14 @@ from splitkv_common.validation import check_decode_args, check_gqa, check_wrappe
 from . import INTERPRET
 from .checks import SignatureCache, check_launch, check_plan, check_scalars, tensor_signature
 from .checks import plan_pages as plan_page_count
-from .launch import DevicePlan, KernelConfig, launch_decode
+from .launch import DevicePlan, KernelConfig, PlanUploader, prepare_decode
+
+class _Sizes:
+    """The plan sizes :meth:`PlanSpec.check_shapes` reads, for a device-made plan (from the tensors)."""
+
+    def __init__(self, batch_size: int, num_rows: int):
+        self.batch_size, self.num_rows = batch_size, num_rows
+
 
 class DecodeWrapper(PlannedWrapper):
     """Split-KV decode attention over a paged KV cache ``[num_pages, page_size, Hkv, D]``.
@@ -51,13 +72,19 @@ class DecodeWrapper(PlannedWrapper):
         config: stage-1 tile / warps / stages (default by head dim and plan, see
             :func:`cuda_ref.launch.default_config`; fixed-size and no-split plans keep their
             batch invariance).
+        device_plan: plan on the device (needs ``policy="size:S"``): no ``plan()``; ``run()`` takes any
+            batch, the kernels cut it as the host's ``size:S`` plan would (bit for bit, for requests
+            of at most ``max_splits x S`` tokens, where the host planner would grow the split).
+        max_q_len: with ``device_plan``, the most query rows of one request (default: all of q's
+            rows, always enough; a smaller bound, e.g. 1 + speculative tokens, launches fewer
+            programs). A request with more is refused by ``run(validate=True)`` only.
     """
 
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  dtype=torch.bfloat16, kv_dtype=None, device=None, profile: str = "h200", policy: str = "auto",
                  graph_stable: bool = False, max_splits: int | None = None, max_work_items: int | None = None,
                  min_split_tokens: int | None = None, fuse_merge: bool | None = None,
-                 config: KernelConfig | None = None):
+                 config: KernelConfig | None = None, device_plan: bool = False, max_q_len: int | None = None):
         check_gqa(num_q_heads, num_kv_heads)
         self.dtype = as_torch_dtype(dtype)
         self.kv_dtype = self.dtype if kv_dtype is None else as_torch_dtype(kv_dtype)
@@ -78,10 +105,24 @@ class DecodeWrapper(PlannedWrapper):
         self._plan_pages = 0  # block-table columns the current plan reads
         self._plan_sig = None
         self._num_pages = 0   # num_pages of the last run's cache (for check_errors' message)
+        self._uploader = PlanUploader(self.device)
+        self._launches: dict = {}   # prepared launches by (checked signature, plan shape)
+        self.device_plan = bool(device_plan)
+        self.max_q_len = None if max_q_len is None else int(max_q_len)
+        if self.device_plan:
+            pol = self.spec.make([0]).policy   # the shared policy parser (and its errors)
+            if pol.kind != "fixed_size":
+                raise ValueError(f"device_plan: needs policy size:S (a fixed split length), got {policy!r}")
+            if self.max_q_len is not None and self.max_q_len < 1:
+                raise ValueError(f"max_q_len: must be >= 1, got {max_q_len}")
+            self.split_size = int(pol.value)
 
     # -- host side -----------------------------------------------------------------------------
     def plan(self, seq_lens, q_lens=None, query_start_loc=None, window_left=None) -> Plan:
-        """Make the shared plan for a batch (host arrays) and copy it to the device."""
+        """Make the shared plan for a batch (host arrays) and copy it to the device. With
+        ``device_plan`` there is nothing to do (returns None): the kernels plan."""
+        if self.device_plan:
+            return None
         plan = self.plan_spec().make(host(seq_lens), None if q_lens is None else host(q_lens),
                                      None if query_start_loc is None else host(query_start_loc), window_left)
         # made by the shared planner: valid by construction (tests/test_planner*.py), not checked again
@@ -98,31 +139,42 @@ class DecodeWrapper(PlannedWrapper):
         if plan.num_kv_heads != self.num_kv_heads or plan.page_size != self.page_size:
             raise ValueError(f"plan: made for Hkv={plan.num_kv_heads}, page_size={plan.page_size}; this wrapper "
                              f"has Hkv={self.num_kv_heads}, page_size={self.page_size}")
+        if self.device_plan:
+            raise ValueError("plan: a wrapper with device_plan=True plans on the device; set_plan() does not apply")
         plan_pages = check_plan(plan, self.num_kv_heads) if validate else plan_page_count(plan)
         group = self.num_q_heads // self.num_kv_heads
         reuse = self.dplan if (self.graph_stable and self.dplan is not None) else None
-        self.dplan = DevicePlan.from_plan(plan, group, self.device, out=reuse)
+        self.dplan = self._uploader.upload(plan, group, out=reuse)
         self.host_plan = plan
         self._plan_pages = plan_pages
         self._plan_sig = (plan.batch_size, plan.num_rows, plan_pages)  # what check() depends on in the plan
+        if reuse is not None:  # graph-stable refresh: the shapes (hence the buffers) are those of the capture
+            return
+        d = self.dplan
+        self._buffers_for(plan.num_rows, plan.num_slots, plan.batch_size * self.num_kv_heads * d.row_blocks)
+
+    def _buffers_for(self, T: int, num_slots: int, num_counters: int) -> None:
+        """The output, partial and counter buffers for ``T`` rows and ``num_slots`` partial slots
+        (reallocated only when a shape changes) and the error buffer (allocated once)."""
         if "errors" not in self._buffers:  # allocated once: a captured graph keeps its address
             self._buffers["errors"] = torch.zeros(4, dtype=torch.int32, device=self.device)
-        T, Hq, D = plan.num_rows, self.num_q_heads, self.head_dim
+        Hq, D = self.num_q_heads, self.head_dim
         need = {
             "out": ((T, Hq, D), self.dtype), "lse": ((T, Hq), torch.float32),
-            "part_o": ((max(plan.num_slots, 1), Hq, D), torch.float32),
-            "part_lse": ((max(plan.num_slots, 1), Hq), torch.float32),
-            "counters": ((max(plan.batch_size * self.num_kv_heads * self.dplan.row_blocks, 1),), torch.int32),
+            "part_o": ((max(num_slots, 1), Hq, D), torch.float32),
+            "part_lse": ((max(num_slots, 1), Hq), torch.float32),
+            "counters": ((max(num_counters, 1),), torch.int32),
         }
         for name, (shape, dt) in need.items():
             buf = self._buffers.get(name)
             if buf is None or tuple(buf.shape) != shape:
-                if reuse is not None and buf is not None:
-                    raise ValueError(f"plan: buffer {name} changed shape under a graph-stable plan")
                 self._buffers[name] = torch.zeros(shape, dtype=dt, device=self.device)
 
     def workspace_bytes(self) -> int:
         """Bytes of the partial buffers (and merge counters) the current plan needs."""
+        if self.device_plan:   # T x max_splits slots of o [Hq, D] and lse [Hq], float32
+            d = self.dplan
+            return 0 if d is None else d.num_slots * self.num_q_heads * (self.head_dim + 1) * 4
         if self.host_plan is None:
             return 0
         extra = self._buffers["counters"].numel() * 4 if self._fused() else 0
@@ -140,30 +192,73 @@ class DecodeWrapper(PlannedWrapper):
         Without it, out-of-range page ids are masked and counted (:meth:`check_errors`). The
         returned tensors are the wrapper's own buffers, overwritten by the next ``run()``.
         """
-        if self.dplan is None:
+        if self.device_plan:
+            self._device_side_plan(q, block_table)
+        elif self.dplan is None:
             raise RuntimeError("plan: call plan() (or set_plan()) before run()")
         if query_start_loc is None:
             query_start_loc = self._default_qsl(q.shape[0], block_table.shape[0], q.device)
-        self.check(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale, k_offset, v_offset,
-                   scale=scale, soft_cap=soft_cap, window_left=window_left)
-        window_left = normalize_window(window_left)
+        key = self.check(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale, k_offset,
+                         v_offset, scale=scale, soft_cap=soft_cap, window_left=window_left)
         if validate:
-            check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale=scale,
-                              soft_cap=soft_cap, window_left=window_left, k_scale=k_scale, v_scale=v_scale,
-                              k_offset=k_offset, v_offset=v_offset, backend="triton")
-            self.host_plan.check_batch(host(seq_lens), host(query_start_loc))
+            self._validate_values(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, soft_cap,
+                                  window_left, k_scale, v_scale, k_offset, v_offset)
         b = self._buffers
-        launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, self.dplan, b["out"], b["lse"],
-                      b["part_o"], b["part_lse"], b["counters"],
-                      scale=float(scale) if scale is not None else self.head_dim ** -0.5, soft_cap=soft_cap,
-                      window_left=window_left, k_scale=k_scale, v_scale=v_scale, k_offset=k_offset,
-                      v_offset=v_offset, config=self.config, fuse_merge=self._fused(), interpret=INTERPRET,
-                      merge=self.merge, batch_invariant=self.host_plan.policy.kind in ("fixed_size", "none"),
-                      pdl=self.pdl, errors=b["errors"])
+        dp = self.dplan
+        lkey = None if key is None else (key, dp.num_items, dp.num_slots, dp.max_splits, dp.block_m, dp.row_blocks,
+                                         dp.graph_stable, dp.split_size, dp.max_q_len != 1, self.config, self.fuse_merge, self.merge,
+                                         self.pdl)
+        prep = self._launches.get(lkey) if lkey is not None else None
+        if prep is None:
+            prep = prepare_decode(
+                q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dp, b["out"], b["lse"], b["part_o"],
+                b["part_lse"], b["counters"], scale=float(scale) if scale is not None else self.head_dim ** -0.5,
+                soft_cap=soft_cap, window_left=normalize_window(window_left), k_scale=k_scale, v_scale=v_scale,
+                k_offset=k_offset, v_offset=v_offset, config=self.config, fuse_merge=self._fused(),
+                interpret=INTERPRET, merge=self.merge, batch_invariant=self.device_plan
+                or self.host_plan.policy.kind in ("fixed_size", "none"), pdl=self.pdl, errors=b["errors"])
+            if lkey is not None:
+                if len(self._launches) >= 64:
+                    self._launches.clear()
+                self._launches[lkey] = prep
+        prep.launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dp, b["out"], b["lse"], b["part_o"],
+                    b["part_lse"], b["counters"], k_scale, v_scale, k_offset, v_offset, b["errors"])
         self._num_pages = k_cache.shape[0]
         if self.debug and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
             self.check_errors()
         return b["out"], b["lse"]
+
+    def _validate_values(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, soft_cap,
+                         window_left, k_scale, v_scale, k_offset, v_offset) -> None:
+        """``run(validate=True)``: the shared value checks (a host sync) and the batch against the plan
+        (host plan: the lengths and rows it was made for; device plan: rows per request within the
+        launch's packed rows)."""
+        check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale=scale,
+                          soft_cap=soft_cap, window_left=normalize_window(window_left), k_scale=k_scale,
+                          v_scale=v_scale, k_offset=k_offset, v_offset=v_offset, backend="triton")
+        if not self.device_plan:
+            self.host_plan.check_batch(host(seq_lens), host(query_start_loc))
+            return
+        q_lens = np.diff(host(query_start_loc).astype(np.int64))
+        most = self.dplan.block_m * self.dplan.row_blocks // (self.num_q_heads // self.num_kv_heads)
+        if q_lens.size and int(q_lens.max()) > most:
+            raise ValueError(f"query_start_loc: a request has {int(q_lens.max())} query rows; max_q_len allows {most}")
+
+    def _device_side_plan(self, q, block_table) -> None:
+        """``device_plan``: the :class:`DevicePlan` (row slots only) and buffers for q's rows and the block
+        table's shape, made when those shapes change (not while a graph replays)."""
+        B, T, pages = block_table.shape[0], q.shape[0], block_table.shape[1]
+        shape = (B, T, pages)
+        if self._plan_sig is not None and self._plan_sig[3:] == shape:
+            return
+        group = self.num_q_heads // self.num_kv_heads
+        max_q = T if self.max_q_len is None else min(self.max_q_len, max(T, 1))
+        d = DevicePlan.on_device(B, self.num_kv_heads, T, pages, self.page_size, self.split_size, group, max_q,
+                                 self.device)
+        self.dplan = d
+        self._plan_pages = 0
+        self._plan_sig = (B, T, 0) + shape
+        self._buffers_for(T, d.num_slots, B * self.num_kv_heads * d.row_blocks)
 
     def check_errors(self) -> None:
         """Raise ``RuntimeError`` if a kernel since the last call met a block-table entry outside
@@ -194,28 +289,32 @@ class DecodeWrapper(PlannedWrapper):
 
     def check(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
               k_scale=None, v_scale=None, k_offset=None, v_offset=None, *, scale=None, soft_cap=None,
-              window_left=None) -> None:
+              window_left=None):
         """Metadata checks (no host sync): ranks, shapes, strides, dtypes, devices, scalars, and the
         plan against the batch. A signature (each tensor's shape, strides, dtype and device, the
-        scalars, the plan's sizes) that passed once is remembered: repeating it costs one lookup."""
+        scalars, the plan's sizes) that passed once is remembered: repeating it costs one lookup.
+        Returns that signature (None when it is not hashable)."""
         s = tensor_signature  # spelled out: this runs on every call (about 20 attribute reads and one set lookup)
         try:
             key = (s(q), s(k_cache), s(v_cache), s(block_table), s(seq_lens), s(query_start_loc), s(k_scale),
                    s(v_scale), s(k_offset), s(v_offset), self._plan_sig, type(scale), scale, type(soft_cap), soft_cap,
                    type(window_left), window_left)
             if key in self._checked:
-                return
+                return key
         except (AttributeError, TypeError):  # not tensors, or unhashable scalars: the full checks say what
             key = None
         plan = self.host_plan
         check_scalars(scale, soft_cap, window_left)
+        if self.device_plan and normalize_window(window_left) is not None:
+            raise ValueError("window_left: device_plan=True has no sliding window (plan on the host for one)")
         named = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
                      query_start_loc=query_start_loc, k_scale=k_scale, v_scale=v_scale, k_offset=k_offset,
                      v_offset=v_offset)
         check_wrapper_tensors(named, tensor_type=torch.Tensor, dtype=self.dtype, kv_dtype=self.kv_dtype,
                               int8_kv=self.kv_dtype == torch.int8, device=self.device,
                               on_device=lambda d: d == self.device or d.type == self.device.type == "cuda")
-        self.spec.check_shapes(plan, q, k_cache, v_cache, block_table, seq_lens, query_start_loc)
+        self.spec.check_shapes(plan if not self.device_plan else _Sizes(block_table.shape[0], q.shape[0]), q, k_cache,
+                               v_cache, block_table, seq_lens, query_start_loc)
         check_launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale=k_scale, v_scale=v_scale,
                      k_offset=k_offset, v_offset=v_offset)
         if block_table.shape[1] < self._plan_pages:
@@ -223,3 +322,4 @@ class DecodeWrapper(PlannedWrapper):
                              f"{block_table.shape[1]} columns")
         if key is not None:
             self._checked.add(key)
+        return key

@@ -16,6 +16,11 @@ producing that plan pays.
     python scripts/bench_plan.py --out plan_times.json
     python scripts/bench_plan.py --batch 1 64 --policy auto --seconds 0.5
     python scripts/bench_plan.py --no-old --baseline HEAD~1     # against an earlier revision, interleaved
+    python scripts/bench_plan.py --no-old --ascend 910b2         # plus the Ascend tiling of each plan
+
+``--ascend PROFILE`` plans for that NPU profile and also times the Ascend tiling of each plan
+(``ascend_ops.tiling``): ``build_buffers`` (one call, as the wrapper makes it) and ``TilingBuilder.build``
+(the per-step builder of a stream of plans with the same settings), bf16, max pages 8192 / 16 + 1.
 """
 
 from __future__ import annotations
@@ -120,6 +125,19 @@ def padding_floor(B: int, seconds: float):
     return time_call(fill, seconds)
 
 
+def time_tiling(seq, plan, profile: str, seconds: float):
+    """``(build_buffers, TilingBuilder.build)`` timings of ``plan``'s Ascend tiling (bf16, SHAPE)."""
+    from ascend_ops import tiling as tl
+
+    s = dict(num_q_heads=SHAPE["num_q_heads"], head_dim=SHAPE["head_dim"], page_size=SHAPE["page_size"],
+             max_pages=8192 // SHAPE["page_size"] + 1, dtype="bfloat16", kv_dtype="bfloat16",
+             scale=SHAPE["head_dim"] ** -0.5, profile=profile)
+    builder = tl.TilingBuilder(**s)
+    one = time_call(lambda: tl.build_buffers(plan, seq_lens=seq, num_pages=1 << 20, **s), seconds)
+    steady = time_call(lambda: builder.build(plan, seq, 1 << 20), seconds)
+    return one, steady
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64, 256, 1024])
@@ -134,8 +152,12 @@ def main(argv=None):
     ap.add_argument("--baseline", metavar="REV",
                     help="also time the planner of git revision REV in every sweep, interleaved with the current "
                          "one (a fair comparison on a busy machine)")
+    ap.add_argument("--ascend", metavar="PROFILE",
+                    help="plan for this NPU profile (e.g. 910b2) and time the Ascend tiling of each plan too")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
+    if args.ascend:
+        SHAPE["device"] = args.ascend
 
     old = None if args.no_old else load_oracle()
     base = load_baseline(args.baseline) if args.baseline else None
@@ -163,7 +185,10 @@ def main(argv=None):
                     o = None
                     if old is not None and rep == 0:   # the old planner is slow and far apart: one sweep
                         o = time_call(lambda: old(seq, **kw), args.old_seconds or args.seconds, min_blocks=3)
-                    runs[(B, pol, gs)].append(dict(new=new, old=o, base=b))
+                    t1 = t2 = None
+                    if args.ascend:
+                        t1, t2 = time_tiling(seq, make_plan(seq, **kw), args.ascend, args.seconds)
+                    runs[(B, pol, gs)].append(dict(new=new, old=o, base=b, tiling=t1, builder=t2))
         print(f"sweep {rep + 1}/{args.repeat} done", file=sys.stderr, flush=True)
 
     def med(xs, key):
@@ -171,7 +196,8 @@ def main(argv=None):
 
     rows = []
     hdr = (f"{'B':>5} {'policy':>9} {'graph':>5} | {'new µs':>9} {'cpu µs':>9} {'pad floor':>9} | "
-           f"{'old µs':>10} {'speed-up':>8}" + (f" | {'base µs':>9} {'base cpu':>9}" if base else ""))
+           f"{'old µs':>10} {'speed-up':>8}" + (f" | {'base µs':>9} {'base cpu':>9}" if base else "")
+           + (f" | {'tiling µs':>9} {'builder µs':>10}" if args.ascend else ""))
     print(hdr)
     print("-" * len(hdr))
     for B, pol, gs in points:
@@ -185,12 +211,16 @@ def main(argv=None):
             bs = [r["base"] for r in sweeps]
             row.update(base_median_us=med(bs, "median_us"), base_cpu_median_us=med(bs, "cpu_median_us"),
                        base_sweeps=bs)
+        if args.ascend:
+            row.update(tiling_median_us=med([r["tiling"] for r in sweeps], "median_us"),
+                       builder_median_us=med([r["builder"] for r in sweeps], "median_us"))
         rows.append(row)
         pad = f"{row['padding_floor_median_us']:>9.1f}" if gs else f"{'-':>9}"
         print(f"{B:>5} {pol:>9} {str(gs):>5} | {row['new_median_us']:>9.1f} {row['new_cpu_median_us']:>9.1f} {pad} | "
               + (f"{o['median_us']:>10.1f} {o['median_us'] / row['new_median_us']:>7.0f}x" if o else
                  f"{'-':>10} {'-':>8}")
-              + (f" | {row['base_median_us']:>9.1f} {row['base_cpu_median_us']:>9.1f}" if base else ""))
+              + (f" | {row['base_median_us']:>9.1f} {row['base_cpu_median_us']:>9.1f}" if base else "")
+              + (f" | {row['tiling_median_us']:>9.1f} {row['builder_median_us']:>10.1f}" if args.ascend else ""))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, results=rows), f, indent=1)

@@ -27,13 +27,20 @@ kernel columns are empty); ``--cpu-kernels`` runs the eager kernels in the Trito
 sizes only: it is slow).
 
 ``--fixed-batches 1,16,64,256`` replaces the trace by fixed batches (lengths uniform 512-8192, every
-length + 1 each step) and prints one table: ``plan()`` µs, replayed kernel µs, step µs, step / kernel
-(one step = ``plan()`` + copy lengths + graph replay, a graph-stable wrapper captured at that batch).
+length + 1 each step) and prints one table per batch: the host-planned graph (one step = ``plan()``
+(``make_plan`` + ``upload``) + copy lengths + graph replay, a graph-stable wrapper captured at that
+batch), the device-planned graph (``DecodeWrapper(device_plan=True, policy="size:S")``, ``S`` from
+``--device-split``; one step = copy lengths and query offsets + replay, no plan) and the eager path
+(``run()``'s host time with its launches, and its Python side alone with the launches stubbed out).
+
+``--points B1x16k,B16x8k,B64x2k`` compares, at fixed lengths, the host-planned graph (``--policy`` and
+``size:S``) with the device-planned graph (``size:S``): step and replay.
 
     python scripts/bench_serving.py --out results/serving                 # trace (GPU: everything)
     python scripts/bench_serving.py --fixed-batches 1,16,64,256 --out results/fixed
     python scripts/bench_serving.py --all --out results/serving           # both, one run
     python scripts/bench_serving.py --quick --out results/smoke            # smoke test (seconds on a CPU)
+    python scripts/bench_serving.py --fixed-batches 1,16,64,256 --points B1x16k,B16x8k,B64x2k --out results/r
 """
 
 from __future__ import annotations
@@ -211,6 +218,57 @@ class Graphed:
         return s, q
 
 
+class DeviceGraphed:
+    """A device-planned wrapper (``device_plan=True``, ``size:S``) captured at batch ``size``: a step
+    copies the lengths and query offsets into the graph's inputs and replays; nothing is planned."""
+
+    def __init__(self, rig: Rig, size: int, split: int, use_graph: bool):
+        self.rig, self.size = rig, size
+        r = rig.rows_per_req
+        a = rig.args
+        self.w = DecodeWrapper(a.hq, a.hkv, a.head_dim, a.page, dtype=rig.dtype, device=rig.device,
+                               policy=f"size:{split}", device_plan=True, max_q_len=r)
+        pin = rig.device.type == "cuda"
+        self.seq_host = torch.zeros(size, dtype=torch.int32, pin_memory=pin)
+        self.qsl_host = torch.arange(0, (size + 1) * r, r, dtype=torch.int32)
+        if pin:
+            self.qsl_host = self.qsl_host.pin_memory()
+        self.seq = self.seq_host.to(rig.device)
+        self.qsl = self.qsl_host.to(rig.device)
+        self.bt = rig.block_table[:size]
+        self.q = rig.q[:size * r] if rig.q is not None else None
+        self.graph = None
+        if use_graph:
+            self.seq.fill_(1024)
+            for _ in range(2):   # compile and warm up outside the capture
+                self.run()
+            torch.cuda.synchronize()
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.run()
+            torch.cuda.synchronize()
+
+    def run(self):
+        return self.w.run(self.q, self.rig.k, self.rig.v, self.bt, self.seq, self.qsl)
+
+    def step(self, seq, qsl) -> tuple[float, float | None, float]:
+        """Copy this step's lengths and query offsets, replay: ``(copy µs, replay µs or None, end clock)``."""
+        t0 = time.perf_counter()
+        self.seq_host.numpy()[:] = seq
+        self.qsl_host.numpy()[:] = qsl
+        self.seq.copy_(self.seq_host, non_blocking=True)
+        self.qsl.copy_(self.qsl_host, non_blocking=True)
+        t1 = time.perf_counter()
+        if self.graph is None:
+            return (t1 - t0) * 1e6, None, t1
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        self.graph.replay()
+        e1.record()
+        e1.synchronize()
+        return (t1 - t0) * 1e6, e0.elapsed_time(e1) * 1e3, time.perf_counter()
+
+
 def sizes_for(kind: str, max_batch: int) -> list[int]:
     """The captured batch sizes: ``max`` (one graph at the largest batch), ``vllm`` (1, 2, 4, then
     multiples of 8) or a comma-separated list."""
@@ -372,8 +430,69 @@ def run_trace(args, device, on_gpu):
                 steps=recs)
 
 
+def eager_python_us(rig: Rig, B: int, seq, ql, reps: int = 300) -> float:
+    """The Python side of an eager ``run()`` (checks, prepared launch arguments) with the two kernel
+    launches replaced by no-ops: median µs over ``reps`` calls of one planned wrapper."""
+    from cuda_ref import kernels
+
+    class _NoLaunch:
+        def __getitem__(self, grid):
+            return lambda *a, **k: None
+
+    r = rig.rows_per_req
+    w = rig.wrapper(False)
+    w.plan(seq, q_lens=ql)
+    dev = rig.device
+    q = rig.q[:B * r] if rig.q is not None else torch.zeros(B * r, rig.args.hq, rig.args.head_dim, dtype=rig.dtype)
+    kv = rig.k if rig.k is not None else torch.zeros(1, rig.args.page, rig.args.hkv, rig.args.head_dim,
+                                                     dtype=rig.dtype)
+    seq_d = torch.from_numpy(seq.astype(np.int32)).to(dev)
+    qsl_d = torch.arange(0, (B + 1) * r, r, dtype=torch.int32).to(dev)
+    args = (q, kv, kv, rig.block_table[:B], seq_d, qsl_d)
+    saved = kernels.split_kv_kernel, kernels.merge_kernel
+    kernels.split_kv_kernel = kernels.merge_kernel = _NoLaunch()
+    try:
+        xs = []
+        for i in range(reps + 20):
+            t0 = time.perf_counter()
+            w.run(*args)
+            if i >= 20:
+                xs.append((time.perf_counter() - t0) * 1e6)
+    finally:
+        kernels.split_kv_kernel, kernels.merge_kernel = saved
+    return float(np.median(xs))
+
+
+def eager_run(rig: Rig, w, B: int, seq, ql, on_gpu) -> tuple[float, float | None]:
+    """One eager ``run()`` of a wrapper planned for the batch: ``(host µs of the call, kernel µs by
+    CUDA events or None)``, the device idle before it."""
+    r = rig.rows_per_req
+    seq_d = torch.from_numpy(seq.astype(np.int32)).to(rig.device)
+    qsl_d = torch.arange(0, (B + 1) * r, r, dtype=torch.int32).to(rig.device)
+    args = (rig.q[:B * r], rig.k, rig.v, rig.block_table[:B], seq_d, qsl_d)
+    if on_gpu:
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+    t0 = time.perf_counter()
+    w.run(*args)
+    host_us = (time.perf_counter() - t0) * 1e6
+    if not on_gpu:
+        return host_us, None
+    e1.record()
+    e1.synchronize()
+    return host_us, e0.elapsed_time(e1) * 1e3
+
+
+FIXED_QUANTITIES = ("make_plan_us", "upload_us", "plan_us", "copy_us", "replay_us", "step_us", "step_over_kernel",
+                    "dev_copy_us", "dev_replay_us", "dev_step_us", "dev_step_over_kernel", "dev_step_over_host_replay",
+                    "eager_run_us", "eager_kernel_us")
+
+
 def run_fixed(args, device, on_gpu):
-    """Fixed batch sizes: graph-stable wrapper captured at B; one step = plan() + copy lengths + replay."""
+    """Fixed batch sizes: the host-planned graph (graph-stable wrapper captured at B; one step = plan()
+    + copy lengths + replay), the device-planned graph (one step = copy lengths and offsets + replay)
+    and the eager run()."""
     batches = [int(x) for x in args.fixed_batches.split(",")]
     lo, hi = 512, 8192
     steps = args.fixed_steps
@@ -382,39 +501,147 @@ def run_fixed(args, device, on_gpu):
     rows = []
     for B in batches:
         g = Graphed(rig, B, on_gpu)
+        dg = DeviceGraphed(rig, B, args.device_split, on_gpu)
+        eager = rig.wrapper(False)
         seq0 = np.random.default_rng(B).integers(lo, hi + 1, B)
         ql = np.full(B, args.spec + 1, np.int64)
+        qsl = np.concatenate([[0], np.cumsum(ql)]).astype(np.int32)
         recs = []
         for i in progress(range(args.warmup + steps), args.warmup + steps, f"B {B}"):
             seq = seq0 + i
             if on_gpu:
                 torch.cuda.synchronize()
+            # host-planned graph: plan() (the planner, then the upload), copy lengths, replay
             t0 = time.perf_counter()
-            g.w.plan(seq, q_lens=ql)   # the whole plan(): make_plan + the device plan's refresh
+            plan = g.w.plan_spec().make(seq, q_lens=ql)
             t1 = time.perf_counter()
+            g.w.set_plan(plan, validate=False)   # what plan() does after the planner
+            t2 = time.perf_counter()
             copy_us, replay_us, t3 = copy_and_replay(g, seq)
-            rec = dict(batch=B, plan_us=(t1 - t0) * 1e6, copy_us=copy_us, replay_us=replay_us,
-                       step_us=(t3 - t0) * 1e6)
+            rec = dict(batch=B, make_plan_us=(t1 - t0) * 1e6, upload_us=(t2 - t1) * 1e6, plan_us=(t2 - t0) * 1e6,
+                       copy_us=copy_us, replay_us=replay_us, step_us=(t3 - t0) * 1e6)
             rec["step_over_kernel"] = rec["step_us"] / replay_us if replay_us else None
+            # device-planned graph: copy lengths and query offsets, replay
+            if on_gpu:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            dcopy, dreplay, t3 = dg.step(seq, qsl)
+            rec.update(dev_copy_us=dcopy, dev_replay_us=dreplay, dev_step_us=(t3 - t0) * 1e6)
+            rec["dev_step_over_kernel"] = rec["dev_step_us"] / dreplay if dreplay else None
+            rec["dev_step_over_host_replay"] = rec["dev_step_us"] / replay_us if replay_us else None
+            # eager: a plain wrapper planned at the batch, run() outside any graph
+            rec.update(eager_run_us=None, eager_kernel_us=None)
+            if on_gpu:
+                eager.plan(seq, q_lens=ql)
+                rec["eager_run_us"], rec["eager_kernel_us"] = eager_run(rig, eager, B, seq, ql, on_gpu)
             if i >= args.warmup:
                 recs.append(rec)
-        s = summarize(recs)
-        rows.append(dict(batch=B, **{k: s[k] for k in ("plan_us", "copy_us", "replay_us", "step_us",
-                                                        "step_over_kernel")}, steps=len(recs)))
-        del g
+        s = {k: summarize_keys(recs, k) for k in FIXED_QUANTITIES}
+        rows.append(dict(batch=B, steps=len(recs), eager_python_us=eager_python_us(rig, B, seq0, ql), **s))
+        del g, dg
     config = dict(mode="fixed", batches=batches, lengths=f"uniform {lo}-{hi}, + 1 each step", steps=steps,
-                  warmup=args.warmup, spec=args.spec)
+                  warmup=args.warmup, spec=args.spec, device_split=args.device_split,
+                  block_table_tokens=rig.block_table.shape[1] * args.page)
     return dict(config=config, rows=rows)
+
+
+def parse_point(text: str) -> tuple[int, int]:
+    """``B16x8k`` -> ``(16, 8192)``."""
+    b, _, n = text.strip().upper().lstrip("B").partition("X")
+    mult = 1024 if n.endswith("K") else 1
+    return int(b), int(n.rstrip("K")) * mult
+
+
+def run_points(args, device, on_gpu):
+    """At fixed lengths ``BxL`` (every request L tokens + the step index): the host-planned graph with
+    ``--policy`` and with ``size:S``, and the device-planned graph (``size:S``); the block table as wide
+    as the longest request of the run (the device-planned grid covers it)."""
+    points = [parse_point(p) for p in args.points.split(",")]
+    steps = args.fixed_steps
+    out = []
+    for B, L in points:
+        max_len = L + steps + args.warmup + args.spec + 2
+        rig = Rig(args, device, B, max_len, with_kv=on_gpu)
+        ql = np.full(B, args.spec + 1, np.int64)
+        qsl = np.concatenate([[0], np.cumsum(ql)]).astype(np.int32)
+        row = dict(point=f"B{B}x{L}", batch=B, seq_len=L, block_table_tokens=rig.block_table.shape[1] * args.page)
+        policy = args.policy
+        for name, pol in (("host", policy), ("host_size", f"size:{args.device_split}")):
+            args.policy = pol
+            g = Graphed(rig, B, on_gpu)
+            recs = []
+            for i in range(args.warmup + steps):
+                seq = np.full(B, L + i, np.int64)
+                if on_gpu:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                g.w.plan(seq, q_lens=ql)
+                _, replay_us, t3 = copy_and_replay(g, seq)
+                if i >= args.warmup:
+                    recs.append(dict(step_us=(t3 - t0) * 1e6, replay_us=replay_us))
+            row[name] = dict(policy=pol, step_us=summarize_keys(recs, "step_us"),
+                             replay_us=summarize_keys(recs, "replay_us"))
+            del g
+        args.policy = policy
+        dg = DeviceGraphed(rig, B, args.device_split, on_gpu)
+        recs = []
+        for i in range(args.warmup + steps):
+            seq = np.full(B, L + i, np.int64)
+            if on_gpu:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            _, replay_us, t3 = dg.step(seq, qsl)
+            if i >= args.warmup:
+                recs.append(dict(step_us=(t3 - t0) * 1e6, replay_us=replay_us))
+        row["device"] = dict(policy=f"size:{args.device_split}", step_us=summarize_keys(recs, "step_us"),
+                             replay_us=summarize_keys(recs, "replay_us"))
+        out.append(row)
+        del dg, rig
+        if on_gpu:
+            torch.cuda.empty_cache()
+    return dict(config=dict(mode="points", steps=steps, warmup=args.warmup, spec=args.spec,
+                            device_split=args.device_split, policy=args.policy), rows=out)
+
+
+def summarize_keys(recs, k):
+    xs = [r[k] for r in recs if r.get(k) is not None]
+    return dict(p50=pct(xs, 50), p99=pct(xs, 99), mean=float(np.mean(xs)) if xs else None, n=len(xs))
 
 
 # --- reports ------------------------------------------------------------------------------------
 
 
 def fixed_table(res) -> list[str]:
-    lines = ["| B | plan() µs | replayed kernel µs | step µs | step / kernel |", "|---:|---:|---:|---:|---:|"]
+    p = lambda r, k, d=1: fmt(r[k]["p50"], d)  # noqa: E731
+    lines = ["Host-planned graph (policy as set) and device-planned graph (`size:S`), p50:", "",
+             "| B | make_plan µs | upload µs | plan() µs | copy µs | replayed kernel µs | step µs | step / kernel "
+             "| device-planned: copy µs | replay µs | step µs | step / its kernel | step / host-planned replay |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
-        lines.append(f"| {r['batch']} | {fmt(r['plan_us']['p50'])} | {fmt(r['replay_us']['p50'])} | "
-                     f"{fmt(r['step_us']['p50'])} | {fmt(r['step_over_kernel']['p50'], 2)} |")
+        lines.append(f"| {r['batch']} | {p(r, 'make_plan_us')} | {p(r, 'upload_us')} | {p(r, 'plan_us')} | "
+                     f"{p(r, 'copy_us')} | {p(r, 'replay_us')} | {p(r, 'step_us')} | {p(r, 'step_over_kernel', 2)} | "
+                     f"{p(r, 'dev_copy_us')} | {p(r, 'dev_replay_us')} | {p(r, 'dev_step_us')} | "
+                     f"{p(r, 'dev_step_over_kernel', 2)} | {p(r, 'dev_step_over_host_replay', 2)} |")
+    lines += ["", "Eager `run()` (a wrapper planned at the batch), p50:", "",
+              "| B | run() host µs (launches included) | its kernel µs | run() Python side µs (launches stubbed) |",
+              "|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        lines.append(f"| {r['batch']} | {p(r, 'eager_run_us')} | {p(r, 'eager_kernel_us')} | "
+                     f"{fmt(r['eager_python_us'])} |")
+    return lines
+
+
+def points_table(res) -> list[str]:
+    c = res["config"]
+    lines = [f"| point | block table tokens | host `{c['policy']}`: step / replay µs | host `size:{c['device_split']}`: "
+             f"step / replay µs | device `size:{c['device_split']}`: step / replay µs | device step / host "
+             f"`{c['policy']}` replay |", "|---|---:|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        cell = lambda k: f"{fmt(r[k]['step_us']['p50'])} / {fmt(r[k]['replay_us']['p50'])}"  # noqa: E731
+        hr = r["host"]["replay_us"]["p50"]
+        ratio = r["device"]["step_us"]["p50"] / hr if hr else None
+        lines.append(f"| {r['point']} | {r['block_table_tokens']:,} | {cell('host')} | {cell('host_size')} | "
+                     f"{cell('device')} | {fmt(ratio, 2)} |")
     return lines
 
 
@@ -471,6 +698,10 @@ def main(argv=None):
     ap.add_argument("--all", action="store_true", help="the trace and the fixed batches (1,16,64,256), one run")
     ap.add_argument("--fixed-batches", help="fixed-batch mode, e.g. 1,16,64,256 (no trace)")
     ap.add_argument("--fixed-steps", type=int, default=200, help="timed steps per fixed batch (default 200)")
+    ap.add_argument("--device-split", type=int, default=512,
+                    help="split length S of the device-planned graph (policy size:S; default 512)")
+    ap.add_argument("--points", help="fixed-length comparison of host- and device-planned graphs, e.g. "
+                                     "B1x16k,B16x8k,B64x2k")
     # trace
     ap.add_argument("--workload", choices=sorted(PRESETS), default="default",
                     help="named prompt / decode distributions: " + "; ".join(
@@ -537,10 +768,12 @@ def main(argv=None):
                                             "no graphs" + ("; eager kernels in the Triton interpreter"
                                                            if args.cpu_kernels else "; no kernels"))
     t_start = time.perf_counter()
-    if args.fixed_batches is None or args.all:
+    if (args.fixed_batches is None and not args.points) or args.all:
         result["trace"] = run_trace(args, device, on_gpu)
     if args.fixed_batches is not None:
         result["fixed"] = run_fixed(args, device, on_gpu)
+    if args.points:
+        result["points"] = run_points(args, device, on_gpu)
     result["wall_s"] = time.perf_counter() - t_start
 
     md = [f"# Serving-loop benchmark ({'GPU' if on_gpu else 'CPU, host parts only'})", "",
@@ -557,7 +790,13 @@ def main(argv=None):
         md += trace_table(result["trace"])
     if "fixed" in result:
         md += ["", "## Fixed batches (graph-stable, lengths uniform 512-8192; p50 over "
-                   f"{result['fixed']['config']['steps']} steps)", ""] + fixed_table(result["fixed"])
+                   f"{result['fixed']['config']['steps']} steps; device-planned `size:"
+                   f"{result['fixed']['config']['device_split']}`, block table "
+                   f"{result['fixed']['config']['block_table_tokens']:,} tokens)", ""] + fixed_table(result["fixed"])
+    if "points" in result:
+        md += ["", f"## Host- and device-planned graphs at fixed lengths (p50 over {result['points']['config']['steps']}"
+                   " steps; step = plan + copy + replay, device-planned: copy + replay)", ""]
+        md += points_table(result["points"])
     text = "\n".join(md) + "\n"
     print(text)
     if args.out:

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .devices import DeviceProfile, get_profile
-from .validation import check_plan_limits
+from . import validation as _limits
+from .validation import check_plan_limits, normalize_window
 
 POLICIES = ("auto", "fixed_size", "fixed_count", "none")
 
@@ -847,22 +848,25 @@ def _plan_small(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, poli
                 head_dim, kv_elem_bytes, window_left, min_split_tokens, max_splits, graph_stable,
                 max_work_items):
     """:func:`make_plan` for a small batch without a window, from Python ints; None where the general
-    path must plan (see above). Raises only what the general path raises first (device, policy)."""
-    if window_left is not None and window_left >= 0:
+    path must plan (see above). It plans only batches within every limit of
+    :func:`~splitkv_common.validation.check_plan_limits` (so :func:`make_plan` need not call it first
+    for them) and raises only what the general path raises first once those hold (device, policy)."""
+    if window_left is not None and (type(window_left) is not int or window_left != -1):
         return None
     if type(num_kv_heads) is not int or type(page_size) is not int or type(head_dim) is not int \
             or type(kv_elem_bytes) is not int or (num_q_heads is not None and type(num_q_heads) is not int):
+        return None
+    if not (0 < num_kv_heads <= _limits.MAX_KV_HEADS and 0 < page_size <= _limits.MAX_SEQ_LEN):
+        return None
+    if max_splits is not None and (type(max_splits) is not int or max_splits > _limits.MAX_WORK_ITEMS):
+        return None
+    if max_work_items is not None and type(max_work_items) is not int:
         return None
     seq = _int_list(seq_lens)
     if seq is None:
         return None
     B = len(seq)
     if B == 0 or B > _SMALL_B:
-        return None
-    prof = get_profile(device)
-    pol = _parse_policy(policy) if isinstance(policy, str) else SplitPolicy.parse(policy)
-    kind = pol.kind
-    if kind == "fixed_count" or page_size <= 0 or num_kv_heads <= 0:
         return None
     longest = max(seq)
     if min(seq) < 0 or longest >= _I32_LIMIT:
@@ -885,6 +889,13 @@ def _plan_small(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, poli
         qsl += itertools.accumulate(ql)
     T = qsl[-1]
     hkv = num_kv_heads
+    if T > _limits.MAX_QUERY_ROWS:
+        return None
+    prof = get_profile(device)
+    pol = _parse_policy(policy) if isinstance(policy, str) else SplitPolicy.parse(policy)
+    kind = pol.kind
+    if kind == "fixed_count":
+        return None
     hq = num_q_heads if num_q_heads is not None else hkv
     if hq <= 0 or hq % hkv or head_dim <= 0 or T >= _I32_LIMIT:
         return None
@@ -929,10 +940,12 @@ def _plan_small(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, poli
             return None
     R = sum(n)
     W = R * hkv
+    if W > _limits.MAX_WORK_ITEMS:
+        return None
     capacity = None
     if graph_stable:
         capacity = B * hkv * cap if max_work_items is None else int(max_work_items)
-        if W > capacity:
+        if W > capacity or capacity > _limits.MAX_WORK_ITEMS or T * cap > _limits.MAX_PARTIAL_SLOTS:
             return None
     # work items
     buf = _alloc_items(W, capacity)
@@ -1001,15 +1014,15 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
     policy's split length (``auto``: every candidate costed at once), each request's split length and
     range count under the cap, the work items, the partial slots.
     """
+    small = _plan_small(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, policy, device, num_q_heads,
+                        head_dim, kv_elem_bytes, window_left, min_split_tokens, max_splits, graph_stable,
+                        max_work_items)
+    if small is not None:   # planned only within the limits below
+        return small
     check_plan_limits(seq_lens, num_kv_heads=num_kv_heads, page_size=page_size, q_lens=q_lens,
                       query_start_loc=query_start_loc, policy=policy, window_left=window_left,
                       max_splits=max_splits, graph_stable=graph_stable, max_work_items=max_work_items,
                       default_max_splits=get_profile(device).max_splits)
-    small = _plan_small(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, policy, device, num_q_heads,
-                        head_dim, kv_elem_bytes, window_left, min_split_tokens, max_splits, graph_stable,
-                        max_work_items)
-    if small is not None:
-        return small
     batch = _check_inputs(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, policy, device,
                           num_q_heads, head_dim, min_split_tokens, max_splits)
     num_kv_heads = operator.index(num_kv_heads)   # a Python int from here (work-item counts, shifts)
@@ -1077,17 +1090,14 @@ class PlanSpec:
     def make(self, seq_lens, q_lens=None, query_start_loc=None, window_left: int | None = None) -> Plan:
         """Plan a batch: ``seq_lens [B]`` and optional ``q_lens [B]`` / ``query_start_loc [B + 1]``
         (host arrays); ``window_left`` None or ``-1`` for no window."""
-        from .validation import normalize_window
-
-        caps = dict(min_split_tokens=self.min_split_tokens, max_splits=self.max_splits,
-                    max_work_items=self.max_work_items)
         return make_plan(np.asarray(seq_lens), num_kv_heads=self.num_kv_heads, page_size=self.page_size,
                          q_lens=None if q_lens is None else np.asarray(q_lens),
                          query_start_loc=None if query_start_loc is None else np.asarray(query_start_loc),
                          policy=self.policy, device=self.device, num_q_heads=self.num_q_heads,
                          head_dim=self.head_dim, kv_elem_bytes=self.kv_elem_bytes,
-                         window_left=normalize_window(window_left), graph_stable=self.graph_stable,
-                         **{k: v for k, v in caps.items() if v is not None})
+                         window_left=None if window_left is None else normalize_window(window_left),
+                         graph_stable=self.graph_stable, min_split_tokens=self.min_split_tokens,
+                         max_splits=self.max_splits, max_work_items=self.max_work_items)
 
 
 class PlannedWrapper:

@@ -29,7 +29,7 @@ def load():
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("serving")
-    r = subprocess.run([sys.executable, SCRIPT, "--quick", "--all", "--out", str(out)], capture_output=True,
+    r = subprocess.run([sys.executable, SCRIPT, "--quick", "--all", "--points", "B2x1k", "--out", str(out)], capture_output=True,
                        text=True, timeout=300, cwd=ROOT, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert r.returncode == 0, r.stderr[-3000:]
     return out, r
@@ -64,9 +64,18 @@ def test_quick_run_writes_json_markdown_and_plot(quick_run):
     assert [row["batch"] for row in fx["rows"]] == [1, 4]
     for row in fx["rows"]:
         assert row["plan_us"]["p50"] > 0 and row["step_us"]["p50"] >= row["plan_us"]["p50"]
-        assert row["replay_us"]["p50"] is None
+        assert row["make_plan_us"]["p50"] > 0 and row["upload_us"]["p50"] > 0
+        assert row["replay_us"]["p50"] is None and row["dev_replay_us"]["p50"] is None
+        # the device-planned step copies lengths and offsets and plans nothing
+        assert 0 < row["dev_copy_us"]["p50"] <= row["dev_step_us"]["p50"]
+        assert row["eager_python_us"] > 0 and row["eager_run_us"]["n"] == 0
+    pt = res["points"]["rows"]
+    assert [(r["batch"], r["seq_len"]) for r in pt] == [(2, 1024)]
+    assert pt[0]["host"]["step_us"]["p50"] > 0 and pt[0]["device"]["step_us"]["p50"] > 0
+    assert pt[0]["host_size"]["policy"] == pt[0]["device"]["policy"] == "size:512"
     md = (out / "bench_serving.md").read_text()
-    assert "| B | plan() µs | replayed kernel µs | step µs | step / kernel |" in md
+    assert "| B | make_plan µs | upload µs | plan() µs | copy µs | replayed kernel µs | step µs |" in md
+    assert "run() Python side µs (launches stubbed)" in md and "| B2x1024 |" in md
     assert "host parts only" in md
 
 

@@ -1,0 +1,130 @@
+"""Plans made on the device (``DecodeWrapper(device_plan=True, policy="size:S")``), through the Triton
+interpreter: the same bits as the host's ``size:S`` plan, a "graph-like" reuse with new lengths and
+batch composition and no plan, batch invariance, and the host-side refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import cuda_ref  # noqa: E402  (selects the interpreter without a GPU: before anything imports triton)
+
+pytest.importorskip("triton")
+from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
+from splitkv_common.parity import accuracy, cases  # noqa: E402
+from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
+from splitkv_common.torch_io import to_torch  # noqa: E402
+
+DEVICE = "cpu" if cuda_ref.INTERPRET else "cuda"
+
+
+def _wrapper(inp, **kw):
+    T, Hq, D = inp.q.shape
+    _, page, Hkv, _ = inp.k_cache.shape
+    return DecodeWrapper(Hq, Hkv, D, page, dtype=inp.dtype, device=DEVICE, **kw)
+
+
+def _bits(t):
+    t = t.detach().cpu()
+    return (t.float() if t.dtype != torch.float32 else t).numpy().view(np.uint32).copy()
+
+
+def _host_planned(inp, x, split, **kw):
+    w = _wrapper(inp, policy=f"size:{split}", **kw)
+    w.plan(inp.seq_lens, query_start_loc=inp.query_start_loc)
+    out, lse = w.run(**x, scale=inp.scale)
+    return _bits(out), _bits(lse)
+
+
+def _judge(inp, out, lse):
+    ro, rl = dense_attention(inp)
+    return accuracy.check(out.float().cpu().numpy(), lse.cpu().numpy(), ro, rl, plain_attention(inp), inp.dtype)
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("lens, q_lens, split", [
+    ([70, 0, 5, 120, 33], [1, 2, 1, 3, 1], 16),      # ragged, an empty request, multi-query rows
+    ([0, 0, 16, 17, 1], None, 16),                    # lengths on and next to a split boundary
+    ([300, 9, 0], [2, 0, 1], 32),                     # a request without query rows
+    ([129], [4], 8),                                  # one request, many splits (more than a merge chunk)
+])
+def test_device_plan_matches_the_host_size_plan_bitwise(lens, q_lens, split, fuse):
+    inp = cases.random_inputs(7, lens, q_lens=q_lens, num_q_heads=8, num_kv_heads=2, head_dim=32, page_size=8,
+                              dtype="bfloat16")
+    x = to_torch(inp, DEVICE)
+    want = _host_planned(inp, x, split, fuse_merge=fuse)
+    # the packed query rows per program (BLOCK_M) follow the longest request: the host plan takes it
+    # from the batch, the device plan from max_q_len; the same tile gives the same bits
+    w = _wrapper(inp, policy=f"size:{split}", device_plan=True, fuse_merge=fuse, max_q_len=max(q_lens or [1]))
+    assert w.plan(inp.seq_lens) is None   # nothing to plan on the host
+    out, lse = w.run(**x, scale=inp.scale, validate=True)
+    np.testing.assert_array_equal(_bits(out), want[0])
+    np.testing.assert_array_equal(_bits(lse), want[1])
+    acc = _judge(inp, out, lse)
+    assert acc.passed, acc.reason
+
+
+def test_device_plan_replays_new_lengths_and_batches_without_a_plan():
+    # one wrapper, the device tensors refreshed in place (as before a graph replay): lengths, requests
+    # emptied and refilled, query rows moved between requests (same total), no plan() in between;
+    # at most 3 rows a request x 2 heads: one 16-row tile, as in every host plan compared with
+    inp = cases.random_inputs(3, [90, 40, 7, 64], q_lens=[1, 2, 1, 2], num_q_heads=4, num_kv_heads=2, head_dim=32,
+                              page_size=8, dtype="float16")
+    x = to_torch(inp, DEVICE)
+    w = _wrapper(inp, policy="size:16", device_plan=True, max_q_len=3)
+    out, lse = w.run(**x, scale=inp.scale)
+    ptrs = (out.data_ptr(), lse.data_ptr(), w.dplan.data.data_ptr(), w._buffers["part_o"].data_ptr())
+    rng = np.random.default_rng(5)
+    for q_lens in ([1, 2, 1, 2], [3, 0, 2, 1], [0, 3, 3, 0], [2, 2, 1, 1]):
+        lens = rng.integers(0, inp.seq_lens + 1).astype(np.int32)
+        lens[rng.integers(0, 4)] = 0
+        qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+        x["seq_lens"].copy_(torch.from_numpy(lens))
+        x["query_start_loc"].copy_(torch.from_numpy(qsl))
+        out.fill_(float("nan"))  # every row must be written again
+        out2, lse2 = w.run(**x, scale=inp.scale)
+        assert (out2.data_ptr(), lse2.data_ptr(), w.dplan.data.data_ptr(), w._buffers["part_o"].data_ptr()) == ptrs
+        new = dataclasses.replace(inp, seq_lens=lens, query_start_loc=qsl)
+        acc = _judge(new, out2, lse2)
+        assert acc.passed, acc.reason
+        want = _host_planned(new, x, 16)
+        np.testing.assert_array_equal(_bits(out2), want[0])
+        np.testing.assert_array_equal(_bits(lse2), want[1])
+
+
+def test_device_plan_is_batch_invariant():
+    target = cases.random_inputs(5, [150], num_q_heads=8, num_kv_heads=2, head_dim=32, dtype="bfloat16")
+    got = []
+    for before, after in (([], []), ([40, 0], [7]), ([], [300, 1, 99])):
+        lens = before + [150] + after
+        inp = cases.random_inputs(9, lens, num_q_heads=8, num_kv_heads=2, head_dim=32, dtype="bfloat16")
+        b = len(before)
+        q, k, v = inp.q.copy(), inp.k_cache.copy(), inp.v_cache.copy()
+        q[b] = target.q[0]
+        n = -(-150 // 16)
+        k[inp.block_table[b, :n]] = target.k_cache[target.block_table[0, :n]]
+        v[inp.block_table[b, :n]] = target.v_cache[target.block_table[0, :n]]
+        inp = dataclasses.replace(inp, q=q, k_cache=k, v_cache=v)
+        w = _wrapper(inp, policy="size:32", device_plan=True)
+        out, lse = w.run(**to_torch(inp, DEVICE), scale=inp.scale)
+        got.append((_bits(out)[b], _bits(lse)[b]))
+    for o, l in got[1:]:
+        np.testing.assert_array_equal(o, got[0][0])
+        np.testing.assert_array_equal(l, got[0][1])
+
+
+def test_device_plan_refusals():
+    inp = cases.random_inputs(2, [40, 20], q_lens=[9, 1], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8)
+    x = to_torch(inp, DEVICE)
+    with pytest.raises(ValueError, match="device_plan: needs policy size:S"):
+        _wrapper(inp, policy="auto", device_plan=True)
+    w = _wrapper(inp, policy="size:16", device_plan=True, max_q_len=2)   # one 16-row tile: 8 rows of 2 heads
+    with pytest.raises(ValueError, match="9 query rows; max_q_len allows 8"):
+        w.run(**x, validate=True)
+    with pytest.raises(ValueError, match="set_plan"):
+        w.set_plan(inp.plan("size:16"))
+    with pytest.raises(ValueError, match="window_left"):
+        w.run(**x, window_left=8)

@@ -1,0 +1,123 @@
+"""The host side of a decode step on the CPU: a plan's one-buffer upload (``PlanUploader``), its views,
+no reallocation across graph-stable steps, and ``run()``'s launches prepared once per signature."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import cuda_ref  # noqa: E402  (selects the interpreter without a GPU: before anything imports triton)
+
+pytest.importorskip("triton")
+from cuda_ref import launch  # noqa: E402
+from cuda_ref.launch import _FIELDS, DevicePlan, PlanUploader  # noqa: E402
+from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
+from splitkv_common.parity import cases  # noqa: E402
+from splitkv_common.plan import make_plan  # noqa: E402
+from splitkv_common.torch_io import to_torch  # noqa: E402
+
+DEVICE = "cpu" if cuda_ref.INTERPRET else "cuda"
+
+
+def _plans(graph_stable):
+    rng = np.random.default_rng(0)
+    for B in (1, 3, 17, 40, 2):
+        lens = rng.integers(0, 3000, B)
+        q_lens = rng.integers(1, 4, B)
+        yield make_plan(lens, num_kv_heads=2, page_size=16, q_lens=q_lens, policy="size:256" if B % 2 else "auto",
+                        num_q_heads=8, graph_stable=graph_stable, max_splits=16 if graph_stable else None)
+
+
+def _assert_views_hold(dp: DevicePlan, plan):
+    for f in _FIELDS:
+        np.testing.assert_array_equal(dp.view(f).cpu().numpy(), getattr(plan, f), err_msg=f)
+    assert (dp.num_items, dp.batch_size, dp.num_rows, dp.num_slots) == (
+        plan.num_items, plan.batch_size, plan.num_rows, plan.num_slots)
+
+
+def test_views_hold_the_plan_and_the_device_buffer_is_reused_while_large_enough():
+    up = PlanUploader(DEVICE)
+    sizes = []
+    for plan in _plans(False):
+        dp = up.upload(plan, group=4)
+        _assert_views_hold(dp, plan)
+        np.testing.assert_array_equal(dp.data.cpu().numpy(), np.concatenate(
+            [np.asarray(getattr(plan, f), np.int32) for f in _FIELDS]))
+        sizes.append(dp.data.numel())
+    # one device buffer that grows geometrically, one staging buffer (a ring of one off CUDA)
+    assert up.allocations <= 2 * (1 + sum(b > a for a, b in zip(sizes, sizes[1:])))
+    assert up.allocations < 2 * len(sizes)
+
+
+def test_graph_stable_steps_allocate_nothing_and_keep_the_views():
+    inp = cases.random_inputs(3, [70, 33, 5, 120], q_lens=[1, 2, 1, 3], num_q_heads=4, num_kv_heads=2,
+                              head_dim=32, page_size=8)
+    w = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16", graph_stable=True, max_splits=16)
+    for _ in range(w._uploader.ring):   # every staging buffer of the ring in use once
+        w.plan(inp.seq_lens, query_start_loc=inp.query_start_loc)
+    dp = w.dplan
+    views = {f: dp.view(f) for f in _FIELDS}
+    ptr, allocs, bufs = dp.data.data_ptr(), w._uploader.allocations, dict(w._buffers)
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        lens = rng.integers(0, inp.seq_lens + 1)
+        plan = w.plan(lens, query_start_loc=inp.query_start_loc)
+        assert w.dplan is dp and dp.data.data_ptr() == ptr
+        assert w._uploader.allocations == allocs
+        assert all(w._buffers[k] is v for k, v in bufs.items())
+        for f in _FIELDS:
+            assert dp.view(f) is views[f]
+        _assert_views_hold(dp, plan)
+
+
+def test_graph_stable_refresh_refuses_other_shapes():
+    w = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16", graph_stable=True, max_splits=8)
+    w.plan([10, 20])
+    with pytest.raises(ValueError, match="shapes changed under a graph-stable plan"):
+        w.plan([10, 20, 30])
+
+
+def test_pack_into_writes_the_fields_back_to_back():
+    for plan in _plans(True):
+        buf = np.full(DevicePlan.pack(plan).size + 3, -7, np.int32)
+        n = DevicePlan.pack_into(plan, buf)
+        assert n == buf.size - 3 and (buf[n:] == -7).all()
+        np.testing.assert_array_equal(buf[:n], np.concatenate([getattr(plan, f) for f in _FIELDS]))
+
+
+def test_run_prepares_its_launches_once_per_signature(monkeypatch):
+    inp = cases.random_inputs(4, [40, 9], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8)
+    w = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16")
+    x = to_torch(inp, DEVICE)
+    calls = []
+    real = launch.prepare_decode
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr("cuda_ref.wrapper.prepare_decode", counting)
+    w.plan(inp.seq_lens)
+    first = w.run(**x)[0].clone()
+    again = w.run(**x)[0]
+    assert len(calls) == 1 and torch.equal(first, again)
+    w.run(**x, soft_cap=30.0)             # another signature: prepared again
+    assert len(calls) == 2
+    w.plan([9, 40])                       # the same sizes (items, rows, slots): the same launch
+    w.run(**x)
+    assert len(calls) == 2
+    w.plan([16, 9])                       # fewer work items: prepared again
+    w.run(**x)
+    assert len(calls) == 3
+
+
+def test_graph_stable_staging_rewrites_only_the_valid_items_and_stays_exact():
+    # valid counts going down and up: the padding left in each staging buffer must be right each time
+    up = PlanUploader(DEVICE, ring=2)
+    out = None
+    for lens in ([3000, 2000, 10], [0, 0, 0], [5000, 4000, 3000], [17, 0, 900], [5000, 5000, 5000], [1, 1, 1]):
+        plan = make_plan(lens, num_kv_heads=2, page_size=16, policy="size:256", num_q_heads=8, graph_stable=True,
+                         max_splits=32)
+        out = up.upload(plan, group=4, out=out)
+        _assert_views_hold(out, plan)

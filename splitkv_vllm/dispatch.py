@@ -5,10 +5,13 @@ value is logged once and read as ``auto``):
 
 * ``ascend``: the Ascend C operator through :class:`ascend_ops.AscendDecodeWrapper` (the NPU
   kernel; on the CPU the operator's CPU kernel, used by the tests here).
+* ``triton``: the Triton kernels through :class:`cuda_ref.DecodeWrapper` (a CUDA GPU; on the CPU the
+  Triton interpreter, used by the tests here).
 * ``torch``: :func:`splitkv_common.torch_eager.decode_attention`, stock torch ops on any device.
 
-``auto`` picks ``ascend`` for NPU tensors when the operator can run there (torch_npu, an NPU, the
-built extension) and ``torch`` otherwise, saying once in the log why the operator was not used.
+``auto`` picks ``triton`` for CUDA tensors, ``ascend`` for NPU tensors when the operator can run there
+(torch_npu, an NPU, the built extension) and ``torch`` otherwise, saying once in the log why the
+operator was not used.
 Full-graph mode (graph-stable buffers refreshed in place) is :mod:`splitkv_vllm.graph`.
 """
 
@@ -53,6 +56,8 @@ def choose_impl(device: torch.device) -> str:
         return impl
     if device.type == "cpu":
         return "torch"
+    if device.type == "cuda":
+        return "triton"
     why = ascend_unavailable(device)
     if why:
         _warn_once(f"splitkv: the Ascend operator cannot run ({why}); using the torch split-then-merge path")
@@ -70,7 +75,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
         block_table: int32 ``[B, max_pages]``; seq_lens: ``[B]`` (host or device);
         query_start_loc: ``[B + 1]``; plan: the shared plan of this batch.
         out: optional ``[T, Hq, D]`` to write into.
-        impl: ``ascend`` / ``torch`` (default: :func:`choose_impl`).
+        impl: ``ascend`` / ``triton`` / ``torch`` (default: :func:`choose_impl`).
 
     Returns:
         ``(out [T, Hq, D] in q's dtype, lse [T, Hq] float32, natural log)``.
@@ -83,6 +88,15 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
         o, lse = ascend_ops.decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
                                              scale=scale, soft_cap=soft_cap, window_left=window_left, plan=plan,
                                              **quant)
+    elif impl == "triton":
+        from cuda_ref.wrapper import DecodeWrapper
+
+        Hq, D, page = q.shape[1], q.shape[2], k_cache.shape[1]
+        w = DecodeWrapper(Hq, k_cache.shape[2], D, page, dtype=q.dtype, kv_dtype=k_cache.dtype, device=q.device)
+        w.set_plan(plan, validate=False)  # the shared planner's plan of this step: valid by construction
+        dev = q.device
+        o, lse = w.run(q, k_cache, v_cache, block_table.to(dev), seq_lens.to(dev), query_start_loc.to(dev),
+                       scale=scale, soft_cap=soft_cap, window_left=window_left, **quant)
     elif impl == "torch":
         from splitkv_common.torch_eager import decode_attention as eager
 

@@ -4,9 +4,16 @@ A captured graph replays the same kernel launches on the same addresses, so ever
 changes (the plan, the lengths, the block table) must be rewritten in place, on the host, before
 the replay is enqueued:
 
-* :class:`GraphDecoder` keeps the graph-stable :class:`ascend_ops.AscendDecodeWrapper` s of one
-  captured graph size and a fixed block-table buffer; :meth:`GraphDecoder.refresh` plans the
-  step's padded batch and rewrites the buffers, :meth:`GraphDecoder.run` only enqueues kernels.
+* :class:`GraphDecoder` keeps the graph-stable wrappers of one captured graph size and a fixed
+  block-table buffer; :meth:`GraphDecoder.refresh` plans the step's padded batch and rewrites the
+  buffers, :meth:`GraphDecoder.run` only enqueues kernels.
+* With ``device_plan`` (``SPLITKV_VLLM_DEVICE_PLAN=1``) there is no plan per step: the kernels derive
+  the work of a fixed split size (``split_tokens``) from the lengths on the device, and
+  :meth:`GraphDecoder.refresh` only copies this step's lengths, query offsets and block table into
+  the fixed buffers. Routes: the Ascend operator with ``deviceSplitTokens``
+  (:class:`ascend_ops.AscendDecodeWrapper` ``device_split_tokens``) or the Triton kernels
+  (:class:`cuda_ref.wrapper.DecodeWrapper` ``device_plan``). Layers with a sliding window keep the
+  host plan (logged once).
 * :func:`refresh_graph_step` is the metadata builder's host step, :func:`prepare_graph` the eager
   warm-up that makes a layer's buffers, :func:`graph_unsupported` says why a capture stays on vLLM
   Ascend's path, and :func:`forward_graph` is the captured decode.
@@ -16,6 +23,7 @@ Eager (non-graph) decode is :mod:`splitkv_vllm.adapter` and :mod:`splitkv_vllm.d
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +34,9 @@ from splitkv_common.plan import Plan
 
 from . import settings
 from .adapter import LayerSpec, batch_unsupported, host_lengths, plan_options
+from .log import once
+
+ROUTES = ("ascend", "triton")
 
 
 @dataclass
@@ -42,6 +53,14 @@ class GraphDecoder:
     Per step: :meth:`refresh` (host, outside the graph, before the replay is enqueued) plans the
     padded batch and rewrites the buffers in place; :meth:`run` (captured once) only enqueues the
     kernels on those buffers.
+
+    ``route``: ``ascend`` (:class:`ascend_ops.AscendDecodeWrapper`) or ``triton``
+    (:class:`cuda_ref.wrapper.DecodeWrapper`). ``split_tokens > 0``: device planning for the layers
+    that allow it (:meth:`device_unsupported`): no plan per step, the kernels cut each request into
+    ``split_tokens``-token splits from the device ``seq_lens`` [max_reqs] int32 buffer. Each request
+    then has at most ``max_q_len`` query rows, fixed at the first refresh (the warm-up before the
+    capture); padding rows are regrouped into ``seq_len 0`` requests of at most that many rows, so a
+    uniform-decode graph has the same query offsets every step (the Ascend tiling holds them).
     """
 
     num_tokens: int
@@ -55,6 +74,15 @@ class GraphDecoder:
     _lengths: tuple | None = None  # (seq_lens [max_reqs], query_start_loc [max_reqs + 1]), host int32
     plans: dict = field(default_factory=dict)  # plan per (Hkv, page, Hq, D, kv bytes, window) of the last refresh
     captured: bool = False  # a graph was captured on these buffers (each later refresh precedes a replay)
+    route: str = "ascend"
+    split_tokens: int = 0   # > 0: device planning (tokens per split, fixed at capture)
+    max_q_len: int = 0      # device planning: query rows per request, fixed at the first refresh
+    seq_lens: torch.Tensor | None = None         # [max_reqs] int32 on the device (triton route / device plan)
+    query_start_loc: torch.Tensor | None = None  # [max_reqs + 1] int32 on the device
+
+    def __post_init__(self):
+        if self.route not in ROUTES:
+            raise ValueError(f"route: expected one of {ROUTES}, got {self.route!r}")
 
     @staticmethod
     def key(*, num_q_heads, num_kv_heads, head_dim, page_size, dtype, kv_dtype, scale, soft_cap, window_left) -> tuple:
@@ -69,26 +97,62 @@ class GraphDecoder:
 
         Host work and device copies: call it outside a graph capture (an eager warm-up step).
         """
-        from ascend_ops import AscendDecodeWrapper
-
         w = self.wrappers.get(key)
         if w is not None:
             return w
         hq, hkv, d, page, dtype, kv_dtype, scale, soft_cap, window_left = key
+        dev = k_cache.device
         if self.block_table is None:
-            self.block_table = torch.zeros((self.max_reqs, int(max_pages)), dtype=torch.int32, device=k_cache.device)
+            self.block_table = torch.zeros((self.max_reqs, int(max_pages)), dtype=torch.int32, device=dev)
         elif self.block_table.shape[1] != max_pages:
             raise ValueError(f"block_table: {max_pages} pages per request, this graph's buffer has "
                              f"{self.block_table.shape[1]}")
-        w = AscendDecodeWrapper(hq, hkv, d, page, dtype=dtype, kv_dtype=kv_dtype, device=k_cache.device,
-                                profile=self.profile, policy=self.policy, graph_stable=True,
-                                max_splits=self.max_splits, max_work_items=self.max_work_items)
-        w._splitkv_const = dict(scale=scale, soft_cap=soft_cap, window_left=window_left,
-                                max_pages=int(max_pages), num_pages=int(k_cache.shape[0]))
+        if self.seq_lens is None and (self.route == "triton" or self.split_tokens):
+            self.seq_lens = torch.zeros(self.max_reqs, dtype=torch.int32, device=dev)
+            self.query_start_loc = torch.zeros(self.max_reqs + 1, dtype=torch.int32, device=dev)
+        why = self.device_unsupported(key)
+        if self.split_tokens and why:
+            once(logging.WARNING, "splitkv: device_plan: a layer keeps the host plan in full graphs (%s)", why)
+        on_device = self.split_tokens > 0 and why is None
+        const = dict(scale=scale, soft_cap=soft_cap, window_left=window_left, max_pages=int(max_pages),
+                     num_pages=int(k_cache.shape[0]), device_plan=on_device)
+        if self.route == "triton":
+            from cuda_ref.wrapper import DecodeWrapper
+
+            if on_device:
+                w = DecodeWrapper(hq, hkv, d, page, dtype=dtype, kv_dtype=kv_dtype, device=dev,
+                                  policy=f"size:{self.split_tokens}", device_plan=True)
+            else:
+                w = DecodeWrapper(hq, hkv, d, page, dtype=dtype, kv_dtype=kv_dtype, device=dev, policy=self.policy,
+                                  graph_stable=True, max_splits=self.max_splits, max_work_items=self.max_work_items)
+        else:
+            from ascend_ops import AscendDecodeWrapper
+
+            if on_device:  # slots for the longest request the block table holds: the kernels cut at S x max_splits
+                S = self.split_tokens
+                w = AscendDecodeWrapper(hq, hkv, d, page, dtype=dtype, kv_dtype=kv_dtype, device=dev,
+                                        profile=self.profile, graph_stable=True, max_splits=-(-int(max_pages) * page // S),
+                                        device_split_tokens=S)
+            else:
+                w = AscendDecodeWrapper(hq, hkv, d, page, dtype=dtype, kv_dtype=kv_dtype, device=dev,
+                                        profile=self.profile, policy=self.policy, graph_stable=True,
+                                        max_splits=self.max_splits, max_work_items=self.max_work_items)
+        w._splitkv_const = const
         self.wrappers[key] = w
         if self._lengths is not None:
             self._set(key, w)
         return w
+
+    def device_unsupported(self, key: tuple) -> str | None:
+        """``None`` when the layers of ``key`` can plan on the device with ``split_tokens``, else why not."""
+        page, window_left = key[3], key[8]
+        if not self.split_tokens:
+            return "device_plan is off"
+        if window_left is not None:
+            return "sliding window: the device plan has none (the host plan skips the ranges before a window)"
+        if self.split_tokens % page:
+            return f"split_tokens {self.split_tokens} is not a multiple of the block size {page}"
+        return None
 
     def pad(self, seq_lens, query_start_loc) -> tuple[np.ndarray, np.ndarray]:
         """Host lengths of ``B <= max_reqs`` requests -> ``max_reqs`` requests (padding: no rows, seq_len 0)."""
@@ -107,6 +171,33 @@ class GraphDecoder:
         qsl_p[:B + 1] = qsl
         return sl_p, qsl_p
 
+    def layout(self, seq_lens, query_start_loc) -> tuple[np.ndarray, np.ndarray]:
+        """The padded lengths the buffers get: :meth:`pad`; with device planning the padding rows
+        (the trailing ``seq_len 0`` requests) are first regrouped into requests of at most
+        ``max_q_len`` rows (set here at the first call: the most rows of a request that has KV).
+
+        Raises ``ValueError`` (``max_q_len``) for a request with KV and more rows than that.
+        """
+        if not self.split_tokens:
+            return self.pad(seq_lens, query_start_loc)
+        sl = np.asarray(seq_lens, np.int64).reshape(-1)
+        qsl = np.asarray(query_start_loc, np.int64).reshape(-1)
+        q_lens = np.diff(qsl)
+        real = int(np.flatnonzero(sl)[-1]) + 1 if sl.any() else 0   # requests past it are padding
+        if not self.max_q_len:
+            self.max_q_len = max(1, int(q_lens[:real].max(initial=1)))
+        Q = self.max_q_len
+        if real and int(q_lens[:real].max()) > Q:
+            raise ValueError(f"max_q_len: a request has {int(q_lens[:real].max())} query rows; this graph's "
+                             f"device plan was captured with {Q}")
+        pad_rows = int(qsl[-1] - qsl[real])
+        pad_q = np.full(-(-pad_rows // Q), Q, np.int64)
+        if pad_q.size:
+            pad_q[-1] = pad_rows - Q * (pad_q.size - 1)
+        q_all = np.concatenate([q_lens[:real], pad_q])
+        sl_all = np.concatenate([sl[:real], np.zeros(pad_q.size, np.int64)])
+        return self.pad(sl_all, np.concatenate([[0], np.cumsum(q_all)]))
+
     def _plan_for(self, w) -> Plan:
         window_left = w._splitkv_const["window_left"]
         key = (w.plan_spec(), window_left)
@@ -117,9 +208,31 @@ class GraphDecoder:
 
     def _set(self, key, w) -> None:
         c = w._splitkv_const
+        if c["device_plan"]:
+            self._set_device(w)
+            return
         # the plan is fresh from the shared planner (_plan_for): valid by construction, not checked again
+        if self.route == "triton":
+            w.set_plan(self._plan_for(w), validate=False)
+            return
         w.set_plan(self._plan_for(w), scale=c["scale"], soft_cap=c["soft_cap"], window_left=c["window_left"],
                    max_pages=c["max_pages"], num_pages=c["num_pages"], validate=False)
+
+    def _set_device(self, w) -> None:
+        """Device planning: nothing per step on the Triton route; on the Ascend route the tiling is built
+        once (a plan of the padded layout with every length 0: the kernels read neither its items nor its
+        lengths) and the query offsets, which the tiling holds, must stay those of that first step."""
+        if self.route == "triton":
+            return
+        c = w._splitkv_const
+        sl, qsl = self._lengths
+        if w.host_plan is None:
+            w.plan(np.zeros_like(sl), query_start_loc=qsl, scale=c["scale"], soft_cap=c["soft_cap"],
+                   max_pages=c["max_pages"], num_pages=c["num_pages"])
+        elif not np.array_equal(w.host_plan.query_start_loc, qsl):
+            raise ValueError("query_start_loc: this step's query rows per request differ from the captured "
+                             f"graph's ({qsl.tolist()} vs {np.asarray(w.host_plan.query_start_loc).tolist()}); "
+                             "the Ascend device plan fixes them at capture")
 
     def refresh(self, seq_lens, query_start_loc, block_table: torch.Tensor) -> None:
         """Plan this step's padded batch and rewrite every buffer in place (host; outside the graph).
@@ -130,7 +243,7 @@ class GraphDecoder:
 
         Raises ``ValueError`` naming the bound (``max_reqs``, ``max_work_items``) a step exceeds.
         """
-        lengths = self.pad(seq_lens, query_start_loc)
+        lengths = self.layout(seq_lens, query_start_loc)
         old = (self._lengths, self.plans)
         self._lengths, self.plans = lengths, {}
         try:
@@ -146,6 +259,9 @@ class GraphDecoder:
                                  f"{self.block_table.shape[1]}")
             self.block_table[:B].copy_(block_table)
             self.block_table[B:].zero_()
+        if self.seq_lens is not None:  # the lengths the kernels read on the device (no plan from them)
+            self.seq_lens.copy_(torch.from_numpy(lengths[0]))
+            self.query_start_loc.copy_(torch.from_numpy(lengths[1]))
 
     def run(self, key: tuple, q, k_cache, v_cache, *, out=None):
         """The decode of the layers with constants ``key`` on the current buffers: ``(out, lse)``.
@@ -155,8 +271,15 @@ class GraphDecoder:
         """
         w = self.wrappers[key]
         c = w._splitkv_const
-        return w.run(q, k_cache, v_cache, self.block_table, scale=c["scale"], soft_cap=c["soft_cap"],
-                     window_left=c["window_left"], out=out)
+        if self.route == "triton":
+            o, lse = w.run(q, k_cache, v_cache, self.block_table, self.seq_lens, self.query_start_loc,
+                           scale=c["scale"], soft_cap=c["soft_cap"], window_left=c["window_left"])
+            if out is not None:
+                out.copy_(o)
+                return out, lse
+            return o, lse
+        return w.run(q, k_cache, v_cache, self.block_table, seq_lens=self.seq_lens if c["device_plan"] else None,
+                     scale=c["scale"], soft_cap=c["soft_cap"], window_left=c["window_left"], out=out)
 
 
 GRAPH_MAX_SPLITS_DEFAULT = 8
@@ -168,9 +291,21 @@ GRAPH_DECODERS: dict = {}
 def graph_options() -> dict:
     """Capacity of the graph-stable plans: ``graph_max_splits`` (``SPLITKV_VLLM_GRAPH_MAX_SPLITS``, 8) partial
     slots per query row, ``graph_max_work_items`` (``SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS``, default
-    ``max_reqs * Hkv * max_splits``, never exceeded). Malformed values are logged and replaced by the default."""
+    ``max_reqs * Hkv * max_splits``, never exceeded); ``split_tokens`` of device planning (0: off;
+    ``SPLITKV_VLLM_DEVICE_PLAN`` / ``SPLITKV_VLLM_SPLIT_TOKENS``). Malformed values are logged and
+    replaced by the default."""
     s = settings.current()
-    return dict(max_splits=s.graph_max_splits, max_work_items=s.graph_max_work_items)
+    return dict(max_splits=s.graph_max_splits, max_work_items=s.graph_max_work_items,
+                split_tokens=s.split_tokens if s.device_plan else 0)
+
+
+def graph_route(device) -> str:
+    """The wrappers of full graphs on ``device``: the ``impl`` setting (``ascend`` / ``triton``); ``auto``:
+    ``triton`` for CUDA tensors, else ``ascend`` (the NPU operator, or its CPU kernel)."""
+    impl = settings.current().impl
+    if impl in ROUTES:
+        return impl
+    return "triton" if torch.device(device).type == "cuda" else "ascend"
 
 
 # Which cudagraph modes put our op inside full graphs (vLLM Ascend at VLLM_ASCEND_REFERENCE).
@@ -228,7 +363,7 @@ def estimate_graph_bytes(*, num_q_heads: int, num_kv_heads: int, head_dim: int, 
     for n in sorted({int(x) for x in capture_sizes}):
         dec = GraphDecoder(num_tokens=n, max_reqs=n + 1, max_splits=opts["max_splits"],
                            max_work_items=opts["max_work_items"], profile=plan_options()["device"],
-                           policy=plan_options()["policy"])
+                           policy=plan_options()["policy"], split_tokens=opts["split_tokens"])
         key = GraphDecoder.key(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                                page_size=page_size, dtype=dtype, kv_dtype=kv_dtype, scale=scale, soft_cap=soft_cap,
                                window_left=window_left)
@@ -282,15 +417,17 @@ def graph_lengths(meta) -> tuple[np.ndarray, np.ndarray]:
     return qsl, sl
 
 
-def graph_decoder(group, meta, *, create: bool = False):
-    """The :class:`GraphDecoder` of this group and the step's padded size."""
+def graph_decoder(group, meta, *, device=None):
+    """The :class:`GraphDecoder` of this group and the step's padded size (made for ``device`` if new
+    and ``device`` is given, else ``None`` when there is none)."""
     n = int(meta.actual_seq_lengths_q[-1])
     dec = GRAPH_DECODERS.get((group, n))
-    if dec is None and create:
+    if dec is None and device is not None:
         opts = graph_options()
         dec = GraphDecoder(num_tokens=n, max_reqs=n + 1, max_splits=opts["max_splits"],
                            max_work_items=opts["max_work_items"], profile=plan_options()["device"],
-                           policy=plan_options()["policy"])
+                           policy=plan_options()["policy"], route=graph_route(device),
+                           split_tokens=opts["split_tokens"])
         GRAPH_DECODERS[(group, n)] = dec
     return dec
 
@@ -335,7 +472,7 @@ def prepare_graph(layer: LayerSpec, query, key_cache, meta) -> None:
         return
     if int(query.shape[0]) != int(meta.actual_seq_lengths_q[-1]):
         return
-    dec = graph_decoder(group, meta, create=True)
+    dec = graph_decoder(group, meta, device=key_cache.device)
     key = _graph_key(layer, query, key_cache)
     if dec.has(key):
         return

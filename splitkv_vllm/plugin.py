@@ -80,6 +80,13 @@ def operator_unavailable() -> str | None:
         return _OPERATOR[impl]
     if impl == "torch":
         why = None
+    elif impl == "triton":
+        try:
+            import cuda_ref.wrapper  # noqa: F401 - the Triton kernels (a GPU, or the interpreter)
+
+            why = None
+        except Exception as e:  # noqa: BLE001
+            why = f"cuda_ref does not import ({type(e).__name__}: {e})"
     else:
         try:
             from ascend_ops import runtime

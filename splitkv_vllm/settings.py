@@ -11,7 +11,7 @@ key                    environment variable                 default    meaning
 =====================  ===================================  =========  ==========================================
 enable                 SPLITKV_VLLM_ENABLE                  false      route decode-only steps through splitkv
 strict                 SPLITKV_VLLM_STRICT                  false      a missing piece raises instead of a warning
-impl                   SPLITKV_VLLM_IMPL                    auto       auto / ascend / torch
+impl                   SPLITKV_VLLM_IMPL                    auto       auto / ascend / triton / torch
 route_window_layers    SPLITKV_VLLM_WINDOW                  false      route sliding-window layers (not yet
                                                                        confirmed on a node; see docs)
 route_soft_cap         SPLITKV_VLLM_SOFT_CAP                false      route layers with a logits soft cap
@@ -20,6 +20,10 @@ graph_max_splits       SPLITKV_VLLM_GRAPH_MAX_SPLITS        8          full grap
 graph_max_work_items   SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS    (bound)    full graphs: work-item capacity
 reserve_graph_memory   SPLITKV_VLLM_RESERVE_GRAPH_MEMORY    true       hold the graph buffers' bytes during
                                                                        vLLM's memory profiling
+device_plan            SPLITKV_VLLM_DEVICE_PLAN             false      full graphs: the kernels plan from the
+                                                                       device lengths (no host plan per step)
+split_tokens           SPLITKV_VLLM_SPLIT_TOKENS            512        device_plan: the fixed split size (tokens,
+                                                                       a multiple of the block size)
 stats_dir              SPLITKV_VLLM_STATS_DIR               (none)     each worker writes its counters here
 =====================  ===================================  =========  ==========================================
 """
@@ -33,7 +37,7 @@ from dataclasses import dataclass, fields, replace
 from .log import once
 
 CONFIG_KEY = "splitkv"
-IMPLS = ("auto", "ascend", "torch")
+IMPLS = ("auto", "ascend", "triton", "torch")
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off", "")
 
@@ -49,6 +53,8 @@ class Settings:
     graph_max_splits: int = 8
     graph_max_work_items: int | None = None
     reserve_graph_memory: bool = True
+    device_plan: bool = False
+    split_tokens: int = 512
     stats_dir: str | None = None
 
 
@@ -57,7 +63,8 @@ ENV = {
     "route_window_layers": "SPLITKV_VLLM_WINDOW", "route_soft_cap": "SPLITKV_VLLM_SOFT_CAP",
     "policy": "SPLITKV_VLLM_POLICY", "graph_max_splits": "SPLITKV_VLLM_GRAPH_MAX_SPLITS",
     "graph_max_work_items": "SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS",
-    "reserve_graph_memory": "SPLITKV_VLLM_RESERVE_GRAPH_MEMORY", "stats_dir": "SPLITKV_VLLM_STATS_DIR",
+    "reserve_graph_memory": "SPLITKV_VLLM_RESERVE_GRAPH_MEMORY", "device_plan": "SPLITKV_VLLM_DEVICE_PLAN",
+    "split_tokens": "SPLITKV_VLLM_SPLIT_TOKENS", "stats_dir": "SPLITKV_VLLM_STATS_DIR",
 }
 DEFAULTS = Settings()
 
@@ -86,7 +93,7 @@ def _parse(key: str, value, source: str):
     if key == "impl":
         text = str(value).strip().lower() or "auto"
         return text if text in IMPLS else _bad(source, key, value, f"expected one of {IMPLS}")
-    if key in ("graph_max_splits", "graph_max_work_items"):
+    if key in ("graph_max_splits", "graph_max_work_items", "split_tokens"):
         if value is None or (isinstance(value, str) and not value.strip()):
             return default
         try:

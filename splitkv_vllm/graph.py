@@ -172,13 +172,14 @@ class GraphDecoder:
         return sl_p, qsl_p
 
     def layout(self, seq_lens, query_start_loc) -> tuple[np.ndarray, np.ndarray]:
-        """The padded lengths the buffers get: :meth:`pad`; with device planning the padding rows
-        (the trailing ``seq_len 0`` requests) are first regrouped into requests of at most
-        ``max_q_len`` rows (set here at the first call: the most rows of a request that has KV).
+        """The padded lengths the buffers get: :meth:`pad`; with device planning or on the Triton route
+        (whose launch packs the rows of the capture's longest request) the padding rows (the trailing
+        ``seq_len 0`` requests, e.g. vLLM Ascend's one dummy request) are first regrouped into requests
+        of at most ``max_q_len`` rows (set here at the first call: the most rows of a request with KV).
 
         Raises ``ValueError`` (``max_q_len``) for a request with KV and more rows than that.
         """
-        if not self.split_tokens:
+        if not self.split_tokens and self.route != "triton":
             return self.pad(seq_lens, query_start_loc)
         sl = np.asarray(seq_lens, np.int64).reshape(-1)
         qsl = np.asarray(query_start_loc, np.int64).reshape(-1)
@@ -219,10 +220,13 @@ class GraphDecoder:
                    max_pages=c["max_pages"], num_pages=c["num_pages"], validate=False)
 
     def _set_device(self, w) -> None:
-        """Device planning: nothing per step on the Triton route; on the Ascend route the tiling is built
+        """Device planning: nothing per step on the Triton route (``max_q_len`` is given to the wrapper
+        before its first run); on the Ascend route the tiling is built
         once (a plan of the padded layout with every length 0: the kernels read neither its items nor its
         lengths) and the query offsets, which the tiling holds, must stay those of that first step."""
         if self.route == "triton":
+            if w.max_q_len is None:  # before its first run (the capture): the launch packs this many rows
+                w.max_q_len = self.max_q_len
             return
         c = w._splitkv_const
         sl, qsl = self._lengths

@@ -281,3 +281,29 @@ def test_layout_regroups_padding_rows():
     assert qsl2.tolist() == qsl.tolist()
     with pytest.raises(ValueError, match="max_q_len"):
         dec.layout([500, 7], [0, 3, 8])
+
+
+def test_memory_estimate_covers_the_device_plan_slots(monkeypatch):
+    """The reserve held during vLLM's profiling is sized with the device plan's slots per row (every split
+    of the longest request the block table holds), more than the host plan's ``graph_max_splits``."""
+    kw = dict(num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, page_size=BLOCK, dtype=DT, kv_dtype=DT,
+              max_model_len=8192, capture_sizes=[4, 8])
+    host = graph.estimate_graph_bytes(**kw)
+    monkeypatch.setenv("SPLITKV_VLLM_DEVICE_PLAN", "1")
+    monkeypatch.setenv("SPLITKV_VLLM_SPLIT_TOKENS", "256")
+    device = graph.estimate_graph_bytes(**kw)
+    assert device > host, (device, host)   # 32 slots per row against 8
+
+
+def test_eager_steps_on_the_triton_route(monkeypatch):
+    """``impl=triton``: eager decode steps run the Triton kernels (interpreter here) on the step's host plan."""
+    e = device_env(monkeypatch, "triton")
+    meta, refs = step(e, [40, 500, 3])
+    meta.actual_seq_lengths_q = [1, 2, 3]                  # 3 tokens: not a graph size, an eager step
+    meta.seq_lens_list = meta.seq_lens_list[:3]
+    e.builder.build(0, meta)
+    for impl, out in zip(e.layers, e.outputs):
+        impl.forward_impl(e.query[:3], None, None, tuple(e.caches), meta, out)
+    assert graph.GRAPH_DECODERS == {} and [i.splitkv_routed_steps for i in e.layers] == [1, 1]
+    for out, ref in zip(e.outputs, refs):
+        assert np.abs(out[:3].view(3, HQ, D).float().numpy() - dense_attention(ref)[0]).max() < 2e-3

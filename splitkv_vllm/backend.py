@@ -22,7 +22,8 @@ marks each step's metadata; an eager step of a graph size (vLLM's warm-up before
 makes the fixed buffers of that size (:class:`splitkv_vllm.graph.GraphDecoder`); the capture
 (``_EXTRA_CTX.capturing``) records our kernels on those buffers; and before every later step of that
 size the builder re-plans the padded batch and rewrites the buffers in place (host, on the current
-stream, before the runner enqueues the replay). vLLM Ascend's own ``update_graph_params`` has nothing
+stream, before the runner enqueues the replay; with ``device_plan`` it makes no plan and only copies
+the step's lengths, offsets and block table). vLLM Ascend's own ``update_graph_params`` has nothing
 of ours to update. A capture that cannot use the buffers (no warm-up, a draft model,
 ``impl=torch``) goes to the parent, as before. The buffers' bytes are reserved while vLLM loads the
 model (so its memory profile counts them) and handed back just before the buffers are made.

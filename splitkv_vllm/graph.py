@@ -76,7 +76,7 @@ class GraphDecoder:
     captured: bool = False  # a graph was captured on these buffers (each later refresh precedes a replay)
     route: str = "ascend"
     split_tokens: int = 0   # > 0: device planning (tokens per split, fixed at capture)
-    max_q_len: int = 0      # device planning: query rows per request, fixed at the first refresh
+    max_q_len: int = 0      # query rows per request (device plan, triton route); 0: fixed at the first refresh
     seq_lens: torch.Tensor | None = None         # [max_reqs] int32 on the device (triton route / device plan)
     query_start_loc: torch.Tensor | None = None  # [max_reqs + 1] int32 on the device
 
@@ -240,6 +240,7 @@ class GraphDecoder:
 
     def refresh(self, seq_lens, query_start_loc, block_table: torch.Tensor) -> None:
         """Plan this step's padded batch and rewrite every buffer in place (host; outside the graph).
+        Device-planned wrappers get no plan: only the lengths, query offsets and block table are copied.
 
         ``seq_lens`` ``[B]`` and ``query_start_loc`` ``[B + 1]`` are host lengths (padding requests
         already given ``seq_len 0``); ``block_table`` ``[B, max_pages]`` int32 on the device is copied
@@ -421,6 +422,14 @@ def graph_lengths(meta) -> tuple[np.ndarray, np.ndarray]:
     return qsl, sl
 
 
+def speculative_rows(group) -> int:
+    """Query rows per request of a uniform-decode step, ``1 + num_speculative_tokens``, from the builder's
+    vLLM config (0 when it has none: the warm-up step decides, :meth:`GraphDecoder.layout`)."""
+    spec = getattr(getattr(group, "vllm_config", None), "speculative_config", None)
+    k = getattr(spec, "num_speculative_tokens", None)
+    return 1 + int(k) if isinstance(k, int) and k > 0 else 0
+
+
 def graph_decoder(group, meta, *, device=None):
     """The :class:`GraphDecoder` of this group and the step's padded size (made for ``device`` if new
     and ``device`` is given, else ``None`` when there is none)."""
@@ -431,7 +440,7 @@ def graph_decoder(group, meta, *, device=None):
         dec = GraphDecoder(num_tokens=n, max_reqs=n + 1, max_splits=opts["max_splits"],
                            max_work_items=opts["max_work_items"], profile=plan_options()["device"],
                            policy=plan_options()["policy"], route=graph_route(device),
-                           split_tokens=opts["split_tokens"])
+                           split_tokens=opts["split_tokens"], max_q_len=speculative_rows(group))
         GRAPH_DECODERS[(group, n)] = dec
     return dec
 

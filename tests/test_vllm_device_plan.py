@@ -14,6 +14,7 @@ no step after the capture makes a plan. What does not run here: an NPU, a GPU, a
 from __future__ import annotations
 
 import logging
+import types
 
 import numpy as np
 import pytest
@@ -217,6 +218,8 @@ def test_speculative_rows_fixed_at_capture(monkeypatch, planner_spy, route):
     """Two query rows per request (one speculative token): max_q_len is fixed by the warm-up; replays
     with other request counts keep it; a step with more rows is a clear error in build()."""
     e = device_env(monkeypatch, route)
+    e.builder.vllm_config.speculative_config = types.SimpleNamespace(num_speculative_tokens=1)
+    assert graph.speculative_rows(e.builder) == 2
     dec, replay = warm_up_and_capture(e, monkeypatch, q_len=2)
     assert dec.max_q_len == 2
     planner_spy.clear()

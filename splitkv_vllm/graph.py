@@ -130,8 +130,9 @@ class GraphDecoder:
 
             if on_device:  # slots for the longest request the block table holds: the kernels cut at S x max_splits
                 S = self.split_tokens
+                slots = -(-int(max_pages) * page // S)
                 w = AscendDecodeWrapper(hq, hkv, d, page, dtype=dtype, kv_dtype=kv_dtype, device=dev,
-                                        profile=self.profile, graph_stable=True, max_splits=-(-int(max_pages) * page // S),
+                                        profile=self.profile, graph_stable=True, max_splits=slots,
                                         device_split_tokens=S)
             else:
                 w = AscendDecodeWrapper(hq, hkv, d, page, dtype=dtype, kv_dtype=kv_dtype, device=dev,

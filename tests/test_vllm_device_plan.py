@@ -70,9 +70,10 @@ def step(e, seq_lens, *, q_len=1, pad="uniform"):
         sl = list(seq_lens) + [1] * (len(qsl) - 1 - B)
     bt = bt[:len(qsl) - 1]
     sl_t = torch.tensor(sl, dtype=torch.int32)
-    meta = AscendMetadata(attn_state=AscendAttentionState.DecodeOnly if q_len == 1 else AscendAttentionState.SpecDecoding,
-                          num_actual_tokens=real, num_decode_tokens=real, num_prefills=0, num_decodes=len(sl),
-                          seq_lens=sl_t, seq_lens_cpu=sl_t, seq_lens_list=sl, actual_seq_lengths_q=[int(x) for x in qsl[1:]],
+    state = AscendAttentionState.DecodeOnly if q_len == 1 else AscendAttentionState.SpecDecoding
+    meta = AscendMetadata(attn_state=state, num_actual_tokens=real, num_decode_tokens=real, num_prefills=0,
+                          num_decodes=len(sl), seq_lens=sl_t, seq_lens_cpu=sl_t, seq_lens_list=sl,
+                          actual_seq_lengths_q=[int(x) for x in qsl[1:]],
                           query_start_loc=torch.tensor(qsl, dtype=torch.int32), max_query_len=q_len,
                           block_tables=torch.from_numpy(bt.copy()), causal=True)
     refs = [DecodeInputs(e.query[:real].float().numpy(), *(c.float().numpy() for c in e.caches), bt[:B].copy(),

@@ -16,6 +16,7 @@ import triton
 from splitkv_common.plan import Plan
 
 from . import kernels
+from .fast_launch import FastLaunch, describe
 
 # index of each int32 array inside a packed device plan (see DevicePlan.pack)
 _FIELDS = ("item_request", "item_kv_head", "item_split", "item_kv_start", "item_kv_end",
@@ -322,36 +323,60 @@ class DecodeLaunch:
     """Everything :func:`launch_decode` derives from the shapes, strides, dtypes, scalars and the
     plan's sizes, computed once (:func:`prepare_decode`): the grid, the kernel's scalar arguments
     (scale, window, strides, bounds) and constexprs, and the merge's. Valid for any call whose
-    tensors have the same signature and whose device plan has the same sizes."""
+    tensors have the same signature and whose device plan has the same sizes.
+
+    After its first call each launch goes through the compiled kernel's own launcher
+    (:mod:`cuda_ref.fast_launch`) where that was checked to reproduce Triton's launch; :attr:`fast`
+    says which path runs and why."""
 
     grid: "tuple | None"          # stage 1's grid; None: no stage-1 launch (no items or no rows)
     scalars: tuple                # the kernel's arguments after its tensors
     constexprs: dict
     fuse_merge: bool
     merge: "MergeLaunch | None"   # the separate merge; None: none (fused, or one split everywhere)
+    stage1: "FastLaunch | None" = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.grid is not None and self.stage1 is None:
+            self.stage1 = FastLaunch(kernels.split_kv_kernel, self.grid, (None,) * _STAGE1_TENSORS + self.scalars,
+                                     tuple(range(_STAGE1_TENSORS)), self.constexprs)
+
+    @property
+    def fast(self) -> dict:
+        """``{"fast": True / False / None (not launched yet), "reason": ..., "slow_calls": ...}``
+        over this launch's kernels (:func:`cuda_ref.fast_launch.describe`)."""
+        return describe([self.stage1, self.merge.call if self.merge is not None else None])
+
+    def tensors(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan, out, lse,
+                part_o, part_lse, counters=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
+                errors=None) -> tuple:
+        """Stage 1's tensor arguments, in the kernel's order (absent ones replaced by ``seq_lens``)."""
+        dummy = seq_lens
+        if dplan.split_size:
+            items = (dummy,) * 6
+        else:
+            v = dplan.view
+            items = (v("item_request"), v("item_kv_head"), v("item_split"), v("item_kv_start"),
+                     v("item_kv_end"), v("num_splits"))
+        return (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *items, dplan.view("row_slot_start"),
+                part_o, part_lse, out, lse, counters if self.fuse_merge else dummy,
+                errors if errors is not None else dummy,
+                k_scale if k_scale is not None else dummy, v_scale if v_scale is not None else dummy,
+                k_offset if k_offset is not None else dummy, v_offset if v_offset is not None else dummy)
 
     def launch(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan, out, lse,
                part_o, part_lse, counters=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
                errors=None) -> None:
         """The launches, with this call's tensors (of the signature it was prepared for)."""
-        dummy = seq_lens
-        if self.grid is not None:
-            if dplan.split_size:
-                items = (dummy,) * 6
-            else:
-                v = dplan.view
-                items = (v("item_request"), v("item_kv_head"), v("item_split"), v("item_kv_start"),
-                         v("item_kv_end"), v("num_splits"))
-            kernels.split_kv_kernel[self.grid](
-                q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *items, dplan.view("row_slot_start"),
-                part_o, part_lse, out, lse, counters if self.fuse_merge else dummy,
-                errors if errors is not None else dummy,
-                k_scale if k_scale is not None else dummy, v_scale if v_scale is not None else dummy,
-                k_offset if k_offset is not None else dummy, v_offset if v_offset is not None else dummy,
-                *self.scalars, **self.constexprs)
+        if self.stage1 is not None:
+            self.stage1(*self.tensors(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan, out, lse,
+                                      part_o, part_lse, counters, k_scale, v_scale, k_offset, v_offset, errors))
         if self.merge is not None:
             ns = seq_lens if dplan.split_size else dplan.view("row_num_splits")
             self.merge.launch(part_o, part_lse, out, lse, dplan.view("row_slot_start"), ns, seq_lens, query_start_loc)
+
+
+_STAGE1_TENSORS = 23  # tensor arguments of kernels.split_kv_kernel (DecodeLaunch.tensors)
 
 
 def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan,
@@ -433,16 +458,24 @@ def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, 
 
 @dataclass
 class MergeLaunch:
-    """:func:`launch_merge`'s grid, scalar arguments and constexprs, computed once (:func:`prepare_merge`)."""
+    """:func:`launch_merge`'s grid, scalar arguments and constexprs, computed once (:func:`prepare_merge`);
+    ``call`` launches it (:class:`cuda_ref.fast_launch.FastLaunch`)."""
 
     grid: tuple
     strides: tuple                # the arguments between the tensors and seq_lens / query_start_loc
     tail: tuple                   # the arguments after them
     constexprs: dict
+    call: "FastLaunch | None" = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.call is None:
+            n = len(self.strides)
+            positional = (None,) * 6 + self.strides + (None, None) + self.tail
+            self.call = FastLaunch(kernels.merge_kernel, self.grid, positional, (0, 1, 2, 3, 4, 5, 6 + n, 7 + n),
+                                   self.constexprs)
 
     def launch(self, part_o, part_lse, out, lse, row_slot_start, row_num_splits, seq_lens, query_start_loc):
-        kernels.merge_kernel[self.grid](part_o, part_lse, out, lse, row_slot_start, row_num_splits, *self.strides,
-                                        seq_lens, query_start_loc, *self.tail, **self.constexprs)
+        self.call(part_o, part_lse, out, lse, row_slot_start, row_num_splits, seq_lens, query_start_loc)
 
 
 def prepare_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,

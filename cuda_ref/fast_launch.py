@@ -3,8 +3,9 @@
 ``kernel[grid](*args, **constexprs)`` binds the arguments, computes the specialization key, looks the
 compiled kernel up and builds launch metadata on every call (~95 µs of host time a launch on a slow,
 virtualised host). A launch whose grid, scalars and constexprs were fixed once (:class:`FastLaunch`)
-takes that path on its first call only (which compiles or finds the kernel), checks there that it
-can reproduce what Triton passed, and from then on calls ``CompiledKernel.run`` itself::
+binds its first call with Triton's own binder and finds the kernel by Triton's cache key (launching
+normally first when the kernel is not compiled yet), checks that its own arguments equal Triton's,
+and from then on calls ``CompiledKernel.run`` itself::
 
     run(grid_x, grid_y, grid_z, stream, function, packed_metadata, launch_metadata,
         enter_hook, exit_hook, *every_parameter_in_order)
@@ -147,6 +148,8 @@ class FastLaunch:
         return vals
 
     def __call__(self, *tensors) -> None:
+        if self._run is None and self.fast is None and self._first(tensors):
+            return  # launched normally
         run = self._run
         if run is not None:
             ptrs = [t.data_ptr() for t in tensors]
@@ -156,36 +159,54 @@ class FastLaunch:
                     None, None, None, *self.values(ptrs))
                 return
             self.slow_calls += 1
-        ret = self.fn[self.grid](*self.arguments(tensors), **self.kwargs)
-        if self.fast is None:
-            self._setup(ret, tensors)
+        self._normal(tensors)
+
+    def _normal(self, tensors):
+        return self.fn[self.grid](*self.arguments(tensors), **self.kwargs)
 
     def _off(self, reason: str) -> None:
         self.fast, self.reason, self._run = False, reason, None
 
-    def _setup(self, compiled, tensors: tuple) -> None:
-        """After the first (normal) launch: check that the fast call reproduces it, else stay off."""
+    def _first(self, tensors: tuple) -> bool:
+        """The first call's check; ``True`` when it launched (normally). Where Triton's cache already
+        holds the kernel this call binds to (another prepared launch of the same specialization
+        compiled it), the fast path is set up from it at once and the caller launches; otherwise the
+        call launches normally (compiling the kernel) and the check follows. Any surprise leaves the
+        fast path off (``reason``); the launch is always made."""
         why = switched_off()
         if why is not None:
-            return self._off(why)
+            self._normal(tensors)
+            self._off(why)
+            return True
         try:
-            self._check_and_keep(compiled, tensors)
+            if self._check_and_keep(None, tensors):
+                return False  # decided from the cache: the caller launches (fast, or normally if off)
         except Exception as e:  # any surprise in Triton's internals: the normal path, always correct
             self._off(f"check failed: {type(e).__name__}: {e}")
+            return False
+        compiled = self._normal(tensors)
+        try:
+            self._check_and_keep(compiled, tensors)
+        except Exception as e:
+            self._off(f"check failed: {type(e).__name__}: {e}")
+        if self.fast is None:
+            self._off("no compiled kernel after the first launch")
+        return True
 
-    def _check_and_keep(self, compiled, tensors: tuple) -> None:
+    def _check_and_keep(self, compiled, tensors: tuple) -> bool:
+        """Bind this call with Triton's own binder and find its kernel by Triton's cache key; with
+        ``compiled`` (what the first launch returned) it must be that one. ``False``: the cache has no
+        kernel for the call yet (``compiled`` None only). ``True``: decided: the fast path is set up,
+        or off with a reason."""
         from triton import knobs
         from triton.runtime.jit import compute_cache_key
 
         if len(tensors) != len(self.tensor_slots):
-            return self._off(f"{len(tensors)} tensors, prepared for {len(self.tensor_slots)}")
-        if hasattr(compiled, "result"):  # a compile future
-            compiled = compiled.result()
-        for attr in ("run", "function", "packed_metadata", "src"):
-            if not hasattr(compiled, attr):
-                return self._off(f"the launch returned no compiled kernel (no {attr})")
+            self._off(f"{len(tensors)} tensors, prepared for {len(self.tensor_slots)}")
+            return True
         if getattr(knobs.runtime, "add_stages_inspection_hook", None) is not None:
-            return self._off("a stages inspection hook changes the cache key")
+            self._off("a stages inspection hook changes the cache key")
+            return True
         args = self.arguments(tensors)
         ours = bound_values(self.fn.params, tuple(args), self.kwargs)
         # what JITFunction.run binds for this call, and the kernel its cache key finds
@@ -197,24 +218,43 @@ class FastLaunch:
         bound, specialization, options = binder(*args, **kw)
         diff = same_arguments(ours, list(bound.values()), self.tensor_slots)
         if diff is not None:
-            return self._off(f"arguments differ from Triton's: {diff}")
-        if kernel_cache.get(compute_cache_key(key_cache, specialization, options)) is not compiled:
-            return self._off("the cache key does not find the launched kernel")
+            self._off(f"arguments differ from Triton's: {diff}")
+            return True
+        cached = kernel_cache.get(compute_cache_key(key_cache, specialization, options))
+        if compiled is None:
+            if cached is None or hasattr(cached, "result"):  # not compiled yet, or a compile future
+                return False
+            compiled = cached
+        else:
+            if hasattr(compiled, "result"):
+                compiled = compiled.result()
+            if cached is not compiled:
+                self._off("the cache key does not find the launched kernel")
+                return True
+        for attr in ("run", "function", "packed_metadata", "src"):
+            if not hasattr(compiled, attr):
+                self._off(f"no compiled kernel (no {attr})")
+                return True
         signature = getattr(compiled.src, "signature", None)
         if signature is None or len(signature) != len(ours):
-            return self._off(f"the launcher expects {None if signature is None else len(signature)} "
-                             f"arguments, not {len(ours)}")
-        run, function = compiled.run, compiled.function
+            self._off(f"the launcher expects {None if signature is None else len(signature)} "
+                      f"arguments, not {len(ours)}")
+            return True
+        run = compiled.run  # loads the module on first use
+        function = compiled.function
         if not callable(run) or not function:
-            return self._off("the compiled kernel has no launcher or function handle")
+            self._off("the compiled kernel has no launcher or function handle")
+            return True
         self._stream = torch._C._cuda_getCurrentRawStream
         self._function, self._packed = function, compiled.packed_metadata
-        self._values = [None if i in set(self.tensor_slots) else v for i, v in enumerate(ours)]  # no tensor kept
+        slots = set(self.tensor_slots)
+        self._values = [None if i in slots else v for i, v in enumerate(ours)]  # no tensor kept
         self._tail = tuple(ours[len(tensors):])
         self._aligned = [not (t.data_ptr() & 15) for t in tensors]
         self._device = device
         self.fast, self.reason = True, f"Triton {triton.__version__}: the compiled kernel's launcher"
         self._run = run
+        return True
 
 
 def describe(launches) -> dict:

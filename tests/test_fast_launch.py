@@ -160,6 +160,26 @@ def test_stage1_values_match_what_triton_binds(gpu_free, monkeypatch, variant):
     assert expected[names.index("DEVICE_PLAN")] is False
 
 
+def test_a_launch_of_a_compiled_specialization_is_fast_from_its_first_call(gpu_free):
+    prep, call = _decode_launch()
+    fake = _FakeJIT(kernels.split_kv_kernel)
+    tensors = prep.tensors(*call)
+    first = fast_launch.FastLaunch(fake, prep.grid, prep.stage1.positional, prep.stage1.tensor_slots, prep.constexprs)
+    first(*tensors)
+    assert first.fast and len(fake.normal_launches) == 1 and not fake.compiled.calls
+    # another prepared launch (another grid) of the same kernel specialization: found in the cache
+    grid = (prep.grid[0] + 5, prep.grid[1])
+    other = fast_launch.FastLaunch(fake, grid, prep.stage1.positional, prep.stage1.tensor_slots, prep.constexprs)
+    other(*tensors)
+    assert other.fast and len(fake.normal_launches) == 1 and len(fake.compiled.calls) == 1
+    assert fake.compiled.calls[0][:3] == (*grid, 1)
+    # another specialization (another constexpr): not compiled yet, so launched normally first
+    third = fast_launch.FastLaunch(fake, grid, prep.stage1.positional, prep.stage1.tensor_slots,
+                                   {**prep.constexprs, "BOUNDS": False})
+    third(*tensors)
+    assert third.fast and len(fake.normal_launches) == 2 and len(fake.compiled.calls) == 1
+
+
 def test_merge_values_match_what_triton_binds_with_tensors_between_scalars(gpu_free):
     prep, call = _decode_launch()
     m = prep.merge

@@ -29,13 +29,26 @@ by the first call's check.
 from __future__ import annotations
 
 import os
+from functools import reduce
+from operator import or_
 
 import torch
 import triton
 
+try:
+    from triton import knobs as _knobs
+except ImportError:  # a Triton without knobs: not a checked version, the fast path stays off
+    _knobs = None
+
+_data_ptr = torch.Tensor.data_ptr
 ENV = "SPLITKV_FAST_LAUNCH"
 # Triton releases whose JITFunction.run -> CompiledKernel.run convention was read (see the module doc)
 CHECKED_VERSIONS = ("3.6.", "3.7.")
+
+
+def interpreting() -> bool:
+    """Triton's interpreter is selected (``TRITON_INTERPRET=1``): kernels run on the CPU."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def switched_off() -> "str | None":
@@ -44,7 +57,7 @@ def switched_off() -> "str | None":
     wrappers."""
     if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return f"{ENV}=0"
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if interpreting():
         return "interpreter (TRITON_INTERPRET=1)"
     if not str(triton.__version__).startswith(CHECKED_VERSIONS):
         return f"Triton {triton.__version__}: launcher convention not checked (only {', '.join(CHECKED_VERSIONS)}x)"
@@ -53,8 +66,9 @@ def switched_off() -> "str | None":
 
 def hooks_idle() -> bool:
     """True when no launch hook would run: Triton's hooks are ``None`` or empty hook chains."""
-    from triton import knobs
-    rt = knobs.runtime
+    if _knobs is None:
+        return False
+    rt = _knobs.runtime
     for hook in (rt.launch_enter_hook, rt.launch_exit_hook):
         if hook is not None and getattr(hook, "calls", True):
             return False
@@ -126,6 +140,7 @@ class FastLaunch:
         self._values: list = []   # every parameter's value, tensors' slots included (replaced per call)
         self._tail: tuple = ()    # with leading tensors: the values after them
         self._aligned: list = []  # per tensor: 16-byte aligned at the first call
+        self._all_aligned = False
         self._device = -1
         self._stream = None
 
@@ -152,9 +167,11 @@ class FastLaunch:
             return  # launched normally
         run = self._run
         if run is not None:
-            ptrs = [t.data_ptr() for t in tensors]
-            if ([not (p & 15) for p in ptrs] == self._aligned and hooks_idle()
-                    and torch.cuda.current_device() == self._device and not self.fn.pre_run_hooks):
+            ptrs = list(map(_data_ptr, tensors))
+            same_alignment = (not (reduce(or_, ptrs) & 15) if self._all_aligned
+                              else [not (p & 15) for p in ptrs] == self._aligned)
+            if (same_alignment and hooks_idle() and torch.cuda.current_device() == self._device
+                    and not self.fn.pre_run_hooks):
                 run(self._g0, self._g1, self._g2, self._stream(self._device), self._function, self._packed,
                     None, None, None, *self.values(ptrs))
                 return
@@ -251,6 +268,7 @@ class FastLaunch:
         self._values = [None if i in slots else v for i, v in enumerate(ours)]  # no tensor kept
         self._tail = tuple(ours[len(tensors):])
         self._aligned = [not (t.data_ptr() & 15) for t in tensors]
+        self._all_aligned = all(self._aligned)
         self._device = device
         self.fast, self.reason = True, f"Triton {triton.__version__}: the compiled kernel's launcher"
         self._run = run

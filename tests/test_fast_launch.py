@@ -95,7 +95,7 @@ class _FakeJIT:
 @pytest.fixture
 def gpu_free(monkeypatch):
     """The fast path's device calls, answered without a GPU (device 0, stream handle 77)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(fast_launch, "interpreting", lambda: False)
     monkeypatch.setenv(fast_launch.ENV, "1")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 77, raising=False)

@@ -115,14 +115,15 @@ class FastLaunch:
     arguments except the tensors, and ``kwargs`` (constexprs by name and launch options).
     ``positional``: the positional arguments, whatever stands at the ``tensor_slots`` (the
     positions of the tensors, ascending) being replaced by each call's tensors. Call it with the
-    tensors in slot order.
+    tensors in slot order. ``enabled=False``: always the normal launch (a launch made once).
 
     ``fast``: ``None`` before the first call, then ``True`` (later calls use the compiled kernel's
     launcher) or ``False`` (every call is ``fn[grid](...)``); ``reason`` says why.
     ``slow_calls`` counts the calls after the first that took the normal path anyway."""
 
-    def __init__(self, fn, grid: tuple, positional: tuple, tensor_slots: tuple, kwargs: dict):
+    def __init__(self, fn, grid: tuple, positional: tuple, tensor_slots: tuple, kwargs: dict, enabled: bool = True):
         self.fn = fn
+        self.enabled = enabled    # False: always the normal launch (a one-off launch gains nothing)
         self.grid = tuple(grid)
         self.positional = tuple(positional)
         self.tensor_slots = tuple(tensor_slots)
@@ -190,7 +191,7 @@ class FastLaunch:
         compiled it), the fast path is set up from it at once and the caller launches; otherwise the
         call launches normally (compiling the kernel) and the check follows. Any surprise leaves the
         fast path off (``reason``); the launch is always made."""
-        why = switched_off()
+        why = switched_off() if self.enabled else "a one-off launch"
         if why is not None:
             self._normal(tensors)
             self._off(why)

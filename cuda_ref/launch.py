@@ -307,13 +307,14 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
     stage-1 program fits on the GPU at once (at most two per multiprocessor) stage 1 also lets the
     merge launch as soon as it starts, so the merge's launch is hidden behind stage 1's work.
     Neither changes any arithmetic. This is :func:`prepare_decode` then :meth:`DecodeLaunch.launch`;
-    a caller that launches the same shapes again keeps the :class:`DecodeLaunch`.
+    a caller that launches the same shapes again keeps the :class:`DecodeLaunch` (whose launches then
+    take the fast path of :mod:`cuda_ref.fast_launch`; this one-off launch takes Triton's normal one).
     """
     prep = prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan, out, lse, part_o,
                           part_lse, counters, scale=scale, soft_cap=soft_cap, window_left=window_left,
                           k_scale=k_scale, v_scale=v_scale, k_offset=k_offset, v_offset=v_offset, config=config,
                           fuse_merge=fuse_merge, interpret=interpret, merge=merge, batch_invariant=batch_invariant,
-                          pdl=pdl, errors=errors)
+                          pdl=pdl, errors=errors, fast_path=False)
     prep.launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan, out, lse, part_o, part_lse,
                 counters, k_scale, v_scale, k_offset, v_offset, errors)
 
@@ -334,12 +335,13 @@ class DecodeLaunch:
     constexprs: dict
     fuse_merge: bool
     merge: "MergeLaunch | None"   # the separate merge; None: none (fused, or one split everywhere)
+    fast_path: bool = True        # False: always Triton's normal launch (a launch made once)
     stage1: "FastLaunch | None" = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         if self.grid is not None and self.stage1 is None:
             self.stage1 = FastLaunch(kernels.split_kv_kernel, self.grid, (None,) * _STAGE1_TENSORS + self.scalars,
-                                     tuple(range(_STAGE1_TENSORS)), self.constexprs)
+                                     tuple(range(_STAGE1_TENSORS)), self.constexprs, enabled=self.fast_path)
 
     @property
     def fast(self) -> dict:
@@ -383,8 +385,11 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
                    out, lse, part_o, part_lse, counters=None, *, scale: float, soft_cap=None, window_left=None,
                    k_scale=None, v_scale=None, k_offset=None, v_offset=None, config: KernelConfig | None = None,
                    fuse_merge: bool = False, interpret: bool = False, merge: bool = True,
-                   batch_invariant: bool = True, pdl: bool | None = None, errors=None) -> DecodeLaunch:
-    """:func:`launch_decode`'s host work without the launches (see there for the arguments)."""
+                   batch_invariant: bool = True, pdl: bool | None = None, errors=None,
+                   fast_path: bool = True) -> DecodeLaunch:
+    """:func:`launch_decode`'s host work without the launches (see there for the arguments).
+    ``fast_path``: the launches may take :mod:`cuda_ref.fast_launch` after their first call (for a
+    caller that keeps the :class:`DecodeLaunch`); False: Triton's normal launch each call."""
     T, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
     group = Hq // Hkv
@@ -429,9 +434,9 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
     if with_merge:
         ns = seq_lens if dplan.split_size else dplan.view("row_num_splits")
         merge_prep = prepare_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), ns, skip_single=True,
-                                   num_warps=cfg.merge_warps, pdl=pdl,
+                                   num_warps=cfg.merge_warps, pdl=pdl, fast_path=fast_path,
                                    device_plan=(batch, dplan.split_size, dplan.max_splits) if dplan.split_size else None)
-    return DecodeLaunch(grid, scalars, constexprs, fuse_merge, merge_prep)
+    return DecodeLaunch(grid, scalars, constexprs, fuse_merge, merge_prep, fast_path)
 
 
 def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,
@@ -450,7 +455,7 @@ def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, 
     are left as they are."""
     dp = device_plan[2:] if device_plan is not None else None
     m = prepare_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, slot_step=slot_step,
-                      skip_single=skip_single, num_warps=num_warps, pdl=pdl, device_plan=dp)
+                      skip_single=skip_single, num_warps=num_warps, pdl=pdl, device_plan=dp, fast_path=False)
     if m is not None:
         seq_lens, qsl = device_plan[:2] if device_plan is not None else (row_num_splits, row_num_splits)
         m.launch(part_o, part_lse, out, lse, row_slot_start, row_num_splits, seq_lens, qsl)
@@ -465,6 +470,7 @@ class MergeLaunch:
     strides: tuple                # the arguments between the tensors and seq_lens / query_start_loc
     tail: tuple                   # the arguments after them
     constexprs: dict
+    fast_path: bool = True
     call: "FastLaunch | None" = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
@@ -472,7 +478,7 @@ class MergeLaunch:
             n = len(self.strides)
             positional = (None,) * 6 + self.strides + (None, None) + self.tail
             self.call = FastLaunch(kernels.merge_kernel, self.grid, positional, (0, 1, 2, 3, 4, 5, 6 + n, 7 + n),
-                                   self.constexprs)
+                                   self.constexprs, enabled=self.fast_path)
 
     def launch(self, part_o, part_lse, out, lse, row_slot_start, row_num_splits, seq_lens, query_start_loc):
         self.call(part_o, part_lse, out, lse, row_slot_start, row_num_splits, seq_lens, query_start_loc)
@@ -480,9 +486,9 @@ class MergeLaunch:
 
 def prepare_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,
                   skip_single: bool = False, num_warps: int = 1, pdl: bool = False,
-                  device_plan=None) -> "MergeLaunch | None":
+                  device_plan=None, fast_path: bool = True) -> "MergeLaunch | None":
     """:func:`launch_merge` without the launch (None: nothing to merge); ``device_plan = (batch,
-    split_size, max_splits)``."""
+    split_size, max_splits)``; ``fast_path`` as :func:`prepare_decode`'s."""
     if device_plan is not None:
         batch, split_size, max_splits = device_plan
         T = min(out.shape[0], lse.shape[0], row_slot_start.shape[0])
@@ -500,4 +506,4 @@ def prepare_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *,
     tail = (batch, split_size, max_splits, max(batch - 1, 0).bit_length())
     constexprs = dict(HEAD_DIM=D, BLOCK_D=block_d, SKIP_SINGLE=skip_single, CHUNK=merge_chunk(block_d),
                       WAIT_PRIMARY=pdl, DEVICE_PLAN=device_plan is not None, num_warps=num_warps, **extra)
-    return MergeLaunch((T, H), strides, tail, constexprs)
+    return MergeLaunch((T, H), strides, tail, constexprs, fast_path)

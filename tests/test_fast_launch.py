@@ -254,3 +254,15 @@ def test_bound_values_names_a_parameter_without_value():
     with pytest.raises(ValueError, match="HEAD_DIM"):
         fast_launch.bound_values(fake.params, (None,) * 22, {})
     assert np.all([p.name for p in fake.params][:2] == ["PART_O", "PART_LSE"])
+
+
+def test_one_off_launches_take_the_normal_launch(gpu_free):
+    prep, call = _decode_launch()
+    fake = _FakeJIT(kernels.split_kv_kernel)
+    fl = fast_launch.FastLaunch(fake, prep.grid, prep.stage1.positional, prep.stage1.tensor_slots, prep.constexprs,
+                                enabled=False)
+    tensors = prep.tensors(*call)
+    fl(*tensors)
+    fl(*tensors)
+    assert fl.fast is False and "one-off" in fl.reason and len(fake.normal_launches) == 2
+    assert prep.stage1.enabled and prep.merge.call.enabled  # prepared launches (the wrapper's) may be fast

@@ -16,6 +16,7 @@ import triton
 from splitkv_common.plan import Plan
 
 from . import kernels
+from .fast_launch import FastLaunch, describe
 
 # index of each int32 array inside a packed device plan (see DevicePlan.pack)
 _FIELDS = ("item_request", "item_kv_head", "item_split", "item_kv_start", "item_kv_end",
@@ -306,13 +307,14 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
     stage-1 program fits on the GPU at once (at most two per multiprocessor) stage 1 also lets the
     merge launch as soon as it starts, so the merge's launch is hidden behind stage 1's work.
     Neither changes any arithmetic. This is :func:`prepare_decode` then :meth:`DecodeLaunch.launch`;
-    a caller that launches the same shapes again keeps the :class:`DecodeLaunch`.
+    a caller that launches the same shapes again keeps the :class:`DecodeLaunch` (whose launches then
+    take the fast path of :mod:`cuda_ref.fast_launch`; this one-off launch takes Triton's normal one).
     """
     prep = prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan, out, lse, part_o,
                           part_lse, counters, scale=scale, soft_cap=soft_cap, window_left=window_left,
                           k_scale=k_scale, v_scale=v_scale, k_offset=k_offset, v_offset=v_offset, config=config,
                           fuse_merge=fuse_merge, interpret=interpret, merge=merge, batch_invariant=batch_invariant,
-                          pdl=pdl, errors=errors)
+                          pdl=pdl, errors=errors, fast_path=False)
     prep.launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan, out, lse, part_o, part_lse,
                 counters, k_scale, v_scale, k_offset, v_offset, errors)
 
@@ -322,44 +324,72 @@ class DecodeLaunch:
     """Everything :func:`launch_decode` derives from the shapes, strides, dtypes, scalars and the
     plan's sizes, computed once (:func:`prepare_decode`): the grid, the kernel's scalar arguments
     (scale, window, strides, bounds) and constexprs, and the merge's. Valid for any call whose
-    tensors have the same signature and whose device plan has the same sizes."""
+    tensors have the same signature and whose device plan has the same sizes.
+
+    After its first call each launch goes through the compiled kernel's own launcher
+    (:mod:`cuda_ref.fast_launch`) where that was checked to reproduce Triton's launch; :attr:`fast`
+    says which path runs and why."""
 
     grid: "tuple | None"          # stage 1's grid; None: no stage-1 launch (no items or no rows)
     scalars: tuple                # the kernel's arguments after its tensors
     constexprs: dict
     fuse_merge: bool
     merge: "MergeLaunch | None"   # the separate merge; None: none (fused, or one split everywhere)
+    fast_path: bool = True        # False: always Triton's normal launch (a launch made once)
+    stage1: "FastLaunch | None" = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.grid is not None and self.stage1 is None:
+            self.stage1 = FastLaunch(kernels.split_kv_kernel, self.grid, (None,) * _STAGE1_TENSORS + self.scalars,
+                                     tuple(range(_STAGE1_TENSORS)), self.constexprs, enabled=self.fast_path)
+
+    @property
+    def fast(self) -> dict:
+        """``{"fast": True / False / None (not launched yet), "reason": ..., "slow_calls": ...}``
+        over this launch's kernels (:func:`cuda_ref.fast_launch.describe`)."""
+        return describe([self.stage1, self.merge.call if self.merge is not None else None])
+
+    def tensors(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan, out, lse,
+                part_o, part_lse, counters=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
+                errors=None) -> tuple:
+        """Stage 1's tensor arguments, in the kernel's order (absent ones replaced by ``seq_lens``)."""
+        dummy = seq_lens
+        if dplan.split_size:
+            items = (dummy,) * 6
+        else:
+            v = dplan.view
+            items = (v("item_request"), v("item_kv_head"), v("item_split"), v("item_kv_start"),
+                     v("item_kv_end"), v("num_splits"))
+        return (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *items, dplan.view("row_slot_start"),
+                part_o, part_lse, out, lse, counters if self.fuse_merge else dummy,
+                errors if errors is not None else dummy,
+                k_scale if k_scale is not None else dummy, v_scale if v_scale is not None else dummy,
+                k_offset if k_offset is not None else dummy, v_offset if v_offset is not None else dummy)
 
     def launch(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan, out, lse,
                part_o, part_lse, counters=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
                errors=None) -> None:
         """The launches, with this call's tensors (of the signature it was prepared for)."""
-        dummy = seq_lens
-        if self.grid is not None:
-            if dplan.split_size:
-                items = (dummy,) * 6
-            else:
-                v = dplan.view
-                items = (v("item_request"), v("item_kv_head"), v("item_split"), v("item_kv_start"),
-                         v("item_kv_end"), v("num_splits"))
-            kernels.split_kv_kernel[self.grid](
-                q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *items, dplan.view("row_slot_start"),
-                part_o, part_lse, out, lse, counters if self.fuse_merge else dummy,
-                errors if errors is not None else dummy,
-                k_scale if k_scale is not None else dummy, v_scale if v_scale is not None else dummy,
-                k_offset if k_offset is not None else dummy, v_offset if v_offset is not None else dummy,
-                *self.scalars, **self.constexprs)
+        if self.stage1 is not None:
+            self.stage1(*self.tensors(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan, out, lse,
+                                      part_o, part_lse, counters, k_scale, v_scale, k_offset, v_offset, errors))
         if self.merge is not None:
             ns = seq_lens if dplan.split_size else dplan.view("row_num_splits")
             self.merge.launch(part_o, part_lse, out, lse, dplan.view("row_slot_start"), ns, seq_lens, query_start_loc)
+
+
+_STAGE1_TENSORS = 23  # tensor arguments of kernels.split_kv_kernel (DecodeLaunch.tensors)
 
 
 def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan,
                    out, lse, part_o, part_lse, counters=None, *, scale: float, soft_cap=None, window_left=None,
                    k_scale=None, v_scale=None, k_offset=None, v_offset=None, config: KernelConfig | None = None,
                    fuse_merge: bool = False, interpret: bool = False, merge: bool = True,
-                   batch_invariant: bool = True, pdl: bool | None = None, errors=None) -> DecodeLaunch:
-    """:func:`launch_decode`'s host work without the launches (see there for the arguments)."""
+                   batch_invariant: bool = True, pdl: bool | None = None, errors=None,
+                   fast_path: bool = True) -> DecodeLaunch:
+    """:func:`launch_decode`'s host work without the launches (see there for the arguments).
+    ``fast_path``: the launches may take :mod:`cuda_ref.fast_launch` after their first call (for a
+    caller that keeps the :class:`DecodeLaunch`); False: Triton's normal launch each call."""
     T, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
     group = Hq // Hkv
@@ -404,9 +434,9 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
     if with_merge:
         ns = seq_lens if dplan.split_size else dplan.view("row_num_splits")
         merge_prep = prepare_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), ns, skip_single=True,
-                                   num_warps=cfg.merge_warps, pdl=pdl,
+                                   num_warps=cfg.merge_warps, pdl=pdl, fast_path=fast_path,
                                    device_plan=(batch, dplan.split_size, dplan.max_splits) if dplan.split_size else None)
-    return DecodeLaunch(grid, scalars, constexprs, fuse_merge, merge_prep)
+    return DecodeLaunch(grid, scalars, constexprs, fuse_merge, merge_prep, fast_path)
 
 
 def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,
@@ -425,7 +455,7 @@ def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, 
     are left as they are."""
     dp = device_plan[2:] if device_plan is not None else None
     m = prepare_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, slot_step=slot_step,
-                      skip_single=skip_single, num_warps=num_warps, pdl=pdl, device_plan=dp)
+                      skip_single=skip_single, num_warps=num_warps, pdl=pdl, device_plan=dp, fast_path=False)
     if m is not None:
         seq_lens, qsl = device_plan[:2] if device_plan is not None else (row_num_splits, row_num_splits)
         m.launch(part_o, part_lse, out, lse, row_slot_start, row_num_splits, seq_lens, qsl)
@@ -433,23 +463,32 @@ def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, 
 
 @dataclass
 class MergeLaunch:
-    """:func:`launch_merge`'s grid, scalar arguments and constexprs, computed once (:func:`prepare_merge`)."""
+    """:func:`launch_merge`'s grid, scalar arguments and constexprs, computed once (:func:`prepare_merge`);
+    ``call`` launches it (:class:`cuda_ref.fast_launch.FastLaunch`)."""
 
     grid: tuple
     strides: tuple                # the arguments between the tensors and seq_lens / query_start_loc
     tail: tuple                   # the arguments after them
     constexprs: dict
+    fast_path: bool = True
+    call: "FastLaunch | None" = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.call is None:
+            n = len(self.strides)
+            positional = (None,) * 6 + self.strides + (None, None) + self.tail
+            self.call = FastLaunch(kernels.merge_kernel, self.grid, positional, (0, 1, 2, 3, 4, 5, 6 + n, 7 + n),
+                                   self.constexprs, enabled=self.fast_path)
 
     def launch(self, part_o, part_lse, out, lse, row_slot_start, row_num_splits, seq_lens, query_start_loc):
-        kernels.merge_kernel[self.grid](part_o, part_lse, out, lse, row_slot_start, row_num_splits, *self.strides,
-                                        seq_lens, query_start_loc, *self.tail, **self.constexprs)
+        self.call(part_o, part_lse, out, lse, row_slot_start, row_num_splits, seq_lens, query_start_loc)
 
 
 def prepare_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,
                   skip_single: bool = False, num_warps: int = 1, pdl: bool = False,
-                  device_plan=None) -> "MergeLaunch | None":
+                  device_plan=None, fast_path: bool = True) -> "MergeLaunch | None":
     """:func:`launch_merge` without the launch (None: nothing to merge); ``device_plan = (batch,
-    split_size, max_splits)``."""
+    split_size, max_splits)``; ``fast_path`` as :func:`prepare_decode`'s."""
     if device_plan is not None:
         batch, split_size, max_splits = device_plan
         T = min(out.shape[0], lse.shape[0], row_slot_start.shape[0])
@@ -467,4 +506,4 @@ def prepare_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *,
     tail = (batch, split_size, max_splits, max(batch - 1, 0).bit_length())
     constexprs = dict(HEAD_DIM=D, BLOCK_D=block_d, SKIP_SINGLE=skip_single, CHUNK=merge_chunk(block_d),
                       WAIT_PRIMARY=pdl, DEVICE_PLAN=device_plan is not None, num_warps=num_warps, **extra)
-    return MergeLaunch((T, H), strides, tail, constexprs)
+    return MergeLaunch((T, H), strides, tail, constexprs, fast_path)

@@ -107,6 +107,7 @@ class DecodeWrapper(PlannedWrapper):
         self._num_pages = 0   # num_pages of the last run's cache (for check_errors' message)
         self._uploader = PlanUploader(self.device)
         self._launches: dict = {}   # prepared launches by (checked signature, plan shape)
+        self.last_launch = None  # the DecodeLaunch of the last run(); .fast: which launch path it took
         self.device_plan = bool(device_plan)
         self.max_q_len = None if max_q_len is None else int(max_q_len)
         if self.device_plan:
@@ -223,6 +224,7 @@ class DecodeWrapper(PlannedWrapper):
                 self._launches[lkey] = prep
         prep.launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dp, b["out"], b["lse"], b["part_o"],
                     b["part_lse"], b["counters"], k_scale, v_scale, k_offset, v_offset, b["errors"])
+        self.last_launch = prep
         self._num_pages = k_cache.shape[0]
         if self.debug and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
             self.check_errors()

@@ -18,7 +18,8 @@ batch is packed every step (requests beyond ``--max-batch`` wait). Per step it m
   (a host sync closes it); ``step_over_kernel = step_us / replay_us``;
 * the eager path for comparison: ``eager_make_plan_us`` / ``eager_upload_us`` (a plain wrapper
   planned at the real batch), ``eager_kernel_us`` (``run()`` between CUDA events) and
-  ``eager_launch_us`` (the host time of the ``run()`` call).
+  ``eager_launch_us`` (the host time of the ``run()`` call; ``eager_fast_launch``: whether that call
+  took the launch fast path of ``cuda_ref.fast_launch``, on unless ``SPLITKV_FAST_LAUNCH=0``).
 
 Reports p50 / p99 of each, overall and per batch-size bin (powers of two), as JSON (with
 ``splitkv_common.provenance``), a Markdown table and a plot (step time and its parts against batch
@@ -340,6 +341,7 @@ def measure_step(g: Graphed, eager, seq, ql, *, on_gpu, cpu_kernels, rig, flush=
             eager.run(*args)
             t1 = time.perf_counter()
             rec["eager_launch_us"] = (t1 - t0) * 1e6
+            rec["eager_fast_launch"] = eager.last_launch.fast["fast"] if eager.last_launch is not None else None
             if on_gpu:
                 e1.record()
                 e1.synchronize()
@@ -537,7 +539,9 @@ def run_fixed(args, device, on_gpu):
             if i >= args.warmup:
                 recs.append(rec)
         s = {k: summarize_keys(recs, k) for k in FIXED_QUANTITIES}
-        rows.append(dict(batch=B, steps=len(recs), eager_python_us=eager_python_us(rig, B, seq0, ql), **s))
+        launch = eager.last_launch.fast if on_gpu and eager.last_launch is not None else None
+        rows.append(dict(batch=B, steps=len(recs), eager_python_us=eager_python_us(rig, B, seq0, ql),
+                         eager_launch=launch, **s))
         del g, dg
     config = dict(mode="fixed", batches=batches, lengths=f"uniform {lo}-{hi}, + 1 each step", steps=steps,
                   warmup=args.warmup, spec=args.spec, device_split=args.device_split,

@@ -4,7 +4,8 @@
 1. parity: the whole catalog (small + full) through the harness, separate and fused merge;
 2. graph: every catalog case planned graph-stable, ``run()`` captured in a CUDA graph once, then
    replayed with new lengths (plan refreshed in place, outputs poisoned with NaN before each
-   replay) and judged against the float64 reference each time;
+   replay) and judged against the float64 reference each time; captured with the launch fast path
+   (``cuda_ref.fast_launch``) unless ``SPLITKV_FAST_LAUNCH=0``, each line says which path it was;
 3. batch invariance: with a fixed split size, a request's output rows are bitwise identical
    whatever the rest of the batch is (alone, first, last, among other lengths).
 
@@ -64,6 +65,9 @@ def parity(sizes, pattern, out_dir, shard=(0, 1)):
     return rep.ok, rep.counts()
 
 
+LAUNCH_PATHS: dict = {}  # (case, fuse) -> the captured run()'s launch path (DecodeLaunch.fast)
+
+
 def graph_case(case, fuse, replays=4, seed=0):
     """Capture once, replay with changed lengths; returns a list of (replay, passed, message)."""
     inp = case.build()
@@ -81,7 +85,8 @@ def graph_case(case, fuse, replays=4, seed=0):
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out, lse = w.run(**x, **kw)
+        out, lse = w.run(**x, **kw)  # the launch fast path (cuda_ref.fast_launch) unless SPLITKV_FAST_LAUNCH=0
+    LAUNCH_PATHS[(case.name, fuse)] = w.last_launch.fast if w.last_launch is not None else None
     rng = np.random.default_rng(seed)
     results = []
     for r in range(replays):
@@ -115,7 +120,10 @@ def graph_checks(sizes, pattern, shard=(0, 1)):
                 if not passed:
                     ok = False
                     lines.append(f"GRAPH FAIL {case.name} fuse={fuse} replay {r} lens {lens}: {reason[:200]}")
-            lines.append(f"graph {case.name} fuse={fuse}: {sum(p for _, p, _, _ in res)}/{len(res)} replays pass")
+            path = LAUNCH_PATHS.get((case.name, fuse)) or {}
+            how = "fast launch" if path.get("fast") else f"normal launch ({path.get('reason')})"
+            lines.append(f"graph {case.name} fuse={fuse}: {sum(p for _, p, _, _ in res)}/{len(res)} replays pass"
+                         f", captured with the {how}")
     return ok, lines
 
 

@@ -12,6 +12,7 @@ backend. Method as ``bench_decode.py``: CUDA-graph replay after an L2 flush, med
     python scripts/h200_perf_check.py --out DIR [--points B1x16k,B64x2k] [--flush read,write]
     python scripts/h200_perf_check.py --eager-once B1x16k     # one eager call of each (for ncu)
     python scripts/h200_perf_check.py --out DIR --overhead B1x16k,B64x2k   # cost of the safety checks
+    python scripts/h200_perf_check.py --out DIR --eager B1x4k,B1x16k,B64x2k  # eager run(): launch fast path on / off
     python scripts/h200_perf_check.py ... --variants default,n32w4s5       # only these variants (and the peers)
     python scripts/h200_perf_check.py ... --kernels-from OLD/kernels.py    # another version of cuda_ref/kernels.py
 
@@ -25,6 +26,13 @@ kernels' bounds masks (the default) and without them (``launch._KERNEL_BOUNDS = 
 previous kernel), the host time of ``run()``'s metadata checks on a repeated signature (the cached
 path) and uncached, and eager ``run()`` against an eager launch with no checks at all; each cost as
 a percentage of the default graph's decode time (target: at most 1 %).
+
+``--eager`` writes ``DIR/eager.json`` and ``DIR/eager.md``: per point, eager ``DecodeWrapper.run()``
+with the launch fast path (``cuda_ref.fast_launch``) on and off (``SPLITKV_FAST_LAUNCH``, a fresh
+wrapper each): which path ran (and why), the host time of one call with the GPU idle (each call timed
+alone after a synchronize; median of 200 after warm-up), back-to-back eager calls, the GPU span of one
+eager call (CUDA events), a CUDA-graph replay captured with that path, and whether the outputs (eager
+and replayed) are bitwise equal between the two paths. A failing step is recorded, never raised.
 """
 
 from __future__ import annotations
@@ -221,6 +229,139 @@ def overhead(names, timer):
     return out
 
 
+def _idle_host_us(fn, n=200, warmup=20) -> float:
+    """Median host time (µs) of one ``fn()`` call with the GPU idle: a synchronize before each call."""
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return sorted(ts)[n // 2] * 1e6
+
+
+def _event_us(fn, n=50) -> float:
+    """Median GPU span (µs) of one eager ``fn()`` call: CUDA events around it, the GPU idle before."""
+    ts = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)
+    return sorted(ts)[n // 2]
+
+
+def _eager_mode(q, k, v, bt, seq, fast: bool, timer) -> dict:
+    """One wrapper with the fast path ``fast``: its path, times and outputs (see ``--eager``)."""
+    from cuda_ref import fast_launch
+    os.environ[fast_launch.ENV] = "1" if fast else "0"
+    r: dict = {}
+    try:
+        run, plan, w = make_runner(q, k, v, bt, seq)
+        r["splits"] = int(plan.max_splits)
+        run()
+        run()   # the first call sets the fast path up (where it is on); the second takes it
+        torch.cuda.synchronize()
+        r["path"] = w.last_launch.fast
+        out, lse = run()
+        torch.cuda.synchronize()
+        r["_out"] = (out.clone(), lse.clone())
+        r["host_us"] = _idle_host_us(run)
+        r["loop_us"] = _eager_us(run)
+        r["gpu_event_us"] = _event_us(run)
+        r["path_after"] = w.last_launch.fast  # slow_calls: calls after the first that fell back
+    except Exception as e:  # recorded, the other mode and points still run
+        r["error"] = f"{type(e).__name__}: {e}"
+        return r
+    try:
+        r["graph_us"] = timer(run)
+        out, lse = run()   # eager again after the capture
+        torch.cuda.synchronize()
+        r["_graph_out"] = (out.clone(), lse.clone())
+    except Exception as e:
+        r["graph_error"] = f"{type(e).__name__}: {e}"
+    return r
+
+
+def _same(a, b) -> "bool | None":
+    if a is None or b is None:
+        return None
+    return bool(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]))
+
+
+def eager(names, timer):
+    """Eager ``run()`` with the launch fast path on and off at each point (see ``--eager``)."""
+    from cuda_ref import fast_launch
+    before = os.environ.get(fast_launch.ENV)
+    out = []
+    try:
+        for name in names.split(","):
+            B, ctx = POINTS[name]
+            q, k, v, bt, seq = make_point(B, ctx, 32, 8, 128, torch.bfloat16)
+            r = dict(point=name, B=B, ctx=ctx)
+            # off first: its results are the reference even if a fast launch went wrong, and the fast
+            # path's first call then finds the kernels compiled (set up from Triton's cache)
+            for mode, fast in (("off", False), ("on", True)):
+                r[mode] = _eager_mode(q, k, v, bt, seq, fast, timer)
+            on, off = r["on"], r["off"]
+            r["bitwise_equal"] = _same(on.pop("_out", None), off.pop("_out", None))
+            r["bitwise_equal_after_graph"] = _same(on.pop("_graph_out", None), off.pop("_graph_out", None))
+            print(eager_line(r), flush=True)
+            out.append(r)
+            del q, k, v, bt, seq
+            torch.cuda.empty_cache()
+    finally:
+        if before is None:
+            os.environ.pop(fast_launch.ENV, None)
+        else:
+            os.environ[fast_launch.ENV] = before
+    return out
+
+
+def eager_line(r) -> str:
+    def f(x, key):
+        v = x.get(key)
+        return "-" if v is None else f"{v:.1f}"
+    on, off = r["on"], r["off"]
+    path = on.get("path") or {}
+    return (f"{r['point']}: fast path {'ON' if path.get('fast') else 'OFF'} ({path.get('reason', on.get('error'))}); "
+            f"host {f(on, 'host_us')} vs {f(off, 'host_us')} us a call, back-to-back {f(on, 'loop_us')} vs "
+            f"{f(off, 'loop_us')}, GPU span {f(on, 'gpu_event_us')} vs {f(off, 'gpu_event_us')}, graph "
+            f"{f(on, 'graph_us')} vs {f(off, 'graph_us')}; bitwise equal {r['bitwise_equal']} "
+            f"(after graph {r['bitwise_equal_after_graph']})"
+            + "".join(f"; {m} {k}: {r[m][k]}" for m in ("on", "off") for k in ("error", "graph_error") if k in r[m]))
+
+
+def eager_summary(res) -> str:
+    lines = provenance_markdown(res["provenance"]) if "provenance" in res else []
+    lines += [f"{res['gpu']}, torch {res['torch']}, triton {res['triton']}, {res['date']}; eager "
+              "`DecodeWrapper.run()`, launch fast path on / off (target: host ≤ 40 µs a call at B1)", "",
+              "| point | path (on) | host µs on | host µs off | back-to-back µs on / off | GPU span µs on / off | "
+              "graph µs on / off | bitwise equal (eager, after graph) |",
+              "|---|---|---|---|---|---|---|---|"]
+
+    def f(x, key):
+        v = x.get(key)
+        return "-" if v is None else f"{v:.1f}"
+    for r in res["points"]:
+        on, off = r["on"], r["off"]
+        path = on.get("path") or {}
+        where = ("fast" if path.get("fast") else f"normal: {path.get('reason', on.get('error', '?'))}")
+        if path.get("fast") and (on.get("path_after") or {}).get("slow_calls"):
+            where += f" ({on['path_after']['slow_calls']} calls fell back)"
+        lines.append(f"| {r['point']} | {where} | {f(on, 'host_us')} | {f(off, 'host_us')} | {f(on, 'loop_us')} / "
+                     f"{f(off, 'loop_us')} | {f(on, 'gpu_event_us')} / {f(off, 'gpu_event_us')} | "
+                     f"{f(on, 'graph_us')} / {f(off, 'graph_us')} | {r['bitwise_equal']}, "
+                     f"{r['bitwise_equal_after_graph']} |")
+    return "\n".join(lines)
+
+
 def eager_once(names):
     """One eager call of each implementation at each point (for a profiler such as ncu)."""
     for name in names.split(","):
@@ -250,6 +391,8 @@ def main(argv=None):
     ap.add_argument("--eager-once", default=None, metavar="POINTS")
     ap.add_argument("--overhead", default=None, metavar="POINTS",
                     help="the cost of the safety checks at these points (e.g. B1x16k,B64x2k): DIR/overhead.json")
+    ap.add_argument("--eager", default=None, metavar="POINTS",
+                    help="eager run() with the launch fast path on / off at these points: DIR/eager.json, eager.md")
     ap.add_argument("--variants", default=None, help="comma-separated variant names to time (default: all)")
     ap.add_argument("--kernels-from", default=None, metavar="FILE",
                     help="use this version of cuda_ref/kernels.py (same kernel signatures)")
@@ -260,6 +403,18 @@ def main(argv=None):
         eager_once(a.eager_once)
         return 0
     os.makedirs(a.out, exist_ok=True)
+    if a.eager:
+        timer = Timer(a.iters, flush=a.flush.split(",")[0])
+        res = dict(provenance=provenance(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                   triton=importlib.import_module("triton").__version__, flush=timer.flush_mode,
+                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), points=eager(a.eager, timer))
+        with open(os.path.join(a.out, "eager.json"), "w") as f:
+            json.dump(res, f, indent=1, default=str)
+        text = eager_summary(res)
+        print(text)
+        with open(os.path.join(a.out, "eager.md"), "w") as f:
+            f.write(text + "\n")
+        return 0
     if a.overhead:
         timer = Timer(a.iters, flush=a.flush.split(",")[0])
         res = dict(provenance=provenance(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,

@@ -1,0 +1,288 @@
+"""Launch fast path of a prepared Triton launch: the compiled kernel's own launcher, called directly.
+
+``kernel[grid](*args, **constexprs)`` binds the arguments, computes the specialization key, looks the
+compiled kernel up and builds launch metadata on every call (~95 µs of host time a launch on a slow,
+virtualised host). A launch whose grid, scalars and constexprs were fixed once (:class:`FastLaunch`)
+binds its first call with Triton's own binder and finds the kernel by Triton's cache key (launching
+normally first when the kernel is not compiled yet), checks that its own arguments equal Triton's,
+and from then on calls ``CompiledKernel.run`` itself::
+
+    run(grid_x, grid_y, grid_z, stream, function, packed_metadata, launch_metadata,
+        enter_hook, exit_hook, *every_parameter_in_order)
+
+This is the call ``JITFunction.run`` makes in Triton 3.6 and 3.7 (read from both releases): every
+kernel parameter in declaration order, constexprs included (the generated launcher skips them);
+pointer arguments may be tensors or their addresses (the launcher accepts a Python int); hooks and
+launch metadata may be ``None`` (the launcher then calls nothing). ``launch_pdl`` and
+``launch_cooperative_grid`` are compile options kept in the compiled kernel's metadata, which the
+launcher itself applies, so they need nothing here.
+
+Each fast call takes the current stream's raw handle (so it records into a CUDA graph being
+captured) and the tensors' addresses afresh; it falls back to the normal launch for that call when
+a launch hook is installed (a profiler), the current device changed, or a tensor's 16-byte alignment
+differs from the first call's (Triton specializes the kernel on it). Elsewhere the fast path is
+off and every call is the normal launch, with the reason in :attr:`FastLaunch.reason`: other Triton
+versions, the interpreter (``TRITON_INTERPRET=1``), ``SPLITKV_FAST_LAUNCH=0``, or any mismatch found
+by the first call's check.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import reduce
+from operator import or_
+
+import torch
+import triton
+
+try:
+    from triton import knobs as _knobs
+except ImportError:  # a Triton without knobs: not a checked version, the fast path stays off
+    _knobs = None
+
+_data_ptr = torch.Tensor.data_ptr
+ENV = "SPLITKV_FAST_LAUNCH"
+# Triton releases whose JITFunction.run -> CompiledKernel.run convention was read (see the module doc)
+CHECKED_VERSIONS = ("3.6.", "3.7.")
+
+
+def interpreting() -> bool:
+    """Triton's interpreter is selected (``TRITON_INTERPRET=1``): kernels run on the CPU."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def switched_off() -> "str | None":
+    """Why the fast path is off in this process (``None``: it may be used). Read at each launch's
+    first call, so a process can compare both paths by setting ``SPLITKV_FAST_LAUNCH`` between
+    wrappers."""
+    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return f"{ENV}=0"
+    if interpreting():
+        return "interpreter (TRITON_INTERPRET=1)"
+    if not str(triton.__version__).startswith(CHECKED_VERSIONS):
+        return f"Triton {triton.__version__}: launcher convention not checked (only {', '.join(CHECKED_VERSIONS)}x)"
+    return None
+
+
+def hooks_idle() -> bool:
+    """True when no launch hook would run: Triton's hooks are ``None`` or empty hook chains."""
+    if _knobs is None:
+        return False
+    rt = _knobs.runtime
+    for hook in (rt.launch_enter_hook, rt.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return False
+    return True
+
+
+def bound_values(params, args: tuple, kwargs: dict) -> list:
+    """The kernel's arguments as ``JITFunction.run`` passes them to the launcher: one value per
+    parameter of ``params`` (a ``JITFunction``'s ``params``) in order: ``args`` positionally, then
+    ``kwargs`` by name, then the parameter's default. Launch options in ``kwargs`` (``num_warps``,
+    ``launch_pdl``, ...) are not parameters and are left out. Raises ``ValueError`` naming a
+    parameter that has no value, or when there are more ``args`` than parameters."""
+    if len(args) > len(params):
+        raise ValueError(f"{len(args)} positional arguments for {len(params)} parameters")
+    out = list(args)
+    for p in params[len(args):]:
+        if p.name in kwargs:
+            out.append(kwargs[p.name])
+        elif p.has_default:
+            out.append(p.default)
+        else:
+            raise ValueError(f"parameter {p.name}: no value")
+    return out
+
+
+def same_arguments(ours: list, triton_values: list, tensor_slots) -> "str | None":
+    """``None`` when ``ours`` (the fast path's values) equals what Triton bound (``triton_values``):
+    the same objects at ``tensor_slots``, elsewhere equal values of the same type; else the first
+    difference, in words."""
+    if len(ours) != len(triton_values):
+        return f"{len(ours)} arguments, Triton binds {len(triton_values)}"
+    slots = set(tensor_slots)
+    for i, (a, b) in enumerate(zip(ours, triton_values)):
+        if i in slots:
+            if a is not b:
+                return f"argument {i}: not the tensor Triton binds"
+        elif type(a) is not type(b) or a != b:
+            return f"argument {i}: {a!r} against Triton's {b!r}"
+    return None
+
+
+class FastLaunch:
+    """One launch of ``fn`` (a ``triton.jit`` function) with a fixed ``grid``, fixed positional
+    arguments except the tensors, and ``kwargs`` (constexprs by name and launch options).
+    ``positional``: the positional arguments, whatever stands at the ``tensor_slots`` (the
+    positions of the tensors, ascending) being replaced by each call's tensors. Call it with the
+    tensors in slot order. ``enabled=False``: always the normal launch (a launch made once).
+
+    ``fast``: ``None`` before the first call, then ``True`` (later calls use the compiled kernel's
+    launcher) or ``False`` (every call is ``fn[grid](...)``); ``reason`` says why.
+    ``slow_calls`` counts the calls after the first that took the normal path anyway."""
+
+    def __init__(self, fn, grid: tuple, positional: tuple, tensor_slots: tuple, kwargs: dict, enabled: bool = True):
+        self.fn = fn
+        self.enabled = enabled    # False: always the normal launch (a one-off launch gains nothing)
+        self.grid = tuple(grid)
+        self.positional = tuple(positional)
+        self.tensor_slots = tuple(tensor_slots)
+        self.kwargs = dict(kwargs)
+        self.fast: "bool | None" = None
+        self.reason = "not launched yet"
+        self.slow_calls = 0
+        g = self.grid + (1,) * (3 - len(self.grid))
+        self._g0, self._g1, self._g2 = g[0], g[1], g[2]
+        # tensors first (the common case): a call is (*tensors, *rest), no template to fill
+        self._leading = self.tensor_slots == tuple(range(len(self.tensor_slots)))
+        self._run = None          # the compiled kernel's launcher (CompiledKernel.run)
+        self._function = None
+        self._packed = None
+        self._values: list = []   # every parameter's value, tensors' slots included (replaced per call)
+        self._tail: tuple = ()    # with leading tensors: the values after them
+        self._aligned: list = []  # per tensor: 16-byte aligned at the first call
+        self._all_aligned = False
+        self._device = -1
+        self._stream = None
+
+    def arguments(self, tensors) -> list:
+        """``positional`` with ``tensors`` (in slot order) at the tensor slots."""
+        if self._leading:
+            return [*tensors, *self.positional[len(tensors):]]
+        args = list(self.positional)
+        for i, t in zip(self.tensor_slots, tensors):
+            args[i] = t
+        return args
+
+    def values(self, ptrs) -> list:
+        """Every parameter's value for the launcher, the tensors given as ``ptrs`` (addresses)."""
+        if self._leading:
+            return [*ptrs, *self._tail]
+        vals = self._values.copy()
+        for i, p in zip(self.tensor_slots, ptrs):
+            vals[i] = p
+        return vals
+
+    def __call__(self, *tensors) -> None:
+        if self._run is None and self.fast is None and self._first(tensors):
+            return  # launched normally
+        run = self._run
+        if run is not None:
+            ptrs = list(map(_data_ptr, tensors))
+            same_alignment = (not (reduce(or_, ptrs) & 15) if self._all_aligned
+                              else [not (p & 15) for p in ptrs] == self._aligned)
+            if (same_alignment and hooks_idle() and torch.cuda.current_device() == self._device
+                    and not self.fn.pre_run_hooks):
+                run(self._g0, self._g1, self._g2, self._stream(self._device), self._function, self._packed,
+                    None, None, None, *self.values(ptrs))
+                return
+            self.slow_calls += 1
+        self._normal(tensors)
+
+    def _normal(self, tensors):
+        return self.fn[self.grid](*self.arguments(tensors), **self.kwargs)
+
+    def _off(self, reason: str) -> None:
+        self.fast, self.reason, self._run = False, reason, None
+
+    def _first(self, tensors: tuple) -> bool:
+        """The first call's check; ``True`` when it launched (normally). Where Triton's cache already
+        holds the kernel this call binds to (another prepared launch of the same specialization
+        compiled it), the fast path is set up from it at once and the caller launches; otherwise the
+        call launches normally (compiling the kernel) and the check follows. Any surprise leaves the
+        fast path off (``reason``); the launch is always made."""
+        why = switched_off() if self.enabled else "a one-off launch"
+        if why is not None:
+            self._normal(tensors)
+            self._off(why)
+            return True
+        try:
+            if self._check_and_keep(None, tensors):
+                return False  # decided from the cache: the caller launches (fast, or normally if off)
+        except Exception as e:  # any surprise in Triton's internals: the normal path, always correct
+            self._off(f"check failed: {type(e).__name__}: {e}")
+            return False
+        compiled = self._normal(tensors)
+        try:
+            self._check_and_keep(compiled, tensors)
+        except Exception as e:
+            self._off(f"check failed: {type(e).__name__}: {e}")
+        if self.fast is None:
+            self._off("no compiled kernel after the first launch")
+        return True
+
+    def _check_and_keep(self, compiled, tensors: tuple) -> bool:
+        """Bind this call with Triton's own binder and find its kernel by Triton's cache key; with
+        ``compiled`` (what the first launch returned) it must be that one. ``False``: the cache has no
+        kernel for the call yet (``compiled`` None only). ``True``: decided: the fast path is set up,
+        or off with a reason."""
+        from triton import knobs
+        from triton.runtime.jit import compute_cache_key
+
+        if len(tensors) != len(self.tensor_slots):
+            self._off(f"{len(tensors)} tensors, prepared for {len(self.tensor_slots)}")
+            return True
+        if getattr(knobs.runtime, "add_stages_inspection_hook", None) is not None:
+            self._off("a stages inspection hook changes the cache key")
+            return True
+        args = self.arguments(tensors)
+        ours = bound_values(self.fn.params, tuple(args), self.kwargs)
+        # what JITFunction.run binds for this call, and the kernel its cache key finds
+        device = torch.cuda.current_device()
+        kernel_cache, key_cache, _, _, binder = self.fn.device_caches[device]
+        kw = dict(self.kwargs)
+        kw["debug"] = kw.get("debug", self.fn.debug) or knobs.runtime.debug
+        kw["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+        bound, specialization, options = binder(*args, **kw)
+        diff = same_arguments(ours, list(bound.values()), self.tensor_slots)
+        if diff is not None:
+            self._off(f"arguments differ from Triton's: {diff}")
+            return True
+        cached = kernel_cache.get(compute_cache_key(key_cache, specialization, options))
+        if compiled is None:
+            if cached is None or hasattr(cached, "result"):  # not compiled yet, or a compile future
+                return False
+            compiled = cached
+        else:
+            if hasattr(compiled, "result"):
+                compiled = compiled.result()
+            if cached is not compiled:
+                self._off("the cache key does not find the launched kernel")
+                return True
+        for attr in ("run", "function", "packed_metadata", "src"):
+            if not hasattr(compiled, attr):
+                self._off(f"no compiled kernel (no {attr})")
+                return True
+        signature = getattr(compiled.src, "signature", None)
+        if signature is None or len(signature) != len(ours):
+            self._off(f"the launcher expects {None if signature is None else len(signature)} "
+                      f"arguments, not {len(ours)}")
+            return True
+        run = compiled.run  # loads the module on first use
+        function = compiled.function
+        if not callable(run) or not function:
+            self._off("the compiled kernel has no launcher or function handle")
+            return True
+        self._stream = torch._C._cuda_getCurrentRawStream
+        self._function, self._packed = function, compiled.packed_metadata
+        slots = set(self.tensor_slots)
+        self._values = [None if i in slots else v for i, v in enumerate(ours)]  # no tensor kept
+        self._tail = tuple(ours[len(tensors):])
+        self._aligned = [not (t.data_ptr() & 15) for t in tensors]
+        self._all_aligned = all(self._aligned)
+        self._device = device
+        self.fast, self.reason = True, f"Triton {triton.__version__}: the compiled kernel's launcher"
+        self._run = run
+        return True
+
+
+def describe(launches) -> dict:
+    """``{"fast": True / False / None, "reason": ...}`` over several :class:`FastLaunch` (``None``
+    entries skipped): fast when all are, off when one is (its reason), None before any call."""
+    launches = [x for x in launches if x is not None]
+    off = [x for x in launches if x.fast is False]
+    if off:
+        return {"fast": False, "reason": off[0].reason, "slow_calls": sum(x.slow_calls for x in launches)}
+    if launches and all(x.fast for x in launches):
+        return {"fast": True, "reason": launches[0].reason, "slow_calls": sum(x.slow_calls for x in launches)}
+    return {"fast": None, "reason": "not launched yet" if launches else "no launch", "slow_calls": 0}

@@ -1,0 +1,268 @@
+"""The launch fast path (``cuda_ref.fast_launch``) on the CPU: the interpreter takes the normal launch
+and ``run()``'s results do not change; the arguments the fast path hands the compiled kernel's
+launcher equal what Triton's own binder (generated from the real kernels' signatures) binds, checked
+against a fake compiled kernel that records its calls; the per-call fallbacks and the switches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import cuda_ref  # noqa: E402  (selects the interpreter without a GPU: before anything imports triton)
+
+triton = pytest.importorskip("triton")
+from cuda_ref import fast_launch, kernels  # noqa: E402
+from cuda_ref.launch import DevicePlan, prepare_decode  # noqa: E402
+from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
+from splitkv_common.parity import cases  # noqa: E402
+from splitkv_common.plan import make_plan  # noqa: E402
+from splitkv_common.torch_io import to_torch  # noqa: E402
+
+DEVICE = "cpu" if cuda_ref.INTERPRET else "cuda"
+
+
+def _run_twice(monkeypatch, fast: str, soft_cap=None):
+    monkeypatch.setenv(fast_launch.ENV, fast)
+    inp = cases.random_inputs(3, [70, 9, 33], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8)
+    w = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16")
+    w.plan(inp.seq_lens)
+    x = to_torch(inp, DEVICE)
+    first = [t.clone() for t in w.run(**x, soft_cap=soft_cap)]
+    second = [t.clone() for t in w.run(**x, soft_cap=soft_cap)]
+    return w, first, second
+
+
+@pytest.mark.skipif(not cuda_ref.INTERPRET, reason="the interpreter's fallback")
+def test_interpreter_takes_the_normal_launch_and_results_do_not_change(monkeypatch):
+    w_on, on1, on2 = _run_twice(monkeypatch, "1")
+    state = w_on.last_launch.fast
+    assert state["fast"] is False and "interpreter" in state["reason"]
+    assert w_on.last_launch.merge is not None  # both launches went through the fallback
+    w_off, off1, _ = _run_twice(monkeypatch, "0")
+    assert w_off.last_launch.fast["fast"] is False
+    for a, b, c in zip(on1, on2, off1):
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
+# -- the argument assembly against Triton's binder, with a fake compiled kernel ------------------------
+
+
+class _FakeCompiled:
+    """A compiled kernel whose launcher records its calls."""
+
+    def __init__(self, params):
+        self.calls = []
+        self.run = lambda *a: self.calls.append(a)
+        self.function = 0xF00
+        self.packed_metadata = (4, 1, 0)
+        self.src = type("Src", (), {"signature": {p.name: "?" for p in params}})()
+
+
+class _FakeJIT:
+    """``JITFunction`` stand-in over a real kernel's parameters: ``fn[grid](...)`` binds with
+    Triton's own binder (generated from the signature for sm_90), caches a fake compiled kernel
+    under Triton's cache key and records what ``JITFunction.run`` would hand its launcher."""
+
+    def __init__(self, kernel):
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import make_backend
+        from triton.runtime.jit import JITFunction, create_function_from_signature
+
+        raw = getattr(kernel, "fn", kernel)
+        jf = raw if isinstance(raw, JITFunction) else JITFunction(raw)
+        self.params, self.debug, self.pre_run_hooks = jf.params, False, []
+        self.binder = create_function_from_signature(jf.signature, jf.params, make_backend(GPUTarget("cuda", 90, 32)))
+        self.kernel_cache, self.key_cache = {}, {}
+        self.device_caches = {0: (self.kernel_cache, self.key_cache, None, None, self.binder)}
+        self.compiled = _FakeCompiled(jf.params)
+        self.normal_launches = []   # the values Triton's run() passes after the hooks, per normal launch
+
+    def __getitem__(self, grid):
+        from triton import knobs
+        from triton.runtime.jit import compute_cache_key
+
+        def runner(*args, **kwargs):
+            kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug
+            kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+            bound, spec, options = self.binder(*args, **kwargs)
+            self.kernel_cache[compute_cache_key(self.key_cache, spec, options)] = self.compiled
+            self.normal_launches.append((tuple(grid), list(bound.values())))
+            return self.compiled
+        return runner
+
+
+@pytest.fixture
+def gpu_free(monkeypatch):
+    """The fast path's device calls, answered without a GPU (device 0, stream handle 77)."""
+    monkeypatch.setattr(fast_launch, "interpreting", lambda: False)
+    monkeypatch.setenv(fast_launch.ENV, "1")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 77, raising=False)
+
+
+def _decode_launch(fuse=False, soft_cap=None, window=None, int8=False):
+    """A real prepared stage-1 + merge launch (the wrapper's shapes) and its tensors."""
+    inp = cases.random_inputs(2, [50, 17], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8)
+    x = to_torch(inp, "cpu")
+    if int8:
+        x["k_cache"] = x["k_cache"].to(torch.int8)
+        x["v_cache"] = x["v_cache"].to(torch.int8)
+        x["k_scale"] = torch.ones(2, dtype=torch.float32)
+        x["v_scale"] = torch.ones(2, dtype=torch.float32)
+    plan = make_plan(inp.seq_lens, num_kv_heads=2, page_size=8, policy="size:16", num_q_heads=4)
+    dp = DevicePlan.from_plan(plan, group=2, device="cpu")
+    T, Hq, D = x["q"].shape
+    out, lse = torch.empty(T, Hq, D), torch.empty(T, Hq)
+    part_o, part_lse = torch.empty(plan.num_slots, Hq, D), torch.empty(plan.num_slots, Hq)
+    counters, errors = torch.zeros(64, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)
+    qsl = torch.tensor([0, 1, 2], dtype=torch.int32)
+    args = (x["q"], x["k_cache"], x["v_cache"], x["block_table"], x["seq_lens"], qsl, dp, out, lse, part_o, part_lse,
+            counters)
+    scales = dict(k_scale=x.get("k_scale"), v_scale=x.get("v_scale"))
+    prep = prepare_decode(*args, scale=0.2, soft_cap=soft_cap, window_left=window, fuse_merge=fuse, errors=errors,
+                          pdl=True, **scales)
+    call = (*args, scales["k_scale"], scales["v_scale"], None, None, errors)
+    return prep, call
+
+
+def _check_against_triton(fake: _FakeJIT, fl: fast_launch.FastLaunch, tensors):
+    """Two calls: the first normal (Triton's values recorded), the second through the fake launcher;
+    its values equal Triton's with each tensor replaced by its address."""
+    fl(*tensors)
+    assert fl.fast is True, fl.reason
+    fl(*tensors)
+    assert len(fake.normal_launches) == 1 and len(fake.compiled.calls) == 1
+    grid, expected = fake.normal_launches[0]
+    got = fake.compiled.calls[0]
+    g = grid + (1,) * (3 - len(grid))
+    assert got[:9] == (*g, 77, 0xF00, (4, 1, 0), None, None, None)
+    values = got[9:]
+    assert len(values) == len(expected) == len(fake.params)
+    slots = set(fl.tensor_slots)
+    for i, (v, e) in enumerate(zip(values, expected)):
+        if i in slots:
+            assert isinstance(e, torch.Tensor) and v == e.data_ptr(), (i, fake.params[i].name)
+        else:
+            assert type(v) is type(e) and v == e, (i, fake.params[i].name, v, e)
+    return expected
+
+
+@pytest.mark.parametrize("variant", [dict(), dict(fuse=True), dict(soft_cap=30.0, window=5), dict(int8=True)])
+def test_stage1_values_match_what_triton_binds(gpu_free, monkeypatch, variant):
+    prep, call = _decode_launch(**variant)
+    fake = _FakeJIT(kernels.split_kv_kernel)
+    fl = fast_launch.FastLaunch(fake, prep.grid, prep.stage1.positional, prep.stage1.tensor_slots, prep.constexprs)
+    expected = _check_against_triton(fake, fl, prep.tensors(*call))
+    names = [p.name for p in fake.params]
+    # constexprs given by name and those left to their defaults are in the launcher's arguments too
+    assert expected[names.index("FUSE_MERGE")] == variant.get("fuse", False)
+    assert expected[names.index("DEVICE_PLAN")] is False
+
+
+def test_a_launch_of_a_compiled_specialization_is_fast_from_its_first_call(gpu_free):
+    prep, call = _decode_launch()
+    fake = _FakeJIT(kernels.split_kv_kernel)
+    tensors = prep.tensors(*call)
+    first = fast_launch.FastLaunch(fake, prep.grid, prep.stage1.positional, prep.stage1.tensor_slots, prep.constexprs)
+    first(*tensors)
+    assert first.fast and len(fake.normal_launches) == 1 and not fake.compiled.calls
+    # another prepared launch (another grid) of the same kernel specialization: found in the cache
+    grid = (prep.grid[0] + 5, prep.grid[1])
+    other = fast_launch.FastLaunch(fake, grid, prep.stage1.positional, prep.stage1.tensor_slots, prep.constexprs)
+    other(*tensors)
+    assert other.fast and len(fake.normal_launches) == 1 and len(fake.compiled.calls) == 1
+    assert fake.compiled.calls[0][:3] == (*grid, 1)
+    # another specialization (another constexpr): not compiled yet, so launched normally first
+    third = fast_launch.FastLaunch(fake, grid, prep.stage1.positional, prep.stage1.tensor_slots,
+                                   {**prep.constexprs, "BOUNDS": False})
+    third(*tensors)
+    assert third.fast and len(fake.normal_launches) == 2 and len(fake.compiled.calls) == 1
+
+
+def test_merge_values_match_what_triton_binds_with_tensors_between_scalars(gpu_free):
+    prep, call = _decode_launch()
+    m = prep.merge
+    assert m is not None and m.constexprs.get("launch_pdl") is True
+    fake = _FakeJIT(kernels.merge_kernel)
+    fl = fast_launch.FastLaunch(fake, m.grid, m.call.positional, m.call.tensor_slots, m.constexprs)
+    q, k, v, bt, seq_lens, qsl, dp, out, lse, part_o, part_lse = call[:11]
+    tensors = (part_o, part_lse, out, lse, dp.view("row_slot_start"), dp.view("row_num_splits"), seq_lens, qsl)
+    expected = _check_against_triton(fake, fl, tensors)
+    names = [p.name for p in fake.params]
+    assert expected[names.index("SEQ_LENS")] is seq_lens and expected[names.index("NUM_SLOTS")] == part_o.shape[0]
+
+
+def _ready_fast(monkeypatch):
+    prep, call = _decode_launch()
+    fake = _FakeJIT(kernels.split_kv_kernel)
+    fl = fast_launch.FastLaunch(fake, prep.grid, prep.stage1.positional, prep.stage1.tensor_slots, prep.constexprs)
+    tensors = prep.tensors(*call)
+    fl(*tensors)
+    assert fl.fast is True
+    return fake, fl, tensors
+
+
+def test_fresh_tensors_each_call_and_a_misaligned_one_takes_the_normal_launch(gpu_free, monkeypatch):
+    fake, fl, tensors = _ready_fast(monkeypatch)
+    q2 = tensors[0].clone()
+    fl(q2, *tensors[1:])
+    assert fake.compiled.calls[-1][9] == q2.data_ptr() != tensors[0].data_ptr()
+    shifted = torch.empty(tensors[0].numel() + 1, dtype=tensors[0].dtype)[1:].view(tensors[0].shape)
+    fl(shifted, *tensors[1:])   # 4 bytes off: Triton specializes on 16-byte alignment
+    assert fl.slow_calls == 1 and len(fake.normal_launches) == 2 and len(fake.compiled.calls) == 1
+
+
+def test_an_installed_launch_hook_takes_the_normal_launch(gpu_free, monkeypatch):
+    from triton import knobs
+    fake, fl, tensors = _ready_fast(monkeypatch)
+    hook = knobs.runtime.launch_enter_hook
+    if not hasattr(hook, "add"):
+        pytest.skip("launch hooks are not hook chains in this Triton")
+    seen = []
+    hook.add(seen.append)
+    try:
+        fl(*tensors)
+    finally:
+        hook.remove(seen.append)
+    assert fl.slow_calls == 1 and len(fake.compiled.calls) == 0
+    fl(*tensors)
+    assert len(fake.compiled.calls) == 1
+
+
+@pytest.mark.parametrize("why", ["switch", "version", "arity"])
+def test_the_first_call_check_falls_back_with_a_reason(gpu_free, monkeypatch, why):
+    prep, call = _decode_launch()
+    fake = _FakeJIT(kernels.split_kv_kernel)
+    if why == "switch":
+        monkeypatch.setenv(fast_launch.ENV, "0")
+    elif why == "version":
+        monkeypatch.setattr(triton, "__version__", "9.0.0")
+    else:
+        fake.compiled.src.signature = dict(list(fake.compiled.src.signature.items())[:-1])
+    fl = fast_launch.FastLaunch(fake, prep.grid, prep.stage1.positional, prep.stage1.tensor_slots, prep.constexprs)
+    tensors = prep.tensors(*call)
+    fl(*tensors)
+    fl(*tensors)
+    assert fl.fast is False and fl.reason
+    assert {"switch": fast_launch.ENV, "version": "9.0.0", "arity": "launcher expects"}[why] in fl.reason
+    assert len(fake.normal_launches) == 2 and not fake.compiled.calls
+
+
+def test_bound_values_names_a_parameter_without_value():
+    fake = _FakeJIT(kernels.merge_kernel)
+    with pytest.raises(ValueError, match="HEAD_DIM"):
+        fast_launch.bound_values(fake.params, (None,) * 22, {})
+    assert np.all([p.name for p in fake.params][:2] == ["PART_O", "PART_LSE"])
+
+
+def test_one_off_launches_take_the_normal_launch(gpu_free):
+    prep, call = _decode_launch()
+    fake = _FakeJIT(kernels.split_kv_kernel)
+    fl = fast_launch.FastLaunch(fake, prep.grid, prep.stage1.positional, prep.stage1.tensor_slots, prep.constexprs,
+                                enabled=False)
+    tensors = prep.tensors(*call)
+    fl(*tensors)
+    fl(*tensors)
+    assert fl.fast is False and "one-off" in fl.reason and len(fake.normal_launches) == 2
+    assert prep.stage1.enabled and prep.merge.call.enabled  # prepared launches (the wrapper's) may be fast

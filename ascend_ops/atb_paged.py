@@ -40,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from splitkv_common.inputs import DecodeInputs
-from splitkv_common.npu_probe import npu_device, npu_unavailable
+from splitkv_common.npu_probe import npu_device, npu_op_unavailable
 from splitkv_common.plan import Plan
 from splitkv_common.parity.registry import Backend
 
@@ -122,18 +122,7 @@ def run_atb_paged(inputs: DecodeInputs, plan: Plan):
 
 
 def atb_paged_unavailable() -> str | None:
-    try:
-        import torch  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        return f"torch is not usable ({type(e).__name__}: {e})"
-    why = npu_unavailable()
-    if why:
-        return why
-    import torch_npu
-
-    if not hasattr(torch_npu, "_npu_paged_attention"):
-        return "this torch_npu has no _npu_paged_attention (ATB ops not built in)"
-    return None
+    return npu_op_unavailable("_npu_paged_attention", "this torch_npu has no _npu_paged_attention (ATB ops not built in)")
 
 
 atb_paged_backend = Backend(

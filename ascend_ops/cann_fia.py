@@ -42,7 +42,7 @@ from __future__ import annotations
 import numpy as np
 
 from splitkv_common.inputs import DecodeInputs
-from splitkv_common.npu_probe import npu_device, npu_unavailable
+from splitkv_common.npu_probe import npu_device, npu_op_unavailable
 from splitkv_common.plan import Plan
 from splitkv_common.parity.registry import Backend
 
@@ -173,18 +173,7 @@ def run_cann_fia(inputs: DecodeInputs, plan: Plan):
 
 
 def cann_fia_unavailable() -> str | None:
-    try:
-        import torch  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        return f"torch is not usable ({type(e).__name__}: {e})"
-    why = npu_unavailable()
-    if why:
-        return why
-    import torch_npu
-
-    if not hasattr(torch_npu, "npu_fused_infer_attention_score"):
-        return "this torch_npu has no npu_fused_infer_attention_score"
-    return None
+    return npu_op_unavailable("npu_fused_infer_attention_score", "this torch_npu has no npu_fused_infer_attention_score")
 
 
 cann_fia_backend = Backend(

@@ -65,3 +65,18 @@ def npu_unavailable() -> str | None:
     if n == 0:
         return "torch_npu imports but no NPU device is visible (check npu-smi info and ASCEND_RT_VISIBLE_DEVICES)"
     return None
+
+
+def npu_op_unavailable(name: str, missing: str) -> str | None:
+    """``None`` when torch and an NPU are usable and ``torch_npu`` has the op ``name``; else why not
+    (``missing``: the reason given when this torch_npu lacks the op)."""
+    try:
+        import torch  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        return f"torch is not usable ({type(e).__name__}: {e})"
+    why = npu_unavailable()
+    if why:
+        return why
+    import torch_npu
+
+    return None if hasattr(torch_npu, name) else missing

@@ -108,7 +108,10 @@ def merge_chunk(block_d: int) -> int:
 class DevicePlan:
     """A :class:`~splitkv_common.plan.Plan` on the device as one int32 buffer.
 
-    ``data`` holds the eight int32 arrays of the plan back to back (``_FIELDS`` order, exact sizes);
+    ``data`` holds the eight int32 arrays of the plan one after the other (``_FIELDS`` order), each
+    starting on a 16-byte boundary (:meth:`sizes`: every array's length rounded up to 4 entries; the
+    gaps are never read), so every view is aligned whatever the plan's sizes: Triton specializes a kernel on
+    its pointers' 16-byte alignment, and plans of any sizes then share one compiled kernel.
     :meth:`view` returns slices of it (made once per buffer, not per launch), so one host-to-device
     copy refreshes a plan in place (graph replay). :class:`PlanUploader` makes and refreshes them.
 
@@ -134,19 +137,26 @@ class DevicePlan:
     _views: "dict | None" = field(default=None, repr=False, compare=False)
 
     @staticmethod
-    def sizes(num_items: int, batch_size: int, num_rows: int) -> list[int]:
+    def lengths(num_items: int, batch_size: int, num_rows: int) -> list[int]:
+        """The eight arrays' lengths (``_FIELDS`` order)."""
         return [num_items] * 5 + [batch_size, num_rows, num_rows]
 
     @staticmethod
+    def sizes(num_items: int, batch_size: int, num_rows: int) -> list[int]:
+        """The eight arrays' extents in ``data``: each length rounded up to 4 int32 entries (16 bytes),
+        so each array starts aligned; ``sum`` is ``data``'s length."""
+        return [(n + 3) & ~3 for n in DevicePlan.lengths(num_items, batch_size, num_rows)]
+
+    @staticmethod
     def pack(plan: Plan) -> np.ndarray:
-        out = np.empty(sum(DevicePlan.sizes(plan.num_items, plan.batch_size, plan.num_rows)), np.int32)
+        out = np.zeros(sum(DevicePlan.sizes(plan.num_items, plan.batch_size, plan.num_rows)), np.int32)
         DevicePlan.pack_into(plan, out)
         return out
 
     @staticmethod
     def pack_into(plan: Plan, out: np.ndarray, items_upto: "int | None" = None) -> int:
-        """Write the plan's eight arrays back to back into the int32 array ``out`` (long enough);
-        returns the entries written. One slice assignment per field, no intermediate array.
+        """Write the plan's eight arrays into the int32 array ``out`` (long enough), each at its
+        aligned offset (:meth:`sizes`; the gaps are left as they are, never read); returns the entries spanned. One slice assignment per field, no intermediate array.
         ``items_upto``: write only the first entries of the five work-item arrays, ``out`` already
         holding the rest (the padding of a graph-stable plan of the same shapes)."""
         off = 0
@@ -157,7 +167,7 @@ class DevicePlan:
                 out[off:off + items_upto] = a[:items_upto]
             else:
                 out[off:off + n] = a
-            off += n
+            off += (n + 3) & ~3
         return off
 
     def view(self, name: str) -> torch.Tensor:
@@ -166,7 +176,8 @@ class DevicePlan:
                 self._views = {"row_slot_start": self.data}
             else:
                 parts = torch.split(self.data, self.sizes(self.num_items, self.batch_size, self.num_rows))
-                self._views = dict(zip(_FIELDS, parts))
+                lens = self.lengths(self.num_items, self.batch_size, self.num_rows)
+                self._views = {f: p[:n] for f, p, n in zip(_FIELDS, parts, lens)}
         return self._views[name]
 
     @classmethod
@@ -223,7 +234,7 @@ class PlanUploader:
             ev.synchronize()
         buf = self._host[k]
         if buf is None or buf[0].numel() < n:
-            t = torch.empty(max(n, 2 * (buf[0].numel() if buf else 0)), dtype=torch.int32, pin_memory=self.cuda)
+            t = torch.zeros(max(n, 2 * (buf[0].numel() if buf else 0)), dtype=torch.int32, pin_memory=self.cuda)
             buf = self._host[k] = (t, t.numpy())
             self._layout[k] = None
             self.allocations += 1
@@ -234,7 +245,7 @@ class PlanUploader:
         refreshed in place and ``out`` returned, else a :class:`DevicePlan` over this uploader's device
         buffer (which the next upload reuses: one plan in use at a time)."""
         W, B, T = plan.num_items, plan.batch_size, plan.num_rows
-        n = 5 * W + B + 2 * T
+        n = 5 * ((W + 3) & ~3) + ((B + 3) & ~3) + 2 * ((T + 3) & ~3)   # sum(DevicePlan.sizes(W, B, T))
         qsl = plan.query_start_loc
         max_q = int((qsl[1:] - qsl[:-1]).max()) if B else 1
         block_m, row_blocks = packed_rows(max_q, group, max_block_m)

@@ -42,8 +42,9 @@ def test_views_hold_the_plan_and_the_device_buffer_is_reused_while_large_enough(
     for plan in _plans(False):
         dp = up.upload(plan, group=4)
         _assert_views_hold(dp, plan)
-        np.testing.assert_array_equal(dp.data.cpu().numpy(), np.concatenate(
-            [np.asarray(getattr(plan, f), np.int32) for f in _FIELDS]))
+        assert dp.data.numel() == sum(DevicePlan.sizes(plan.num_items, plan.batch_size, plan.num_rows))
+        for f in _FIELDS:   # every view 16-byte aligned, whatever the plan's sizes (one Triton specialization)
+            assert dp.view(f).data_ptr() % 16 == 0, f
         sizes.append(dp.data.numel())
     # one device buffer that grows geometrically, one staging buffer (a ring of one off CUDA)
     assert up.allocations <= 2 * (1 + sum(b > a for a, b in zip(sizes, sizes[1:])))
@@ -78,12 +79,16 @@ def test_graph_stable_refresh_refuses_other_shapes():
         w.plan([10, 20, 30])
 
 
-def test_pack_into_writes_the_fields_back_to_back():
-    for plan in _plans(True):
+def test_pack_into_writes_each_field_at_its_aligned_offset():
+    for plan in list(_plans(True)) + list(_plans(False)):
         buf = np.full(DevicePlan.pack(plan).size + 3, -7, np.int32)
         n = DevicePlan.pack_into(plan, buf)
         assert n == buf.size - 3 and (buf[n:] == -7).all()
-        np.testing.assert_array_equal(buf[:n], np.concatenate([getattr(plan, f) for f in _FIELDS]))
+        offsets = np.cumsum([0] + DevicePlan.sizes(plan.num_items, plan.batch_size, plan.num_rows))
+        assert (offsets % 4 == 0).all() and offsets[-1] == n
+        for f, off in zip(_FIELDS, offsets):
+            a = getattr(plan, f)
+            np.testing.assert_array_equal(buf[off:off + a.shape[0]], a, err_msg=f)
 
 
 def test_run_prepares_its_launches_once_per_signature(monkeypatch):

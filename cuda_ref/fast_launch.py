@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os
 from functools import reduce
-from operator import or_
+from operator import itemgetter, or_
 
 import torch
 import triton
@@ -135,26 +135,26 @@ def _scalar_class(value, specialized: bool):
     return (t, value)
 
 
-def specialization_key(fn, values: list, tensor_slots, kwargs: dict):
+def specialization_key(fn, values: list, tensor_slots, kwargs: dict, aligned=None):
     """A key that is equal for two launches of ``fn`` only if Triton would pick the same compiled kernel
-    for both (finer than Triton's own where that is simpler): the device, every parameter's part
-    (constexprs by value; tensors by dtype and 16-byte alignment; other arguments by
-    :func:`_scalar_class`, honouring ``do_not_specialize``), the launch options and the debug /
-    instrumentation knobs. ``values``: every parameter's value (:func:`bound_values`, the tensors at
-    ``tensor_slots``). ``None`` when a value is not hashable (no reuse: the full check runs)."""
-    from triton import knobs
-
-    slots = set(tensor_slots)
-    parts = []
-    for i, (p, v) in enumerate(zip(fn.params, values)):
-        if i in slots:
-            parts.append((v.dtype, not (v.data_ptr() & 15)))
-        elif p.is_constexpr:
-            parts.append((type(v), v))
-        else:
-            parts.append(_scalar_class(v, not p.do_not_specialize))
-    key = (torch.cuda.current_device(), tuple(parts), tuple(sorted(kwargs.items())),
-           bool(getattr(fn, "debug", False) or knobs.runtime.debug), str(knobs.compilation.instrumentation_mode))
+    for both (finer than Triton's own where that is cheaper): the device; the tensors' dtypes and
+    16-byte alignments; the other arguments Triton may specialize by type and exact value (finer than
+    Triton's class, and equal across plans: strides, scale, constexprs); the ``do_not_specialize``
+    integers by :func:`_scalar_class` alone (their values change with the plan); the launch options
+    and the debug / instrumentation knobs. ``values``: every parameter's value (:func:`bound_values`,
+    the tensors at ``tensor_slots``); ``aligned``: the tensors' 16-byte alignments if known. ``None``
+    when a value is not hashable (no reuse: the full check runs)."""
+    exact, loose = _param_groups(fn, tuple(tensor_slots))
+    vals = exact(values) if exact is not None else ()
+    tensors = [values[i] for i in tensor_slots]
+    if aligned is None:
+        aligned = [not (p & 15) for p in map(_data_ptr, tensors)]
+    rt = _knobs.runtime
+    key = (torch.cuda.current_device(), tuple(map(type, vals)), vals,
+           tuple(_scalar_class(values[i], False) for i in loose),
+           tuple(t.dtype for t in tensors), tuple(aligned),
+           tuple(sorted(kwargs.items())), bool(getattr(fn, "debug", False) or rt.debug),
+           str(_knobs.compilation.instrumentation_mode))
     try:
         hash(key)
     except TypeError:
@@ -162,7 +162,25 @@ def specialization_key(fn, values: list, tensor_slots, kwargs: dict):
     return key
 
 
-# compiled kernels whose launch a first call checked: id(fn) -> (fn, {specialization_key: _Verified})
+def _param_groups(fn, tensor_slots: tuple):
+    """``(getter of the values kept exactly, positions of the do_not_specialize parameters)`` of ``fn``
+    for launches with tensors at ``tensor_slots`` (computed once per kernel and slots)."""
+    groups = _verified_entry(fn)[2]
+    g = groups.get(tensor_slots)
+    if g is None:
+        slots = set(tensor_slots)
+        exact = [i for i, p in enumerate(fn.params) if i not in slots and not (p.do_not_specialize and not p.is_constexpr)]
+        loose = tuple(i for i, p in enumerate(fn.params) if i not in slots and p.do_not_specialize and not p.is_constexpr)
+        getter = None
+        if exact:
+            pick = itemgetter(*exact)
+            getter = (lambda v: (pick(v),)) if len(exact) == 1 else pick
+        g = groups[tensor_slots] = (getter, loose)
+    return g
+
+
+# compiled kernels whose launch a first call checked:
+# id(fn) -> [fn, {specialization_key: _Verified}, {tensor_slots: _param_groups}]
 _VERIFIED: dict = {}
 
 
@@ -175,11 +193,15 @@ class _Verified:
         self.run, self.function, self.packed, self.arity = run, function, packed, arity
 
 
-def _verified(fn) -> dict:
+def _verified_entry(fn) -> list:
     entry = _VERIFIED.get(id(fn))
     if entry is None or entry[0] is not fn:
-        entry = _VERIFIED[id(fn)] = (fn, {})
-    return entry[1]
+        entry = _VERIFIED[id(fn)] = [fn, {}, {}]
+    return entry
+
+
+def _verified(fn) -> dict:
+    return _verified_entry(fn)[1]
 
 
 def forget_verified() -> None:
@@ -293,28 +315,29 @@ class FastLaunch:
     def _reuse(self, tensors: tuple) -> bool:
         """Set the fast path up from a compiled kernel that another launch's first call checked for
         the same :func:`specialization_key`; ``False`` when there is none (the full check follows)."""
-        from triton import knobs
-
-        if len(tensors) != len(self.tensor_slots) or getattr(knobs.runtime, "add_stages_inspection_hook", None):
+        if (_knobs is None or len(tensors) != len(self.tensor_slots)
+                or getattr(_knobs.runtime, "add_stages_inspection_hook", None) is not None):
             return False
         ours = bound_values(self.fn.params, tuple(self.arguments(tensors)), self.kwargs)
-        key = specialization_key(self.fn, ours, self.tensor_slots, self.kwargs)
+        aligned = [not (p & 15) for p in map(_data_ptr, tensors)]
+        key = specialization_key(self.fn, ours, self.tensor_slots, self.kwargs, aligned)
         hit = _verified(self.fn).get(key) if key is not None else None
         if hit is None or hit.arity != len(ours):
             self._key = key
             return False
-        self._keep(hit, ours, tensors, key[0])
+        self._keep(hit, ours, tensors, key[0], aligned)
         self.reused = True
         return True
 
-    def _keep(self, v: "_Verified", ours: list, tensors: tuple, device: int) -> None:
+    def _keep(self, v: "_Verified", ours: list, tensors: tuple, device: int, aligned=None) -> None:
         """The fast path on, with the launcher ``v`` and this launch's values ``ours``."""
         self._stream = torch._C._cuda_getCurrentRawStream
         self._function, self._packed = v.function, v.packed
-        slots = set(self.tensor_slots)
-        self._values = [None if i in slots else x for i, x in enumerate(ours)]  # no tensor kept
+        self._values = list(ours)
+        for i in self.tensor_slots:
+            self._values[i] = None  # no tensor kept
         self._tail = tuple(ours[len(tensors):])
-        self._aligned = [not (t.data_ptr() & 15) for t in tensors]
+        self._aligned = aligned if aligned is not None else [not (p & 15) for p in map(_data_ptr, tensors)]
         self._all_aligned = all(self._aligned)
         self._device = device
         self.fast, self.reason = True, f"Triton {triton.__version__}: the compiled kernel's launcher"

@@ -103,11 +103,17 @@ def gpu_free(monkeypatch):
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 77, raising=False)
 
 
+def _wide(block_table, columns=32):
+    """The block table padded to ``columns`` columns (page 0: valid), as a server's fixed-width table."""
+    return torch.nn.functional.pad(block_table, (0, columns - block_table.shape[1]))
+
+
 def _decode_launch(fuse=False, soft_cap=None, window=None, int8=False, lens=(50, 17)):
     """A real prepared stage-1 + merge launch (the wrapper's shapes) and its tensors."""
     B = len(lens)
     inp = cases.random_inputs(B, list(lens), num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8)
     x = to_torch(inp, "cpu")
+    x["block_table"] = _wide(x["block_table"])
     if int8:
         x["k_cache"] = x["k_cache"].to(torch.int8)
         x["v_cache"] = x["v_cache"].to(torch.int8)
@@ -382,7 +388,9 @@ def test_the_wrapper_reuses_the_compiled_kernel_for_a_new_plan(gpu_free, monkeyp
     for lens in ([50, 17], [70, 9, 33, 120], [5, 200]):
         inp = cases.random_inputs(len(lens), lens, num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8)
         w.plan(inp.seq_lens)
-        w.run(**to_torch(inp, "cpu"))
+        x = to_torch(inp, "cpu")
+        x["block_table"] = _wide(x["block_table"])
+        w.run(**x)
         st, mg = w.last_launch.stage1, w.last_launch.merge.call
         seen.append((st.fast, st.reused, mg.fast, mg.reused))
     assert seen[0] == (True, False, True, False)

@@ -126,3 +126,35 @@ def test_graph_stable_staging_rewrites_only_the_valid_items_and_stays_exact():
                          max_splits=32)
         out = up.upload(plan, group=4, out=out)
         _assert_views_hold(out, plan)
+
+
+def test_a_new_plan_of_the_same_batch_is_checked_against_the_block_tables_width():
+    # the cached metadata check covers the batch and rows; the pages a plan reads are checked each call
+    inp = cases.random_inputs(4, [30, 9], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8)
+    w = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16")
+    x = to_torch(inp, DEVICE)
+    w.plan([30, 9])
+    w.run(**x)
+    cols = x["block_table"].shape[1]
+    w.plan([cols * 8 + 1, 9])     # one token more than the block table holds
+    with pytest.raises(ValueError, match=f"reads {cols + 1} pages of a request; block_table has only {cols}"):
+        w.run(**x)
+
+
+def test_plans_of_sizes_seen_before_reuse_the_slices_and_views_and_hold_their_values():
+    up = PlanUploader(DEVICE)
+    mk = lambda lens: make_plan(lens, num_kv_heads=2, page_size=16, policy="size:256", num_q_heads=8)  # noqa: E731
+    a, b, a2 = mk([300, 1000]), mk([3000, 20, 700]), mk([260, 1020])
+    assert (a.num_items, a.batch_size, a.num_rows) == (a2.num_items, a2.batch_size, a2.num_rows)
+    assert (a.num_items, a.batch_size) != (b.num_items, b.batch_size)
+    _assert_views_hold(up.upload(b, group=4), b)   # the larger plan first: the buffers' sizes
+    dp_a = up.upload(a, group=4)
+    views_a = {f: dp_a.view(f) for f in _FIELDS}
+    allocs = up.allocations
+    _assert_views_hold(up.upload(b, group=4), b)
+    dp_a2 = up.upload(a2, group=4)
+    assert all(dp_a2.view(f) is views_a[f] for f in _FIELDS)   # no view made again
+    _assert_views_hold(dp_a2, a2)
+    assert up.allocations == allocs
+    assert set(up.last_parts) == {"prepare", "wait", "pack", "copy", "record"}
+    assert all(v >= 0 for v in up.last_parts.values())

@@ -236,6 +236,12 @@ class DecodeWrapper(PlannedWrapper):
             if buf is None or tuple(buf.shape) != shape:
                 self._buffers[name] = torch.zeros(shape, dtype=dt, device=self.device)
 
+    @property
+    def upload_parts(self) -> dict:
+        """Host µs of the last plan upload's parts (``PlanUploader.last_parts``: prepare, wait, pack,
+        copy, record); empty before the first."""
+        return self._uploader.last_parts
+
     def workspace_bytes(self) -> int:
         """Bytes of the partial buffers (and merge counters) the current plan needs."""
         if self.device_plan:   # T x max_splits slots of o [Hq, D] and lse [Hq], float32

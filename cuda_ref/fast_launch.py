@@ -17,6 +17,14 @@ launch metadata may be ``None`` (the launcher then calls nothing). ``launch_pdl`
 ``launch_cooperative_grid`` are compile options kept in the compiled kernel's metadata, which the
 launcher itself applies, so they need nothing here.
 
+A compiled kernel whose launch one first call checked is remembered by what decides Triton's
+specialization (:func:`specialization_key`: the constexprs and launch options, each tensor's dtype and
+16-byte alignment, each other argument's type class and, for an integer Triton specializes, whether it
+is 1 or a multiple of 16): a later prepared launch with the same key (a new plan of other sizes, whose
+grid and plan-size integers differ) takes the launcher from its first call, without Triton's binder or
+cache key. The kernels mark their plan-size integers ``do_not_specialize`` (``cuda_ref.kernels``), so
+such plans share one compiled kernel.
+
 Each fast call takes the current stream's raw handle (so it records into a CUDA graph being
 captured) and the tensors' addresses afresh; it falls back to the normal launch for that call when
 a launch hook is installed (a profiler), the current device changed, or a tensor's 16-byte alignment
@@ -30,7 +38,7 @@ from __future__ import annotations
 
 import os
 from functools import reduce
-from operator import or_
+from operator import itemgetter, or_
 
 import torch
 import triton
@@ -110,6 +118,97 @@ def same_arguments(ours: list, triton_values: list, tensor_slots) -> "str | None
     return None
 
 
+_I32, _I64 = 2 ** 31, 2 ** 63
+
+
+def _scalar_class(value, specialized: bool):
+    """What of a non-tensor, non-constexpr argument can change Triton's specialization: an integer's
+    width class (i32 / i64 / u64 by range) and, where ``specialized``, whether it equals 1 and whether
+    16 divides it; a bool or float only its type (Triton specializes neither); anything else its type
+    and value (finer than needed, never coarser)."""
+    t = type(value)
+    if t is int:
+        width = 0 if -_I32 <= value < _I32 else (1 if -_I64 <= value < _I64 else 2)
+        return (width, value == 1, value % 16 == 0) if specialized else (width,)
+    if t is bool or t is float or value is None:
+        return t
+    return (t, value)
+
+
+def specialization_key(fn, values: list, tensor_slots, kwargs: dict, aligned=None):
+    """A key that is equal for two launches of ``fn`` only if Triton would pick the same compiled kernel
+    for both (finer than Triton's own where that is cheaper): the device; the tensors' dtypes and
+    16-byte alignments; the other arguments Triton may specialize by type and exact value (finer than
+    Triton's class, and equal across plans: strides, scale, constexprs); the ``do_not_specialize``
+    integers by :func:`_scalar_class` alone (their values change with the plan); the launch options
+    and the debug / instrumentation knobs. ``values``: every parameter's value (:func:`bound_values`,
+    the tensors at ``tensor_slots``); ``aligned``: the tensors' 16-byte alignments if known. ``None``
+    when a value is not hashable (no reuse: the full check runs)."""
+    exact, loose = _param_groups(fn, tuple(tensor_slots))
+    vals = exact(values) if exact is not None else ()
+    tensors = [values[i] for i in tensor_slots]
+    if aligned is None:
+        aligned = [not (p & 15) for p in map(_data_ptr, tensors)]
+    rt = _knobs.runtime
+    key = (torch.cuda.current_device(), tuple(map(type, vals)), vals,
+           tuple(_scalar_class(values[i], False) for i in loose),
+           tuple(t.dtype for t in tensors), tuple(aligned),
+           tuple(sorted(kwargs.items())), bool(getattr(fn, "debug", False) or rt.debug),
+           str(_knobs.compilation.instrumentation_mode))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _param_groups(fn, tensor_slots: tuple):
+    """``(getter of the values kept exactly, positions of the do_not_specialize parameters)`` of ``fn``
+    for launches with tensors at ``tensor_slots`` (computed once per kernel and slots)."""
+    groups = _verified_entry(fn)[2]
+    g = groups.get(tensor_slots)
+    if g is None:
+        slots = set(tensor_slots)
+        exact = [i for i, p in enumerate(fn.params) if i not in slots and not (p.do_not_specialize and not p.is_constexpr)]
+        loose = tuple(i for i, p in enumerate(fn.params) if i not in slots and p.do_not_specialize and not p.is_constexpr)
+        getter = None
+        if exact:
+            pick = itemgetter(*exact)
+            getter = (lambda v: (pick(v),)) if len(exact) == 1 else pick
+        g = groups[tensor_slots] = (getter, loose)
+    return g
+
+
+# compiled kernels whose launch a first call checked:
+# id(fn) -> [fn, {specialization_key: _Verified}, {tensor_slots: _param_groups}]
+_VERIFIED: dict = {}
+
+
+class _Verified:
+    """A checked compiled kernel's launcher, function handle, packed metadata and argument count."""
+
+    __slots__ = ("run", "function", "packed", "arity")
+
+    def __init__(self, run, function, packed, arity):
+        self.run, self.function, self.packed, self.arity = run, function, packed, arity
+
+
+def _verified_entry(fn) -> list:
+    entry = _VERIFIED.get(id(fn))
+    if entry is None or entry[0] is not fn:
+        entry = _VERIFIED[id(fn)] = [fn, {}, {}]
+    return entry
+
+
+def _verified(fn) -> dict:
+    return _verified_entry(fn)[1]
+
+
+def forget_verified() -> None:
+    """Drop every remembered compiled kernel (tests; after Triton's caches were cleared)."""
+    _VERIFIED.clear()
+
+
 class FastLaunch:
     """One launch of ``fn`` (a ``triton.jit`` function) with a fixed ``grid``, fixed positional
     arguments except the tensors, and ``kwargs`` (constexprs by name and launch options).
@@ -131,6 +230,8 @@ class FastLaunch:
         self.fast: "bool | None" = None
         self.reason = "not launched yet"
         self.slow_calls = 0
+        self.reused = False       # True: the first call found a kernel another launch had checked
+        self._key = None          # the first call's specialization_key (None: not computed, or unhashable)
         g = self.grid + (1,) * (3 - len(self.grid))
         self._g0, self._g1, self._g2 = g[0], g[1], g[2]
         # tensors first (the common case): a call is (*tensors, *rest), no template to fill
@@ -197,7 +298,7 @@ class FastLaunch:
             self._off(why)
             return True
         try:
-            if self._check_and_keep(None, tensors):
+            if self._reuse(tensors) or self._check_and_keep(None, tensors):
                 return False  # decided from the cache: the caller launches (fast, or normally if off)
         except Exception as e:  # any surprise in Triton's internals: the normal path, always correct
             self._off(f"check failed: {type(e).__name__}: {e}")
@@ -210,6 +311,37 @@ class FastLaunch:
         if self.fast is None:
             self._off("no compiled kernel after the first launch")
         return True
+
+    def _reuse(self, tensors: tuple) -> bool:
+        """Set the fast path up from a compiled kernel that another launch's first call checked for
+        the same :func:`specialization_key`; ``False`` when there is none (the full check follows)."""
+        if (_knobs is None or len(tensors) != len(self.tensor_slots)
+                or getattr(_knobs.runtime, "add_stages_inspection_hook", None) is not None):
+            return False
+        ours = bound_values(self.fn.params, tuple(self.arguments(tensors)), self.kwargs)
+        aligned = [not (p & 15) for p in map(_data_ptr, tensors)]
+        key = specialization_key(self.fn, ours, self.tensor_slots, self.kwargs, aligned)
+        hit = _verified(self.fn).get(key) if key is not None else None
+        if hit is None or hit.arity != len(ours):
+            self._key = key
+            return False
+        self._keep(hit, ours, tensors, key[0], aligned)
+        self.reused = True
+        return True
+
+    def _keep(self, v: "_Verified", ours: list, tensors: tuple, device: int, aligned=None) -> None:
+        """The fast path on, with the launcher ``v`` and this launch's values ``ours``."""
+        self._stream = torch._C._cuda_getCurrentRawStream
+        self._function, self._packed = v.function, v.packed
+        self._values = list(ours)
+        for i in self.tensor_slots:
+            self._values[i] = None  # no tensor kept
+        self._tail = tuple(ours[len(tensors):])
+        self._aligned = aligned if aligned is not None else [not (p & 15) for p in map(_data_ptr, tensors)]
+        self._all_aligned = all(self._aligned)
+        self._device = device
+        self.fast, self.reason = True, f"Triton {triton.__version__}: the compiled kernel's launcher"
+        self._run = v.run
 
     def _check_and_keep(self, compiled, tensors: tuple) -> bool:
         """Bind this call with Triton's own binder and find its kernel by Triton's cache key; with
@@ -263,16 +395,11 @@ class FastLaunch:
         if not callable(run) or not function:
             self._off("the compiled kernel has no launcher or function handle")
             return True
-        self._stream = torch._C._cuda_getCurrentRawStream
-        self._function, self._packed = function, compiled.packed_metadata
-        slots = set(self.tensor_slots)
-        self._values = [None if i in slots else v for i, v in enumerate(ours)]  # no tensor kept
-        self._tail = tuple(ours[len(tensors):])
-        self._aligned = [not (t.data_ptr() & 15) for t in tensors]
-        self._all_aligned = all(self._aligned)
-        self._device = device
-        self.fast, self.reason = True, f"Triton {triton.__version__}: the compiled kernel's launcher"
-        self._run = run
+        checked = _Verified(run, function, compiled.packed_metadata, len(ours))
+        self._keep(checked, ours, tensors, device)
+        key = self._key
+        if key is not None and key[0] == device:
+            _verified(self.fn)[key] = checked   # later launches of this specialization reuse it
         return True
 
 

@@ -51,6 +51,14 @@ try:  # programmatic dependent launch (sm_90+); absent from older Triton and fro
 except ImportError:  # pragma: no cover - only reached where the constexpr flags below stay False
     gdc_launch_dependents = gdc_wait = None
 
+# Integer arguments that change with the plan's sizes (batch, rows, slots, the cache's pages and the block
+# table's width) but only bound masks and clamps: not specialized (Triton would otherwise compile a new
+# kernel for a value of 1 and treat multiples of 16 apart), so plans of other sizes share one compiled
+# kernel and a prepared launch of a new plan reuses it (cuda_ref.fast_launch). The device-made plan's
+# SPLIT_SIZE / MAX_SPLITS and the merge's SEARCH_STEPS (a loop count) stay specialized: fixed per wrapper.
+STAGE1_DO_NOT_SPECIALIZE = ("NUM_PAGES", "KV_CAP", "NUM_ROWS", "NUM_SLOTS", "BATCH")
+MERGE_DO_NOT_SPECIALIZE = ("NUM_SLOTS", "BATCH")
+
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -80,7 +88,7 @@ def _dequant(x, sc, off, KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr, UPCAST
     return x
 
 
-@triton.jit
+@triton.jit(do_not_specialize=STAGE1_DO_NOT_SPECIALIZE)
 def split_kv_kernel(
     Q, K, V, BLOCK_TABLE, SEQ_LENS, QUERY_START,
     ITEM_REQ, ITEM_HEAD, ITEM_SPLIT, ITEM_START, ITEM_END,
@@ -642,7 +650,7 @@ def _device_row_splits(SEQ_LENS, QUERY_START, t, BATCH, SPLIT_SIZE, MAX_SPLITS, 
     return tl.where(in_batch, n, 1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=MERGE_DO_NOT_SPECIALIZE)
 def merge_kernel(
     PART_O, PART_LSE, OUT, OUT_LSE, ROW_SLOT, ROW_NS,
     stride_ps, stride_ph, stride_ls, stride_lh,

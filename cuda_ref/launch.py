@@ -7,11 +7,11 @@ take every buffer from the caller, so a CUDA graph can capture them.
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import triton
 
 from splitkv_common.plan import Plan
 
@@ -61,7 +61,7 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     wave of such programs (four per SM: B64 x 2k, 512 items, 131 against 151 µs with 64-token
     tiles), and stays at 64 tokens with 5 stages beyond (B128 x 1k, 1024 items: 137 against 147 µs,
     runs 12 and 13); other head dims and dtypes were not measured and keep the batch-invariant choice."""
-    d = max(16, triton.next_power_of_2(head_dim))
+    d = max(16, 1 << (int(head_dim) - 1).bit_length())  # the next power of two
     key = "few" if 0 < num_items <= 2 * 132 else "many"
     elem = min(max(kv_bytes, 2), 4)
     block_n = max(16, min(64, (16 * 1024) // (d * elem)))
@@ -108,7 +108,10 @@ def merge_chunk(block_d: int) -> int:
 class DevicePlan:
     """A :class:`~splitkv_common.plan.Plan` on the device as one int32 buffer.
 
-    ``data`` holds the eight int32 arrays of the plan back to back (``_FIELDS`` order, exact sizes);
+    ``data`` holds the eight int32 arrays of the plan one after the other (``_FIELDS`` order), each
+    starting on a 16-byte boundary (:meth:`sizes`: every array's length rounded up to 4 entries; the
+    gaps are never read), so every view is aligned whatever the plan's sizes: Triton specializes a kernel on
+    its pointers' 16-byte alignment, and plans of any sizes then share one compiled kernel.
     :meth:`view` returns slices of it (made once per buffer, not per launch), so one host-to-device
     copy refreshes a plan in place (graph replay). :class:`PlanUploader` makes and refreshes them.
 
@@ -134,19 +137,26 @@ class DevicePlan:
     _views: "dict | None" = field(default=None, repr=False, compare=False)
 
     @staticmethod
-    def sizes(num_items: int, batch_size: int, num_rows: int) -> list[int]:
+    def lengths(num_items: int, batch_size: int, num_rows: int) -> list[int]:
+        """The eight arrays' lengths (``_FIELDS`` order)."""
         return [num_items] * 5 + [batch_size, num_rows, num_rows]
 
     @staticmethod
+    def sizes(num_items: int, batch_size: int, num_rows: int) -> list[int]:
+        """The eight arrays' extents in ``data``: each length rounded up to 4 int32 entries (16 bytes),
+        so each array starts aligned; ``sum`` is ``data``'s length."""
+        return [(n + 3) & ~3 for n in DevicePlan.lengths(num_items, batch_size, num_rows)]
+
+    @staticmethod
     def pack(plan: Plan) -> np.ndarray:
-        out = np.empty(sum(DevicePlan.sizes(plan.num_items, plan.batch_size, plan.num_rows)), np.int32)
+        out = np.zeros(sum(DevicePlan.sizes(plan.num_items, plan.batch_size, plan.num_rows)), np.int32)
         DevicePlan.pack_into(plan, out)
         return out
 
     @staticmethod
     def pack_into(plan: Plan, out: np.ndarray, items_upto: "int | None" = None) -> int:
-        """Write the plan's eight arrays back to back into the int32 array ``out`` (long enough);
-        returns the entries written. One slice assignment per field, no intermediate array.
+        """Write the plan's eight arrays into the int32 array ``out`` (long enough), each at its
+        aligned offset (:meth:`sizes`; the gaps are left as they are, never read); returns the entries spanned. One slice assignment per field, no intermediate array.
         ``items_upto``: write only the first entries of the five work-item arrays, ``out`` already
         holding the rest (the padding of a graph-stable plan of the same shapes)."""
         off = 0
@@ -157,16 +167,22 @@ class DevicePlan:
                 out[off:off + items_upto] = a[:items_upto]
             else:
                 out[off:off + n] = a
-            off += n
+            off += (n + 3) & ~3
         return off
+
+    @staticmethod
+    def views_of(data: torch.Tensor, num_items: int, batch_size: int, num_rows: int) -> dict:
+        """The eight arrays of a packed buffer ``data`` by name (views of it)."""
+        parts = torch.split(data, DevicePlan.sizes(num_items, batch_size, num_rows))
+        lens = DevicePlan.lengths(num_items, batch_size, num_rows)
+        return {f: p[:n] for f, p, n in zip(_FIELDS, parts, lens)}
 
     def view(self, name: str) -> torch.Tensor:
         if self._views is None:
             if self.split_size:
                 self._views = {"row_slot_start": self.data}
             else:
-                parts = torch.split(self.data, self.sizes(self.num_items, self.batch_size, self.num_rows))
-                self._views = dict(zip(_FIELDS, parts))
+                self._views = self.views_of(self.data, self.num_items, self.batch_size, self.num_rows)
         return self._views[name]
 
     @classmethod
@@ -198,9 +214,15 @@ class PlanUploader:
     that is reused while it is large enough (always, for graph-stable plans: the refresh is in place).
 
     A pinned buffer is written only after the copy that last read it has finished (a CUDA event per
-    ring slot), so a plan in flight is never overwritten; with two slots the host waits only if it
-    plans two steps ahead of the device. The copy is ordered on the current stream, before the
-    kernels that read the plan. Off CUDA the buffers are plain CPU tensors (the copy is a memcpy).
+    ring slot, made once and re-recorded; queried first, waited on only if the copy is still running),
+    so a plan in flight is never overwritten; with two slots the host waits only if it plans two steps
+    ahead of the device. The copy is ordered on the current stream, before the kernels that read the
+    plan. Off CUDA the buffers are plain CPU tensors (the copy is a memcpy). Nothing is made per call
+    that the sizes fix: the staging slices and the device buffer's slice and array views are kept per
+    size (a plan of sizes seen before reuses them).
+
+    ``last_parts``: host µs of the last upload's parts, ``{"prepare", "wait", "pack", "copy",
+    "record"}`` (``scripts/bench_serving.py`` reports them).
     """
 
     def __init__(self, device, ring: int = 2):
@@ -212,29 +234,57 @@ class PlanUploader:
         self._events: list = [None] * self.ring
         self._next = 0
         self._dev: "torch.Tensor | None" = None    # the device buffer (capacity >= the plan)
+        self._dev_views: dict = {}                 # (W, B, T) -> (slice of _dev, its array views)
+        self._host_slices: list = [{} for _ in range(self.ring)]   # per slot: n -> host_t[:n]
         self.allocations = 0                       # buffers allocated so far (host and device)
+        self.last_parts: dict = {}
 
     def _staging(self, n: int):
-        """A host buffer of at least ``n`` int32 entries whose last copy has finished."""
+        """A host buffer of at least ``n`` int32 entries whose last copy has finished: ``(slot, tensor
+        slice [n], numpy array)``."""
         k = self._next
         self._next = (k + 1) % self.ring
         ev = self._events[k]
-        if ev is not None:
+        if ev is not None and not ev.query():
             ev.synchronize()
         buf = self._host[k]
         if buf is None or buf[0].numel() < n:
-            t = torch.empty(max(n, 2 * (buf[0].numel() if buf else 0)), dtype=torch.int32, pin_memory=self.cuda)
+            t = torch.zeros(max(n, 2 * (buf[0].numel() if buf else 0)), dtype=torch.int32, pin_memory=self.cuda)
             buf = self._host[k] = (t, t.numpy())
             self._layout[k] = None
+            self._host_slices[k] = {}
             self.allocations += 1
-        return k, buf
+        sl = self._host_slices[k].get(n)
+        if sl is None:
+            if len(self._host_slices[k]) >= 16:
+                self._host_slices[k].clear()
+            sl = self._host_slices[k][n] = buf[0][:n]
+        return k, sl, buf[1]
+
+    def _device_slice(self, W: int, B: int, T: int, n: int, graph_stable: bool):
+        """``(slice [n] of the device buffer, its array views)``, kept per sizes while the buffer is."""
+        hit = self._dev_views.get((W, B, T))
+        if hit is not None:
+            return hit
+        if self._dev is None or self._dev.numel() < n:
+            cap = n if graph_stable else max(n, 2 * (self._dev.numel() if self._dev is not None else 0))
+            self._dev = torch.empty(cap, dtype=torch.int32, device=self.device)
+            self._dev_views = {}
+            self.allocations += 1
+        if len(self._dev_views) >= 16:
+            self._dev_views.clear()
+        dst = self._dev[:n]
+        hit = self._dev_views[(W, B, T)] = (dst, DevicePlan.views_of(dst, W, B, T))
+        return hit
 
     def upload(self, plan: Plan, group: int, out: "DevicePlan | None" = None, max_block_m: int = 64) -> DevicePlan:
         """``plan`` on the device; with ``out`` (a graph-stable plan of the same shapes) its buffer is
         refreshed in place and ``out`` returned, else a :class:`DevicePlan` over this uploader's device
         buffer (which the next upload reuses: one plan in use at a time)."""
+        clock = time.perf_counter
+        t0 = clock()
         W, B, T = plan.num_items, plan.batch_size, plan.num_rows
-        n = 5 * W + B + 2 * T
+        n = 5 * ((W + 3) & ~3) + ((B + 3) & ~3) + 2 * ((T + 3) & ~3)   # sum(DevicePlan.sizes(W, B, T))
         qsl = plan.query_start_loc
         max_q = int((qsl[1:] - qsl[:-1]).max()) if B else 1
         block_m, row_blocks = packed_rows(max_q, group, max_block_m)
@@ -247,14 +297,12 @@ class PlanUploader:
                 raise ValueError("plan: the longest request has more query rows than the graph was captured for")
             if out.max_q_len == 1 and max_q > 1:
                 raise ValueError(f"plan: a request has {max_q} query rows; the graph was captured for one per request")
-            dst = out.data
+            dst, views = out.data, None
         else:
-            if self._dev is None or self._dev.numel() < n:
-                cap = n if plan.graph_stable else max(n, 2 * (self._dev.numel() if self._dev is not None else 0))
-                self._dev = torch.empty(cap, dtype=torch.int32, device=self.device)
-                self.allocations += 1
-            dst = self._dev[:n]
-        k, (host_t, host_np) = self._staging(n)
+            dst, views = self._device_slice(W, B, T, n, plan.graph_stable)
+        t1 = clock()
+        k, host_t, host_np = self._staging(n)
+        t2 = clock()
         # a graph-stable plan like the slot's last one: its padding is there already, write the valid
         # items only (up to the last one's count, which this plan's padding overwrites)
         last = self._layout[k]
@@ -263,15 +311,21 @@ class PlanUploader:
             upto = max(plan.num_valid_items, last[2])
         DevicePlan.pack_into(plan, host_np, items_upto=upto)
         self._layout[k] = (W, n, plan.num_valid_items) if plan.graph_stable else None
-        dst.copy_(host_t[:n], non_blocking=self.cuda)
+        t3 = clock()
+        dst.copy_(host_t, non_blocking=self.cuda)
+        t4 = clock()
         if self.cuda:
-            ev = self._events[k] or torch.cuda.Event()
+            ev = self._events[k]
+            if ev is None:
+                ev = self._events[k] = torch.cuda.Event()
             ev.record()
-            self._events[k] = ev
+        t5 = clock()
+        self.last_parts = dict(prepare=(t1 - t0) * 1e6, wait=(t2 - t1) * 1e6, pack=(t3 - t2) * 1e6,
+                               copy=(t4 - t3) * 1e6, record=(t5 - t4) * 1e6)
         if out is not None:
             return out
         return DevicePlan(dst, W, B, T, plan.num_slots, plan.max_splits, block_m, row_blocks, plan.graph_stable,
-                          max_q_len=max_q)
+                          max_q_len=max_q, _views=views)
 
 
 def _scale_layout(scale: "torch.Tensor | None") -> tuple[int, bool]:
@@ -397,7 +451,7 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
     dot_ieee = q.dtype == torch.float32 or kv_int8
     cfg = config or default_config(D, k_cache.element_size() if not kv_int8 else 4, dplan.num_items,
                                    batch_invariant)
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = max(16, 1 << (D - 1).bit_length())  # the next power of two
     sh, per_channel = _scale_layout(k_scale)
     # the bounds the kernel keeps whatever the values: sizes of the tensors it was given
     batch = min(block_table.shape[0], seq_lens.shape[0], query_start_loc.shape[0] - 1, dplan.batch_size)

@@ -32,6 +32,9 @@ captured graph replays any batch of those shapes after only the inputs vLLM copi
     w = DecodeWrapper(32, 8, 128, 16, policy="size:256", device_plan=True)
     with torch.cuda.graph(g): out, lse = w.run(q, k_cache, v_cache, block_table, seq_lens, query_start_loc)
     seq_lens.copy_(new_lens); query_start_loc.copy_(new_qsl); g.replay()     # no plan(), no plan copy
+
+:class:`StepInputs` keeps ``seq_lens`` and ``query_start_loc`` as views of one device buffer, so a step
+refreshes both with one non-blocking copy.
 """
 
 from __future__ import annotations
@@ -49,6 +52,68 @@ from . import INTERPRET
 from .checks import SignatureCache, check_launch, check_plan, check_scalars, tensor_signature
 from .checks import plan_pages as plan_page_count
 from .launch import DevicePlan, KernelConfig, PlanUploader, prepare_decode
+
+class StepInputs:
+    """A decode step's per-step device inputs, ``seq_lens`` int32 ``[B]`` and ``query_start_loc``
+    int32 ``[B + 1]``, as two views of one device buffer, refreshed by one non-blocking copy from one
+    pinned host buffer (what a serving loop copies before replaying a device-planned graph: one copy,
+    not two; ``query_start_loc`` starts on a 16-byte boundary)::
+
+        inputs = StepInputs(B, device)
+        with torch.cuda.graph(g):
+            w.run(q, k_cache, v_cache, block_table, inputs.seq_lens, inputs.query_start_loc)
+        inputs.update(lens, qsl); g.replay()          # each step: lens [B], qsl [B + 1] (host)
+
+    The host buffers are a ring of ``ring`` (a CUDA event each, made once): one is rewritten only
+    after its last copy has finished, so the host may prepare the next step while the device still
+    copies this one. Off CUDA the buffers are CPU tensors and the copy a memcpy. ``update`` takes
+    host arrays (NumPy or lists) of exactly ``B`` and ``B + 1`` entries; a padded graph's batch is
+    padded by the caller (``seq_len = 0`` requests)."""
+
+    def __init__(self, batch_size: int, device, ring: int = 2):
+        if int(batch_size) < 0:
+            raise ValueError(f"batch_size: must be >= 0, got {batch_size}")
+        B = self.batch_size = int(batch_size)
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self._qsl_at = (B + 3) & ~3            # query_start_loc's offset: a multiple of 4 entries (16 bytes)
+        n = self._qsl_at + B + 1
+        self._dev = torch.zeros(n, dtype=torch.int32, device=self.device)
+        self.seq_lens = self._dev[:B]
+        self.query_start_loc = self._dev[self._qsl_at:]
+        self._host = []
+        for _ in range(max(1, int(ring))):
+            t = torch.zeros(n, dtype=torch.int32, pin_memory=self.cuda)
+            a = t.numpy()
+            self._host.append((t, a[:B], a[self._qsl_at:]))
+        self._events: list = [None] * len(self._host)
+        self._next = 0
+
+    def update(self, seq_lens, query_start_loc) -> None:
+        """Copy this step's host ``seq_lens [B]`` and ``query_start_loc [B + 1]`` into the device views
+        (one non-blocking copy on the current stream). Raises ``ValueError`` naming an argument of
+        another length."""
+        k = self._next
+        self._next = (k + 1) % len(self._host)
+        ev = self._events[k]
+        if ev is not None and not ev.query():
+            ev.synchronize()
+        t, seq_np, qsl_np = self._host[k]
+        try:
+            seq_np[:] = seq_lens
+        except ValueError:
+            raise ValueError(f"seq_lens: {self.batch_size} entries expected, got {np.shape(seq_lens)}") from None
+        try:
+            qsl_np[:] = query_start_loc
+        except ValueError:
+            raise ValueError(f"query_start_loc: {self.batch_size + 1} entries expected, got "
+                             f"{np.shape(query_start_loc)}") from None
+        self._dev.copy_(t, non_blocking=self.cuda)
+        if self.cuda:
+            if ev is None:
+                ev = self._events[k] = torch.cuda.Event()
+            ev.record()
+
 
 class _Sizes:
     """The plan sizes :meth:`PlanSpec.check_shapes` reads, for a device-made plan (from the tensors)."""
@@ -148,7 +213,7 @@ class DecodeWrapper(PlannedWrapper):
         self.dplan = self._uploader.upload(plan, group, out=reuse)
         self.host_plan = plan
         self._plan_pages = plan_pages
-        self._plan_sig = (plan.batch_size, plan.num_rows, plan_pages)  # what check() depends on in the plan
+        self._plan_sig = (plan.batch_size, plan.num_rows)  # what check()'s cached part depends on in the plan
         if reuse is not None:  # graph-stable refresh: the shapes (hence the buffers) are those of the capture
             return
         d = self.dplan
@@ -170,6 +235,12 @@ class DecodeWrapper(PlannedWrapper):
             buf = self._buffers.get(name)
             if buf is None or tuple(buf.shape) != shape:
                 self._buffers[name] = torch.zeros(shape, dtype=dt, device=self.device)
+
+    @property
+    def upload_parts(self) -> dict:
+        """Host µs of the last plan upload's parts (``PlanUploader.last_parts``: prepare, wait, pack,
+        copy, record); empty before the first."""
+        return self._uploader.last_parts
 
     def workspace_bytes(self) -> int:
         """Bytes of the partial buffers (and merge counters) the current plan needs."""
@@ -251,7 +322,7 @@ class DecodeWrapper(PlannedWrapper):
         table's shape, made when those shapes change (not while a graph replays)."""
         B, T, pages = block_table.shape[0], q.shape[0], block_table.shape[1]
         shape = (B, T, pages)
-        if self._plan_sig is not None and self._plan_sig[3:] == shape:
+        if self._plan_sig is not None and self._plan_sig[2:] == shape:
             return
         group = self.num_q_heads // self.num_kv_heads
         max_q = T if self.max_q_len is None else min(self.max_q_len, max(T, 1))
@@ -259,7 +330,7 @@ class DecodeWrapper(PlannedWrapper):
                                  self.device)
         self.dplan = d
         self._plan_pages = 0
-        self._plan_sig = (B, T, 0) + shape
+        self._plan_sig = (B, T) + shape
         self._buffers_for(T, d.num_slots, B * self.num_kv_heads * d.row_blocks)
 
     def check_errors(self) -> None:
@@ -294,14 +365,16 @@ class DecodeWrapper(PlannedWrapper):
               window_left=None):
         """Metadata checks (no host sync): ranks, shapes, strides, dtypes, devices, scalars, and the
         plan against the batch. A signature (each tensor's shape, strides, dtype and device, the
-        scalars, the plan's sizes) that passed once is remembered: repeating it costs one lookup.
-        Returns that signature (None when it is not hashable)."""
+        scalars, the plan's batch and rows) that passed once is remembered: repeating it costs one
+        lookup, and the block table's width against the pages the plan reads (which a new plan of the
+        same batch may change) one comparison. Returns that signature (None when it is not hashable)."""
         s = tensor_signature  # spelled out: this runs on every call (about 20 attribute reads and one set lookup)
         try:
             key = (s(q), s(k_cache), s(v_cache), s(block_table), s(seq_lens), s(query_start_loc), s(k_scale),
                    s(v_scale), s(k_offset), s(v_offset), self._plan_sig, type(scale), scale, type(soft_cap), soft_cap,
                    type(window_left), window_left)
             if key in self._checked:
+                self._check_plan_pages(block_table)
                 return key
         except (AttributeError, TypeError):  # not tensors, or unhashable scalars: the full checks say what
             key = None
@@ -319,9 +392,13 @@ class DecodeWrapper(PlannedWrapper):
                                v_cache, block_table, seq_lens, query_start_loc)
         check_launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale=k_scale, v_scale=v_scale,
                      k_offset=k_offset, v_offset=v_offset)
-        if block_table.shape[1] < self._plan_pages:
-            raise ValueError(f"plan: reads {self._plan_pages} pages of a request; block_table has only "
-                             f"{block_table.shape[1]} columns")
+        self._check_plan_pages(block_table)
         if key is not None:
             self._checked.add(key)
         return key
+
+    def _check_plan_pages(self, block_table) -> None:
+        """The block table has the columns the plan reads (checked on every call: a new plan may read more)."""
+        if block_table.shape[1] < self._plan_pages:
+            raise ValueError(f"plan: reads {self._plan_pages} pages of a request; block_table has only "
+                             f"{block_table.shape[1]} columns")

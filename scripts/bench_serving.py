@@ -30,9 +30,13 @@ sizes only: it is slow).
 ``--fixed-batches 1,16,64,256`` replaces the trace by fixed batches (lengths uniform 512-8192, every
 length + 1 each step) and prints one table per batch: the host-planned graph (one step = ``plan()``
 (``make_plan`` + ``upload``) + copy lengths + graph replay, a graph-stable wrapper captured at that
-batch), the device-planned graph (``DecodeWrapper(device_plan=True, policy="size:S")``, ``S`` from
-``--device-split``; one step = copy lengths and query offsets + replay, no plan) and the eager path
-(``run()``'s host time with its launches, and its Python side alone with the launches stubbed out).
+batch; the upload split into its parts, ``upload_parts``: ``PlanUploader.last_parts`` and the rest of
+``set_plan()``), the device-planned graph (``DecodeWrapper(device_plan=True, policy="size:S")``, ``S``
+from ``--device-split``; one step = copy lengths and query offsets, one copy through
+``cuda_ref.wrapper.StepInputs``, + replay, no plan) and the eager path (``run()``'s host time with its
+launches right after ``plan()`` and once more with the same plan, the steps that prepared a new launch
+and whether its first call reused a checked compiled kernel, and the Python side alone with the
+launches stubbed out).
 
 ``--points B1x16k,B16x8k,B64x2k`` compares, at fixed lengths, the host-planned graph (``--policy`` and
 ``size:S``) with the device-planned graph (``size:S``): step and replay.
@@ -61,7 +65,7 @@ sys.path.insert(0, ROOT)
 import cuda_ref  # noqa: E402,F401  (first: selects the Triton interpreter on a machine without a GPU)
 import torch  # noqa: E402
 
-from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
+from cuda_ref.wrapper import DecodeWrapper, StepInputs  # noqa: E402
 from splitkv_common.provenance import provenance  # noqa: E402
 
 # named workloads: prompt and decode-length distributions (see parse_dist)
@@ -229,13 +233,10 @@ class DeviceGraphed:
         a = rig.args
         self.w = DecodeWrapper(a.hq, a.hkv, a.head_dim, a.page, dtype=rig.dtype, device=rig.device,
                                policy=f"size:{split}", device_plan=True, max_q_len=r)
-        pin = rig.device.type == "cuda"
-        self.seq_host = torch.zeros(size, dtype=torch.int32, pin_memory=pin)
-        self.qsl_host = torch.arange(0, (size + 1) * r, r, dtype=torch.int32)
-        if pin:
-            self.qsl_host = self.qsl_host.pin_memory()
-        self.seq = self.seq_host.to(rig.device)
-        self.qsl = self.qsl_host.to(rig.device)
+        # the step's inputs: one device buffer, one copy a step (StepInputs)
+        self.inputs = StepInputs(size, rig.device)
+        self.inputs.update(np.zeros(size, np.int64), np.arange(0, (size + 1) * r, r))
+        self.seq, self.qsl = self.inputs.seq_lens, self.inputs.query_start_loc
         self.bt = rig.block_table[:size]
         self.q = rig.q[:size * r] if rig.q is not None else None
         self.graph = None
@@ -253,12 +254,10 @@ class DeviceGraphed:
         return self.w.run(self.q, self.rig.k, self.rig.v, self.bt, self.seq, self.qsl)
 
     def step(self, seq, qsl) -> tuple[float, float | None, float]:
-        """Copy this step's lengths and query offsets, replay: ``(copy µs, replay µs or None, end clock)``."""
+        """Copy this step's lengths and query offsets (one copy: :class:`StepInputs`), replay: ``(copy µs,
+        replay µs or None, end clock)``."""
         t0 = time.perf_counter()
-        self.seq_host.numpy()[:] = seq
-        self.qsl_host.numpy()[:] = qsl
-        self.seq.copy_(self.seq_host, non_blocking=True)
-        self.qsl.copy_(self.qsl_host, non_blocking=True)
+        self.inputs.update(seq, qsl)
         t1 = time.perf_counter()
         if self.graph is None:
             return (t1 - t0) * 1e6, None, t1
@@ -488,7 +487,10 @@ def eager_run(rig: Rig, w, B: int, seq, ql, on_gpu) -> tuple[float, float | None
 
 FIXED_QUANTITIES = ("make_plan_us", "upload_us", "plan_us", "copy_us", "replay_us", "step_us", "step_over_kernel",
                     "dev_copy_us", "dev_replay_us", "dev_step_us", "dev_step_over_kernel", "dev_step_over_host_replay",
-                    "eager_run_us", "eager_kernel_us")
+                    "eager_run_us", "eager_kernel_us", "eager_again_us")
+# the upload's parts (PlanUploader.last_parts) and the rest of set_plan() ("other": the plan's page count,
+# the wrapper's bookkeeping)
+UPLOAD_PARTS = ("prepare", "wait", "pack", "copy", "record", "other")
 
 
 def run_fixed(args, device, on_gpu):
@@ -509,6 +511,7 @@ def run_fixed(args, device, on_gpu):
         ql = np.full(B, args.spec + 1, np.int64)
         qsl = np.concatenate([[0], np.cumsum(ql)]).astype(np.int32)
         recs = []
+        seen = {}   # the eager wrapper's prepared launches so far, by id
         for i in progress(range(args.warmup + steps), args.warmup + steps, f"B {B}"):
             seq = seq0 + i
             if on_gpu:
@@ -519,9 +522,12 @@ def run_fixed(args, device, on_gpu):
             t1 = time.perf_counter()
             g.w.set_plan(plan, validate=False)   # what plan() does after the planner
             t2 = time.perf_counter()
+            parts = dict(g.w.upload_parts)
             copy_us, replay_us, t3 = copy_and_replay(g, seq)
             rec = dict(batch=B, make_plan_us=(t1 - t0) * 1e6, upload_us=(t2 - t1) * 1e6, plan_us=(t2 - t0) * 1e6,
                        copy_us=copy_us, replay_us=replay_us, step_us=(t3 - t0) * 1e6)
+            parts["other"] = rec["upload_us"] - sum(parts.values())
+            rec.update({f"upload_{k}_us": parts.get(k) for k in UPLOAD_PARTS})
             rec["step_over_kernel"] = rec["step_us"] / replay_us if replay_us else None
             # device-planned graph: copy lengths and query offsets, replay
             if on_gpu:
@@ -532,14 +538,27 @@ def run_fixed(args, device, on_gpu):
             rec["dev_step_over_kernel"] = rec["dev_step_us"] / dreplay if dreplay else None
             rec["dev_step_over_host_replay"] = rec["dev_step_us"] / replay_us if replay_us else None
             # eager: a plain wrapper planned at the batch, run() outside any graph
-            rec.update(eager_run_us=None, eager_kernel_us=None)
+            rec.update(eager_run_us=None, eager_kernel_us=None, eager_again_us=None, eager_new_launch=None)
             if on_gpu:
                 eager.plan(seq, q_lens=ql)
                 rec["eager_run_us"], rec["eager_kernel_us"] = eager_run(rig, eager, B, seq, ql, on_gpu)
+                # a new prepared launch this step (plan sizes not seen before), and whether its first
+                # call found the compiled kernel that another launch had checked
+                prep = eager.last_launch
+                rec["eager_new_launch"] = id(prep) not in seen
+                seen[id(prep)] = prep
+                rec["eager_reused_kernel"] = bool(prep.stage1 is not None and prep.stage1.reused)
+                # the same plan once more: run()'s cost when nothing is new (every later layer of a step)
+                rec["eager_again_us"] = eager_run(rig, eager, B, seq, ql, on_gpu)[0]
             if i >= args.warmup:
                 recs.append(rec)
         s = {k: summarize_keys(recs, k) for k in FIXED_QUANTITIES}
+        s["upload_parts"] = {k: summarize_keys(recs, f"upload_{k}_us")["p50"] for k in UPLOAD_PARTS}
         launch = eager.last_launch.fast if on_gpu and eager.last_launch is not None else None
+        new = [r for r in recs if r.get("eager_new_launch")]
+        s["eager_new_launch_steps"] = len(new) if on_gpu else None
+        s["eager_new_launch_run_us"] = summarize_keys(new, "eager_run_us")
+        s["eager_reused_kernel_steps"] = sum(1 for r in new if r.get("eager_reused_kernel"))
         rows.append(dict(batch=B, steps=len(recs), eager_python_us=eager_python_us(rig, B, seq0, ql),
                          eager_launch=launch, **s))
         del g, dg
@@ -626,12 +645,23 @@ def fixed_table(res) -> list[str]:
                      f"{p(r, 'copy_us')} | {p(r, 'replay_us')} | {p(r, 'step_us')} | {p(r, 'step_over_kernel', 2)} | "
                      f"{p(r, 'dev_copy_us')} | {p(r, 'dev_replay_us')} | {p(r, 'dev_step_us')} | "
                      f"{p(r, 'dev_step_over_kernel', 2)} | {p(r, 'dev_step_over_host_replay', 2)} |")
-    lines += ["", "Eager `run()` (a wrapper planned at the batch), p50:", "",
-              "| B | run() host µs (launches included) | its kernel µs | run() Python side µs (launches stubbed) |",
-              "|---:|---:|---:|---:|"]
+    lines += ["", "Upload parts (`set_plan()` of the host-planned graph: `PlanUploader.upload`'s parts and the "
+                  "rest), p50 µs:", "", "| B | upload µs | " + " | ".join(UPLOAD_PARTS) + " |",
+              "|---:|---:|" + "---:|" * len(UPLOAD_PARTS)]
     for r in res["rows"]:
-        lines.append(f"| {r['batch']} | {p(r, 'eager_run_us')} | {p(r, 'eager_kernel_us')} | "
-                     f"{fmt(r['eager_python_us'])} |")
+        up = r.get("upload_parts") or {}
+        lines.append(f"| {r['batch']} | {p(r, 'upload_us')} | " + " | ".join(fmt(up.get(k)) for k in UPLOAD_PARTS) + " |")
+    lines += ["", "Eager `run()` (a wrapper planned at the batch), p50:", "",
+              "| B | run() host µs right after plan() (launches included) | the same plan again µs | its kernel µs "
+              "| run() Python side µs (launches stubbed) | steps with a new prepared launch (its kernel reused) "
+              "| their run() µs |",
+              "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        nl = r.get("eager_new_launch_steps")
+        lines.append(f"| {r['batch']} | {p(r, 'eager_run_us')} | {p(r, 'eager_again_us')} | {p(r, 'eager_kernel_us')} | "
+                     f"{fmt(r['eager_python_us'])} | {nl if nl is not None else '-'} "
+                     f"({r.get('eager_reused_kernel_steps', '-')}) | "
+                     f"{fmt((r.get('eager_new_launch_run_us') or {}).get('p50'))} |")
     return lines
 
 

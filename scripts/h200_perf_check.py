@@ -32,7 +32,11 @@ with the launch fast path (``cuda_ref.fast_launch``) on and off (``SPLITKV_FAST_
 wrapper each): which path ran (and why), the host time of one call with the GPU idle (each call timed
 alone after a synchronize; median of 200 after warm-up), back-to-back eager calls, the GPU span of one
 eager call (CUDA events), a CUDA-graph replay captured with that path, and whether the outputs (eager
-and replayed) are bitwise equal between the two paths. A failing step is recorded, never raised.
+and replayed) are bitwise equal between the two paths; and the host time of ``run()`` right after
+``plan()`` of other sizes (two plans alternating, the GPU idle before each call): with a new prepared
+launch every call (the wrapper's launch cache emptied: the first-call path, which with the fast path
+on reuses the compiled kernel checked before) and with the launches of both sizes kept. A failing
+step is recorded, never raised.
 """
 
 from __future__ import annotations
@@ -276,6 +280,7 @@ def _eager_mode(q, k, v, bt, seq, fast: bool, timer) -> dict:
         r["loop_us"] = _eager_us(run)
         r["gpu_event_us"] = _event_us(run)
         r["path_after"] = w.last_launch.fast  # slow_calls: calls after the first that fell back
+        r.update(_replan_us(q, k, v, bt, seq))
     except Exception as e:  # recorded, the other mode and points still run
         r["error"] = f"{type(e).__name__}: {e}"
         return r
@@ -287,6 +292,43 @@ def _eager_mode(q, k, v, bt, seq, fast: bool, timer) -> dict:
     except Exception as e:
         r["graph_error"] = f"{type(e).__name__}: {e}"
     return r
+
+
+def _replan_us(q, k, v, bt, seq, n=100, warmup=10) -> dict:
+    """Host µs of ``run()`` right after ``plan()`` of other sizes, the GPU idle before each call (median
+    of ``n``): two plans alternating (the point's lengths and a third of them), with the wrapper's
+    prepared launches emptied before each call (``new_plan_us``: a new prepared launch, its first
+    call) and kept (``seen_plan_us``). ``new_plan_reused``: whether that first call found a compiled
+    kernel checked before (the fast path's reuse)."""
+    B = bt.shape[0]
+    w = DecodeWrapper(q.shape[1], k.shape[2], q.shape[2], PAGE, dtype=q.dtype)
+    qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
+    seq_b = torch.clamp(seq // 3, min=1)
+    dev = [seq, seq_b]
+    lens = [t.cpu().numpy() for t in dev]
+    sizes = []
+    for x in lens:
+        p = w.plan(x)
+        sizes.append((int(p.num_items), int(p.num_slots), int(p.max_splits)))
+    out = {"replan_sizes": sizes}
+    for name, clear in (("new_plan_us", True), ("seen_plan_us", False)):
+        ts = []
+        for i in range(n + warmup):
+            j = i % 2
+            w.plan(lens[j])
+            if clear:
+                w._launches.clear()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            w.run(q, k, v, bt, dev[j], qsl)
+            if i >= warmup:
+                ts.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        out[name] = sorted(ts)[n // 2] * 1e6
+        if clear:
+            st = w.last_launch.stage1
+            out["new_plan_reused"] = bool(st is not None and st.reused)
+    return out
 
 
 def _same(a, b) -> "bool | None":
@@ -333,7 +375,9 @@ def eager_line(r) -> str:
     return (f"{r['point']}: fast path {'ON' if path.get('fast') else 'OFF'} ({path.get('reason', on.get('error'))}); "
             f"host {f(on, 'host_us')} vs {f(off, 'host_us')} us a call, back-to-back {f(on, 'loop_us')} vs "
             f"{f(off, 'loop_us')}, GPU span {f(on, 'gpu_event_us')} vs {f(off, 'gpu_event_us')}, graph "
-            f"{f(on, 'graph_us')} vs {f(off, 'graph_us')}; bitwise equal {r['bitwise_equal']} "
+            f"{f(on, 'graph_us')} vs {f(off, 'graph_us')}; run() after a new plan {f(on, 'new_plan_us')} vs "
+            f"{f(off, 'new_plan_us')} (kernel reused {on.get('new_plan_reused')}), after a plan of sizes seen before "
+            f"{f(on, 'seen_plan_us')} vs {f(off, 'seen_plan_us')}; bitwise equal {r['bitwise_equal']} "
             f"(after graph {r['bitwise_equal_after_graph']})"
             + "".join(f"; {m} {k}: {r[m][k]}" for m in ("on", "off") for k in ("error", "graph_error") if k in r[m]))
 
@@ -343,8 +387,9 @@ def eager_summary(res) -> str:
     lines += [f"{res['gpu']}, torch {res['torch']}, triton {res['triton']}, {res['date']}; eager "
               "`DecodeWrapper.run()`, launch fast path on / off (target: host ≤ 40 µs a call at B1)", "",
               "| point | path (on) | host µs on | host µs off | back-to-back µs on / off | GPU span µs on / off | "
-              "graph µs on / off | bitwise equal (eager, after graph) |",
-              "|---|---|---|---|---|---|---|---|"]
+              "graph µs on / off | run() after a new plan µs on / off | after a plan seen before µs on / off "
+              "| bitwise equal (eager, after graph) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(x, key):
         v = x.get(key)
@@ -357,7 +402,9 @@ def eager_summary(res) -> str:
             where += f" ({on['path_after']['slow_calls']} calls fell back)"
         lines.append(f"| {r['point']} | {where} | {f(on, 'host_us')} | {f(off, 'host_us')} | {f(on, 'loop_us')} / "
                      f"{f(off, 'loop_us')} | {f(on, 'gpu_event_us')} / {f(off, 'gpu_event_us')} | "
-                     f"{f(on, 'graph_us')} / {f(off, 'graph_us')} | {r['bitwise_equal']}, "
+                     f"{f(on, 'graph_us')} / {f(off, 'graph_us')} | {f(on, 'new_plan_us')} / {f(off, 'new_plan_us')}"
+                     f"{' (kernel reused)' if on.get('new_plan_reused') else ''} | {f(on, 'seen_plan_us')} / "
+                     f"{f(off, 'seen_plan_us')} | {r['bitwise_equal']}, "
                      f"{r['bitwise_equal_after_graph']} |")
     return "\n".join(lines)
 

@@ -128,3 +128,33 @@ def test_device_plan_refusals():
         w.set_plan(inp.plan("size:16"))
     with pytest.raises(ValueError, match="window_left"):
         w.run(**x, window_left=8)
+
+
+def test_step_inputs_one_copy_into_views_of_one_buffer():
+    """``StepInputs``: seq_lens and query_start_loc as views of one device buffer, refreshed by one copy
+    from a ring of host buffers; a device-planned run() over them equals one over separate tensors."""
+    from cuda_ref.wrapper import StepInputs
+
+    inp = cases.random_inputs(11, [70, 0, 5, 33], q_lens=[1, 2, 1, 3], num_q_heads=8, num_kv_heads=2, head_dim=32,
+                              page_size=8, dtype="bfloat16")
+    x = to_torch(inp, DEVICE)
+    B = len(inp.seq_lens)
+    si = StepInputs(B, DEVICE)
+    assert si.seq_lens.untyped_storage().data_ptr() == si.query_start_loc.untyped_storage().data_ptr()
+    assert si.query_start_loc.data_ptr() % 16 == 0 and si.query_start_loc.shape == (B + 1,)
+    w = _wrapper(inp, policy="size:16", device_plan=True, max_q_len=3)
+    want = [_bits(t) for t in w.run(**x, scale=inp.scale)]
+    host_before = [h[0] for h in si._host]
+    for lens in ([1, 2, 3, 4], inp.seq_lens):   # a first step, then the batch (through the other ring slot)
+        si.update(np.asarray(lens, np.int64), inp.query_start_loc)
+        np.testing.assert_array_equal(si.seq_lens.cpu().numpy(), lens)
+        np.testing.assert_array_equal(si.query_start_loc.cpu().numpy(), inp.query_start_loc)
+    assert [h[0] for h in si._host] == host_before                 # nothing allocated per step
+    got = [_bits(t) for t in w.run(**dict(x, seq_lens=si.seq_lens, query_start_loc=si.query_start_loc),
+                                   scale=inp.scale)]
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="seq_lens: 4 entries expected"):
+        si.update([1, 2, 3], inp.query_start_loc)
+    with pytest.raises(ValueError, match="query_start_loc: 5 entries expected"):
+        si.update([1, 2, 3, 4], [0, 1])

@@ -70,7 +70,9 @@ class _FakeJIT:
         from triton.runtime.jit import JITFunction, create_function_from_signature
 
         raw = getattr(kernel, "fn", kernel)
-        jf = raw if isinstance(raw, JITFunction) else JITFunction(raw)
+        # the kernel's do_not_specialize (a JITFunction's attribute, the interpreter's decorator kwargs)
+        dns = getattr(kernel, "do_not_specialize", None) or getattr(kernel, "kwargs", {}).get("do_not_specialize")
+        jf = raw if isinstance(raw, JITFunction) else JITFunction(raw, do_not_specialize=dns)
         self.params, self.debug, self.pre_run_hooks = jf.params, False, []
         self.binder = create_function_from_signature(jf.signature, jf.params, make_backend(GPUTarget("cuda", 90, 32)))
         self.kernel_cache, self.key_cache = {}, {}
@@ -101,10 +103,17 @@ def gpu_free(monkeypatch):
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 77, raising=False)
 
 
-def _decode_launch(fuse=False, soft_cap=None, window=None, int8=False):
+def _wide(block_table, columns=32):
+    """The block table padded to ``columns`` columns (page 0: valid), as a server's fixed-width table."""
+    return torch.nn.functional.pad(block_table, (0, columns - block_table.shape[1]))
+
+
+def _decode_launch(fuse=False, soft_cap=None, window=None, int8=False, lens=(50, 17)):
     """A real prepared stage-1 + merge launch (the wrapper's shapes) and its tensors."""
-    inp = cases.random_inputs(2, [50, 17], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8)
+    B = len(lens)
+    inp = cases.random_inputs(B, list(lens), num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8)
     x = to_torch(inp, "cpu")
+    x["block_table"] = _wide(x["block_table"])
     if int8:
         x["k_cache"] = x["k_cache"].to(torch.int8)
         x["v_cache"] = x["v_cache"].to(torch.int8)
@@ -116,7 +125,7 @@ def _decode_launch(fuse=False, soft_cap=None, window=None, int8=False):
     out, lse = torch.empty(T, Hq, D), torch.empty(T, Hq)
     part_o, part_lse = torch.empty(plan.num_slots, Hq, D), torch.empty(plan.num_slots, Hq)
     counters, errors = torch.zeros(64, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)
-    qsl = torch.tensor([0, 1, 2], dtype=torch.int32)
+    qsl = torch.arange(B + 1, dtype=torch.int32)
     args = (x["q"], x["k_cache"], x["v_cache"], x["block_table"], x["seq_lens"], qsl, dp, out, lse, part_o, part_lse,
             counters)
     scales = dict(k_scale=x.get("k_scale"), v_scale=x.get("v_scale"))
@@ -266,3 +275,125 @@ def test_one_off_launches_take_the_normal_launch(gpu_free):
     fl(*tensors)
     assert fl.fast is False and "one-off" in fl.reason and len(fake.normal_launches) == 2
     assert prep.stage1.enabled and prep.merge.call.enabled  # prepared launches (the wrapper's) may be fast
+
+
+# -- a new plan of other sizes: the compiled kernel another launch checked, from the first call ---------
+
+
+def test_a_new_plan_of_other_sizes_launches_fast_from_its_first_call(gpu_free):
+    prep_a, call_a = _decode_launch(lens=(50, 17))
+    prep_b, call_b = _decode_launch(lens=(70, 9, 33, 120))   # more requests, rows, items and slots
+    assert prep_a.constexprs == prep_b.constexprs and prep_a.grid != prep_b.grid
+    fake = _FakeJIT(kernels.split_kv_kernel)
+    st = prep_a.stage1
+    a = fast_launch.FastLaunch(fake, prep_a.grid, st.positional, st.tensor_slots, prep_a.constexprs)
+    a(*prep_a.tensors(*call_a))     # compiles (a normal launch) and checks
+    assert a.fast and not a.reused and len(fake.normal_launches) == 1
+    b = fast_launch.FastLaunch(fake, prep_b.grid, prep_b.stage1.positional, st.tensor_slots, prep_b.constexprs)
+    tensors_b = prep_b.tensors(*call_b)
+    b(*tensors_b)
+    # no normal launch, no binder: straight to the launcher, with b's grid and values
+    assert b.fast and b.reused and len(fake.normal_launches) == 1 and len(fake.compiled.calls) == 1
+    got = fake.compiled.calls[0]
+    assert got[:3] == (*prep_b.grid, 1)
+    # what Triton would bind for b: the same values, and the same compiled kernel (the plan-size
+    # integers are not specialized, so b's Triton cache key is a's)
+    from triton import knobs
+    from triton.runtime.jit import compute_cache_key
+    kw = dict(prep_b.constexprs, debug=knobs.runtime.debug,
+              instrumentation_mode=knobs.compilation.instrumentation_mode)
+    bound, spec, options = fake.binder(*b.arguments(tensors_b), **kw)
+    assert fake.kernel_cache.get(compute_cache_key(fake.key_cache, spec, options)) is fake.compiled
+    for i, (v, e) in enumerate(zip(got[9:], bound.values())):
+        assert v == (e.data_ptr() if isinstance(e, torch.Tensor) else e), (i, fake.params[i].name)
+    # the plan-size integers did differ between the two launches
+    names = [p.name for p in fake.params]
+    assert any(a.positional[names.index(n)] != b.positional[names.index(n)] for n in ("BATCH", "NUM_ROWS", "NUM_SLOTS"))
+
+
+def test_another_specialization_takes_the_full_first_call_check(gpu_free):
+    prep, call = _decode_launch()
+    fake = _FakeJIT(kernels.split_kv_kernel)
+    st = prep.stage1
+    tensors = prep.tensors(*call)
+    fast_launch.FastLaunch(fake, prep.grid, st.positional, st.tensor_slots, prep.constexprs)(*tensors)
+    names = [p.name for p in fake.params]
+    # a specialized integer (a stride) no longer a multiple of 16: another compiled kernel in Triton
+    pos = list(st.positional)
+    i = names.index("stride_bt")
+    pos[i] = 33 if pos[i] % 16 == 0 else 32
+    other = fast_launch.FastLaunch(fake, prep.grid, tuple(pos), st.tensor_slots, prep.constexprs)
+    other(*tensors)
+    assert other.fast and not other.reused and len(fake.normal_launches) == 2
+    # a misaligned tensor on the first call: the full check too
+    shifted = torch.empty(tensors[0].numel() + 1, dtype=tensors[0].dtype)[1:].view(tensors[0].shape)
+    third = fast_launch.FastLaunch(fake, prep.grid, st.positional, st.tensor_slots, prep.constexprs)
+    third(shifted, *tensors[1:])
+    assert not third.reused and len(fake.normal_launches) == 3
+
+
+@pytest.mark.parametrize("kernel", ["split_kv_kernel", "merge_kernel"])
+def test_the_specialization_key_is_never_coarser_than_triton(gpu_free, kernel):
+    """Each non-tensor argument varied over values that Triton specializes apart (1, multiples of 16,
+    widths): wherever Triton's specialization differs, so does the key; the plan-size integers marked
+    ``do_not_specialize`` change neither (plans of other sizes share the kernel)."""
+    from triton import knobs
+    fake = _FakeJIT(getattr(kernels, kernel))
+    if kernel == "split_kv_kernel":
+        prep, call = _decode_launch()
+        st = prep.stage1
+        args, slots, kw = list(st.arguments(prep.tensors(*call))), st.tensor_slots, prep.constexprs
+    else:
+        prep, call = _decode_launch()
+        m = prep.merge.call
+        q, k, v, bt, seq_lens, qsl, dp, out, lse, part_o, part_lse = call[:11]
+        args = list(m.arguments((part_o, part_lse, out, lse, dp.view("row_slot_start"), dp.view("row_num_splits"),
+                                 seq_lens, qsl)))
+        slots, kw = m.tensor_slots, m.kwargs
+    opts = dict(kw, debug=knobs.runtime.debug, instrumentation_mode=knobs.compilation.instrumentation_mode)
+    dns = set(getattr(kernels, "STAGE1_DO_NOT_SPECIALIZE" if kernel == "split_kv_kernel" else
+                      "MERGE_DO_NOT_SPECIALIZE"))
+
+    def both(a):
+        spec = fake.binder(*a, **opts)[1]
+        return tuple(spec), fast_launch.specialization_key(fake, fast_launch.bound_values(fake.params, tuple(a), kw),
+                                                          slots, kw)
+
+    base_spec, base_key = both(args)
+    assert base_key is not None
+    seen_same = 0
+    for i, p in enumerate(fake.params[:len(args)]):
+        if i in slots or p.is_constexpr or type(args[i]) is not int:
+            continue
+        for value in (0, 1, 2, 16, 17, 48, 2 ** 31 - 16, 2 ** 31, 2 ** 40 + 1):
+            a = list(args)
+            a[i] = value
+            spec, key = both(a)
+            if spec != base_spec:
+                assert key != base_key, (p.name, value)
+            if p.name in dns:
+                assert spec == base_spec or value >= 2 ** 31, (p.name, value)   # only the width may differ
+                seen_same += spec == base_spec and key == base_key
+    assert seen_same > 0 if dns else True
+
+
+def test_the_wrapper_reuses_the_compiled_kernel_for_a_new_plan(gpu_free, monkeypatch):
+    """``DecodeWrapper.run()`` after ``plan()`` of other sizes: a new prepared launch whose first call
+    goes straight to the launcher (stage 1 and the merge)."""
+    fakes = {name: _FakeJIT(getattr(kernels, name)) for name in ("split_kv_kernel", "merge_kernel")}
+    for name, fake in fakes.items():
+        monkeypatch.setattr(kernels, name, fake)
+    w = DecodeWrapper(4, 2, 32, 8, dtype="float32", device="cpu", policy="size:16")
+    seen = []
+    for lens in ([50, 17], [70, 9, 33, 120], [5, 200]):
+        inp = cases.random_inputs(len(lens), lens, num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8)
+        w.plan(inp.seq_lens)
+        x = to_torch(inp, "cpu")
+        x["block_table"] = _wide(x["block_table"])
+        w.run(**x)
+        st, mg = w.last_launch.stage1, w.last_launch.merge.call
+        seen.append((st.fast, st.reused, mg.fast, mg.reused))
+    assert seen[0] == (True, False, True, False)
+    assert seen[1:] == [(True, True, True, True)] * 2
+    assert len(fakes["split_kv_kernel"].normal_launches) == 1 and len(fakes["merge_kernel"].normal_launches) == 1
+    assert len(fakes["split_kv_kernel"].compiled.calls) == 2

@@ -42,8 +42,9 @@ def test_views_hold_the_plan_and_the_device_buffer_is_reused_while_large_enough(
     for plan in _plans(False):
         dp = up.upload(plan, group=4)
         _assert_views_hold(dp, plan)
-        np.testing.assert_array_equal(dp.data.cpu().numpy(), np.concatenate(
-            [np.asarray(getattr(plan, f), np.int32) for f in _FIELDS]))
+        assert dp.data.numel() == sum(DevicePlan.sizes(plan.num_items, plan.batch_size, plan.num_rows))
+        for f in _FIELDS:   # every view 16-byte aligned, whatever the plan's sizes (one Triton specialization)
+            assert dp.view(f).data_ptr() % 16 == 0, f
         sizes.append(dp.data.numel())
     # one device buffer that grows geometrically, one staging buffer (a ring of one off CUDA)
     assert up.allocations <= 2 * (1 + sum(b > a for a, b in zip(sizes, sizes[1:])))
@@ -78,12 +79,16 @@ def test_graph_stable_refresh_refuses_other_shapes():
         w.plan([10, 20, 30])
 
 
-def test_pack_into_writes_the_fields_back_to_back():
-    for plan in _plans(True):
+def test_pack_into_writes_each_field_at_its_aligned_offset():
+    for plan in list(_plans(True)) + list(_plans(False)):
         buf = np.full(DevicePlan.pack(plan).size + 3, -7, np.int32)
         n = DevicePlan.pack_into(plan, buf)
         assert n == buf.size - 3 and (buf[n:] == -7).all()
-        np.testing.assert_array_equal(buf[:n], np.concatenate([getattr(plan, f) for f in _FIELDS]))
+        offsets = np.cumsum([0] + DevicePlan.sizes(plan.num_items, plan.batch_size, plan.num_rows))
+        assert (offsets % 4 == 0).all() and offsets[-1] == n
+        for f, off in zip(_FIELDS, offsets):
+            a = getattr(plan, f)
+            np.testing.assert_array_equal(buf[off:off + a.shape[0]], a, err_msg=f)
 
 
 def test_run_prepares_its_launches_once_per_signature(monkeypatch):
@@ -121,3 +126,35 @@ def test_graph_stable_staging_rewrites_only_the_valid_items_and_stays_exact():
                          max_splits=32)
         out = up.upload(plan, group=4, out=out)
         _assert_views_hold(out, plan)
+
+
+def test_a_new_plan_of_the_same_batch_is_checked_against_the_block_tables_width():
+    # the cached metadata check covers the batch and rows; the pages a plan reads are checked each call
+    inp = cases.random_inputs(4, [30, 9], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8)
+    w = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16")
+    x = to_torch(inp, DEVICE)
+    w.plan([30, 9])
+    w.run(**x)
+    cols = x["block_table"].shape[1]
+    w.plan([cols * 8 + 1, 9])     # one token more than the block table holds
+    with pytest.raises(ValueError, match=f"reads {cols + 1} pages of a request; block_table has only {cols}"):
+        w.run(**x)
+
+
+def test_plans_of_sizes_seen_before_reuse_the_slices_and_views_and_hold_their_values():
+    up = PlanUploader(DEVICE)
+    mk = lambda lens: make_plan(lens, num_kv_heads=2, page_size=16, policy="size:256", num_q_heads=8)  # noqa: E731
+    a, b, a2 = mk([300, 1000]), mk([3000, 20, 700]), mk([260, 1020])
+    assert (a.num_items, a.batch_size, a.num_rows) == (a2.num_items, a2.batch_size, a2.num_rows)
+    assert (a.num_items, a.batch_size) != (b.num_items, b.batch_size)
+    _assert_views_hold(up.upload(b, group=4), b)   # the larger plan first: the buffers' sizes
+    dp_a = up.upload(a, group=4)
+    views_a = {f: dp_a.view(f) for f in _FIELDS}
+    allocs = up.allocations
+    _assert_views_hold(up.upload(b, group=4), b)
+    dp_a2 = up.upload(a2, group=4)
+    assert all(dp_a2.view(f) is views_a[f] for f in _FIELDS)   # no view made again
+    _assert_views_hold(dp_a2, a2)
+    assert up.allocations == allocs
+    assert set(up.last_parts) == {"prepare", "wait", "pack", "copy", "record"}
+    assert all(v >= 0 for v in up.last_parts.values())

@@ -68,14 +68,28 @@ class StepInputs:
     after its last copy has finished, so the host may prepare the next step while the device still
     copies this one. Off CUDA the buffers are CPU tensors and the copy a memcpy. ``update`` takes
     host arrays (NumPy or lists) of exactly ``B`` and ``B + 1`` entries; a padded graph's batch is
-    padded by the caller (``seq_len = 0`` requests)."""
+    padded by the caller (``seq_len = 0`` requests).
 
-    def __init__(self, batch_size: int, device, ring: int = 2):
+    The copy can also be part of the graph (``in_graph=True``: one pinned host buffer, whose address
+    the captured copy keeps); a step is then one write into host memory and one replay::
+
+        inputs = StepInputs(B, device, in_graph=True)
+        with torch.cuda.graph(g):
+            inputs.copy()                             # captured: reads the pinned buffer at replay
+            w.run(q, k_cache, v_cache, block_table, inputs.seq_lens, inputs.query_start_loc)
+        inputs.replay(g, lens, qsl)                   # each step: write lens and qsl, replay
+
+    ``replay`` waits for the previous replay before it rewrites the buffer (its copy reads it)."""
+
+    def __init__(self, batch_size: int, device, ring: int = 2, in_graph: bool = False):
         if int(batch_size) < 0:
             raise ValueError(f"batch_size: must be >= 0, got {batch_size}")
         B = self.batch_size = int(batch_size)
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        self.in_graph = bool(in_graph)
+        if self.in_graph:
+            ring = 1   # the captured copy reads one fixed host address
         self._qsl_at = (B + 3) & ~3            # query_start_loc's offset: a multiple of 4 entries (16 bytes)
         n = self._qsl_at + B + 1
         self._dev = torch.zeros(n, dtype=torch.int32, device=self.device)
@@ -93,12 +107,34 @@ class StepInputs:
         """Copy this step's host ``seq_lens [B]`` and ``query_start_loc [B + 1]`` into the device views
         (one non-blocking copy on the current stream). Raises ``ValueError`` naming an argument of
         another length."""
+        k = self._write(seq_lens, query_start_loc)
+        self._dev.copy_(self._host[k][0], non_blocking=self.cuda)
+        self._record(k)
+
+    def copy(self) -> None:
+        """``in_graph``: the copy from the pinned host buffer into the device views, called inside the
+        graph's capture (what each replay then copies is what :meth:`replay` wrote)."""
+        if not self.in_graph:
+            raise ValueError("in_graph: copy() is for a StepInputs(in_graph=True); use update()")
+        self._dev.copy_(self._host[0][0], non_blocking=self.cuda)
+
+    def replay(self, graph, seq_lens, query_start_loc) -> None:
+        """``in_graph``: write this step's ``seq_lens [B]`` and ``query_start_loc [B + 1]`` into the
+        pinned buffer (after the previous replay, which read it, has finished), then ``graph.replay()``."""
+        if not self.in_graph:
+            raise ValueError("in_graph: replay() is for a StepInputs(in_graph=True); use update()")
+        self._write(seq_lens, query_start_loc)
+        graph.replay()
+        self._record(0)
+
+    def _write(self, seq_lens, query_start_loc) -> int:
+        """Write the host arrays into the next ring slot once its last copy has finished; the slot."""
         k = self._next
         self._next = (k + 1) % len(self._host)
         ev = self._events[k]
         if ev is not None and not ev.query():
             ev.synchronize()
-        t, seq_np, qsl_np = self._host[k]
+        _, seq_np, qsl_np = self._host[k]
         try:
             seq_np[:] = seq_lens
         except ValueError:
@@ -108,11 +144,14 @@ class StepInputs:
         except ValueError:
             raise ValueError(f"query_start_loc: {self.batch_size + 1} entries expected, got "
                              f"{np.shape(query_start_loc)}") from None
-        self._dev.copy_(t, non_blocking=self.cuda)
+        return k
+
+    def _record(self, k: int) -> None:
+        """An event after the work that reads ring slot ``k`` (CUDA only; made once per slot)."""
         if self.cuda:
-            if ev is None:
-                ev = self._events[k] = torch.cuda.Event()
-            ev.record()
+            if self._events[k] is None:
+                self._events[k] = torch.cuda.Event()
+            self._events[k].record()
 
 
 class _Sizes:

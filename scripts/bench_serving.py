@@ -33,7 +33,8 @@ length + 1 each step) and prints one table per batch: the host-planned graph (on
 batch; the upload split into its parts, ``upload_parts``: ``PlanUploader.last_parts`` and the rest of
 ``set_plan()``), the device-planned graph (``DecodeWrapper(device_plan=True, policy="size:S")``, ``S``
 from ``--device-split``; one step = copy lengths and query offsets, one copy through
-``cuda_ref.wrapper.StepInputs``, + replay, no plan) and the eager path (``run()``'s host time with its
+``cuda_ref.wrapper.StepInputs``, + replay, no plan; on a GPU also with that copy captured in the
+graph, ``StepInputs(in_graph=True)``, against one bare replay of the same graph) and the eager path (``run()``'s host time with its
 launches right after ``plan()`` and once more with the same plan, the steps that prepared a new launch
 and whether its first call reused a checked compiled kernel, and the Python side alone with the
 launches stubbed out).
@@ -225,16 +226,19 @@ class Graphed:
 
 class DeviceGraphed:
     """A device-planned wrapper (``device_plan=True``, ``size:S``) captured at batch ``size``: a step
-    copies the lengths and query offsets into the graph's inputs and replays; nothing is planned."""
+    copies the lengths and query offsets into the graph's inputs and replays; nothing is planned.
+    ``in_graph``: the copy is captured in the graph (``StepInputs(in_graph=True)``): a step writes the
+    pinned host buffer and replays."""
 
-    def __init__(self, rig: Rig, size: int, split: int, use_graph: bool):
+    def __init__(self, rig: Rig, size: int, split: int, use_graph: bool, in_graph: bool = False):
         self.rig, self.size = rig, size
         r = rig.rows_per_req
         a = rig.args
         self.w = DecodeWrapper(a.hq, a.hkv, a.head_dim, a.page, dtype=rig.dtype, device=rig.device,
                                policy=f"size:{split}", device_plan=True, max_q_len=r)
         # the step's inputs: one device buffer, one copy a step (StepInputs)
-        self.inputs = StepInputs(size, rig.device)
+        self.in_graph = in_graph and use_graph
+        self.inputs = StepInputs(size, rig.device, in_graph=self.in_graph)
         self.inputs.update(np.zeros(size, np.int64), np.arange(0, (size + 1) * r, r))
         self.seq, self.qsl = self.inputs.seq_lens, self.inputs.query_start_loc
         self.bt = rig.block_table[:size]
@@ -247,11 +251,20 @@ class DeviceGraphed:
             torch.cuda.synchronize()
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
+                if self.in_graph:
+                    self.inputs.copy()
                 self.run()
             torch.cuda.synchronize()
 
     def run(self):
         return self.w.run(self.q, self.rig.k, self.rig.v, self.bt, self.seq, self.qsl)
+
+    def step_in_graph(self, seq, qsl) -> float:
+        """``in_graph``: write this step's lengths and offsets, replay (the copy inside), sync: the
+        host clock at the end."""
+        self.inputs.replay(self.graph, seq, qsl)
+        torch.cuda.synchronize()
+        return time.perf_counter()
 
     def step(self, seq, qsl) -> tuple[float, float | None, float]:
         """Copy this step's lengths and query offsets (one copy: :class:`StepInputs`), replay: ``(copy µs,
@@ -297,6 +310,16 @@ def copy_and_replay(g: Graphed, seq) -> tuple[float, float | None, float]:
     e1.record()
     e1.synchronize()
     return (t1 - t0) * 1e6, e0.elapsed_time(e1) * 1e3, time.perf_counter()
+
+
+def replay_wall_us(graph) -> float:
+    """Wall µs of one replay with nothing else (inputs unchanged), from the call to the end of a sync:
+    the least a replayed step costs on this host."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e6
 
 
 def measure_step(g: Graphed, eager, seq, ql, *, on_gpu, cpu_kernels, rig, flush=None):
@@ -487,7 +510,8 @@ def eager_run(rig: Rig, w, B: int, seq, ql, on_gpu) -> tuple[float, float | None
 
 FIXED_QUANTITIES = ("make_plan_us", "upload_us", "plan_us", "copy_us", "replay_us", "step_us", "step_over_kernel",
                     "dev_copy_us", "dev_replay_us", "dev_step_us", "dev_step_over_kernel", "dev_step_over_host_replay",
-                    "eager_run_us", "eager_kernel_us", "eager_again_us")
+                    "eager_run_us", "eager_kernel_us", "eager_again_us", "dev_in_graph_step_us", "replay_wall_us",
+                    "dev_in_graph_over_replay_wall")
 # the upload's parts (PlanUploader.last_parts) and the rest of set_plan() ("other": the plan's page count,
 # the wrapper's bookkeeping)
 UPLOAD_PARTS = ("prepare", "wait", "pack", "copy", "record", "other")
@@ -506,6 +530,7 @@ def run_fixed(args, device, on_gpu):
     for B in batches:
         g = Graphed(rig, B, on_gpu)
         dg = DeviceGraphed(rig, B, args.device_split, on_gpu)
+        dgi = DeviceGraphed(rig, B, args.device_split, on_gpu, in_graph=True) if on_gpu else None
         eager = rig.wrapper(False)
         seq0 = np.random.default_rng(B).integers(lo, hi + 1, B)
         ql = np.full(B, args.spec + 1, np.int64)
@@ -537,6 +562,14 @@ def run_fixed(args, device, on_gpu):
             rec.update(dev_copy_us=dcopy, dev_replay_us=dreplay, dev_step_us=(t3 - t0) * 1e6)
             rec["dev_step_over_kernel"] = rec["dev_step_us"] / dreplay if dreplay else None
             rec["dev_step_over_host_replay"] = rec["dev_step_us"] / replay_us if replay_us else None
+            # the same with the copy captured in the graph, and a bare replay (the floor of any step)
+            rec.update(dev_in_graph_step_us=None, replay_wall_us=None, dev_in_graph_over_replay_wall=None)
+            if on_gpu:
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                rec["dev_in_graph_step_us"] = (dgi.step_in_graph(seq, qsl) - t0) * 1e6
+                rec["replay_wall_us"] = replay_wall_us(dgi.graph)
+                rec["dev_in_graph_over_replay_wall"] = rec["dev_in_graph_step_us"] / rec["replay_wall_us"]
             # eager: a plain wrapper planned at the batch, run() outside any graph
             rec.update(eager_run_us=None, eager_kernel_us=None, eager_again_us=None, eager_new_launch=None)
             if on_gpu:
@@ -561,7 +594,7 @@ def run_fixed(args, device, on_gpu):
         s["eager_reused_kernel_steps"] = sum(1 for r in new if r.get("eager_reused_kernel"))
         rows.append(dict(batch=B, steps=len(recs), eager_python_us=eager_python_us(rig, B, seq0, ql),
                          eager_launch=launch, **s))
-        del g, dg
+        del g, dg, dgi
     config = dict(mode="fixed", batches=batches, lengths=f"uniform {lo}-{hi}, + 1 each step", steps=steps,
                   warmup=args.warmup, spec=args.spec, device_split=args.device_split,
                   block_table_tokens=rig.block_table.shape[1] * args.page)
@@ -645,6 +678,15 @@ def fixed_table(res) -> list[str]:
                      f"{p(r, 'copy_us')} | {p(r, 'replay_us')} | {p(r, 'step_us')} | {p(r, 'step_over_kernel', 2)} | "
                      f"{p(r, 'dev_copy_us')} | {p(r, 'dev_replay_us')} | {p(r, 'dev_step_us')} | "
                      f"{p(r, 'dev_step_over_kernel', 2)} | {p(r, 'dev_step_over_host_replay', 2)} |")
+    lines += ["", "Device-planned graph with the copy of lengths and offsets captured in it (`StepInputs(in_graph=True)`: "
+                  "a step writes the pinned buffer and replays), against one bare replay of the same graph "
+                  "(wall time to the end of a sync, inputs unchanged), p50:", "",
+              "| B | step µs (copy in the graph) | bare replay µs (wall) | step / bare replay | step / host-planned "
+              "replayed kernel |", "|---:|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        a, k = r["dev_in_graph_step_us"]["p50"], r["replay_us"]["p50"]
+        lines.append(f"| {r['batch']} | {p(r, 'dev_in_graph_step_us')} | {p(r, 'replay_wall_us')} | "
+                     f"{p(r, 'dev_in_graph_over_replay_wall', 2)} | {fmt(a / k if a and k else None, 2)} |")
     lines += ["", "Upload parts (`set_plan()` of the host-planned graph: `PlanUploader.upload`'s parts and the "
                   "rest), p50 µs:", "", "| B | upload µs | " + " | ".join(UPLOAD_PARTS) + " |",
               "|---:|---:|" + "---:|" * len(UPLOAD_PARTS)]

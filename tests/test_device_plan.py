@@ -158,3 +158,60 @@ def test_step_inputs_one_copy_into_views_of_one_buffer():
         si.update([1, 2, 3], inp.query_start_loc)
     with pytest.raises(ValueError, match="query_start_loc: 5 entries expected"):
         si.update([1, 2, 3, 4], [0, 1])
+
+
+class _Replay:
+    """A stand-in for a captured graph off CUDA: ``replay()`` runs the captured steps again."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def replay(self):
+        self.calls += 1
+        self.result = self.fn()
+
+
+def test_step_inputs_in_graph_copy_is_replayed_with_each_steps_lengths():
+    """``StepInputs(in_graph=True)``: one pinned host buffer; the captured copy (``copy()``) carries
+    what ``replay()`` wrote before each replay, so successive steps with other lengths give the bits
+    of a run over tensors made for each step (on CUDA: a real graph with the copy captured)."""
+    from cuda_ref.wrapper import StepInputs
+
+    B = 4
+    inp = cases.random_inputs(13, [70, 0, 5, 33], q_lens=[1, 2, 1, 3], num_q_heads=8, num_kv_heads=2, head_dim=32,
+                              page_size=8, dtype="bfloat16")
+    x = to_torch(inp, DEVICE)
+    si = StepInputs(B, DEVICE, in_graph=True)
+    assert len(si._host) == 1   # the captured copy reads one fixed address
+    w = _wrapper(inp, policy="size:16", device_plan=True, max_q_len=3)
+
+    def step():
+        si.copy()
+        return w.run(**dict(x, seq_lens=si.seq_lens, query_start_loc=si.query_start_loc), scale=inp.scale)
+
+    si.update(inp.seq_lens, inp.query_start_loc)   # warm-up values (the capture runs nothing on CUDA)
+    if DEVICE == "cuda":
+        step()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out, lse = step()
+    else:
+        g = _Replay(step)
+        out, lse = step()
+    for lens in ([1, 0, 3, 4], [69, 0, 8, 40], list(inp.seq_lens)):   # within each request's pages
+        si.replay(g, np.asarray(lens, np.int64), inp.query_start_loc)
+        if DEVICE == "cpu":
+            out, lse = g.result
+        got = [_bits(out), _bits(lse)]
+        fresh = dataclasses.replace(inp, seq_lens=np.asarray(lens, np.int64))
+        ref = _wrapper(inp, policy="size:16", device_plan=True, max_q_len=3)
+        want = [_bits(t) for t in ref.run(**to_torch(fresh, DEVICE), scale=inp.scale)]
+        for a, b in zip(want, got):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="seq_lens: 4 entries expected"):
+        si.replay(g, [1, 2, 3], inp.query_start_loc)
+    with pytest.raises(ValueError, match="in_graph: replay"):
+        StepInputs(B, DEVICE).replay(g, [1, 2, 3, 4], inp.query_start_loc)
+    with pytest.raises(ValueError, match="in_graph: copy"):
+        StepInputs(B, DEVICE).copy()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import itertools
 import json
 import os
@@ -278,9 +279,19 @@ def compile_variant(args: tuple) -> Result:
     fn = getattr(mod, v.kernel)
     sig = {"split_kv_kernel": split_kv_signature, "merge_kernel": merge_signature}.get(v.kernel)
     sig = sig(v) if sig else v.constexprs.pop("__signature__")
+    # the compiler reads the signature's types in the kernel's parameter order, and counts every
+    # parameter that is not a constant as a runtime argument: constexprs left at their defaults too
+    params = inspect.signature(fn.fn).parameters
+    unknown = sorted(set(sig) - set(params))
+    missing = [a for a, p in params.items() if a not in sig and p.default is inspect.Parameter.empty]
+    if missing or unknown:
+        raise ValueError(f"{v.name}: signature and {v.kernel}'s parameters differ: missing {missing}, unknown {unknown}")
+    constants = {a: p.default for a, p in params.items() if a not in sig}
+    constants.update(v.constexprs)
+    sig = {a: sig.get(a, "constexpr") for a in params}
     t0 = time.time()
     for attempt in range(EMPTY_ERROR_RETRIES + 1):
-        verdict, info, text = _compile_once(triton, ASTSource, fn, sig, v, target)
+        verdict, info, text = _compile_once(triton, ASTSource, fn, sig, constants, target)
         if not (verdict == "error" and text.strip() == "MLIRCompilationError:"):
             break
     c = {k: v2 for k, v2 in v.constexprs.items() if k != "__signature__"}
@@ -288,10 +299,10 @@ def compile_variant(args: tuple) -> Result:
                   seconds=round(time.time() - t0, 2), retries=attempt, **info)
 
 
-def _compile_once(triton, ASTSource, fn, sig, v, target) -> tuple[str, dict, str]:
+def _compile_once(triton, ASTSource, fn, sig, constants, target) -> tuple[str, dict, str]:
     """One lowering of a variant: ``(verdict, info, compiler text)``."""
     try:
-        triton.compile(ASTSource(fn, sig, dict(v.constexprs)), target=target)
+        triton.compile(ASTSource(fn, sig, dict(constants)), target=target)
         return "ok", {}, "compiled to the end (a CANN toolkit is present)"
     except subprocess.CalledProcessError as e:
         text = "\n".join(x.decode(errors="replace") if isinstance(x, bytes) else str(x or "")

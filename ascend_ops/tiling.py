@@ -254,21 +254,24 @@ def balance_items(plan: Plan, cores: int, overhead_tokens: int = MIX_ITEM_OVERHE
     midpoint falls in (``floor(mid * cores / total)``), so a core's load is within one item of
     ``total / cores`` and the items of one request stay together (the same block-table rows).
     """
-    # items past num_valid_items are padding (weight 0, the last core's): the prefix decides the bounds
+    # items past num_valid_items are padding (weight 0, the last core's): the prefix decides the bounds.
+    # In integers: item i's midpoint times 2 is c[i - 1] + c[i] (c: the prefix sums of the weights), so
+    # item i goes to core k or later exactly when (c[i - 1] + c[i]) * cores >= 2 * total * k.
     nv = int(plan.num_valid_items)
-    valid = np.asarray(plan.item_request[:nv]) >= 0
-    w = np.where(valid, np.maximum(0, np.asarray(plan.item_kv_end[:nv]) - np.asarray(plan.item_kv_start[:nv]))
-                 + overhead_tokens, 0).astype(np.float64)
-    n = w.shape[0]
-    bounds = np.zeros(cores + 1, np.int64)
+    bounds = np.zeros(cores + 1, np.int32)
     bounds[cores] = plan.num_items
-    total = w.sum()
-    if n == 0 or total <= 0:
-        return bounds.astype(np.int32)
-    mid = np.cumsum(w) - w / 2
-    owner = np.minimum(cores - 1, np.floor(mid * cores / total)).astype(np.int64)   # non-decreasing
-    bounds[1:cores] = np.searchsorted(owner, np.arange(1, cores), side="left")
-    return bounds.astype(np.int32)
+    if nv == 0:
+        return bounds
+    start, end = plan.item_kv_start[:nv], plan.item_kv_end[:nv]
+    w = (np.maximum(end - start, 0) + overhead_tokens) * (plan.item_request[:nv] >= 0)
+    c = np.cumsum(w, dtype=np.int64)
+    total = int(c[-1])
+    if total <= 0:
+        return bounds
+    c += c - w   # 2 x each midpoint
+    c *= cores
+    bounds[1:cores] = np.searchsorted(c, np.arange(2 * total, 2 * total * cores, 2 * total, dtype=np.int64))
+    return bounds
 
 
 def npu_split_count(seq_lens, num_kv_heads: int, page_size: int, profile: str = DEFAULT_PROFILE,
@@ -310,6 +313,27 @@ def plan_words(plan: Plan, seq_lens, core_range=None) -> tuple[np.ndarray, dict]
     return words, offs
 
 
+def _tiling_max_splits(plan: Plan, seq_lens, device_split_tokens: int, page_size: int) -> int:
+    """The tiling's ``maxSplits``: the plan's most splits of a row, or with ``device_split_tokens``
+    ``S > 0`` the slots per query row of a graph-stable plan, after the rules of that mode."""
+    S = device_split_tokens
+    if not S:
+        return max(1, plan.max_splits)
+    T = plan.num_rows
+    if not plan.graph_stable:
+        raise ValueError("device_split_tokens: needs a graph-stable plan (partial slots row * max_splits + j)")
+    if S < 0 or S % page_size:
+        raise ValueError(f"device_split_tokens: {S} must be a positive multiple of page_size {page_size}")
+    max_splits = plan.num_slots // T if T else 1
+    if T and plan.num_slots != T * max_splits:
+        raise ValueError("device_split_tokens: the plan's slots are not row * max_splits + j")
+    longest = int(np.asarray(seq_lens).max(initial=0))
+    if longest > S * max_splits:
+        raise ValueError(f"seq_lens: {longest} tokens is over device_split_tokens * max_splits = "
+                         f"{S} * {max_splits}; the kernels would read only {S * max_splits}")
+    return max_splits
+
+
 def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page_size: int, max_pages: int,
                   num_pages: int, dtype: str, kv_dtype: str, scale: float, soft_cap: float | None = None,
                   window_left: int | None = None, profile: str = DEFAULT_PROFILE,
@@ -347,22 +371,9 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
     qsl = np.asarray(plan.query_start_loc, np.int64)
     max_q = int(np.diff(qsl).max(initial=0))
     tt, rc = choose_tiles(head_dim, dtype, kv_dtype, max(1, max_q * group), soft_cap is not None and soft_cap > 0, ub)
-    max_splits = max(1, plan.max_splits)
     S = int(device_split_tokens or 0)
-    if S:
-        T = plan.num_rows
-        if not plan.graph_stable:
-            raise ValueError("device_split_tokens: needs a graph-stable plan (partial slots row * max_splits + j)")
-        if S < 0 or S % page_size:
-            raise ValueError(f"device_split_tokens: {S} must be a positive multiple of page_size {page_size}")
-        max_splits = plan.num_slots // T if T else 1
-        if T and plan.num_slots != T * max_splits:
-            raise ValueError("device_split_tokens: the plan's slots are not row * max_splits + j")
-        longest = int(np.asarray(seq_lens).max(initial=0))
-        if longest > S * max_splits:
-            raise ValueError(f"seq_lens: {longest} tokens is over device_split_tokens * max_splits = "
-                             f"{S} * {max_splits}; the kernels would read only {S * max_splits}")
-        all_cores = True
+    max_splits = _tiling_max_splits(plan, seq_lens, S, page_size)
+    all_cores = all_cores or S > 0
     comb_heads = combine_heads(head_dim, dtype, num_q_heads, max_splits, group, ub)
     comb = combine_ub_bytes(head_dim, dtype, num_q_heads, max_splits, comb_heads)
     if sum(comb.values()) > ub:
@@ -559,13 +570,16 @@ class TilingBuilder:
 
     def __init__(self, *, num_q_heads: int, head_dim: int, page_size: int, max_pages: int, dtype: str,
                  kv_dtype: str, scale: float, soft_cap: float | None = None, window_left: int | None = None,
-                 profile: str = DEFAULT_PROFILE, block_dim: int | None = None, kernel: str = "auto"):
+                 profile: str = DEFAULT_PROFILE, block_dim: int | None = None, kernel: str = "auto",
+                 all_cores: bool = False, device_split_tokens: int = 0):
         self.settings = dict(num_q_heads=num_q_heads, head_dim=head_dim, page_size=page_size, max_pages=max_pages,
                              dtype=dtype, kv_dtype=kv_dtype, scale=scale, soft_cap=soft_cap,
-                             window_left=window_left, profile=profile, block_dim=block_dim, kernel=kernel)
+                             window_left=window_left, profile=profile, block_dim=block_dim, kernel=kernel,
+                             all_cores=all_cores, device_split_tokens=int(device_split_tokens or 0))
         self._prof = get_profile(profile)
         self._static: dict = {}
         self._words: "np.ndarray | None" = None
+        self._buf: "np.ndarray | None" = None   # the words' storage (kept across plans)
         self._valid = 0          # work items of the last plan written to self._words (-1: none)
 
     def build(self, plan: Plan, seq_lens, num_pages: int) -> tuple[dict, bytes, np.ndarray]:
@@ -573,7 +587,10 @@ class TilingBuilder:
         B, T, W = plan.batch_size, plan.num_rows, plan.num_items
         qsl = plan.query_start_loc
         max_q = int((qsl[1:] - qsl[:-1]).max()) if B else 0
-        key = (int(plan.num_kv_heads), max_q, max(1, plan.max_splits))
+        S = self.settings["device_split_tokens"]
+        max_splits = _tiling_max_splits(plan, seq_lens, S, self.settings["page_size"])
+        all_cores = self.settings["all_cores"] or S > 0
+        key = (int(plan.num_kv_heads), max_q, max_splits)
         st = self._static.get(key)
         if st is None:   # the first plan of this key: build_buffers itself (its checks and errors)
             t, _, _ = build_buffers(plan, seq_lens=seq_lens, num_pages=num_pages, **self.settings)
@@ -587,16 +604,18 @@ class TilingBuilder:
         scratch_off = ws
         if st["kernelKind"] == 1:
             if block_dim is None:
-                block_dim = max(1, min(self._prof.cube_units or self._prof.units, plan.num_valid_items))
+                cores = self._prof.cube_units or self._prof.units
+                block_dim = cores if all_cores else max(1, min(cores, plan.num_valid_items))
             core_range = balance_items(plan, int(block_dim))
             scratch_off = _ru(ws, 512)
             ws = scratch_off + int(block_dim) * st["scratchCoreBytes"]
         if ws >= 2 ** 31:
             raise ValueError(f"workspace: {ws} bytes does not fit the tiling's int32 workspaceBytes")
         if block_dim is None:
-            block_dim = max(1, min(self._prof.units, max(plan.num_valid_items, T)))
+            block_dim = self._prof.units if all_cores else max(1, min(self._prof.units, max(plan.num_valid_items, T)))
         words, offs = self._words_of(plan, seq_lens, core_range)
-        t.update(blockDim=int(block_dim), batch=int(B), numRows=int(T), numPages=int(num_pages), numItems=int(W),
+        t.update(blockDim=int(block_dim), batch=int(B), numRows=int(T), numPages=int(num_pages),
+                 numItems=int(B * key[0] * max_splits) if S else int(W),
                  numSlots=int(plan.num_slots), lseOffsetBytes=lse_off, workspaceBytes=ws, scratchOffsetBytes=scratch_off,
                  combineBlockDim=int(max(1, min(self._prof.units, T * hkv))), **offs)
         return t, pack_tiling(t), words
@@ -616,7 +635,10 @@ class TilingBuilder:
         offs["planWords"] = size
         reuse = self._words is not None and self._words.shape[0] == size and plan.graph_stable
         if not reuse:
-            self._words = np.zeros(size, np.int32)
+            # every word is written below: a view of a kept buffer (grown when too small) will do
+            if self._buf is None or self._buf.shape[0] < size:
+                self._buf = np.empty(max(size, 2 * (0 if self._buf is None else self._buf.shape[0])), np.int32)
+            self._words = self._buf[:size]
             self._valid = W
         words = self._words
         hi = max(plan.num_valid_items, self._valid) if reuse else W

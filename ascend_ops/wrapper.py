@@ -24,6 +24,12 @@ from . import ops
 from .ops import QUALNAME, pack_kv_quant
 from .runtime import require_npu_kernel, resolve_device
 from .support import DEFAULT_PROFILE, supported_head_dims, unsupported_reason
+from .tiling import TILING_BYTES
+
+# int32 words of the meta buffer that hold the tiling (its bytes, a multiple of 4, rounded up to 32): the
+# plan words follow
+assert TILING_BYTES % 4 == 0
+_TILING_WORDS = -(-TILING_BYTES // 32) * 8
 
 
 class AscendDecodeWrapper(PlannedWrapper):
@@ -91,8 +97,9 @@ class AscendDecodeWrapper(PlannedWrapper):
         self.host_plan: Plan | None = None
         self.tiling: dict | None = None
         self._buffers: dict[str, torch.Tensor] = {}
-        self._staging: dict[str, torch.Tensor] = {}
-        self._staging_events: dict = {}
+        self._builder = None   # the TilingBuilder of the current settings
+        self._staging: "torch.Tensor | None" = None   # pinned host copy of the meta buffer (NPU only)
+        self._staging_event = None
         self._attn: tuple = (None, None, None)  # (scale, soft_cap, window_left) of the tiling
         self._pages: tuple | None = None  # (max_pages, num_pages) of the tiling
         self.kernel_reason = ""  # why the split stage of the current tiling serves the batch, in words
@@ -141,39 +148,49 @@ class AscendDecodeWrapper(PlannedWrapper):
             self._refresh()
 
     def _refresh(self) -> None:
-        """Build ``plan``/``tiling`` on the host and copy them into the device buffers."""
+        """Build the tiling and the plan words on the host (:class:`ascend_ops.tiling.TilingBuilder`,
+        kept while the settings are the same) and copy both into the device with one copy."""
         from . import tiling as tl
 
         p = self.host_plan
         scale, soft_cap, window_left = self._attn
         max_pages, num_pages = self._pages
-        t, tiling_bytes, words = tl.build_buffers(
-            p, seq_lens=self._seq_lens, num_q_heads=self.num_q_heads, head_dim=self.head_dim,
-            page_size=self.page_size, max_pages=max_pages, num_pages=num_pages, dtype=torch_dtype_name(self.dtype),
-            kv_dtype=torch_dtype_name(self.kv_dtype), scale=self.head_dim ** -0.5 if scale is None else scale,
-            soft_cap=soft_cap, window_left=window_left, profile=self.profile,
+        settings = dict(
+            num_q_heads=self.num_q_heads, head_dim=self.head_dim, page_size=self.page_size, max_pages=max_pages,
+            dtype=torch_dtype_name(self.dtype), kv_dtype=torch_dtype_name(self.kv_dtype),
+            scale=self.head_dim ** -0.5 if scale is None else scale, soft_cap=soft_cap, window_left=window_left,
+            profile=self.profile,
             # a captured launch keeps its block count: graph-stable plans use every core
             all_cores=self.graph_stable, device_split_tokens=self.device_split_tokens,
             # the fused mixed AIC + AIV launch where support.mixed_kernel_unsupported allows it,
             # else the vector split stage + combine (the reason is kept: self.kernel_reason)
             kernel="auto")
+        if self._builder is None or self._builder.settings != dict(settings, block_dim=None):
+            self._builder = tl.TilingBuilder(**settings)
+        t, tiling_bytes, words = self._builder.build(p, self._seq_lens, num_pages)
         self.kernel_reason = t.pop("kernelReason")
         if self.graph_stable and self.tiling is not None and tl.launches(self.tiling) != tl.launches(t):
             raise ValueError(f"plan: the launch changed ({tl.launches(self.tiling)} -> {tl.launches(t)}) under a "
                              f"graph-stable plan ({self.kernel_reason}); a captured graph keeps its kernel")
+        # the tiling then the plan words in one int32 buffer ("meta"; the words from a 32-byte boundary),
+        # seen by the kernels as two tensors
         need = {
-            "plan": (words.size, torch.int32), "tiling": (tl.TILING_BYTES, torch.uint8),
+            "meta": (_TILING_WORDS + words.size, torch.int32),
             "workspace": (max(int(t["workspaceBytes"]) // 4, 1), torch.float32),
         }
         for name, (n, dt) in need.items():
             buf = self._buffers.get(name)
             if buf is None or buf.numel() != n:
                 if buf is not None and self.graph_stable:
-                    raise ValueError(f"plan: buffer {name} changed size ({buf.numel()} -> {n}) under a "
+                    what = "plan" if name == "meta" else name
+                    raise ValueError(f"plan: buffer {what} changed size ({buf.numel()} -> {n}) under a "
                                      "graph-stable plan; give max_work_items / max_splits that bound every batch")
                 self._buffers[name] = torch.zeros(n, dtype=dt, device=self.device)
-        self._upload("plan", words)
-        self._upload("tiling", np.frombuffer(tiling_bytes, np.uint8).copy())
+                if name == "meta":
+                    meta = self._buffers["meta"]
+                    self._buffers["tiling"] = meta[:tl.TILING_BYTES // 4].view(torch.uint8)
+                    self._buffers["plan"] = meta[_TILING_WORDS:]
+        self._upload_meta(tiling_bytes, words)
         T = p.num_rows
         for name, shape, dt in (("out", (T, self.num_q_heads, self.head_dim), self.dtype),
                                 ("lse", (T, self.num_q_heads), torch.float32)):
@@ -186,30 +203,30 @@ class AscendDecodeWrapper(PlannedWrapper):
         self.tiling = t
         self._stale = False
 
-    def _upload(self, name: str, host_array: np.ndarray) -> None:
-        """Copy a host array into a device buffer, ordered on the current stream.
+    def _upload_meta(self, tiling_bytes: bytes, words: np.ndarray) -> None:
+        """The tiling bytes and the plan words into the device's ``meta`` buffer: one copy, ordered on
+        the current stream.
 
-        On an NPU the copy goes through a pinned staging buffer, asynchronously; an event recorded
-        after it guards the staging buffer, so the next ``plan()`` never overwrites bytes a copy has
-        not read yet. Elsewhere (CPU, test backends) it is a plain copy.
-        """
-        src = torch.from_numpy(np.ascontiguousarray(host_array))
-        dst = self._buffers[name]
-        if self.device.type == "cpu" or not torch_npu_imported():
-            dst.copy_(src)
+        On an NPU both are written into one pinned staging buffer and copied asynchronously; an event
+        recorded after the copy guards the staging buffer, so the next ``plan()`` never overwrites
+        bytes the copy has not read yet. On the CPU they are written in place; on other devices (test
+        backends) through a host buffer and a plain copy."""
+        dst = self._buffers["meta"]
+        npu = self.device.type != "cpu" and torch_npu_imported()
+        stage = dst if self.device.type == "cpu" else self._staging
+        if stage is None or stage.shape != dst.shape:
+            stage = self._staging = torch.empty(dst.shape, dtype=torch.int32, pin_memory=npu)
+        if npu and self._staging_event is not None:
+            self._staging_event.synchronize()  # the previous copy from the staging buffer is done
+        a = stage.numpy()
+        a[:_TILING_WORDS].view(np.uint8)[:len(tiling_bytes)] = np.frombuffer(tiling_bytes, np.uint8)
+        a[_TILING_WORDS:] = words
+        if stage is dst:
             return
-        stage = self._staging.get(name)
-        if stage is None or stage.shape != src.shape:
-            stage = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
-            self._staging[name] = stage
-        event = self._staging_events.get(name)
-        if event is not None:
-            event.synchronize()  # the previous copy from this staging buffer has been issued and done
-        stage.copy_(src)
-        dst.copy_(stage, non_blocking=True)
-        event = torch.npu.Event()
-        event.record()
-        self._staging_events[name] = event
+        dst.copy_(stage, non_blocking=npu)
+        if npu:
+            self._staging_event = torch.npu.Event()
+            self._staging_event.record()
 
     def workspace_bytes(self) -> int:
         """Bytes of the kernels' workspace for the current plan (0 before the first run/plan)."""

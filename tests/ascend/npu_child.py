@@ -57,6 +57,13 @@ def _setup_python_npu():
         def __init__(self, raw):
             self.raw = raw
 
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            # a dtype view (the wrapper's tiling bytes in its int32 meta buffer) keeps the wrapped data
+            if func is torch.Tensor.view and len(args) == 2 and isinstance(args[1], torch.dtype) and not kwargs:
+                return Dev(args[0].raw.view(args[1]))
+            return super().__torch_function__(func, types, args, kwargs)
+
     def unwrap(x):
         if isinstance(x, Dev):
             return x.raw

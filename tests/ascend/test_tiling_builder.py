@@ -88,3 +88,36 @@ def test_balance_items_over_the_valid_prefix_is_the_full_computation():
                          graph_stable=bool(rng.integers(2)))
         for cores in (1, 2, 20, 24, 48):
             np.testing.assert_array_equal(tl.balance_items(plan, cores), _balance_reference(plan, cores))
+
+
+@pytest.mark.parametrize("kernel", ["auto", "vector"])
+@pytest.mark.parametrize("mode", [dict(all_cores=True), dict(device_split_tokens=512)])
+def test_builder_matches_build_buffers_with_all_cores_and_device_splits(kernel, mode):
+    """The wrapper's graph modes: every core (a captured launch keeps its block count) and device-made
+    ranges (``device_split_tokens``: ranges from the lengths on the device, items per (request, KV head,
+    split))."""
+    s = dict(_settings(kernel), **mode)
+    builder = tl.TilingBuilder(**s)
+    policy = "size:512" if "device_split_tokens" in mode else "auto"
+    for seq, plan in _stream(True, policy):
+        want = tl.build_buffers(plan, seq_lens=seq, num_pages=100_000, **s)
+        got = builder.build(plan, seq, 100_000)
+        assert got[0] == want[0]
+        assert got[1] == want[1]
+        np.testing.assert_array_equal(got[2], want[2])
+
+
+def test_builder_refuses_what_build_buffers_refuses_in_device_split_mode():
+    """``device_split_tokens``: a length past ``S * max_splits`` is refused on every step, not only on
+    the first plan of a key (the builder's per-plan check, with build_buffers' message)."""
+    s = dict(_settings("auto"), device_split_tokens=512)
+    builder = tl.TilingBuilder(**s)
+    seq, plan = next(_stream(True, "size:512"))
+    builder.build(plan, seq, 100_000)
+    too_long = np.asarray(seq).copy()
+    too_long[0] = 512 * (plan.num_slots // plan.num_rows) + 1
+    with pytest.raises(ValueError) as want:
+        tl.build_buffers(plan, seq_lens=too_long, num_pages=100_000, **s)
+    with pytest.raises(ValueError) as got:
+        builder.build(plan, too_long, 100_000)
+    assert str(got.value) == str(want.value) and "device_split_tokens * max_splits" in str(got.value)

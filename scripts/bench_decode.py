@@ -199,7 +199,31 @@ def flex_peer(timer, q, kc, vc) -> dict:
         return {"flex": None, "flex_error": f"{type(e).__name__}: {str(e)[:120]}"}
 
 
+def parse_points(text: str) -> list[tuple]:
+    """``B1x16k,B1x32k@16/2/256,B16x4k@32/8/64`` -> ``[(B, ctx, hq, hkv, D, "bf16"), ...]`` (default heads
+    32 / 8, head dim 128). Raises ``ValueError`` naming a point it cannot read."""
+    pts = []
+    for item in text.split(","):
+        item = item.strip()
+        shape, _, heads = item.partition("@")
+        b, sep, n = shape.upper().lstrip("B").partition("X")
+        try:
+            if not sep:
+                raise ValueError
+            ctx = int(n[:-1]) * 1024 if n.endswith("K") else int(n)
+            h = [int(x) for x in heads.split("/")] if heads else []
+            if len(h) not in (0, 2, 3):
+                raise ValueError
+            hq, hkv, D = (h + [32, 8, 128][len(h):]) if h else (32, 8, 128)
+            pts.append((int(b), ctx, hq, hkv, D, "bf16"))
+        except ValueError:
+            raise ValueError(f"--points: {item!r} is not B<batch>x<context>[@hq/hkv[/D]], e.g. B1x16k@64/8") from None
+    return pts
+
+
 def sweep_points(args):
+    if getattr(args, "points", None):
+        return parse_points(args.points)
     pts = []
     if args.quick:
         for B, ctx in ((1, 4096), (1, 16384), (1, 65536), (16, 8192), (64, 2048)):
@@ -377,6 +401,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--points", default=None,
+                    help="only these points, bf16: B<batch>x<context>[@hq/hkv[/D]] comma-separated, e.g. "
+                         "B1x16k,B1x16k@64/8,B1x32k@16/2/256 (heads 32 / 8 and D 128 unless given)")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--flush", default="read", choices=("read", "write", "none"),

@@ -57,10 +57,11 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     Plans of more items ("many"): with ``batch_invariant`` (fixed split size or no split, whose
     results must not depend on the rest of the batch) only ``num_stages`` changes, to 7: the tile
     and the warps decide the order of the sums and stay as they are. Otherwise (``auto``,
-    ``count:N``) the 16-bit D-128 tile halves to 32 tokens with 5 stages where the plan fits one
-    wave of such programs (four per SM: B64 x 2k, 512 items, 131 against 151 µs with 64-token
-    tiles), and stays at 64 tokens with 5 stages beyond (B128 x 1k, 1024 items: 137 against 147 µs,
-    runs 12 and 13); other head dims and dtypes were not measured and keep the batch-invariant choice."""
+    ``count:N``) 16-bit tiles of D 128 and D 64 take 32 tokens and 2 warps (5 stages at D 128, 7 at
+    D 64): run 15 measured it best or level at every "many" point tried, three interleaved rounds
+    each (D 128: B64 x 2k 129.5 against 131.7 µs, B64 x 4k 249.9 / 252.0, B128 x 1k 133.0 / 136.1,
+    B128 x 2k 253.2 / 262.4; D 64: B64 x 4k 132.9 / 139.2, B128 x 1k 74.5 / 79.4; docs/perf-notes.md);
+    other head dims and dtypes were not measured and keep the batch-invariant choice."""
     d = max(16, 1 << (int(head_dim) - 1).bit_length())  # the next power of two
     key = "few" if 0 < num_items <= 2 * 132 else "many"
     elem = min(max(kv_bytes, 2), 4)
@@ -68,9 +69,8 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     warps = 8 if elem == 4 else 4
     if key == "few":
         return KernelConfig(block_n=block_n, num_warps=warps, num_stages=5)
-    if not batch_invariant and d == 128 and elem == 2:
-        one_wave = num_items <= 4 * 132  # 32-token tiles: four programs per SM (106 registers a thread)
-        return KernelConfig(block_n=block_n // 2 if one_wave else block_n, num_warps=warps, num_stages=5)
+    if not batch_invariant and d in (64, 128) and elem == 2:
+        return KernelConfig(block_n=32, num_warps=2, num_stages=5 if d == 128 else 7)
     return KernelConfig(block_n=block_n, num_warps=warps, num_stages=7)
 
 

@@ -47,7 +47,7 @@ BASE = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=64,
 def variants():
     """(name, q dtype, kv dtype, constexprs, num_warps, num_stages)."""
     v = []
-    for bn, nw, ns in ((64, 4, 3), (64, 4, 5), (64, 4, 7), (32, 4, 5), (32, 4, 7), (64, 8, 5), (64, 8, 7)):
+    for bn, nw, ns in ((64, 4, 3), (64, 4, 5), (64, 4, 7), (32, 4, 5), (32, 4, 7), (32, 2, 5), (64, 8, 5), (64, 8, 7)):
         v.append((f"bf16 D128 M16 n{bn}w{nw}s{ns}", "bf16", "bf16", dict(BASE, BLOCK_N=bn), nw, ns))
     v.append(("bf16 D128 M16 fused n64w4s5", "bf16", "bf16", dict(BASE, FUSE_MERGE=True), 4, 5))
     v.append(("bf16 D128 M16 PDL trigger n64w4s5", "bf16", "bf16", dict(BASE, LAUNCH_DEPENDENTS=True), 4, 5))
@@ -61,6 +61,7 @@ def variants():
     v.append(("fp16 D256 n32w4s5", "fp16", "fp16", dict(BASE, HEAD_DIM=256, BLOCK_D=256, BLOCK_N=32,
                                                          MERGE_CHUNK=16), 4, 5))
     v.append(("bf16 D64 n64w4s5", "bf16", "bf16", dict(BASE, HEAD_DIM=64, BLOCK_D=64), 4, 5))
+    v.append(("bf16 D64 n32w2s7", "bf16", "bf16", dict(BASE, HEAD_DIM=64, BLOCK_D=64, BLOCK_N=32), 2, 7))
     v.append(("fp32 D128 n32w8s5", "fp32", "fp32", dict(BASE, DOT_IEEE=True, BLOCK_N=32), 8, 5))
     v.append(("bf16/int8 D96 per-channel n32w8s5", "bf16", "i8", dict(BASE, HEAD_DIM=96, KV_INT8=True,
                                                                       HAS_OFFSET=True, DOT_IEEE=True,

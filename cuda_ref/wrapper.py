@@ -317,7 +317,8 @@ class DecodeWrapper(PlannedWrapper):
         b = self._buffers
         dp = self.dplan
         lkey = None if key is None else (key, dp.num_items, dp.num_slots, dp.max_splits, dp.block_m, dp.row_blocks,
-                                         dp.graph_stable, dp.split_size, dp.max_q_len != 1, self.config, self.fuse_merge, self.merge,
+                                         dp.graph_stable, dp.split_size, dp.max_q_len != 1, dp.item_tokens, self.config,
+                                         self.fuse_merge, self.merge,
                                          self.pdl)
         prep = self._launches.get(lkey) if lkey is not None else None
         if prep is None:

@@ -179,8 +179,21 @@ def test_fused_and_separate_merge_agree_bitwise():
 def test_default_config_keeps_tile_and_warps_for_batch_invariant_plans():
     from cuda_ref.launch import default_config
     for d, kv_bytes in ((64, 2), (128, 2), (256, 2), (128, 4), (96, 4)):
-        few, many = default_config(d, kv_bytes, 10, True), default_config(d, kv_bytes, 100_000, True)
-        assert (few.block_n, few.num_warps) == (many.block_n, many.num_warps)
+        for split in (0, 512, 1024, 8192):   # a fixed-size plan's split length is a property of the plan
+            few, many = default_config(d, kv_bytes, 10, True, split), default_config(d, kv_bytes, 100_000, True, split)
+            assert (few.block_n, few.num_warps) == (many.block_n, many.num_warps)
+
+
+def test_default_config_long_items_at_d64_take_128_token_tiles():
+    """16 KiB of K per tile: 128 tokens at 16-bit D 64 where the plan's split length is at least 1024
+    (measured faster there), 64 below and at every other head dim."""
+    from cuda_ref.launch import default_config
+    assert default_config(64, 2, 256, False, 2048).block_n == 128
+    assert default_config(64, 2, 256, True, 1024).block_n == 128
+    assert default_config(64, 2, 256, False, 512).block_n == 64
+    assert default_config(64, 2, 256, False, 0).block_n == 64      # no split length: the request's own
+    assert default_config(128, 2, 256, False, 8192).block_n == 64
+    assert default_config(64, 4, 256, False, 8192).block_n == 64   # int8 KV (passed as 4 bytes) or float32
 
 
 # -- bad input: clear errors before any launch ------------------------------------------------------

@@ -62,6 +62,7 @@ def variants():
                                                          MERGE_CHUNK=16), 4, 5))
     v.append(("bf16 D64 n64w4s5", "bf16", "bf16", dict(BASE, HEAD_DIM=64, BLOCK_D=64), 4, 5))
     v.append(("bf16 D64 n32w2s7", "bf16", "bf16", dict(BASE, HEAD_DIM=64, BLOCK_D=64, BLOCK_N=32), 2, 7))
+    v.append(("bf16 D64 n128w4s5", "bf16", "bf16", dict(BASE, HEAD_DIM=64, BLOCK_D=64, BLOCK_N=128), 4, 5))
     v.append(("fp32 D128 n32w8s5", "fp32", "fp32", dict(BASE, DOT_IEEE=True, BLOCK_N=32), 8, 5))
     v.append(("bf16/int8 D96 per-channel n32w8s5", "bf16", "i8", dict(BASE, HEAD_DIM=96, KV_INT8=True,
                                                                       HAS_OFFSET=True, DOT_IEEE=True,

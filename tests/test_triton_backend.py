@@ -144,24 +144,37 @@ def test_graph_stable_plan_refreshes_in_place_as_lengths_change(fuse):
         assert acc.passed, acc.reason
 
 
-def test_fixed_split_size_is_bitwise_batch_invariant():
-    target = cases.random_inputs(5, [150], num_q_heads=8, num_kv_heads=2, dtype="bfloat16")
+@pytest.mark.parametrize("length, head_dim, split", [
+    (150, 32, 32),
+    (2100, 64, 1024),   # D 64 with splits of 1024 tokens: 128-token tiles (default_config)
+])
+def test_fixed_split_size_is_bitwise_batch_invariant(length, head_dim, split, monkeypatch):
+    from cuda_ref import launch
+
+    tiles = []
+    choose = launch.default_config
+    monkeypatch.setattr(launch, "default_config", lambda *a: tiles.append(choose(*a).block_n) or choose(*a))
+    kw = dict(num_q_heads=8, num_kv_heads=2, head_dim=head_dim, dtype="bfloat16")
+    target = cases.random_inputs(5, [length], **kw)
     got = []
     for extra_first, extra in (([], []), ([40, 0], [7]), ([], [300, 1, 99])):
-        lens = extra_first + [150] + extra
-        inp = cases.random_inputs(9, lens, num_q_heads=8, num_kv_heads=2, dtype="bfloat16")
+        lens = extra_first + [length] + extra
+        inp = cases.random_inputs(9, lens, **kw)
         b = len(extra_first)
         q, k, v = inp.q.copy(), inp.k_cache.copy(), inp.v_cache.copy()
         q[b] = target.q[0]
-        n = -(-150 // 16)
+        n = -(-length // 16)
         k[inp.block_table[b, :n]] = target.k_cache[target.block_table[0, :n]]
         v[inp.block_table[b, :n]] = target.v_cache[target.block_table[0, :n]]
         inp = dataclasses.replace(inp, q=q, k_cache=k, v_cache=v)
-        out, lse = tb.run(inp, inp.plan("size:32"))
+        out, lse = tb.run(inp, inp.plan(f"size:{split}"))
+        acc = _judge(inp, out, lse)
+        assert acc.passed, acc.reason
         got.append((out[b].view(np.uint32).copy(), lse[b].view(np.uint32).copy()))
     for o, l in got[1:]:
         np.testing.assert_array_equal(o, got[0][0])
         np.testing.assert_array_equal(l, got[0][1])
+    assert set(tiles) == {128 if head_dim == 64 else 64}
 
 
 def test_fused_and_separate_merge_agree_bitwise():

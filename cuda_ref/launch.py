@@ -52,7 +52,7 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     The tile holds 16 KiB of K at 2 bytes an element (int8 counts as 4: it is dequantized to
     float32 before the dot), at most 64 tokens, or 128 at 16-bit D 64 where the plan's split length
     ``item_tokens`` (a plan property, so fixed-size plans keep their batch invariance) is at least
-    1024: run 15 measured 128-token tiles 7-11 % faster at five such points with 2k-8k tokens per item
+    1024: run 15 measured 128-token tiles 7-11 % faster at four such points with 2k-8k tokens per item
     (B16 x 4k 42.5 against 46.0 µs, B16 x 16k 133.6 / 149.6) and 1-2 % slower at 256-512; 4 warps (8
     for float32 tiles, which spill with 4).
     Triton's pipeliner keeps the page ids two stages ahead of the K / V copies: ``num_stages`` 5

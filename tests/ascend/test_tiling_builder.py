@@ -30,18 +30,23 @@ def _stream(graph_stable, policy, hkv=8, hq=32, seed=0, steps=12, vary_rows=True
                              num_q_heads=hq, head_dim=128, graph_stable=graph_stable)
 
 
+def _builder_matches_step_by_step(settings, stream):
+    """One builder over the stream gives what build_buffers gives for each plan: fields, bytes, words."""
+    builder = tl.TilingBuilder(**settings)
+    for seq, plan in stream:
+        want = tl.build_buffers(plan, seq_lens=seq, num_pages=100_000, **settings)
+        got = builder.build(plan, seq, 100_000)
+        assert got[0] == want[0]
+        assert got[1] == want[1]
+        np.testing.assert_array_equal(got[2], want[2])
+
+
 @pytest.mark.parametrize("graph_stable", [False, True])
 @pytest.mark.parametrize("policy", ["auto", "size:512"])
 @pytest.mark.parametrize("kernel", ["auto", "vector"])
 def test_builder_matches_build_buffers_step_by_step(graph_stable, policy, kernel):
     s = _settings(kernel)
-    builder = tl.TilingBuilder(**s)
-    for seq, plan in _stream(graph_stable, policy):
-        want = tl.build_buffers(plan, seq_lens=seq, num_pages=100_000, **s)
-        got = builder.build(plan, seq, 100_000)
-        assert got[0] == want[0]
-        assert got[1] == want[1]
-        np.testing.assert_array_equal(got[2], want[2])
+    _builder_matches_step_by_step(s, _stream(graph_stable, policy))
 
 
 def test_builder_reuses_its_words_across_graph_stable_steps():
@@ -97,14 +102,7 @@ def test_builder_matches_build_buffers_with_all_cores_and_device_splits(kernel, 
     ranges (``device_split_tokens``: ranges from the lengths on the device, items per (request, KV head,
     split))."""
     s = dict(_settings(kernel), **mode)
-    builder = tl.TilingBuilder(**s)
-    policy = "size:512" if "device_split_tokens" in mode else "auto"
-    for seq, plan in _stream(True, policy):
-        want = tl.build_buffers(plan, seq_lens=seq, num_pages=100_000, **s)
-        got = builder.build(plan, seq, 100_000)
-        assert got[0] == want[0]
-        assert got[1] == want[1]
-        np.testing.assert_array_equal(got[2], want[2])
+    _builder_matches_step_by_step(s, _stream(True, "size:512" if "device_split_tokens" in mode else "auto"))
 
 
 def test_builder_refuses_what_build_buffers_refuses_in_device_split_mode():

@@ -113,8 +113,8 @@ class AscendDecodeWrapper(PlannedWrapper):
         p = self.plan_spec().make(host(seq_lens), None if q_lens is None else host(q_lens),
                                   None if query_start_loc is None else host(query_start_loc), window_left)
         # made by the shared planner: valid by construction (tests/test_planner*.py), not checked again
-        self.set_plan(p, scale=scale, soft_cap=soft_cap, window_left=window_left, max_pages=max_pages,
-                      num_pages=num_pages, validate=False)
+        self.set_plan(p, seq_lens=seq_lens, scale=scale, soft_cap=soft_cap, window_left=window_left,
+                      max_pages=max_pages, num_pages=num_pages, validate=False)
         return p
 
     def set_plan(self, plan: Plan, *, seq_lens=None, scale=None, soft_cap=None, window_left=None,
@@ -138,7 +138,9 @@ class AscendDecodeWrapper(PlannedWrapper):
             plan.validate(None if seq_lens is None else host(seq_lens), window_left=window_left,
                           num_kv_heads=self.num_kv_heads)
         self.host_plan = plan
-        self._seq_lens = plan.covered_seq_lens()
+        # the lengths the plan was made for: given, or read back from the plan (its coverage)
+        self._seq_lens = (plan.covered_seq_lens() if seq_lens is None
+                          else np.asarray(host(seq_lens), np.int64).reshape(-1))
         self._attn = (None if scale is None else float(scale), None if soft_cap is None else float(soft_cap),
                       normalize_window(window_left))
         old = self._pages or (None, None)

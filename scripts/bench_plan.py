@@ -20,7 +20,9 @@ producing that plan pays.
 
 ``--ascend PROFILE`` plans for that NPU profile and also times the Ascend tiling of each plan
 (``ascend_ops.tiling``): ``build_buffers`` (one call, as the wrapper makes it) and ``TilingBuilder.build``
-(the per-step builder of a stream of plans with the same settings), bf16, max pages 8192 / 16 + 1.
+(the per-step builder of a stream of plans with the same settings), bf16, max pages 8192 / 16 + 1,
+and the whole host side of a step, ``AscendDecodeWrapper.plan()`` (planner, builder, the one upload into
+CPU tensors; needs torch).
 """
 
 from __future__ import annotations
@@ -125,6 +127,20 @@ def padding_floor(B: int, seconds: float):
     return time_call(fill, seconds)
 
 
+def time_wrapper_plan(seq, profile: str, policy: str, graph_stable: bool, seconds: float):
+    """The whole host side of an Ascend decode step: ``AscendDecodeWrapper.plan()`` (the planner, the
+    tiling builder and the one upload, here into CPU tensors), bf16, SHAPE; None without torch."""
+    try:
+        import torch
+        from ascend_ops.wrapper import AscendDecodeWrapper
+    except ImportError:
+        return None
+    w = AscendDecodeWrapper(SHAPE["num_q_heads"], SHAPE["num_kv_heads"], SHAPE["head_dim"], SHAPE["page_size"],
+                            dtype=torch.bfloat16, device="cpu", profile=profile, policy=policy, graph_stable=graph_stable)
+    pages = dict(max_pages=8192 // SHAPE["page_size"] + 1, num_pages=1 << 20)
+    return time_call(lambda: w.plan(seq, **pages), seconds)
+
+
 def time_tiling(seq, plan, profile: str, seconds: float):
     """``(build_buffers, TilingBuilder.build)`` timings of ``plan``'s Ascend tiling (bf16, SHAPE)."""
     from ascend_ops import tiling as tl
@@ -185,10 +201,11 @@ def main(argv=None):
                     o = None
                     if old is not None and rep == 0:   # the old planner is slow and far apart: one sweep
                         o = time_call(lambda: old(seq, **kw), args.old_seconds or args.seconds, min_blocks=3)
-                    t1 = t2 = None
+                    t1 = t2 = t3 = None
                     if args.ascend:
                         t1, t2 = time_tiling(seq, make_plan(seq, **kw), args.ascend, args.seconds)
-                    runs[(B, pol, gs)].append(dict(new=new, old=o, base=b, tiling=t1, builder=t2))
+                        t3 = time_wrapper_plan(seq, args.ascend, pol, gs, args.seconds)
+                    runs[(B, pol, gs)].append(dict(new=new, old=o, base=b, tiling=t1, builder=t2, wrapper=t3))
         print(f"sweep {rep + 1}/{args.repeat} done", file=sys.stderr, flush=True)
 
     def med(xs, key):
@@ -197,7 +214,7 @@ def main(argv=None):
     rows = []
     hdr = (f"{'B':>5} {'policy':>9} {'graph':>5} | {'new µs':>9} {'cpu µs':>9} {'pad floor':>9} | "
            f"{'old µs':>10} {'speed-up':>8}" + (f" | {'base µs':>9} {'base cpu':>9}" if base else "")
-           + (f" | {'tiling µs':>9} {'builder µs':>10}" if args.ascend else ""))
+           + (f" | {'tiling µs':>9} {'builder µs':>10} {'plan() µs':>9}" if args.ascend else ""))
     print(hdr)
     print("-" * len(hdr))
     for B, pol, gs in points:
@@ -212,15 +229,18 @@ def main(argv=None):
             row.update(base_median_us=med(bs, "median_us"), base_cpu_median_us=med(bs, "cpu_median_us"),
                        base_sweeps=bs)
         if args.ascend:
+            wr = [r["wrapper"] for r in sweeps if r["wrapper"] is not None]
             row.update(tiling_median_us=med([r["tiling"] for r in sweeps], "median_us"),
-                       builder_median_us=med([r["builder"] for r in sweeps], "median_us"))
+                       builder_median_us=med([r["builder"] for r in sweeps], "median_us"),
+                       wrapper_plan_median_us=med(wr, "median_us") if wr else None)
         rows.append(row)
         pad = f"{row['padding_floor_median_us']:>9.1f}" if gs else f"{'-':>9}"
         print(f"{B:>5} {pol:>9} {str(gs):>5} | {row['new_median_us']:>9.1f} {row['new_cpu_median_us']:>9.1f} {pad} | "
               + (f"{o['median_us']:>10.1f} {o['median_us'] / row['new_median_us']:>7.0f}x" if o else
                  f"{'-':>10} {'-':>8}")
               + (f" | {row['base_median_us']:>9.1f} {row['base_cpu_median_us']:>9.1f}" if base else "")
-              + (f" | {row['tiling_median_us']:>9.1f} {row['builder_median_us']:>10.1f}" if args.ascend else ""))
+              + (f" | {row['tiling_median_us']:>9.1f} {row['builder_median_us']:>10.1f} "
+                 f"{row['wrapper_plan_median_us'] or float('nan'):>9.1f}" if args.ascend else ""))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, results=rows), f, indent=1)

@@ -126,7 +126,13 @@ class Plan:
         made for (0 for an empty request)."""
         n = self.num_valid_items
         seq = np.zeros(self.batch_size, np.int64)
-        np.maximum.at(seq, self.item_request[:n], self.item_kv_end[:n])
+        req, end = self.item_request[:n], self.item_kv_end[:n]
+        if n and req[0] >= 0 and bool((req[1:] >= req[:-1]).all()):
+            # the planners' order (each request's items together): one maximum per run of a request
+            starts = np.flatnonzero(np.concatenate(([True], req[1:] != req[:-1])))
+            seq[req[starts]] = np.maximum.reduceat(end, starts)
+        else:
+            np.maximum.at(seq, req, end)   # any order (slower: 1 ms for 10k items)
         return seq
 
     def check_batch(self, seq_lens=None, query_start_loc=None) -> None:

@@ -98,6 +98,7 @@ class AscendDecodeWrapper(PlannedWrapper):
         self.tiling: dict | None = None
         self._buffers: dict[str, torch.Tensor] = {}
         self._builder = None   # the TilingBuilder of the current settings
+        self._builder_key = None   # (attention constants, block-table width) it was made for
         self._staging: "torch.Tensor | None" = None   # pinned host copy of the meta buffer (NPU only)
         self._staging_event = None
         self._attn: tuple = (None, None, None)  # (scale, soft_cap, window_left) of the tiling
@@ -155,20 +156,22 @@ class AscendDecodeWrapper(PlannedWrapper):
         from . import tiling as tl
 
         p = self.host_plan
-        scale, soft_cap, window_left = self._attn
         max_pages, num_pages = self._pages
-        settings = dict(
-            num_q_heads=self.num_q_heads, head_dim=self.head_dim, page_size=self.page_size, max_pages=max_pages,
-            dtype=torch_dtype_name(self.dtype), kv_dtype=torch_dtype_name(self.kv_dtype),
-            scale=self.head_dim ** -0.5 if scale is None else scale, soft_cap=soft_cap, window_left=window_left,
-            profile=self.profile,
-            # a captured launch keeps its block count: graph-stable plans use every core
-            all_cores=self.graph_stable, device_split_tokens=self.device_split_tokens,
-            # the fused mixed AIC + AIV launch where support.mixed_kernel_unsupported allows it,
-            # else the vector split stage + combine (the reason is kept: self.kernel_reason)
-            kernel="auto")
-        if self._builder is None or self._builder.settings != dict(settings, block_dim=None):
-            self._builder = tl.TilingBuilder(**settings)
+        if self._builder is None or self._builder_key != (self._attn, max_pages):
+            # a new builder when the attention constants or the block-table width change (the rest of
+            # its settings are the wrapper's own)
+            scale, soft_cap, window_left = self._attn
+            self._builder = tl.TilingBuilder(
+                num_q_heads=self.num_q_heads, head_dim=self.head_dim, page_size=self.page_size, max_pages=max_pages,
+                dtype=torch_dtype_name(self.dtype), kv_dtype=torch_dtype_name(self.kv_dtype),
+                scale=self.head_dim ** -0.5 if scale is None else scale, soft_cap=soft_cap, window_left=window_left,
+                profile=self.profile,
+                # a captured launch keeps its block count: graph-stable plans use every core
+                all_cores=self.graph_stable, device_split_tokens=self.device_split_tokens,
+                # the fused mixed AIC + AIV launch where support.mixed_kernel_unsupported allows it,
+                # else the vector split stage + combine (the reason is kept: self.kernel_reason)
+                kernel="auto")
+            self._builder_key = (self._attn, max_pages)
         t, tiling_bytes, words = self._builder.build(p, self._seq_lens, num_pages)
         self.kernel_reason = t.pop("kernelReason")
         if self.graph_stable and self.tiling is not None and tl.launches(self.tiling) != tl.launches(t):

@@ -351,25 +351,10 @@ def measure_step(g: Graphed, eager, seq, ql, *, on_gpu, cpu_kernels, rig, flush=
         t2 = time.perf_counter()
         rec.update(eager_make_plan_us=(t1 - t0) * 1e6, eager_upload_us=(t2 - t1) * 1e6)
         if on_gpu or cpu_kernels:
-            r = rig.rows_per_req
-            seq_d = torch.from_numpy(seq.astype(np.int32)).to(rig.device)
-            qsl_d = torch.arange(0, (B + 1) * r, r, dtype=torch.int32).to(rig.device)
-            args = (rig.q[:B * r], rig.k, rig.v, rig.block_table[:B], seq_d, qsl_d)
-            if on_gpu:
-                torch.cuda.synchronize()
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-            t0 = time.perf_counter()
-            eager.run(*args)
-            t1 = time.perf_counter()
-            rec["eager_launch_us"] = (t1 - t0) * 1e6
+            launch_us, kernel_us = eager_run(rig, eager, B, seq, ql, on_gpu)
+            rec["eager_launch_us"] = launch_us
             rec["eager_fast_launch"] = eager.last_launch.fast["fast"] if eager.last_launch is not None else None
-            if on_gpu:
-                e1.record()
-                e1.synchronize()
-                rec["eager_kernel_us"] = e0.elapsed_time(e1) * 1e3
-            else:
-                rec["eager_kernel_us"] = rec["eager_launch_us"]
+            rec["eager_kernel_us"] = kernel_us if on_gpu else launch_us
     return rec
 
 

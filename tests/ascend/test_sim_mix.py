@@ -50,11 +50,15 @@ def test_block_orders_give_identical_results(order):
 
 
 @pytest.mark.parametrize("bad", [-1, 10 ** 6])
-def test_page_ids_outside_the_cache_are_masked_and_never_read(bad):
+@pytest.mark.parametrize("seed, quant, out_tol_scaled, lse_tol", [
+    (2, {}, False, 1e-4),                                          # fp16 KV
+    (62, dict(kv_quant="head", kv_offset=True), True, 2e-3),       # int8 KV: the vector core writes zero rows
+])
+def test_page_ids_outside_the_cache_are_masked_and_never_read(bad, seed, quant, out_tol_scaled, lse_tol):
     """A block-table entry outside [0, num_pages) contributes nothing (and is not dereferenced:
-    the twin's bounds check would reject a read outside the cache)."""
-    inp = cases.random_inputs(2, [300, 200], num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=32,
-                              dtype="float16")
+    the twin's bounds check would reject a read outside the cache), with 16-bit and int8 KV."""
+    inp = cases.random_inputs(seed, [300, 200], num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=32,
+                              dtype="float16", **quant)
     page = 32
     bt = inp.block_table.copy()
     masked = [(0, 2), (0, 5), (1, 0)]  # (request, logical page)
@@ -70,19 +74,25 @@ def test_page_ids_outside_the_cache_are_masked_and_never_read(bad):
     T, Hq, D = inp.q.shape
     G = Hq // inp.k_cache.shape[2]
     scale = inp.scale if inp.scale is not None else D ** -0.5
+
+    def kv(cache, sc, off, pages, L):  # [L, Hkv, D] float64 (int8: per-head scale and offset)
+        x = cache[pages, np.arange(L) % page].astype(np.float64)
+        return x if sc is None else (x - off[None, :, None]) * sc[None, :, None]
+
     for b in range(2):
         L = int(inp.seq_lens[b])
         keep = np.array([(b, p // page) not in masked for p in range(L)])
         pages = inp.block_table[b, np.arange(L) // page]
-        k = inp.k_cache[pages, np.arange(L) % page].astype(np.float64)[keep]  # [L', Hkv, D]
-        v = inp.v_cache[pages, np.arange(L) % page].astype(np.float64)[keep]
+        k = kv(inp.k_cache, inp.k_scale, inp.k_offset, pages, L)[keep]
+        v = kv(inp.v_cache, inp.v_scale, inp.v_offset, pages, L)[keep]
         for hq in range(Hq):
             s = (k[:, hq // G] @ inp.q[b, hq].astype(np.float64)) * scale
             m = s.max()
             w = np.exp(s - m)
             want = (w[:, None] * v[:, hq // G]).sum(0) / w.sum()
-            np.testing.assert_allclose(out[b, hq], want, atol=5e-3, rtol=0)
-            assert abs(lse[b, hq] - (m + np.log(w.sum()))) < 1e-4
+            atol = 5e-3 * max(1.0, np.abs(want).max()) if out_tol_scaled else 5e-3
+            np.testing.assert_allclose(out[b, hq], want, atol=atol, rtol=0)
+            assert abs(lse[b, hq] - (m + np.log(w.sum()))) < lse_tol
 
 
 def test_all_pages_masked_gives_zero_and_minus_inf():

@@ -37,6 +37,10 @@ if str(ROOT) not in sys.path:
 
 from splitkv_common.devices import get_profile  # noqa: E402  (the one source of the core counts)
 
+if str(ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(ROOT / "scripts"))
+from npu_bench import Shape as DecodeShape  # noqa: E402  (the shapes the node bench times)
+
 _P910B2 = get_profile("910b2")
 
 
@@ -175,16 +179,10 @@ def stage_time_us(stats: list[dict], c: Constants = C) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Counting the real kernels on the twin
 
-@dataclass
-class Shape:
-    name: str
-    batch: int
-    context: int
-    hq: int
-    hkv: int = 8
-    head_dim: int = 128
-    page: int = 128
-    dtype: str = "bfloat16"
+@dataclass(frozen=True)
+class Shape(DecodeShape):
+    """A decode batch as ``scripts/npu_bench.py`` times it on a node, with what the estimate adds."""
+
     ifa_us: str = "n/a"  # CANN IFA estimate from the npu-budget design note, where it gives one
     kv_quant: str | None = None  # "channel": int8 KV with per-channel scales and offsets (--int8)
 

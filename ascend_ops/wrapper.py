@@ -122,7 +122,9 @@ class AscendDecodeWrapper(PlannedWrapper):
                  max_pages: int | None = None, num_pages: int | None = None, validate: bool = True) -> None:
         """Use a plan made elsewhere (the parity harness plans every backend the same way).
 
-        ``seq_lens`` (host) default to the plan's coverage (the last item's end per request).
+        ``seq_lens`` (host) default to the plan's coverage (the last item's end per request); given,
+        they are checked against it (``validate``) or, with ``validate=False``, taken as the lengths
+        the plan was made from (what ``plan()`` passes).
         ``scale``/``soft_cap``/``window_left`` are the attention's constants (``scale`` None:
         ``1/sqrt(D)``). ``max_pages``/``num_pages`` (block-table width, pages in the cache) default
         to the previous plan's, else are read from the tensors at the first ``run()``. When all are
@@ -230,7 +232,8 @@ class AscendDecodeWrapper(PlannedWrapper):
             return
         dst.copy_(stage, non_blocking=npu)
         if npu:
-            self._staging_event = torch.npu.Event()
+            if self._staging_event is None:   # made once, re-recorded after each copy
+                self._staging_event = torch.npu.Event()
             self._staging_event.record()
 
     def workspace_bytes(self) -> int:

@@ -44,6 +44,10 @@ class KernelConfig:
         return f"n{self.block_n}w{self.num_warps}s{self.num_stages}"
 
 
+# a plan's split length from which 16-bit D-64 tiles hold 128 tokens (default_config)
+LONG_ITEM_TOKENS = 1024
+
+
 def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invariant: bool = True,
                    item_tokens: int = 0) -> KernelConfig:
     """Stage-1 configuration by head dim, KV element size and the plan (chosen from H200
@@ -70,7 +74,7 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     d = max(16, 1 << (int(head_dim) - 1).bit_length())  # the next power of two
     key = "few" if 0 < num_items <= 2 * 132 else "many"
     elem = min(max(kv_bytes, 2), 4)
-    longest = 128 if (d == 64 and elem == 2 and item_tokens >= 1024) else 64
+    longest = 128 if (d == 64 and elem == 2 and item_tokens >= LONG_ITEM_TOKENS) else 64
     block_n = max(16, min(longest, (16 * 1024) // (d * elem)))
     warps = 8 if elem == 4 else 4
     if key == "few":

@@ -51,7 +51,7 @@ from splitkv_common.validation import check_decode_args, check_gqa, check_wrappe
 from . import INTERPRET
 from .checks import SignatureCache, check_launch, check_plan, check_scalars, tensor_signature
 from .checks import plan_pages as plan_page_count
-from .launch import DevicePlan, KernelConfig, PlanUploader, prepare_decode
+from .launch import LONG_ITEM_TOKENS, DevicePlan, KernelConfig, PlanUploader, prepare_decode
 
 class StepInputs:
     """A decode step's per-step device inputs, ``seq_lens`` int32 ``[B]`` and ``query_start_loc``
@@ -317,8 +317,8 @@ class DecodeWrapper(PlannedWrapper):
         b = self._buffers
         dp = self.dplan
         lkey = None if key is None else (key, dp.num_items, dp.num_slots, dp.max_splits, dp.block_m, dp.row_blocks,
-                                         dp.graph_stable, dp.split_size, dp.max_q_len != 1, dp.item_tokens, self.config,
-                                         self.fuse_merge, self.merge,
+                                         dp.graph_stable, dp.split_size, dp.max_q_len != 1,
+                                         dp.item_tokens >= LONG_ITEM_TOKENS, self.config, self.fuse_merge, self.merge,
                                          self.pdl)
         prep = self._launches.get(lkey) if lkey is not None else None
         if prep is None:

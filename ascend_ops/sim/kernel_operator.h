@@ -1017,9 +1017,11 @@ inline void Muls(const LocalTensor<T>& d, const LocalTensor<T>& a, const U& s, u
 }
 
 // Cast: the (source, destination, round mode) triples of sim_limits.h (dav-c220 table) are
-// accepted, anything else is a [cast] error. Emulated conversions: float <-> half/bfloat16 and
-// int8 -> half; CAST_NONE/CAST_RINT round to nearest even, other modes are rejected as not
-// emulated ([bounds]) rather than computed wrongly.
+// accepted, anything else is a [cast] error. Emulated conversions: float <-> half/bfloat16, int8 <->
+// half, int32 -> float and float -> float (rounding to integral values); CAST_NONE/CAST_RINT round
+// to nearest even, other modes are rejected as not emulated ([bounds]) rather than computed
+// wrongly. half -> int8 saturates to [-128, 127] (ASSUMPTION: the vconv_f162s8 saturation is not
+// spelled out) and gives 0 for NaN (ASSUMPTION: unspecified; the kernels never rely on it).
 namespace detail {
 template <typename T> constexpr sim::limits::CastType cast_type() {
     return std::is_same<T, float>::value ? sim::limits::CT_F32 : std::is_same<T, half>::value ? sim::limits::CT_F16
@@ -1043,6 +1045,22 @@ template <> struct CastOk<float, bfloat16_t> : std::true_type {};
 template <> struct CastOk<half, int8_t> : std::true_type {};
 template <> struct CastOk<half, float> : std::true_type {};
 template <> struct CastOk<bfloat16_t, float> : std::true_type {};
+template <> struct CastOk<float, int32_t> : std::true_type {};
+template <> struct CastOk<float, float> : std::true_type {};
+template <> struct CastOk<int8_t, half> : std::true_type {};
+template <typename D, typename S>
+inline D cast_one(S x) {
+    if constexpr (std::is_same<D, float>::value && std::is_same<S, float>::value) {
+        return std::nearbyint(x);  // to integral, ties to even (the default rounding mode)
+    } else if constexpr (std::is_same<D, int8_t>::value) {
+        const float f = float(x);
+        if (f != f) return D(0);
+        const float r = std::nearbyint(f);
+        return D(r < -128.0f ? -128.0f : (r > 127.0f ? 127.0f : r));
+    } else {
+        return D(float(x));
+    }
+}
 }  // namespace detail
 template <typename D, typename S>
 inline void Cast(const LocalTensor<D>& d, const LocalTensor<S>& s, const RoundMode& mode, const uint32_t n, sim::Loc loc = {}) {
@@ -1059,7 +1077,7 @@ inline void Cast(const LocalTensor<D>& d, const LocalTensor<S>& s, const RoundMo
     detail::in(ins, s, int32_t(n), "Cast");
     sim::count_vec(n, sizeof(D) > sizeof(S) ? sizeof(D) : sizeof(S));
     std::vector<D> r(n);
-    for (uint32_t i = 0; i < n; i++) r[i] = D(float(s.ptr()[i]));
+    for (uint32_t i = 0; i < n; i++) r[i] = detail::cast_one<D>(s.ptr()[i]);
     std::memcpy(d.ptr(), r.data(), n * sizeof(D));
     detail::done(ins, d, int32_t(n));
 }
@@ -1221,14 +1239,17 @@ inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, cons
     sim::core().st.l1InBytes += bytes;
 }
 
-// LoadData (2D) L1 -> L0A / L0B: repeatTimes fractals of 512 bytes; source fractal startIndex +
-// r * srcStride, destination fractal r * (1 + dstGap) (the asc-tools LoadData check computes the
-// same extents: kernel_loaddata_check.cpp). ifTranspose transposes each 16 x 16 fractal (16-bit
-// types only here). Range: repeatTimes is 8 bits (1..255; 0 copies nothing).
+// LoadData (2D) L1 -> L0A / L0B: repeatTimes fractals of 512 bytes (16 x 16 of 16-bit data, 16 x 32
+// of int8); source fractal startIndex + r * srcStride, destination fractal r * (1 + dstGap) (the
+// asc-tools LoadData check computes the same extents: kernel_loaddata_check.cpp). ifTranspose
+// transposes each 16 x 16 fractal (16-bit types only; int8 transposes through
+// LoadDataWithTranspose). Range: repeatTimes is 8 bits (1..255; 0 copies nothing).
 template <typename T>
 inline void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadData2DParams& p, sim::Loc loc = {}) {
     const char* api = "LoadData L1->L0";
-    static_assert(detail::is16<T>(), "twin: LoadData emulated for half / bfloat16_t");
+    static_assert(detail::is16<T>() || std::is_same<T, int8_t>::value, "twin: LoadData emulated for half / bfloat16_t / int8_t");
+    if (p.ifTranspose && !detail::is16<T>())
+        sim::fail("bounds", "twin: LoadData ifTranspose is emulated for 16-bit data only (int8: LoadDataWithTranspose)");
     if (dst.mem_ != sim::MEM_L0A && dst.mem_ != sim::MEM_L0B)
         sim::fail("position", std::string(api) + ": destination in " + sim::mem_name(dst.mem_) + ", expected A2 (L0A) or B2 (L0B)");
     detail::need_mem(src, sim::MEM_L1, api, "source");
@@ -1265,24 +1286,84 @@ inline void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const
     sim::core().st.l0Bytes += uint64_t(p.repeatTimes) * detail::kFractalBytes;
 }
 
-// Mmad: C (CO1, float) = A (A2) x B (B2) [+ C], A m x k, B k x n, half or bfloat16_t inputs.
-// Documented: m, n, k in [0, 4095] (12-bit fields: MmadParams table; asc-tools
-// kernel_mmad_check.cpp); A and B 512-byte aligned, a float C 1024-byte aligned (CheckMmadAlign,
-// impl/kernel_operator_mm_check.h); the operands are padded to whole fractals (M, K, N aligned to
-// 16 for half/bfloat16_t) and the padding "is ignored" (Mmad page): the twin reads only the
-// elements inside m x k and k x n (an unwritten one is an [uninit-read]) and fills C's padding
-// rows/columns with NaN (their hardware value is not specified). Initial C: 0 when cmatrixInitVal
-// and not isBias (impl/dav_c220/kernel_operator_mm_impl.h, MmadCal), else the C in L0C.
-// Arithmetic: each product is exact in float (11 x 11 or 8 x 8 significand bits); the sum over k is
-// taken in float in increasing k, one rounding per addition, added to the initial C last.
-// ASSUMPTION: the cube's adder order and any wider internal precision are not documented, so the
-// last bits of a long sum may differ from the hardware.
+// LoadDataWithTranspose L1 -> L0A / L0B, int8 (LoadDataWithTranspose page, Atlas A2; impl
+// dav_c220/kernel_operator_mm_impl.h, LoadData2DL12L0BTransposeCal): each of repeatTimes iterations
+// joins two consecutive 16 x 32 source fractals into one 32 x 32 square (source square
+// startIndex + r * srcStride, in 1024-byte units), transposes it and splits it into two 16 x 32
+// fractals: the first at destination fractal r * (1 + dstGap), the second 1 + dstFracGap fractals
+// after it (512-byte units). The twin emulates int8 with startIndex 0 (offset the tensors instead).
+struct LoadData2dTransposeParams {
+    uint16_t startIndex = 0;
+    uint8_t repeatTimes = 0;
+    uint16_t srcStride = 0, dstGap = 0, dstFracGap = 0;
+    uint8_t addrMode = 0;
+    LoadData2dTransposeParams() = default;
+    LoadData2dTransposeParams(uint16_t st, uint8_t rep, uint16_t ss, uint16_t gap, uint16_t fracGap)
+        : startIndex(st), repeatTimes(rep), srcStride(ss), dstGap(gap), dstFracGap(fracGap) {}
+    LoadData2dTransposeParams(uint16_t st, uint8_t rep, uint16_t ss, uint16_t gap, uint16_t fracGap, uint8_t am)
+        : startIndex(st), repeatTimes(rep), srcStride(ss), dstGap(gap), dstFracGap(fracGap), addrMode(am) {}
+};
+template <typename T>
+inline void LoadDataWithTranspose(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadData2dTransposeParams& p,
+                                  sim::Loc loc = {}) {
+    const char* api = "LoadDataWithTranspose L1->L0";
+    static_assert(std::is_same<T, int8_t>::value, "twin: LoadDataWithTranspose emulated for int8_t");
+    if (dst.mem_ != sim::MEM_L0A && dst.mem_ != sim::MEM_L0B)
+        sim::fail("position", std::string(api) + ": destination in " + sim::mem_name(dst.mem_) + ", expected A2 (L0A) or B2 (L0B)");
+    detail::need_mem(src, sim::MEM_L1, api, "source");
+    if (p.startIndex != 0 || p.addrMode != 0) sim::fail("bounds", "twin: LoadDataWithTranspose startIndex / addrMode != 0 is not emulated");
+    detail::check_mem_align(dst.addr_, sim::limits::kL0Align, dst.mem_, api, "destination", "CheckDataCopyAlign");
+    detail::check_mem_align(src.addr_, sim::limits::kL1Align, sim::MEM_L1, api, "source", "CheckDataCopyAlign");
+    sim::Ins in = sim::issue(sim::P_MTE1, api, loc);
+    constexpr uint32_t F = detail::kFractalBytes;
+    for (uint32_t r = 0; r < p.repeatTimes; r++) {
+        const uint64_t s = uint64_t(r) * p.srcStride * 2 * F;
+        const uint64_t d0 = uint64_t(r) * (1u + p.dstGap) * F, d1 = d0 + (1u + p.dstFracGap) * F;
+        detail::need_bytes(src.bytes_, s + 2 * F, api, "the source square");
+        detail::need_bytes(dst.bytes_, (d0 > d1 ? d0 : d1) + F, api, "the destination fractals");
+        sim::sp_read(in, sim::MEM_L1, src.addr_ + uint32_t(s), 2 * F);
+        const uint8_t* sp = sim::space(sim::MEM_L1).data.data() + src.addr_ + s;
+        const uint8_t* sw = sim::space(sim::MEM_L1).written.data() + src.addr_ + s;
+        uint8_t buf[2 * F], wbuf[2 * F];
+        for (int i = 0; i < 32; i++)  // square row i (source fractal i / 16), column j -> row j, column i
+            for (int j = 0; j < 32; j++) {
+                buf[j * 32 + i] = sp[i * 32 + j];
+                wbuf[j * 32 + i] = sw[i * 32 + j];
+            }
+        for (int half_ = 0; half_ < 2; half_++) {
+            const uint64_t d = half_ ? d1 : d0;
+            sim::sp_write(in, dst.mem_, dst.addr_ + uint32_t(d), F);
+            std::memcpy(sim::space(dst.mem_).data.data() + dst.addr_ + d, buf + half_ * F, F);
+            std::memcpy(sim::space(dst.mem_).written.data() + dst.addr_ + d, wbuf + half_ * F, F);
+        }
+    }
+    sim::core().st.l0Bytes += uint64_t(p.repeatTimes) * 2 * F;
+}
+
+// Mmad: C (CO1) = A (A2) x B (B2) [+ C], A m x k, B k x n: float <- half x half, float <- bfloat16_t x
+// bfloat16_t, or int32_t <- int8_t x int8_t (the Mmad page's Atlas A2 type table; asc-tools
+// kernel_mmad_check.cpp). Documented: m, n, k in [0, 4095] (12-bit fields: MmadParams table); A and
+// B 512-byte aligned, C 1024-byte aligned (CheckMmadAlign, impl/kernel_operator_mm_check.h); the
+// operands are padded to whole fractals (M and N to 16, K to 16 for 16-bit data and 32 for int8: a
+// fractal is 512 bytes, 16 x 16 or 16 x 32) and the padding "is ignored" (Mmad page): the twin reads
+// only the elements inside m x k and k x n (an unwritten one is an [uninit-read]) and fills C's
+// padding rows/columns with NaN (float) or INT32_MIN (int32; their hardware value is not
+// specified). Layouts: A "ZZ" (fractal row-major, 16 rows x K0), B "ZN" (fractal column-major:
+// column c of a K0 x 16 fractal at c * K0), C "NZ". Initial C: 0 when cmatrixInitVal and not isBias
+// (impl/dav_c220/kernel_operator_mm_impl.h, MmadCal), else the C in L0C.
+// Arithmetic: 16-bit inputs: each product is exact in float (11 x 11 or 8 x 8 significand bits); the
+// sum over k is taken in float in increasing k, one rounding per addition, added to the initial C
+// last. ASSUMPTION: the cube's adder order and any wider internal precision are not documented, so
+// the last bits of a long sum may differ from the hardware. int8: exact in int32 (wrapping, as
+// two's complement hardware would; the kernels stay far inside the range).
 template <typename T, typename U, typename S>
 inline void Mmad(const LocalTensor<T>& c, const LocalTensor<U>& a, const LocalTensor<S>& b, const MmadParams& p,
                  sim::Loc loc = {}) {
     const char* api = "Mmad";
-    static_assert(std::is_same<T, float>::value && std::is_same<U, S>::value && detail::is16<U>(),
-                  "twin: Mmad emulated for float <- half x half and float <- bfloat16_t x bfloat16_t");
+    constexpr bool kInt = std::is_same<T, int32_t>::value;
+    static_assert(std::is_same<U, S>::value &&
+                      ((std::is_same<T, float>::value && detail::is16<U>()) || (kInt && std::is_same<U, int8_t>::value)),
+                  "twin: Mmad emulated for float <- half x half, float <- bfloat16_t x bfloat16_t, int32_t <- int8_t x int8_t");
     detail::need_mem(c, sim::MEM_L0C, api, "dst (CO1)");
     detail::need_mem(a, sim::MEM_L0A, api, "fm (A2)");
     detail::need_mem(b, sim::MEM_L0B, api, "filter (B2)");
@@ -1294,41 +1375,51 @@ inline void Mmad(const LocalTensor<T>& c, const LocalTensor<U>& a, const LocalTe
     detail::check_mem_align(a.addr_, sim::limits::kMmadL0ABAlign, sim::MEM_L0A, api, "fmLocal", "CheckMmadAlign");
     detail::check_mem_align(b.addr_, sim::limits::kMmadL0ABAlign, sim::MEM_L0B, api, "filterLocal", "CheckMmadAlign");
     detail::check_mem_align(c.addr_, sim::limits::kMmadL0CFloatAlign, sim::MEM_L0C, api, "dstLocal", "CheckMmadAlign");
-    const uint32_t M1 = (p.m + 15) / 16, N1 = (p.n + 15) / 16, K1 = (p.k + 15) / 16;
-    detail::need_bytes(a.bytes_, uint64_t(M1) * K1 * 512, api, "A (ceil(m/16) x ceil(k/16) fractals)");
-    detail::need_bytes(b.bytes_, uint64_t(K1) * N1 * 512, api, "B (ceil(k/16) x ceil(n/16) fractals)");
-    detail::need_bytes(c.bytes_, uint64_t(M1) * N1 * 1024, api, "C (ceil(m/16) x ceil(n/16) float fractals)");
+    constexpr uint32_t K0 = 32 / sizeof(U), E = sizeof(U);  // fractal columns of A (rows of B), element bytes
+    const uint32_t M1 = (p.m + 15) / 16, N1 = (p.n + 15) / 16, K1 = (p.k + K0 - 1) / K0;
+    detail::need_bytes(a.bytes_, uint64_t(M1) * K1 * 512, api, "A (ceil(m/16) x ceil(k/K0) fractals)");
+    detail::need_bytes(b.bytes_, uint64_t(K1) * N1 * 512, api, "B (ceil(k/K0) x ceil(n/16) fractals)");
+    detail::need_bytes(c.bytes_, uint64_t(M1) * N1 * 1024, api, "C (ceil(m/16) x ceil(n/16) 4-byte fractals)");
     const bool init = p.cmatrixInitVal && !p.isBias;
     sim::Ins in = sim::issue(sim::P_M, api, loc);
-    auto aoff = [&](uint32_t r, uint32_t kk) { return ((r / 16) * K1 + kk / 16) * 256u + (r % 16) * 16u + kk % 16; };
-    auto boff = [&](uint32_t kk, uint32_t col) { return ((kk / 16) * N1 + col / 16) * 256u + (col % 16) * 16u + kk % 16; };
+    auto aoff = [&](uint32_t r, uint32_t kk) { return ((r / 16) * K1 + kk / K0) * 16u * K0 + (r % 16) * K0 + kk % K0; };
+    auto boff = [&](uint32_t kk, uint32_t col) { return ((kk / K0) * N1 + col / 16) * 16u * K0 + (col % 16) * K0 + kk % K0; };
     auto coff = [&](uint32_t r, uint32_t col) { return ((col / 16) * M1 + r / 16) * 256u + (r % 16) * 16u + col % 16; };
     // reads (ordering and initialisation) of the valid elements
     for (uint32_t r = 0; r < p.m; r++)
         for (uint32_t kk = 0; kk < p.k; kk++) {
-            const uint32_t o = a.addr_ + aoff(r, kk) * 2;
-            sim::sp_check_written(sim::MEM_L0A, o, 2, api);
-            sim::sp_read(in, sim::MEM_L0A, o, 2);
+            const uint32_t o = a.addr_ + aoff(r, kk) * E;
+            sim::sp_check_written(sim::MEM_L0A, o, E, api);
+            sim::sp_read(in, sim::MEM_L0A, o, E);
         }
     for (uint32_t kk = 0; kk < p.k; kk++)
         for (uint32_t col = 0; col < p.n; col++) {
-            const uint32_t o = b.addr_ + boff(kk, col) * 2;
-            sim::sp_check_written(sim::MEM_L0B, o, 2, api);
-            sim::sp_read(in, sim::MEM_L0B, o, 2);
+            const uint32_t o = b.addr_ + boff(kk, col) * E;
+            sim::sp_check_written(sim::MEM_L0B, o, E, api);
+            sim::sp_read(in, sim::MEM_L0B, o, E);
         }
     const U* A = reinterpret_cast<const U*>(sim::space(sim::MEM_L0A).data.data() + a.addr_);
     const U* B = reinterpret_cast<const U*>(sim::space(sim::MEM_L0B).data.data() + b.addr_);
-    float* C = reinterpret_cast<float*>(sim::space(sim::MEM_L0C).data.data() + c.addr_);
-    std::vector<float> out(size_t(M1) * N1 * 256, std::numeric_limits<float>::quiet_NaN());
+    T* C = reinterpret_cast<T*>(sim::space(sim::MEM_L0C).data.data() + c.addr_);
+    const T pad = kInt ? T(std::numeric_limits<int32_t>::min()) : T(std::numeric_limits<float>::quiet_NaN());
+    std::vector<T> out(size_t(M1) * N1 * 256, pad);
     for (uint32_t r = 0; r < p.m; r++)
         for (uint32_t col = 0; col < p.n; col++) {
-            float acc = 0.0f;
-            for (uint32_t kk = 0; kk < p.k; kk++) acc += float(A[aoff(r, kk)]) * float(B[boff(kk, col)]);
+            T acc = T(0);
+            if constexpr (kInt) {
+                uint32_t u = 0;  // two's complement wrap without signed overflow
+                for (uint32_t kk = 0; kk < p.k; kk++)
+                    u += uint32_t(int32_t(A[aoff(r, kk)]) * int32_t(B[boff(kk, col)]));
+                acc = T(int32_t(u));
+            } else {
+                for (uint32_t kk = 0; kk < p.k; kk++) acc += float(A[aoff(r, kk)]) * float(B[boff(kk, col)]);
+            }
             const uint32_t co = coff(r, col);
             if (!init) {
                 sim::sp_check_written(sim::MEM_L0C, c.addr_ + co * 4, 4, "Mmad (accumulate)");
                 sim::sp_read(in, sim::MEM_L0C, c.addr_ + co * 4, 4);
-                acc = C[co] + acc;
+                if constexpr (kInt) acc = T(int32_t(uint32_t(C[co]) + uint32_t(acc)));
+                else acc = C[co] + acc;
             }
             out[co] = acc;
         }
@@ -1336,7 +1427,7 @@ inline void Mmad(const LocalTensor<T>& c, const LocalTensor<U>& a, const LocalTe
     std::memcpy(C, out.data(), out.size() * 4);
     sim::Stats& st = sim::core().st;
     st.mmadCalls++;
-    st.cubeFractalMacs += uint64_t(M1) * N1 * K1;
+    st.cubeFractalMacs += uint64_t(M1) * N1 * K1;  // one 16 x 16 x K0 block: 16-bit 16 x 16 x 16, int8 16 x 16 x 32
     st.cubeMacs += uint64_t(p.m) * p.n * p.k;
 }
 
@@ -1345,15 +1436,16 @@ inline void Mmad(const LocalTensor<T>& c, const LocalTensor<U>& a, const LocalTe
 // in 16-element units: FixpipeL0cToOut in impl/dav_c220/kernel_operator_fixpipe_v2_impl.h) and
 // written to GM element r * dstStride + c (GetGMLength there: ROW_MAJOR dstStride in elements).
 // Limits (CheckCommonFixpipeParam, same file): the L0C source 64-byte aligned; nSize 1..4095;
-// mSize 1..8192 for ROW_MAJOR; dstStride != 0; quantPre NoQuant for float out, F322F16 for half,
-// F322BF16 for bfloat16_t. Casts round to nearest even (ASSUMPTION: the rounding of the FIX cast is
+// mSize 1..8192 for ROW_MAJOR; dstStride != 0; quantPre NoQuant for float out (and for int32 out of
+// an int32 L0C, the Tuple<int32_t, int32_t> case there), F322F16 for half, F322BF16 for bfloat16_t. Casts round to nearest even (ASSUMPTION: the rounding of the FIX cast is
 // not documented). L0C -> UB does not exist on dav-c220 ("Fixpipe doesn't support L0C to UB on
 // current device", FixpipeL0C2UBImpl) and is refused; ndNum > 1, NZ output, quantisation and the
 // channel split are not emulated.
 template <typename D, typename S, const FixpipeConfig& config = CFG_ROW_MAJOR>
 inline void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const FixpipeParamsV220& p, sim::Loc loc = {}) {
     const char* api = "Fixpipe L0C->GM";
-    static_assert(std::is_same<S, float>::value, "twin: Fixpipe emulated from a float L0C");
+    static_assert(std::is_same<S, float>::value || (std::is_same<S, int32_t>::value && std::is_same<D, int32_t>::value),
+                  "twin: Fixpipe emulated from a float L0C, or int32 L0C -> int32 GM without quantisation");
     detail::need_mem(src, sim::MEM_L0C, api, "source (CO1)");
     if (config.format != CO2Layout::ROW_MAJOR) sim::fail("bounds", "twin: Fixpipe only with CFG_ROW_MAJOR is emulated");
     if (p.ndNum > 1 || p.isChannelSplit) sim::fail("bounds", "twin: Fixpipe ndNum > 1 / isChannelSplit not emulated");
@@ -1365,23 +1457,24 @@ inline void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const
     if (p.srcStride < p.mSize)
         sim::fail("cube-param", std::string(api) + ": srcStride " + std::to_string(p.srcStride) +
                                     " (rows per 16-column block in L0C) is below mSize " + std::to_string(p.mSize));
-    const QuantMode_t want = std::is_same<D, float>::value ? QuantMode_t::NoQuant
+    const QuantMode_t want = std::is_same<D, float>::value || std::is_same<D, int32_t>::value ? QuantMode_t::NoQuant
                            : std::is_same<D, half>::value ? QuantMode_t::F322F16 : QuantMode_t::F322BF16;
-    static_assert(std::is_same<D, float>::value || detail::is16<D>(), "twin: Fixpipe out float / half / bfloat16_t");
+    static_assert(std::is_same<D, float>::value || std::is_same<D, int32_t>::value || detail::is16<D>(),
+                  "twin: Fixpipe out float / half / bfloat16_t / int32_t");
     if (p.quantPre != want) sim::fail("cube-param", std::string(api) + ": quantPre does not match the output type (" + kSrc + ")");
     const uint32_t N1 = (p.nSize + 15) / 16;
     detail::need_bytes(src.bytes_, (uint64_t(N1 - 1) * p.srcStride * 16 + uint64_t(p.mSize) * 16) * 4, api, "the L0C source");
     dst.need(uint64_t(p.mSize - 1) * p.dstStride + p.nSize, api);
     sim::Ins in = sim::issue(sim::P_FIX, api, loc);
-    const float* C = reinterpret_cast<const float*>(sim::space(sim::MEM_L0C).data.data() + src.addr_);
+    const S* C = reinterpret_cast<const S*>(sim::space(sim::MEM_L0C).data.data() + src.addr_);
     std::vector<D> row(p.nSize);
     for (uint32_t r = 0; r < p.mSize; r++) {
         for (uint32_t col = 0; col < p.nSize; col++) {
             const uint32_t e = (col / 16) * p.srcStride * 16u + r * 16u + col % 16;
             sim::sp_check_written(sim::MEM_L0C, src.addr_ + e * 4, 4, api);
             sim::sp_read(in, sim::MEM_L0C, src.addr_ + e * 4, 4);
-            float v = C[e];
-            if (p.reluEn && v < 0.0f) v = 0.0f;
+            S v = C[e];
+            if (p.reluEn && v < S(0)) v = S(0);
             row[col] = D(v);
         }
         sim::gm_access(in, dst.base_ + uint64_t(r) * p.dstStride, uint64_t(p.nSize) * sizeof(D), true);

@@ -202,6 +202,48 @@ extern "C" __global__ __aicore__ void two_args_ok(GM_ADDR a, GM_ADDR b) {  // ea
         DataCopy(gb, x, 64);
     }
 }
+// int8 on the cube (IFA's MSD route): S = A K^T and O = A V with V = K (tokens x D), int32 results.
+// A [24, 64] int8 at Q_OFF, K [64, 64] int8 at K_OFF; S at S_OFF, O at I8_O_OFF (int32 rows).
+constexpr int I8_ROWS = 24, I8_O_OFF = 16384;
+template <bool transposeFlag>
+__aicore__ inline void Int8Cube(GM_ADDR base) {
+    if ASCEND_IS_AIV { return; }
+    TPipe pipe;
+    TBuf<TPosition::A1> aL1; TBuf<TPosition::B1> kL1; TBuf<TPosition::A2> aL0; TBuf<TPosition::B2> bL0;
+    TBuf<TPosition::CO1> sL0C, oL0C;
+    pipe.InitBuffer(aL1, 32 * 64); pipe.InitBuffer(kL1, 64 * 64); pipe.InitBuffer(aL0, 32 * 64);
+    pipe.InitBuffer(bL0, 64 * 64); pipe.InitBuffer(sL0C, 32 * 64 * 4); pipe.InitBuffer(oL0C, 32 * 64 * 4);
+    GlobalTensor<int8_t> a, k; GlobalTensor<int32_t> s, o;
+    a.SetGlobalBuffer((__gm__ int8_t*)(base + Q_OFF), I8_ROWS * 64);
+    k.SetGlobalBuffer((__gm__ int8_t*)(base + K_OFF), 64 * 64);
+    s.SetGlobalBuffer((__gm__ int32_t*)(base + S_OFF), I8_ROWS * 64);
+    o.SetGlobalBuffer((__gm__ int32_t*)(base + I8_O_OFF), I8_ROWS * 64);
+    LocalTensor<int8_t> a1 = aL1.Get<int8_t>(), k1 = kL1.Get<int8_t>(), a0 = aL0.Get<int8_t>(), b0 = bL0.Get<int8_t>();
+    LocalTensor<int32_t> c0 = sL0C.Get<int32_t>(), c1 = oL0C.Get<int32_t>();
+    DataCopy(a1, a, Nd2NzParams(1, I8_ROWS, 64, 0, 64, 32, 1, 0));  // C0 = 32 int8, 32 rows (padded)
+    DataCopy(k1, k, Nd2NzParams(1, 64, 64, 0, 64, 64, 1, 0));
+    Sync<HardEvent::MTE2_MTE1>();
+    for (int mb = 0; mb < 2; mb++)  // NZ (C0 stride 32 rows) -> ZZ, 16 x 32 fractals
+        LoadData(a0[mb * 2 * 512], a1, LoadData2DParams(mb, 2, 2, 0, 0, false, 0));
+    LoadData(b0, k1, LoadData2DParams(0, 8, 1, 0, 0, false, 0));  // NZ of K = ZN of K^T
+    Sync<HardEvent::MTE1_M>();
+    Mmad(c0, a0, b0, MmadParams(I8_ROWS, 64, 64, 0, false, true));
+    Sync<HardEvent::M_MTE1>();
+    // B = V (k = tokens, n = D): each 32 x 32 square of V's NZ transposed into two ZN fractals
+    for (int kb = 0; kb < 2; kb++) {
+        if (transposeFlag)
+            LoadData(b0[2 * kb * 512], k1[kb * 64 * 32], LoadData2DParams(0, 2, 1, 0, 0, true, 0));
+        else
+            LoadDataWithTranspose(b0[2 * kb * 512], k1[kb * 64 * 32], LoadData2dTransposeParams(0, 2, 1, 3, 0));
+    }
+    Sync<HardEvent::MTE1_M>();
+    Mmad(c1, a0, b0, MmadParams(I8_ROWS, 64, 64, 0, false, true));
+    Sync<HardEvent::M_FIX>();
+    Fixpipe<int32_t, int32_t, CFG_ROW_MAJOR>(s, c0, FixpipeParamsV220(64, I8_ROWS, 32, 64, false));
+    Fixpipe<int32_t, int32_t, CFG_ROW_MAJOR>(o, c1, FixpipeParamsV220(64, I8_ROWS, 32, 64, false));
+}
+ENTRY(int8_qk_and_pv_ok) { Int8Cube<false>(x + REGION * GetBlockIdx()); }
+ENTRY(int8_load_data_transpose_flag) { Int8Cube<true>(x + REGION * GetBlockIdx()); }
 ENTRY(cube_in_vector_launch) {  // a cube buffer in a plain vector launch
     TPipe pipe; TBuf<TPosition::A1> a; pipe.InitBuffer(a, 512);
 }
@@ -260,9 +302,10 @@ BAD = [
     ("fixpipe_to_ub", "position", "L0C->UB does not exist"),
     ("aiv_read_without_sync_all", "gm-race", "no cross-core edge"),
     ("fixpipe_cast_without_quant_pre", "cube-param", "quantPre"),
+    ("int8_load_data_transpose_flag", "bounds", "LoadDataWithTranspose"),
 ]
 GOOD = ["qk_softmax_ok", "qk_softmax_k24_ok", "workspace_two_rounds_ok", "l0a_full_ok", "ids_and_sync_all_ok",
-        "gqa_8_rows_ok", "gqa_8_rows_bf16_to_bf16_ok"]
+        "gqa_8_rows_ok", "gqa_8_rows_bf16_to_bf16_ok", "int8_qk_and_pv_ok"]
 ORDERS = [0, 1, 12345]  # forward, reverse, a seeded shuffle
 
 
@@ -330,6 +373,29 @@ def test_qk_on_the_cube_then_softmax_on_the_vector_cores_matches_numpy(lib, orde
         e = np.exp(s_ref - s_ref.max(axis=1, keepdims=True))
         np.testing.assert_allclose(region(buf, b, O_OFF, (M, N)), e / e.sum(axis=1, keepdims=True),
                                    rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_int8_products_on_the_cube_are_exact(lib, order):
+    """int8 x int8 -> int32 (IFA's MSD route): Q Kᵀ with K's NZ fractals as they are, and P V with
+    V's 32 x 32 squares transposed by LoadDataWithTranspose, both equal to NumPy's integers."""
+    blocks, rows = 2, 24
+    rng = np.random.default_rng(order)
+    buf = np.full(REGION * blocks, 0xFF, np.uint8)
+    want = []
+    for b in range(blocks):
+        a = rng.integers(-127, 128, (rows, 64), dtype=np.int8)
+        k = rng.integers(-127, 128, (64, 64), dtype=np.int8)
+        buf[b * REGION + Q_OFF:b * REGION + Q_OFF + a.size] = a.view(np.uint8).ravel()
+        buf[b * REGION + K_OFF:b * REGION + K_OFF + k.size] = k.view(np.uint8).ravel()
+        want.append((a.astype(np.int64) @ k.astype(np.int64).T, a.astype(np.int64) @ k.astype(np.int64)))
+    rc, msg, buf = run(lib, "int8_qk_and_pv_ok", blocks, order, buf)
+    assert rc == 0, msg
+    for b in range(blocks):
+        s = buf[b * REGION + S_OFF:b * REGION + S_OFF + rows * 64 * 4].view(np.int32).reshape(rows, 64)
+        o = buf[b * REGION + 16384:b * REGION + 16384 + rows * 64 * 4].view(np.int32).reshape(rows, 64)
+        np.testing.assert_array_equal(s, want[b][0])
+        np.testing.assert_array_equal(o, want[b][1])
 
 
 def test_the_twins_sum_is_float32_in_increasing_k(lib):

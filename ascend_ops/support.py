@@ -82,6 +82,7 @@ def unsupported_reason(head_dim: int, dtype: str, kv_dtype: str) -> str | None:
 #: Head dims the mixed (AIC + AIV) split stage takes: multiples of MIX_HEAD_DIM_STEP up to MAX_HEAD_DIM
 #: (whole 16 x 16 cube fractals along D).
 MIX_HEAD_DIM_STEP = 16
+MIX_INT8_HEAD_DIM_STEP = 32  # int8 KV on the mixed kernel: a head dim of whole 16 x 32 int8 fractals
 
 
 def mixed_kernel_unsupported(head_dim: int, dtype: str, kv_dtype: str, num_q_heads: int = 1,
@@ -89,12 +90,16 @@ def mixed_kernel_unsupported(head_dim: int, dtype: str, kv_dtype: str, num_q_hea
     """None when the mixed AIC + AIV split stage takes this call, else why the vector-only kernel
     serves it (float32 q, head dims not a multiple of 16, strides over 16 bits).
 
-    int8 KV is taken with fp16 or bf16 q: the cube multiplies the raw int8 values cast to half
-    (exact) and the scales and offsets are folded into q, the scores and the output."""
+    int8 KV is taken with fp16 or bf16 q and head dims that are multiples of 32 (whole int8
+    fractals): IFA's MSD route, q and P expanded into int8 rows and int8 x int8 on the cube, the
+    scales and offsets folded into q, the scores and the output."""
     if dtype not in ("float16", "bfloat16") or kv_dtype not in (dtype, KV_QUANT_DTYPE):
         return f"mixed kernel: fp16/bf16 q with KV of the same dtype or int8 only (got {dtype} / {kv_dtype})"
     if head_dim % MIX_HEAD_DIM_STEP or not MIX_HEAD_DIM_STEP <= head_dim <= MAX_HEAD_DIM:
         return f"mixed kernel: head dim a multiple of 16 in [16, {MAX_HEAD_DIM}] (got {head_dim})"
+    if kv_dtype == KV_QUANT_DTYPE and head_dim % MIX_INT8_HEAD_DIM_STEP:
+        return (f"mixed kernel: int8 KV needs a head dim that is a multiple of {MIX_INT8_HEAD_DIM_STEP} "
+                f"(whole int8 fractals; got {head_dim})")
     if num_q_heads * head_dim > 65535 or num_kv_heads * head_dim > 65535:
         return "mixed kernel: Hq * D and Hkv * D must fit Nd2NzParams' 16-bit strides"
     return None

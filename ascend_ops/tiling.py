@@ -170,58 +170,70 @@ L1_BYTES, L0A_BYTES, L0B_BYTES, L0C_BYTES = 512 * 1024, 64 * 1024, 64 * 1024, 12
 MIX_TILE_CANDIDATES = (256, 128, 64, 32, 16)  # KV tokens per cube tile, largest first
 MIX_MAX_ROWS = 128  # query rows of one item (q_len x G), padded to 16
 MIX_ITEM_OVERHEAD_TOKENS = 64  # balance weight of an item's fixed cost, in tokens (ASSUMPTION)
-MIX_QUANT_CHUNK = 64  # int8 KV: tokens one vector core casts int8 -> half at a time (kQuantChunk)
+MIX_Q_STEPS = 3  # int8 KV (MSD): int8 rows per q row on the cube (kQSteps)
+MIX_P_STEPS = 2  # int8 KV (MSD): int8 rows per P row on the cube (kPSteps)
 
 
 def mix_cube_dtype(dtype: str, kv_dtype: str) -> str:
-    """The cube's input dtype: q's, or float16 for int8 KV (int8 values are exact in half)."""
-    return "float16" if kv_dtype == "int8" else dtype
+    """The cube's input dtype: q's, or int8 for int8 KV (IFA's MSD route: int8 x int8 -> int32)."""
+    return "int8" if kv_dtype == "int8" else dtype
+
+
+def mix_cube_rows(rows_pad: int, kv_dtype: str | None) -> tuple[int, int]:
+    """Rows of the cube's S slot and of its P / O slots: ``rows_pad``, or for int8 KV the expanded
+    q and P rows (``MIX_Q_STEPS`` and ``MIX_P_STEPS`` blocks; ``MixCommon::SR`` / ``PR``)."""
+    if kv_dtype == "int8":
+        return MIX_Q_STEPS * rows_pad, MIX_P_STEPS * rows_pad
+    return rows_pad, rows_pad
 
 
 def mix_ub_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int, soft_cap: bool,
                  kv_dtype: str | None = None, multi_query: bool = False) -> dict[str, int]:
     """Every UB buffer of one vector core of the mixed split stage (``MixVec::Init`` and, for int8
     KV, ``MixVec::InitQuant``), bytes (``multi_query``: a request has several query rows, the
-    causal band's V row buffers of ``AddBand``)."""
+    causal band's V row buffers of ``AddBand``, 16-bit KV only)."""
     D, TT, RH = head_dim, tile_tokens, rows_pad // 2
     cube = mix_cube_dtype(dtype, kv_dtype or dtype)
-    b = {"s (scores)": _r32(RH * TT * 4), "p (probabilities, cube dtype)": _r32(RH * TT * ITEMSIZE[cube]),
+    p_rows = MIX_P_STEPS * RH if kv_dtype == "int8" else RH
+    b = {"s (scores)": _r32(RH * TT * 4), "p (probabilities, cube dtype)": _r32(p_rows * TT * ITEMSIZE[cube]),
          "o (P V tile)": _r32(RH * D * 4), "acc": _r32(RH * D * 4), "red": 2 * _r32(_ru(2 * RH, 8) * 4),
          "alpha": _r32(_ru(RH, 8) * 4), "work": 256}
     if soft_cap:
         b["cap (soft-cap scratch)"] = _r32(RH * TT * 4)
     b["outQ (2 x o row + lse block)"] = 2 * _r32((D + LSE_REPEAT) * 4)
     if kv_dtype == "int8":
-        kr = _ru(D, 32)
-        b.update({"qT (q rows)": _r32(RH * D * ITEMSIZE[dtype]), "qf (q' float)": _r32(RH * D * 4),
-                  "qh (q' half, hi and lo)": _r32(2 * RH * D * 2), "kvq (scales, offsets)": _r32(4 * D * 4),
-                  "i8 (int8 chunk)": _r32(MIX_QUANT_CHUNK * kr), "h16 (half chunk)": _r32(MIX_QUANT_CHUNK * kr * 2)})
-    if multi_query and kv_dtype == "int8":
-        b["vb, vh, vf (a band V row, int8, half and float32)"] = _r32(_ru(D, 32)) + _r32(D * 2) + _r32(D * 4)
+        b.update({"qT (q rows)": _r32(RH * D * ITEMSIZE[dtype]), "qf, qe, qr (q' steps, float)": 3 * _r32(RH * D * 4),
+                  "qh (a q step, half)": _r32(RH * D * 2), "qx (q steps, int8)": _r32(MIX_Q_STEPS * RH * D),
+                  "kvq (scales, offsets)": _r32(4 * D * 4),
+                  "si (S steps, int32; P steps, float)": _r32(MIX_Q_STEPS * RH * TT * 4),
+                  "pf (P residual, float)": _r32(RH * TT * 4), "ph (a P step, half)": _r32(RH * TT * 2),
+                  "oi (O steps, int32)": _r32(MIX_P_STEPS * RH * D * 4), "of (O step 0, float)": _r32(RH * D * 4)})
     elif multi_query:
         b["vb, vf (a band V row, q dtype and float32)"] = _r32(D * ITEMSIZE[dtype]) + _r32(D * 4)
     return b
 
 
 def mix_cube_bytes(head_dim: int, tile_tokens: int, rows_pad: int, kv_dtype: str | None = None) -> dict[str, int]:
-    """The cube core's buffers (``MixCube::Init``) per memory, bytes (16-bit q and KV; int8 KV holds
-    q' as two half parts, high and low)."""
-    D, TT, MP = head_dim, tile_tokens, rows_pad
-    q = (2 if kv_dtype == "int8" else 1) * MP * D
-    return {"L1": 2 * (q + 4 * TT * D + MP * TT), "L0A": 2 * (q + MP * TT), "L0B": 2 * TT * D,
-            "L0C": 4 * (MP * TT + MP * D)}
+    """The cube core's buffers (``MixCube::Init``) per memory, bytes: 16-bit q and KV, or for int8
+    KV int8 inputs with the expanded q and P rows and int32 results."""
+    D, TT = head_dim, tile_tokens
+    SR, PR = mix_cube_rows(rows_pad, kv_dtype)
+    e = 1 if kv_dtype == "int8" else 2
+    return {"L1": e * (SR * D + 4 * TT * D + PR * TT), "L0A": e * (SR * D + PR * TT), "L0B": e * TT * D,
+            "L0C": 4 * (SR * TT + PR * D)}
 
 
 def mix_scratch_core_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int,
                            kv_dtype: str | None = None) -> int:
     """Scratch of one AI core: S, P, O slots (two each) and a zero row (``MixCommon::ZOff``); for
-    int8 KV also q' ``[2, MP, D]`` (high and low half) and two slots of half K and V tiles ``[TT, D]``
-    (``QOff``, ``KVOff``)."""
+    int8 KV the slots hold the expanded rows (``mix_cube_rows``) and the expanded q rows
+    ``[MIX_Q_STEPS * MP, D]`` int8 follow (``QOff``)."""
     D, TT, MP = head_dim, tile_tokens, rows_pad
-    cube = mix_cube_dtype(dtype, kv_dtype or dtype)
-    n = 2 * MP * (TT * (4 + ITEMSIZE[cube]) + D * 4) + D * ITEMSIZE[cube]
+    SR, PR = mix_cube_rows(MP, kv_dtype)
+    e = ITEMSIZE[mix_cube_dtype(dtype, kv_dtype or dtype)]
+    n = 2 * (SR * TT * 4 + PR * (TT * e + D * 4)) + D * e
     if kv_dtype == "int8":
-        n += 2 * MP * D * 2 + 4 * TT * D * 2
+        n += MIX_Q_STEPS * MP * D
     return _ru(n, 512)
 
 
@@ -237,6 +249,8 @@ def choose_mix_tiles(head_dim: int, dtype: str, rows: int, soft_cap: bool, ub_by
     if MP > MIX_MAX_ROWS:
         return None
     for tt in MIX_TILE_CANDIDATES:
+        if kv_dtype == "int8" and tt % 32:  # whole int8 fractals of 32 tokens
+            continue
         cube = mix_cube_bytes(head_dim, tt, MP, kv_dtype)
         if (cube["L1"] <= L1_BYTES and cube["L0A"] <= L0A_BYTES and cube["L0B"] <= L0B_BYTES
                 and cube["L0C"] <= L0C_BYTES and (MP // 2) * tt >= head_dim
@@ -459,8 +473,6 @@ def dma_block_counts(t: dict) -> dict[str, int]:
     }
     if int(t["kernelKind"]) == 1:
         counts["mixed: S / P / O rows of one vector core (mixRowsPad / 2)"] = int(t["mixRowsPad"]) // 2
-        if int(t["kvDtype"]) == DTYPE_CODES["int8"]:
-            counts["mixed int8: K / V rows of one cast chunk (<= MIX_QUANT_CHUNK)"] = MIX_QUANT_CHUNK
     return counts
 
 

@@ -54,11 +54,12 @@ __aicore__ inline int32_t RowRequest(const AscendC::GlobalTensor<int32_t>& plan,
 }
 
 // Graph mode (deviceSplitTokens S > 0): the splits [jlo, jhi) of a request of seqLen tokens and
-// qLen query rows, and the first position any of its rows sees (`lo`).
+// qLen query rows, and where its first range starts (`lo`): the first position any of its rows
+// sees, moved down to a page boundary as the host planner's ranges (so both cut the same tiles).
 __aicore__ inline void DeviceSplits(const SplitKVTiling& t, int32_t seqLen, int32_t qLen, int32_t& jlo,
                                     int32_t& jhi, int32_t& lo) {
     const int32_t S = t.deviceSplitTokens;
-    lo = t.windowLeft >= 0 ? Max(0, seqLen - qLen - t.windowLeft) : 0;
+    lo = t.windowLeft >= 0 ? Max(0, seqLen - qLen - t.windowLeft) / t.pageSize * t.pageSize : 0;
     jhi = Min(CeilDiv(Max(seqLen, 0), S), t.maxSplits);
     jlo = Min(lo / S, jhi);
 }

@@ -23,14 +23,17 @@
 // The scratch (per AI core, after the partials in the workspace) holds two slots of S, P and O:
 // the cube runs QK of tile j + 1 and loads K/V of tile j + 2 while the vector cores work on tile j.
 // Cross-core flags: 1 S ready, 2 P ready, 3 O ready (all mode 2), 4 zero row ready (once).
-// int8 KV (kvDtype INT8): the cube works in half on raw int8 values, the dequantisation is folded
-// out of the per-token path (docs/ascend-kernel.md, "int8 KV on the mixed split stage"): per item
-// the vector cores write q' = 2^e (q * k_scale) as two half rows, q'_hi + q'_lo (flag 5; the cube
-// accumulates both products in L0C, ~22 bits of q'), and keep beta = q' . k_offset per row;
-// per tile vector core 0 casts the K tile and vector core 1 the V tile int8 -> half into a scratch
-// slot (flag 6, one Cast per page segment, no scale; the same zero rows as the cube's loads); scores s = scale 2^-e (q' K_int^T - beta); the
-// output o = v_scale (P V_int / sum P) - v_scale v_offset, with sum P over the rounded P the cube
-// multiplies (the lse keeps the float sum).
+// int8 KV (kvDtype INT8), CANN IFA's MSD route: int8 x int8 -> int32 on the cube, the cube reading
+// K and V straight from the cache as for 16-bit KV (docs/ascend-kernel.md, "int8 KV on the mixed
+// split stage"). Per item the vector cores expand q' = q * k_scale of each row into kQSteps int8
+// rows (x = 127 q' / max|q'|, x_0 = rint(x), x_i = rint(254 (x_{i-1} - rint(x_{i-1}))), flag 5) and
+// keep beta = q'^ . k_offset from the rows as the cube multiplies them; the cube computes the
+// kQSteps row blocks of X K_int^T (int32) and the vector cores recombine
+// s = scale (max|q'| / 127 sum_i 254^-i S_i - beta). P (in [0, 1] after the running max) is
+// expanded the same way into kPSteps int8 rows (x = 127 p) and the cube computes X_P V_int; the
+// output o = v_scale (sum_i 254^-i O_i / sum P^) - v_scale v_offset, with P^ = sum_i 254^-i x_i as
+// the cube multiplies it (the common 1/127 cancels; the lse keeps the float sum of P). Integer
+// products make no NaN, so the causal band needs no AddBand here: P = 0 where a row cannot see.
 // NOT RUN ON AN NPU: type-checked against CANN 8.1 headers and run on the CPU twin only.
 #include "splitkv_kernel_common.h"
 #include "splitkv_combine_stage.h"
@@ -39,9 +42,14 @@ using namespace AscendC;
 
 namespace splitkv {
 
-constexpr uint16_t kFlagS = 1, kFlagP = 2, kFlagO = 3, kFlagZero = 4, kFlagQ = 5, kFlagKV = 6;
-constexpr int32_t kQuantChunk = 64;  // int8 KV: tokens one vector core casts at a time (tiling.py)
+constexpr uint16_t kFlagS = 1, kFlagP = 2, kFlagO = 3, kFlagZero = 4, kFlagQ = 5;
 constexpr int32_t kMaxVecRows = 64;  // rows one vector core holds (host: rows padded <= 128)
+// int8 KV (MSD): int8 rows per q row (~23 bits of q') and per P row (~15 bits of p); tiling.py
+// MIX_Q_STEPS / MIX_P_STEPS
+constexpr int32_t kQSteps = 3, kPSteps = 2;
+constexpr float kStep = 254.0f, kInvStep = 1.0f / 254.0f;
+// a q' row whose largest |value| is below this scores 0 (its true scores are below 1e-25 scale)
+constexpr float kTinyRow = 1.0e-30f;
 // Start of the running max: finite, so exp(m_old - m_new) is never formed from -inf - -inf; a row
 // that sees nothing keeps l = 0 and writes o = 0, lse = -inf.
 constexpr float kMaxStart = -3.0e38f;
@@ -53,7 +61,8 @@ struct MixItem {
 struct MixCommon {
     SplitKVTiling t;
     int32_t G, D, TT, MP, core, w0, w1, wStep;
-    bool quant;  // int8 KV: the cube reads q' and the half K/V tiles the vector cores write
+    bool quant;          // int8 KV: MSD (int8 x int8 on the cube, q and P expanded into int8 rows)
+    int32_t SR, PR, NA;  // cube rows of an S slot, of a P / O slot; a tile's tail is padded to NA tokens
     GlobalTensor<int32_t> planGm, btGm;
     GM_ADDR scratch;
 
@@ -65,6 +74,9 @@ struct MixCommon {
         TT = t.mixTileTokens;
         MP = t.mixRowsPad;
         quant = t.kvDtype == SPLITKV_DT_INT8;
+        SR = quant ? kQSteps * MP : MP;
+        PR = quant ? kPSteps * MP : MP;
+        NA = quant ? 32 : 16;  // whole int8 fractals (32 tokens) or 16-bit ones (16)
         core = coreIdx;
         planGm.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(plan), uint64_t(t.planWords));
         btGm.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(blockTable), uint64_t(t.batch) * t.maxPages);
@@ -88,54 +100,54 @@ struct MixCommon {
         return btGm.GetValue(uint64_t(it.b) * t.maxPages + p / t.pageSize);
     }
     __aicore__ inline bool PageOk(int32_t page) const { return page >= 0 && page < t.numPages; }
-    // scratch layout (bytes): S [2][MP][TT] f32, P [2][MP][TT] T, O [2][MP][D] f32, zero row [D] T
-    __aicore__ inline uint64_t SOff(int32_t slot) const { return uint64_t(slot) * MP * TT * 4; }
+    // scratch layout (bytes; tb: the cube's element bytes): S [2][SR][TT] f32 / int32, P [2][PR][TT],
+    // O [2][PR][D] f32 / int32, zero row [D]; int8 KV also the expanded q [kQSteps * MP][D] int8.
+    // Rows of step i of an item with M query rows: i * M + r.
+    __aicore__ inline uint64_t SOff(int32_t slot) const { return uint64_t(slot) * SR * TT * 4; }
     __aicore__ inline uint64_t POff(int32_t slot, int32_t tb) const {
-        return uint64_t(2) * MP * TT * 4 + uint64_t(slot) * MP * TT * tb;
+        return uint64_t(2) * SR * TT * 4 + uint64_t(slot) * PR * TT * tb;
     }
     __aicore__ inline uint64_t OOff(int32_t slot, int32_t tb) const {
-        return uint64_t(2) * MP * TT * (4 + tb) + uint64_t(slot) * MP * D * 4;
+        return uint64_t(2) * (SR * TT * 4 + PR * TT * tb) + uint64_t(slot) * PR * D * 4;
     }
-    __aicore__ inline uint64_t ZOff(int32_t tb) const { return uint64_t(2) * MP * (TT * (4 + tb) + D * 4); }
-    // int8 KV only, after the zero row: q' [hi, lo][MP][D] half, then K/V tiles [2 slots][K, V][TT][D] half
-    __aicore__ inline uint64_t QOff() const { return ZOff(2) + uint64_t(D) * 2; }
-    __aicore__ inline uint64_t KVOff(int32_t slot, int32_t which) const {
-        return QOff() + uint64_t(2) * MP * D * 2 + (uint64_t(slot) * 2 + which) * TT * D * 2;
-    }
+    __aicore__ inline uint64_t ZOff(int32_t tb) const { return uint64_t(2) * (SR * TT * 4 + PR * (TT * tb + D * 4)); }
+    __aicore__ inline uint64_t QOff() const { return ZOff(1) + uint64_t(D); }
+    __aicore__ inline int32_t Tail(int32_t n) const { return RoundUp(n, NA); }
 };
 
 // ------------------------------------------------------------------------------------------------
-// Cube core
-template <typename T>
+// Cube core: T the cube's input dtype (q's, or int8_t for int8 KV), A its accumulator (float, int32_t)
+template <typename T, typename A>
 class MixCube {
 public:
+    static constexpr int32_t K0 = 32 / int32_t(sizeof(T));   // a fractal's inner extent: 16, int8 32
+    static constexpr int32_t FE = 512 / int32_t(sizeof(T));  // elements of a 512-byte fractal
+
     __aicore__ inline void Init(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, GM_ADDR plan, GM_ADDR ws,
                                 const SplitKVTiling& t) {
         c_.Init(bt, plan, ws, t, static_cast<int32_t>(GetBlockIdx()));
-        const int32_t MP = c_.MP, TT = c_.TT, D = c_.D;
-        if (c_.quant) {  // q' and the half K/V tiles come from the vector cores through the scratch
-            qGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.QOff()), uint64_t(2) * MP * D);
-            kvGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.KVOff(0, 0)), uint64_t(4) * TT * D);
+        const int32_t MP = c_.MP, SR = c_.SR, PR = c_.PR, TT = c_.TT, D = c_.D;
+        const uint64_t kvElems = uint64_t(t.numPages) * t.pageSize * t.numKVHeads * t.headDim;
+        if (c_.quant) {  // the expanded q rows come from the vector cores through the scratch
+            qGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.QOff()), uint64_t(kQSteps) * MP * D);
         } else {
-            const uint64_t kvElems = uint64_t(t.numPages) * t.pageSize * t.numKVHeads * t.headDim;
             qGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(q), uint64_t(t.numRows) * t.numQHeads * t.headDim);
-            kGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(k), kvElems);
-            vGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(v), kvElems);
         }
-        sGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(c_.scratch), uint64_t(2) * MP * TT);
-        pGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.POff(0, sizeof(T))), uint64_t(2) * MP * TT);
-        oGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(c_.scratch + c_.OOff(0, sizeof(T))), uint64_t(2) * MP * D);
+        kGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(k), kvElems);
+        vGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(v), kvElems);
+        sGm_.SetGlobalBuffer(reinterpret_cast<__gm__ A*>(c_.scratch), uint64_t(2) * SR * TT);
+        pGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.POff(0, sizeof(T))), uint64_t(2) * PR * TT);
+        oGm_.SetGlobalBuffer(reinterpret_cast<__gm__ A*>(c_.scratch + c_.OOff(0, sizeof(T))), uint64_t(2) * PR * D);
         zGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.ZOff(sizeof(T))), uint64_t(D));
-        const uint32_t qParts = c_.quant ? 2u : 1u;  // int8 KV: q'_hi and q'_lo
-        pipe_.InitBuffer(qL1_, qParts * MP * D * sizeof(T));
+        pipe_.InitBuffer(qL1_, uint32_t(SR) * D * sizeof(T));
         pipe_.InitBuffer(kL1_, 2u * TT * D * sizeof(T));
         pipe_.InitBuffer(vL1_, 2u * TT * D * sizeof(T));
-        pipe_.InitBuffer(pL1_, uint32_t(MP) * TT * sizeof(T));
-        pipe_.InitBuffer(qL0_, qParts * MP * D * sizeof(T));
-        pipe_.InitBuffer(pL0_, uint32_t(MP) * TT * sizeof(T));
+        pipe_.InitBuffer(pL1_, uint32_t(PR) * TT * sizeof(T));
+        pipe_.InitBuffer(qL0_, uint32_t(SR) * D * sizeof(T));
+        pipe_.InitBuffer(pL0_, uint32_t(PR) * TT * sizeof(T));
         pipe_.InitBuffer(bL0_, uint32_t(TT) * D * sizeof(T));
-        pipe_.InitBuffer(sL0C_, uint32_t(MP) * TT * sizeof(float));
-        pipe_.InitBuffer(oL0C_, uint32_t(MP) * D * sizeof(float));
+        pipe_.InitBuffer(sL0C_, uint32_t(SR) * TT * sizeof(A));
+        pipe_.InitBuffer(oL0C_, uint32_t(PR) * D * sizeof(A));
     }
 
     __aicore__ inline void Process() {
@@ -150,13 +162,13 @@ public:
             const int32_t nt = CeilDiv(it.end - it.start, c_.TT);
             WaitFor<HardEvent::MTE1_MTE2>();  // L1 (Q, K/V buffers) no longer read by LoadData
             LoadQ(it, M);
-            LoadKV(it, 0, 0, tile);
+            LoadKV(it, 0, 0);
             WaitFor<HardEvent::MTE2_MTE1>();
             QK(it, M, 0, tile, true);
             for (int32_t j = 0; j < nt; j++) {
                 if (j + 1 < nt) {  // K/V of tile j + 1 stream in while the cube and vector cores work on j
                     WaitFor<HardEvent::MTE1_MTE2>();
-                    LoadKV(it, j + 1, (j + 1) % 2, tile + j + 1);
+                    LoadKV(it, j + 1, (j + 1) % 2);
                 }
                 PV(it, M, j, tile + j);
                 if (j + 1 < nt) {
@@ -171,19 +183,21 @@ private:
     __aicore__ inline int32_t Tokens(const MixItem& it, int32_t j) const {
         return Min(c_.TT, it.end - (it.start + j * c_.TT));
     }
+    // rows of the cube's QK product (int8 KV: kQSteps blocks of M) and the C0 stride of q in L1
+    __aicore__ inline int32_t QRows(int32_t M) const { return c_.quant ? kQSteps * M : M; }
+    __aicore__ inline int32_t QStride(int32_t M) const { return c_.quant ? RoundUp(kQSteps * M, 16) : c_.MP; }
 
     __aicore__ inline void LoadQ(const MixItem& it, int32_t M) {
         const int32_t G = c_.G, D = c_.D;
-        const uint64_t off = (uint64_t(it.row0) * c_.t.numQHeads + uint64_t(it.h) * G) * D;
         LocalTensor<T> q1 = qL1_.Get<T>();
-        if (c_.quant) {  // q'_hi and q'_lo rows [M][D] each (the vector cores' flag Q)
+        if (c_.quant) {  // the expanded rows [kQSteps * M][D] (the vector cores' flag Q)
             CrossCoreWaitFlag(kFlagQ);
-            const Nd2NzParams nz(1, static_cast<uint16_t>(M), static_cast<uint16_t>(D), 0, static_cast<uint16_t>(D),
-                                 static_cast<uint16_t>(c_.MP), 1, 0);
-            DataCopy(q1, qGm_, nz);
-            DataCopy(q1[c_.MP * D], qGm_[uint64_t(c_.MP) * D], nz);
+            DataCopy(q1, qGm_,
+                     Nd2NzParams(1, static_cast<uint16_t>(QRows(M)), static_cast<uint16_t>(D), 0,
+                                 static_cast<uint16_t>(D), static_cast<uint16_t>(QStride(M)), 1, 0));
             return;
         }
+        const uint64_t off = (uint64_t(it.row0) * c_.t.numQHeads + uint64_t(it.h) * G) * D;
         DataCopy(q1, qGm_[off],
                  Nd2NzParams(static_cast<uint16_t>(it.qLen), static_cast<uint16_t>(G), static_cast<uint16_t>(D),
                              static_cast<uint16_t>(c_.t.numQHeads * D), static_cast<uint16_t>(D),
@@ -194,32 +208,22 @@ private:
     // segment. Zero rows (copied from the core's zero row, never from the cache) stand for what no
     // row of the item may see, so that P V never multiplies a value it must not see by 0 (0 * NaN
     // is NaN): a masked page (id outside [0, numPages)), the positions before the window of the
-    // item's first query row, and the tile's tail up to a whole 16-token fractal. int8 KV: the
-    // half tiles of scratch slot gTile % 2, whole fractals (the vector cores' flag KV; Convert
-    // wrote the same zero rows, and the band's V rows as zeros).
-    __aicore__ inline void LoadKV(const MixItem& it, int32_t j, int32_t buf, int32_t gTile) {
+    // item's first query row, and the tile's tail up to a whole fractal (16 tokens; int8 32).
+    __aicore__ inline void LoadKV(const MixItem& it, int32_t j, int32_t buf) {
         const int32_t TT = c_.TT, D = c_.D, hkv = c_.t.numKVHeads, ps = c_.t.pageSize;
-        const int32_t p0 = it.start + j * TT, n = Tokens(it, j);
+        const int32_t p0 = it.start + j * TT, n = Tokens(it, j), nA = c_.Tail(n);
         const int32_t loAll = c_.t.windowLeft >= 0 ? it.seqLen - it.qLen - c_.t.windowLeft : 0;
         LocalTensor<T> k1 = kL1_.Get<T>()[buf * TT * D];
         LocalTensor<T> v1 = vL1_.Get<T>()[buf * TT * D];
-        if (c_.quant) {
-            CrossCoreWaitFlag(kFlagKV);
-            const Nd2NzParams nz(1, static_cast<uint16_t>(RoundUp(n, 16)), static_cast<uint16_t>(D), 0,
-                                 static_cast<uint16_t>(D), static_cast<uint16_t>(TT), 1, 0);
-            DataCopy(k1, kvGm_[uint64_t(gTile % 2) * 2 * TT * D], nz);
-            DataCopy(v1, kvGm_[(uint64_t(gTile % 2) * 2 + 1) * TT * D], nz);
-            return;
-        }
         int32_t p = p0;
-        while (p < p0 + RoundUp(n, 16)) {
+        while (p < p0 + nA) {
             const bool tail = p >= p0 + n;
             const bool early = !tail && p < loAll;
             const int32_t page = tail || early ? -1 : c_.Page(it, p);
             const int32_t inPage = p % ps;
-            const int32_t cnt = tail ? p0 + RoundUp(n, 16) - p
+            const int32_t cnt = tail ? p0 + nA - p
                                      : (early ? Min(loAll - p, p0 + n - p) : Min(ps - inPage, p0 + n - p));
-            const int32_t at = (p - p0) * 16;
+            const int32_t at = (p - p0) * K0;
             if (c_.PageOk(page)) {
                 const uint64_t off = ((uint64_t(page) * ps + inPage) * hkv + it.h) * D;
                 const Nd2NzParams nz(1, static_cast<uint16_t>(cnt), static_cast<uint16_t>(D), 0,
@@ -228,91 +232,98 @@ private:
                 DataCopy(v1[at], vGm_[off], nz);
             } else {
                 const Nd2NzParams nz(static_cast<uint16_t>(cnt), 1, static_cast<uint16_t>(D), 0,
-                                     static_cast<uint16_t>(D), static_cast<uint16_t>(TT), 1, 16);
+                                     static_cast<uint16_t>(D), static_cast<uint16_t>(TT), 1, static_cast<uint16_t>(K0));
                 DataCopy(k1[at], zGm_, nz);
                 DataCopy(v1[at], zGm_, nz);
             }
             p += cnt;
         }
-        // several query rows (MTP): the V rows of the causal band (positions the request's first query
-        // row cannot see) are zero for the cube; the vector cores add them for the rows that see them
+        // several query rows (MTP), 16-bit KV: the V rows of the causal band (positions the request's
+        // first query row cannot see) are zero for the cube; the vector cores add them for the rows
+        // that see them. int8 KV needs none of this: an integer product is never NaN, and P is 0 there.
         const int32_t a = Max(p0, it.seqLen - it.qLen + 1);
-        if (it.qLen > 1 && a < p0 + n) {
-            DataCopy(v1[(a - p0) * 16], zGm_,
+        if (!c_.quant && it.qLen > 1 && a < p0 + n) {
+            DataCopy(v1[(a - p0) * K0], zGm_,
                      Nd2NzParams(static_cast<uint16_t>(p0 + n - a), 1, static_cast<uint16_t>(D), 0,
-                                 static_cast<uint16_t>(D), static_cast<uint16_t>(TT), 1, 16));
+                                 static_cast<uint16_t>(D), static_cast<uint16_t>(TT), 1, static_cast<uint16_t>(K0)));
         }
     }
 
     // S = Q K^T for tile j (K/V already in L1 buffer j % 2) -> scratch S slot, flag S.
     __aicore__ inline void QK(const MixItem& it, int32_t M, int32_t j, int32_t gTile, bool firstTile) {
-        const int32_t TT = c_.TT, D = c_.D, MP = c_.MP, n = Tokens(it, j);
-        const int32_t M1 = MP / 16, K1 = D / 16, N1 = CeilDiv(n, 16);
+        const int32_t TT = c_.TT, D = c_.D, n = Tokens(it, j), nA = c_.Tail(n), rows = QRows(M);
+        const int32_t K1 = D / K0, N1 = nA / 16;
         WaitFor<HardEvent::M_MTE1>();  // L0A / L0B no longer read by the previous Mmad
         LocalTensor<T> q0 = qL0_.Get<T>(), b0 = bL0_.Get<T>();
         if (firstTile) {
-            for (int32_t part = 0; part < (c_.quant ? 2 : 1); part++) {
-                LocalTensor<T> q1 = qL1_.Get<T>()[part * MP * D];
-                for (int32_t mb = 0; mb < CeilDiv(M, 16); mb++) {  // NZ (C0 stride MP) -> ZZ
-                    LoadData(q0[part * MP * D + mb * K1 * 256], q1,
-                             LoadData2DParams(static_cast<uint16_t>(mb), static_cast<uint8_t>(K1),
-                                              static_cast<uint16_t>(M1), 0, 0, false, 0));
-                }
+            LocalTensor<T> q1 = qL1_.Get<T>();
+            for (int32_t mb = 0; mb < CeilDiv(rows, 16); mb++) {  // NZ -> ZZ
+                LoadData(q0[mb * K1 * FE], q1, LoadData2DParams(static_cast<uint16_t>(mb), static_cast<uint8_t>(K1),
+                                                                static_cast<uint16_t>(QStride(M) / 16), 0, 0, false, 0));
             }
         }
         LocalTensor<T> k1 = kL1_.Get<T>()[(j % 2) * TT * D];
         for (int32_t kb = 0; kb < K1; kb++) {  // NZ fractals of K are K^T's ZN fractals
-            LoadData(b0[kb * N1 * 256], k1, LoadData2DParams(static_cast<uint16_t>(kb * (TT / 16)),
-                                                              static_cast<uint8_t>(N1), 1, 0, 0, false, 0));
+            LoadData(b0[kb * N1 * FE], k1, LoadData2DParams(static_cast<uint16_t>(kb * (TT / 16)),
+                                                             static_cast<uint8_t>(N1), 1, 0, 0, false, 0));
         }
         WaitFor<HardEvent::MTE1_M>();
         WaitFor<HardEvent::FIX_M>();  // the S region of L0C was read out
-        LocalTensor<float> s0 = sL0C_.Get<float>();
-        Mmad(s0, q0, b0, MmadParams(static_cast<uint16_t>(M), static_cast<uint16_t>(n), static_cast<uint16_t>(D), 0,
-                                    false, true));
-        if (c_.quant) {  // + q'_lo K^T, accumulated in L0C (the M pipe runs in order)
-            Mmad(s0, q0[MP * D], b0, MmadParams(static_cast<uint16_t>(M), static_cast<uint16_t>(n),
-                                                static_cast<uint16_t>(D), 0, false, false));
-        }
+        LocalTensor<A> s0 = sL0C_.Get<A>();
+        Mmad(s0, q0, b0, MmadParams(static_cast<uint16_t>(rows), static_cast<uint16_t>(c_.quant ? nA : n),
+                                    static_cast<uint16_t>(D), 0, false, true));
         WaitFor<HardEvent::M_FIX>();
-        // L0C column blocks are ceil(M / 16) fractals apart (the Mmad's own m)
-        FixpipeParamsV220 fp(static_cast<uint16_t>(RoundUp(n, 16)), static_cast<uint16_t>(M),
-                             static_cast<uint16_t>(RoundUp(M, 16)), uint32_t(TT), false);
-        Fixpipe<float, float, CFG_ROW_MAJOR>(sGm_[(gTile % 2) * MP * TT], s0, fp);
+        // L0C column blocks are ceil(rows / 16) fractals apart (the Mmad's own m)
+        FixpipeParamsV220 fp(static_cast<uint16_t>(RoundUp(nA, 16)), static_cast<uint16_t>(rows),
+                             static_cast<uint16_t>(RoundUp(rows, 16)), uint32_t(TT), false);
+        Fixpipe<A, A, CFG_ROW_MAJOR>(sGm_[(gTile % 2) * c_.SR * TT], s0, fp);
         CrossCoreSetFlag<2, PIPE_FIX>(kFlagS);
     }
 
     // O = P V for tile j (after the vector cores' flag P) -> scratch O slot, flag O.
     __aicore__ inline void PV(const MixItem& it, int32_t M, int32_t j, int32_t gTile) {
-        const int32_t TT = c_.TT, D = c_.D, MP = c_.MP, n = Tokens(it, j);
-        const int32_t M1 = MP / 16, K1 = CeilDiv(n, 16), N1 = D / 16;
+        const int32_t TT = c_.TT, D = c_.D, n = Tokens(it, j), nA = c_.Tail(n);
+        const int32_t rows = c_.quant ? kPSteps * M : M, stride = c_.quant ? RoundUp(rows, 16) : c_.MP;
+        const int32_t nk = c_.quant ? nA : n;  // int8: the vector cores wrote P's tail as zeros
+        const int32_t K1 = CeilDiv(nk, K0), N1 = D / 16;
         CrossCoreWaitFlag(kFlagP);
         WaitFor<HardEvent::MTE1_MTE2>();  // the previous tile's LoadData of P from L1 is done
         LocalTensor<T> p1 = pL1_.Get<T>();
-        DataCopy(p1, pGm_[(gTile % 2) * MP * TT],
-                 Nd2NzParams(1, static_cast<uint16_t>(M), static_cast<uint16_t>(n), 0, static_cast<uint16_t>(TT),
-                             static_cast<uint16_t>(MP), 1, 0));
+        DataCopy(p1, pGm_[(gTile % 2) * c_.PR * TT],
+                 Nd2NzParams(1, static_cast<uint16_t>(rows), static_cast<uint16_t>(nk), 0, static_cast<uint16_t>(TT),
+                             static_cast<uint16_t>(stride), 1, 0));
         WaitFor<HardEvent::MTE2_MTE1>();
         WaitFor<HardEvent::M_MTE1>();
         LocalTensor<T> p0 = pL0_.Get<T>(), b0 = bL0_.Get<T>();
-        for (int32_t mb = 0; mb < CeilDiv(M, 16); mb++) {
-            LoadData(p0[mb * K1 * 256], p1, LoadData2DParams(static_cast<uint16_t>(mb), static_cast<uint8_t>(K1),
-                                                              static_cast<uint16_t>(M1), 0, 0, false, 0));
+        for (int32_t mb = 0; mb < CeilDiv(rows, 16); mb++) {
+            LoadData(p0[mb * K1 * FE], p1, LoadData2DParams(static_cast<uint16_t>(mb), static_cast<uint8_t>(K1),
+                                                             static_cast<uint16_t>(stride / 16), 0, 0, false, 0));
         }
         LocalTensor<T> v1 = vL1_.Get<T>()[(j % 2) * TT * D];
-        for (int32_t tb = 0; tb < K1; tb++) {  // V's NZ fractals, transposed, are the ZN fractals of B = V
-            LoadData(b0[tb * N1 * 256], v1, LoadData2DParams(static_cast<uint16_t>(tb), static_cast<uint8_t>(N1),
-                                                              static_cast<uint16_t>(TT / 16), 0, 0, true, 0));
+        if constexpr (sizeof(T) == 1) {
+            // B = V (k = tokens, n = D) in ZN fractals of 32 tokens x 16 columns: per 32-column block of
+            // V's NZ, its 32 x 32 squares (consecutive in L1) transposed, one per 32 tokens, each into
+            // the fractals (token block, 2 cb) and (token block, 2 cb + 1) of B, N1 fractals apart
+            for (int32_t cb = 0; cb < D / 32; cb++) {
+                LoadDataWithTranspose(b0[2 * cb * FE], v1[cb * TT * 32],
+                                      LoadData2dTransposeParams(0, static_cast<uint8_t>(nA / 32), 1,
+                                                                static_cast<uint16_t>(N1 - 1), 0));
+            }
+        } else {
+            for (int32_t tb = 0; tb < K1; tb++) {  // V's NZ fractals, transposed, are the ZN fractals of B = V
+                LoadData(b0[tb * N1 * FE], v1, LoadData2DParams(static_cast<uint16_t>(tb), static_cast<uint8_t>(N1),
+                                                                 static_cast<uint16_t>(TT / 16), 0, 0, true, 0));
+            }
         }
         WaitFor<HardEvent::MTE1_M>();
         WaitFor<HardEvent::FIX_M>();
-        LocalTensor<float> o0 = oL0C_.Get<float>();
-        Mmad(o0, p0, b0, MmadParams(static_cast<uint16_t>(M), static_cast<uint16_t>(D), static_cast<uint16_t>(n), 0,
+        LocalTensor<A> o0 = oL0C_.Get<A>();
+        Mmad(o0, p0, b0, MmadParams(static_cast<uint16_t>(rows), static_cast<uint16_t>(D), static_cast<uint16_t>(nk), 0,
                                     false, true));
         WaitFor<HardEvent::M_FIX>();
-        FixpipeParamsV220 fp(static_cast<uint16_t>(D), static_cast<uint16_t>(M), static_cast<uint16_t>(RoundUp(M, 16)),
+        FixpipeParamsV220 fp(static_cast<uint16_t>(D), static_cast<uint16_t>(rows), static_cast<uint16_t>(RoundUp(rows, 16)),
                              uint32_t(D), false);
-        Fixpipe<float, float, CFG_ROW_MAJOR>(oGm_[(gTile % 2) * MP * D], o0, fp);
+        Fixpipe<A, A, CFG_ROW_MAJOR>(oGm_[(gTile % 2) * c_.PR * D], o0, fp);
         CrossCoreSetFlag<2, PIPE_FIX>(kFlagO);
     }
 
@@ -323,13 +334,14 @@ private:
     TBuf<TPosition::A2> qL0_, pL0_;
     TBuf<TPosition::B2> bL0_;
     TBuf<TPosition::CO1> sL0C_, oL0C_;
-    GlobalTensor<T> qGm_, kGm_, vGm_, kvGm_, pGm_, zGm_;
-    GlobalTensor<float> sGm_, oGm_;
+    GlobalTensor<T> qGm_, kGm_, vGm_, pGm_, zGm_;
+    GlobalTensor<A> sGm_, oGm_;
 };
 
 // ------------------------------------------------------------------------------------------------
-// Vector cores: T is q's (and the output's) dtype, C the cube's (T, or half for int8 KV)
-template <typename T, typename C>
+// Vector cores: T is q's (and the output's) dtype, C the cube's input (T, or int8_t for int8 KV),
+// A the cube's accumulator (float, or int32_t for int8 KV)
+template <typename T, typename C, typename A>
 class MixVec {
 public:
     // out / lse: the fused launch's outputs (rows with one split are written there directly and the
@@ -341,15 +353,15 @@ public:
         c_.Init(bt, plan, ws, t, static_cast<int32_t>(GetBlockIdx() / GetTaskRation()));
         const int32_t MP = c_.MP, TT = c_.TT, D = c_.D;
         RH_ = MP / 2;
-        sGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(c_.scratch), uint64_t(2) * MP * TT);
-        pGm_.SetGlobalBuffer(reinterpret_cast<__gm__ C*>(c_.scratch + c_.POff(0, sizeof(C))), uint64_t(2) * MP * TT);
-        oGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(c_.scratch + c_.OOff(0, sizeof(C))), uint64_t(2) * MP * D);
+        sGm_.SetGlobalBuffer(reinterpret_cast<__gm__ A*>(c_.scratch), uint64_t(2) * c_.SR * TT);
+        pGm_.SetGlobalBuffer(reinterpret_cast<__gm__ C*>(c_.scratch + c_.POff(0, sizeof(C))), uint64_t(2) * c_.PR * TT);
+        oGm_.SetGlobalBuffer(reinterpret_cast<__gm__ A*>(c_.scratch + c_.OOff(0, sizeof(C))), uint64_t(2) * c_.PR * D);
         zGm_.SetGlobalBuffer(reinterpret_cast<__gm__ C*>(c_.scratch + c_.ZOff(sizeof(C))), uint64_t(D));
         wsO_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(ws), uint64_t(t.numSlots) * t.numQHeads * D);
         wsL_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(ws + t.lseOffsetBytes),
                              uint64_t(t.numSlots) * t.numQHeads * kLseRepeat);
         pipe_.InitBuffer(s_, uint32_t(RH_) * TT * sizeof(float));
-        pipe_.InitBuffer(p_, uint32_t(RH_) * TT * sizeof(C));
+        pipe_.InitBuffer(p_, uint32_t(c_.quant ? kPSteps : 1) * RH_ * TT * sizeof(C));
         pipe_.InitBuffer(o_, uint32_t(RH_) * D * sizeof(float));
         pipe_.InitBuffer(acc_, uint32_t(RH_) * D * sizeof(float));
         RHP_ = RoundUp(2 * RH_, 8);  // red: row maxima / sums [0, RHP_), score-check sums [RHP_, 2 RHP_)
@@ -360,11 +372,7 @@ public:
             pipe_.InitBuffer(cap_, uint32_t(RH_) * TT * sizeof(float));
         }
         pipe_.InitBuffer(outQ_, 2, uint32_t(D + kLseRepeat) * sizeof(float));
-        if (t.maxQLen > 1 && c_.quant) {  // the causal band's V rows (AddBand): int8 -> half -> float32
-            pipe_.InitBuffer(vb_, uint32_t(RoundUp(D, kBlockBytes)));
-            pipe_.InitBuffer(vh_, uint32_t(D) * sizeof(half));
-            pipe_.InitBuffer(vf_, uint32_t(D) * sizeof(float));
-        } else if (t.maxQLen > 1) {  // the causal band's V rows (AddBand): q's dtype -> float32
+        if (t.maxQLen > 1 && !c_.quant) {  // the causal band's V rows (AddBand): q's dtype -> float32
             vGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(v),
                                  uint64_t(t.numPages) * t.pageSize * t.numKVHeads * t.headDim);
             pipe_.InitBuffer(vb_, uint32_t(RoundUp(D * int32_t(sizeof(T)), kBlockBytes)));
@@ -377,24 +385,26 @@ public:
         }
     }
 
-    // int8 KV: the raw q, K, V and kvQuant [4, Hkv, D] (k scale, k offset, v scale, v offset) and
-    // the buffers of PrepQ and Convert (tiling.mix_ub_bytes lists the same).
-    __aicore__ inline void InitQuant(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR kvQuant) {
+    // int8 KV: q and kvQuant [4, Hkv, D] (k scale, k offset, v scale, v offset) and the buffers of
+    // PrepQ and of the int32 results (tiling.mix_ub_bytes lists the same).
+    __aicore__ inline void InitQuant(GM_ADDR q, GM_ADDR kvQuant) {
         const SplitKVTiling& t = c_.t;
-        const int32_t D = c_.D, KR = RoundUp(D, kBlockBytes);
-        const uint64_t kvElems = uint64_t(t.numPages) * t.pageSize * t.numKVHeads * D;
+        const int32_t D = c_.D, TT = c_.TT;
         qGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(q), uint64_t(t.numRows) * t.numQHeads * D);
-        kI8Gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int8_t*>(k), kvElems);
-        vI8Gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int8_t*>(v), kvElems);
         quantGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(kvQuant), uint64_t(4) * t.numKVHeads * D);
-        qsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(c_.scratch + c_.QOff()), uint64_t(2) * c_.MP * D);
-        kvGm_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(c_.scratch + c_.KVOff(0, 0)), uint64_t(4) * c_.TT * D);
+        qxGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int8_t*>(c_.scratch + c_.QOff()), uint64_t(kQSteps) * c_.MP * D);
         pipe_.InitBuffer(qT_, uint32_t(RH_) * D * sizeof(T));
         pipe_.InitBuffer(qf_, uint32_t(RH_) * D * sizeof(float));
-        pipe_.InitBuffer(qh_, uint32_t(2) * RH_ * D * sizeof(half));  // q'_hi, q'_lo
+        pipe_.InitBuffer(qe_, uint32_t(RH_) * D * sizeof(float));
+        pipe_.InitBuffer(qr_, uint32_t(RH_) * D * sizeof(float));
+        pipe_.InitBuffer(qh_, uint32_t(RH_) * D * sizeof(half));
+        pipe_.InitBuffer(qx_, uint32_t(kQSteps) * RH_ * D);
         pipe_.InitBuffer(kvq_, uint32_t(4) * D * sizeof(float));
-        pipe_.InitBuffer(i8_, uint32_t(kQuantChunk) * KR);
-        pipe_.InitBuffer(h16_, uint32_t(kQuantChunk) * KR * sizeof(half));
+        pipe_.InitBuffer(si_, uint32_t(kQSteps) * RH_ * TT * sizeof(int32_t));
+        pipe_.InitBuffer(pf_, uint32_t(RH_) * TT * sizeof(float));
+        pipe_.InitBuffer(ph_, uint32_t(RH_) * TT * sizeof(half));
+        pipe_.InitBuffer(oi_, uint32_t(kPSteps) * RH_ * D * sizeof(int32_t));
+        pipe_.InitBuffer(of_, uint32_t(RH_) * D * sizeof(float));
     }
 
     __aicore__ inline void Process() {
@@ -410,15 +420,11 @@ public:
             StartItem(nr);
             const int32_t nt = it.end > it.start ? CeilDiv(it.end - it.start, c_.TT) : 0;
             if (c_.quant && nt > 0) {
-                PrepQ(it, r0, nr);
-                Convert(it, 0, tile);
+                PrepQ(it, M, r0, nr);
             }
             for (int32_t j = 0; j < nt; j++) {
-                if (c_.quant && j + 1 < nt) {  // the cube loads tile j + 1 before it needs P of tile j
-                    Convert(it, j + 1, tile + j + 1);
-                }
-                Softmax(it, r0, nr, j, tile + j);
-                Update(nr, r0, tile + j);
+                Softmax(it, M, r0, nr, j, tile + j);
+                Update(M, nr, r0, tile + j);
                 AddBand(it, r0, nr, j);
             }
             tile += nt;
@@ -431,7 +437,7 @@ private:
     __aicore__ inline void WriteZeroRow() {
         if (sub_ == 0) {
             LocalTensor<C> z = p_.Get<C>();
-            Duplicate(z, C(0.0f), c_.D);
+            Duplicate(z.template ReinterpretCast<half>(), half(0.0f), c_.D * int32_t(sizeof(C)) / 2);
             WaitFor<HardEvent::V_MTE3>();
             DataCopy(zGm_, z, uint32_t(c_.D));
             WaitFor<HardEvent::MTE3_V>();
@@ -440,11 +446,12 @@ private:
     }
 
     // int8 KV, once per item: the kvQuant rows of KV head h (row 3 becomes v_scale * v_offset), and
-    // q' = 2^e (q * k_scale) of this core's rows (e: the power of two that puts max |q'| in
-    // [2^13, 2^14), inside half's range) as q'_hi = half(q') and q'_lo = half(q' - q'_hi) -> the
-    // scratch q' rows, flag Q; beta[r] = (q'_hi + q'_lo) . k_offset (from what the cube multiplies,
-    // so that the offset error is relative to the dequantised K) and sScale_ = scale 2^-e.
-    __aicore__ inline void PrepQ(const MixItem& it, int32_t r0, int32_t nr) {
+    // for this core's rows q' = q * k_scale expanded into kQSteps int8 rows (x = q' 127 / max|q'|,
+    // x_0 = rint(x), x_i = rint(254 (x_{i-1} - x_0..)) -> the scratch rows i * M + r, flag Q;
+    // rowMul_[r] = max|q'| / 127 (NaN for a row holding NaN / inf: the NaN rule; 0 for a row below
+    // kTinyRow) and beta[r] = q'^ . k_offset with q'^ = rowMul sum_i 254^-i x_i, what the cube
+    // multiplies (so the offset error is relative to the dequantised K).
+    __aicore__ inline void PrepQ(const MixItem& it, int32_t M, int32_t r0, int32_t nr) {
         const int32_t D = c_.D, G = c_.G;
         LocalTensor<float> kvq = kvq_.Get<float>();
         WaitFor<HardEvent::V_MTE2>();  // the previous item's reads of kvq and qT are done
@@ -459,20 +466,20 @@ private:
         }
         WaitFor<HardEvent::MTE2_V>();
         Mul(kvq[3 * D], kvq[2 * D], kvq[3 * D], D);
-        sScale_ = c_.t.scale;
         vBad_ = false;
         if (nr > 0) {
-            LocalTensor<float> qf = qf_.Get<float>(), tmp = o_.Get<float>(), red = red_.Get<float>();
-            LocalTensor<float> work = work_.Get<float>();
+            LocalTensor<float> qf = qf_.Get<float>(), e = qe_.Get<float>(), rec = qr_.Get<float>();
+            LocalTensor<float> tmp = o_.Get<float>(), red = red_.Get<float>(), work = work_.Get<float>();
             LocalTensor<half> qh = qh_.Get<half>();
-            const uint32_t cnt = uint32_t(nr) * D;
+            LocalTensor<int8_t> qx = qx_.Get<int8_t>();
+            const int32_t cnt = nr * D;
             // NaN rule: a NaN / inf V scale or offset makes every dequantised V value of the head
             // non-finite (0 * x is 0 for a finite x, NaN otherwise; read with the row maxima below)
             PipeBarrier<PIPE_V>();
             Muls(tmp, kvq[2 * D], 0.0f, 2 * D);
             PipeBarrier<PIPE_V>();
             ReduceSum(red[RHP_], tmp, work, 2 * D);
-            Cast(qf, qt, RoundMode::CAST_NONE, cnt);
+            Cast(qf, qt, RoundMode::CAST_NONE, uint32_t(cnt));
             PipeBarrier<PIPE_V>();
             for (int32_t r = 0; r < nr; r++) {
                 Mul(qf[r * D], qf[r * D], kvq, D);
@@ -487,132 +494,58 @@ private:
             }
             WaitFor<HardEvent::V_S>();
             vBad_ = !IsFinite(red.GetValue(RHP_));
-            float mx = 0.0f;  // over the finite rows: a NaN / inf row (NaN rule) leaves the others' e alone
+            float mul[kMaxVecRows];
             for (int32_t r = 0; r < nr; r++) {
-                const float x = red.GetValue(2 * r);
-                mx = x > mx && IsFinite(x) ? x : mx;
+                const float a = red.GetValue(2 * r);
+                const bool bad = !IsFinite(a), tiny = !bad && a < kTinyRow;
+                rowMul_[r] = bad ? kNaN : (tiny ? 0.0f : a / 127.0f);
+                mul[r] = bad || tiny ? 0.0f : 127.0f / a;
             }
-            const float f = PowerOfTwoFor(mx);
-            sScale_ = c_.t.scale / f;
-            Muls(qf, qf, f, cnt);
-            PipeBarrier<PIPE_V>();
-            WaitFor<HardEvent::MTE3_V>();  // the previous item's copy-out of qh is done
-            LocalTensor<half> lo = qh[RH_ * D];
-            Cast(qh, qf, RoundMode::CAST_NONE, cnt);  // q'_hi
-            PipeBarrier<PIPE_V>();
-            Cast(tmp, qh, RoundMode::CAST_NONE, cnt);
-            PipeBarrier<PIPE_V>();
-            Sub(tmp, qf, tmp, cnt);  // q' - q'_hi, exact in float
-            PipeBarrier<PIPE_V>();
-            Cast(lo, tmp, RoundMode::CAST_NONE, cnt);  // q'_lo
-            PipeBarrier<PIPE_V>();
-            Cast(qf, qh, RoundMode::CAST_NONE, cnt);
-            Cast(tmp, lo, RoundMode::CAST_NONE, cnt);
-            PipeBarrier<PIPE_V>();
-            Add(qf, qf, tmp, cnt);  // q'_hi + q'_lo: what the cube multiplies
+            WaitFor<HardEvent::S_V>();
+            for (int32_t r = 0; r < nr; r++) {  // x = 127 q' / max|q'| in [-127, 127]; bad or tiny rows 0
+                if (mul[r] > 0.0f) {
+                    Muls(qf[r * D], qf[r * D], mul[r], D);
+                } else {
+                    Duplicate(qf[r * D], 0.0f, D);
+                }
+            }
+            WaitFor<HardEvent::MTE3_V>();  // the previous item's copy-out of qx is done
+            for (int32_t i = 0; i < kQSteps; i++) {
+                PipeBarrier<PIPE_V>();
+                Cast(e, qf, RoundMode::CAST_RINT, uint32_t(cnt));  // x_i, integral, in [-127, 127]
+                PipeBarrier<PIPE_V>();
+                Cast(qh, e, RoundMode::CAST_NONE, uint32_t(cnt));  // exact
+                if (i == 0) {
+                    Muls(rec, e, 1.0f, cnt);
+                } else {  // rec += 254^-i x_i
+                    Axpy(rec, e, i == 1 ? kInvStep : kInvStep * kInvStep, cnt);
+                }
+                if (i + 1 < kQSteps) {  // the residual, scaled: in [-127, 127]
+                    Sub(qf, qf, e, cnt);
+                    PipeBarrier<PIPE_V>();
+                    Muls(qf, qf, kStep, cnt);
+                }
+                PipeBarrier<PIPE_V>();
+                Cast(qx[i * cnt], qh, RoundMode::CAST_NONE, uint32_t(cnt));  // exact
+            }
             PipeBarrier<PIPE_V>();
             for (int32_t r = 0; r < nr; r++) {
-                Mul(tmp[r * D], qf[r * D], kvq[D], D);
+                Mul(tmp[r * D], rec[r * D], kvq[D], D);
             }
             PipeBarrier<PIPE_V>();
             for (int32_t r = 0; r < nr; r++) {
                 ReduceSum(red[2 * r], tmp[r * D], work, D);
             }
             WaitFor<HardEvent::V_MTE3>();
-            DataCopy(qsGm_[uint64_t(r0) * D], qh, cnt);
-            DataCopy(qsGm_[uint64_t(c_.MP + r0) * D], lo, cnt);
+            for (int32_t i = 0; i < kQSteps; i++) {
+                DataCopy(qxGm_[(uint64_t(i) * M + r0) * D], qx[i * cnt], uint32_t(cnt));
+            }
             WaitFor<HardEvent::V_S>();
             for (int32_t r = 0; r < nr; r++) {
-                beta_[r] = red.GetValue(2 * r);
+                beta_[r] = rowMul_[r] * red.GetValue(2 * r);
             }
         }
         CrossCoreSetFlag<2, PIPE_MTE3>(kFlagQ);
-    }
-
-    // 2^(13 - floor(log2 x)) for a finite x > 0 (x 2^.. in [2^13, 2^14)), clamped to float's normal
-    // exponents; 1 for 0, inf or NaN (a NaN or inf q then reaches the scores unchanged).
-    __aicore__ static inline float PowerOfTwoFor(float x) {
-        if (!(x > 0.0f) || !(x < 3.0e38f)) {
-            return 1.0f;
-        }
-        union {
-            float f;
-            uint32_t u;
-        } b;
-        b.f = x;
-        int32_t e = 13 - (static_cast<int32_t>((b.u >> 23) & 0xff) - 127);
-        e = Max(-126, Min(127, e));
-        b.u = static_cast<uint32_t>(e + 127) << 23;
-        return b.f;
-    }
-
-    // int8 KV: tile j of the item, K (sub-block 0) or V (sub-block 1), int8 -> half into the scratch
-    // slot gTile % 2, whole 16-token fractals, flag KV. Chunks of kQuantChunk tokens; per page
-    // segment one DataCopyPad (rows of D bytes at a stride of Hkv * D, each landing on a 32-byte row)
-    // and one Cast. Zero rows, never read from the cache, as the cube's LoadKV: masked pages, the
-    // positions before the window of the item's first query row, the tile's tail up to a whole
-    // fractal, and for V the causal band of several query rows (AddBand adds it). No scale or offset
-    // here: they are folded into q', the scores and the output.
-    __aicore__ inline void Convert(const MixItem& it, int32_t j, int32_t gTile) {
-        const int32_t TT = c_.TT, D = c_.D, KR = RoundUp(D, kBlockBytes), ps = c_.t.pageSize;
-        const int32_t p0 = it.start + j * TT, n = Min(TT, it.end - p0), n16 = RoundUp(n, 16);
-        // cache rows [lo, hi) of the tile; the rest are zero
-        const int32_t lo = c_.t.windowLeft >= 0 ? it.seqLen - it.qLen - c_.t.windowLeft : 0;
-        const int32_t hi = sub_ == 1 && it.qLen > 1 ? Min(p0 + n, it.seqLen - it.qLen + 1) : p0 + n;
-        const GlobalTensor<int8_t>& src = sub_ == 0 ? kI8Gm_ : vI8Gm_;
-        LocalTensor<int8_t> i8 = i8_.Get<int8_t>();
-        LocalTensor<half> h = h16_.Get<half>();
-        const uint64_t dst = (uint64_t(gTile % 2) * 2 + sub_) * TT * D;
-        for (int32_t c = 0; c < n16; c += kQuantChunk) {
-            const int32_t cn = Min(kQuantChunk, n16 - c);
-            WaitFor<HardEvent::V_MTE2>();  // the previous chunk's Cast has read i8
-            for (int32_t p = p0 + c; p < p0 + c + cn;) {
-                int32_t cnt;
-                const int32_t page = Segment(it, p, p0 + c + cn, lo, hi, cnt), inPage = p % ps;
-                if (c_.PageOk(page)) {
-                    const uint64_t off = ((uint64_t(page) * ps + inPage) * c_.t.numKVHeads + it.h) * D;
-                    DataCopyExtParams cp(static_cast<uint16_t>(cnt), uint32_t(D), uint32_t(c_.t.numKVHeads - 1) * D,
-                                         0, 0);
-                    DataCopyPadExtParams<int8_t> pp(true, 0, static_cast<uint8_t>(KR - D), 0);
-                    DataCopyPad(i8[(p - p0 - c) * KR], src[off], cp, pp);
-                }
-                p += cnt;
-            }
-            WaitFor<HardEvent::MTE2_V>();
-            WaitFor<HardEvent::MTE3_V>();  // the previous chunk's copy-out has read h
-            for (int32_t p = p0 + c; p < p0 + c + cn;) {
-                int32_t cnt;
-                const int32_t page = Segment(it, p, p0 + c + cn, lo, hi, cnt);
-                const int32_t at = (p - p0 - c) * KR;
-                if (c_.PageOk(page)) {
-                    Cast(h[at], i8[at], RoundMode::CAST_NONE, uint32_t(cnt) * KR);
-                } else {
-                    Duplicate(h[at], half(0.0f), cnt * KR);
-                }
-                p += cnt;
-            }
-            WaitFor<HardEvent::V_MTE3>();
-            DataCopy(kvGm_[dst + uint64_t(c) * D], h,
-                     DataCopyParams(static_cast<uint16_t>(cn), static_cast<uint16_t>(D * 2 / kBlockBytes),
-                                    static_cast<uint16_t>((KR - D) * 2 / kBlockBytes), 0));
-        }
-        CrossCoreSetFlag<2, PIPE_MTE3>(kFlagKV);
-    }
-
-    // The segment of Convert's rows at position p (before pe): its page id, or -1 for zero rows
-    // (outside the cache rows [lo, hi)), and in cnt its length (within one page).
-    __aicore__ inline int32_t Segment(const MixItem& it, int32_t p, int32_t pe, int32_t lo, int32_t hi,
-                                      int32_t& cnt) {
-        if (p < lo) {
-            cnt = Min(lo, pe) - p;
-            return -1;
-        }
-        if (p >= hi) {
-            cnt = pe - p;
-            return -1;
-        }
-        cnt = Min(c_.t.pageSize - p % c_.t.pageSize, Min(hi, pe) - p);
-        return c_.Page(it, p);
     }
 
     __aicore__ inline void StartItem(int32_t nr) {
@@ -756,10 +689,11 @@ private:
         PipeBarrier<PIPE_V>();
     }
 
-    // Tile j of the item: S rows -> P rows (q's dtype) in the scratch, flag P; m, l, alpha updated.
-    __aicore__ inline void Softmax(const MixItem& it, int32_t r0, int32_t nr, int32_t j, int32_t gTile) {
-        const int32_t TT = c_.TT, MP = c_.MP;
-        const int32_t p0 = it.start + j * TT, n = Min(TT, it.end - p0), n16 = RoundUp(n, 16);
+    // Tile j of the item: S rows -> P rows (the cube's dtype; int8 KV: kPSteps int8 rows each) in the
+    // scratch, flag P; m, l, alpha updated.
+    __aicore__ inline void Softmax(const MixItem& it, int32_t M, int32_t r0, int32_t nr, int32_t j, int32_t gTile) {
+        const int32_t TT = c_.TT;
+        const int32_t p0 = it.start + j * TT, n = Min(TT, it.end - p0), n16 = c_.Tail(n);  // int8: 32-aligned
         CrossCoreWaitFlag(kFlagS);
         if (nr == 0) {  // no rows on this vector core: keep the flag protocol
             CrossCoreSetFlag<2, PIPE_MTE3>(kFlagP);
@@ -767,18 +701,37 @@ private:
         }
         LocalTensor<float> s = s_.Get<float>();
         const int32_t cnt = nr * n16;  // rows of n16 columns, packed
-        WaitFor<HardEvent::V_MTE2>();  // the previous tile's vector reads of s are done
-        DataCopy(s, sGm_[(gTile % 2) * MP * TT + r0 * TT],
-                 DataCopyParams(static_cast<uint16_t>(nr), static_cast<uint16_t>(n16 / 8),
-                                static_cast<uint16_t>((TT - n16) / 8), 0));
-        WaitFor<HardEvent::MTE2_V>();
-        if (c_.quant) {  // q . k = 2^-e (q' . k_int - beta): the K offset, exactly, on every column
+        const DataCopyParams rowsIn(static_cast<uint16_t>(nr), static_cast<uint16_t>(n16 / 8),
+                                    static_cast<uint16_t>((TT - n16) / 8), 0);
+        WaitFor<HardEvent::V_MTE2>();  // the previous tile's vector reads of s (int8 KV: si) are done
+        if constexpr (IsSameType<A, float>::value) {
+            DataCopy(s, sGm_[(gTile % 2) * c_.SR * TT + r0 * TT], rowsIn);
+            WaitFor<HardEvent::MTE2_V>();
+            Muls(s, s, c_.t.scale, cnt);
+        } else {  // int8 KV: s = scale (max|q'| / 127 sum_i 254^-i S_i - beta), Horner from the last step
+            LocalTensor<int32_t> si = si_.Get<int32_t>();
+            LocalTensor<float> f = pf_.Get<float>();
+            for (int32_t i = 0; i < kQSteps; i++) {
+                DataCopy(si[i * cnt], sGm_[(gTile % 2) * c_.SR * TT + (uint64_t(i) * M + r0) * TT], rowsIn);
+            }
+            WaitFor<HardEvent::MTE2_V>();
+            Cast(s, si[(kQSteps - 1) * cnt], RoundMode::CAST_NONE, uint32_t(cnt));  // exact: |S_i| < 2^24
+            for (int32_t i = kQSteps - 2; i >= 0; i--) {
+                Cast(f, si[i * cnt], RoundMode::CAST_NONE, uint32_t(cnt));
+                PipeBarrier<PIPE_V>();
+                Muls(s, s, kInvStep, cnt);
+                PipeBarrier<PIPE_V>();
+                Add(s, s, f, cnt);
+                PipeBarrier<PIPE_V>();
+            }
             for (int32_t r = 0; r < nr; r++) {
-                Adds(s[r * n16], s[r * n16], -beta_[r], n16);
+                Muls(s[r * n16], s[r * n16], rowMul_[r] * c_.t.scale, n16);
             }
             PipeBarrier<PIPE_V>();
+            for (int32_t r = 0; r < nr; r++) {  // the K offset, exactly, on every column
+                Adds(s[r * n16], s[r * n16], -beta_[r] * c_.t.scale, n16);
+            }
         }
-        Muls(s, s, c_.quant ? sScale_ : c_.t.scale, cnt);
         PipeBarrier<PIPE_V>();
         // NaN rule: the visible scores are checked before the soft cap (which would make -inf and
         // +inf finite): the masked columns are set to 0 first, so a row's sum is NaN or inf iff a
@@ -818,24 +771,50 @@ private:
             ReduceSum(red[2 * r], s[r * n16], work, n16);
         }
         LocalTensor<C> p = p_.Get<C>();
-        WaitFor<HardEvent::MTE3_V>();  // the previous tile's P copy-out has read p
-        if constexpr (sizeof(C) == 2 && !IsSameType<C, half>::value) {
-            Cast(p, s, RoundMode::CAST_RINT, uint32_t(cnt));
-        } else {
-            Cast(p, s, RoundMode::CAST_NONE, uint32_t(cnt));
-        }
-        if (c_.quant) {  // lr sums the rounded P the cube multiplies: sum_j P_j / lr = 1 for the V offset
+        if constexpr (sizeof(C) == 1) {
+            // int8 KV: x = 127 p in [0, 127], x_0 = rint(x), x_1 = rint(254 (x - x_0)); lr sums
+            // x_0 + x_1 / 254 (the P the cube multiplies, times 127 as the O rows): acc / lr = o
+            LocalTensor<float> f = pf_.Get<float>(), e = si_.Get<float>();
+            LocalTensor<half> h = ph_.Get<half>();
+            Muls(f, s, 127.0f, cnt);
             PipeBarrier<PIPE_V>();
-            Cast(s, p, RoundMode::CAST_NONE, uint32_t(cnt));
+            Cast(e, f, RoundMode::CAST_RINT, uint32_t(cnt));
+            PipeBarrier<PIPE_V>();
+            Sub(f, f, e, cnt);
+            PipeBarrier<PIPE_V>();
+            Muls(f, f, kStep, cnt);
+            PipeBarrier<PIPE_V>();
+            Cast(e[cnt], f, RoundMode::CAST_RINT, uint32_t(cnt));
+            WaitFor<HardEvent::MTE3_V>();  // the previous tile's P copy-out has read p
+            for (int32_t i = 0; i < kPSteps; i++) {
+                PipeBarrier<PIPE_V>();
+                Cast(h, e[i * cnt], RoundMode::CAST_NONE, uint32_t(cnt));  // exact
+                PipeBarrier<PIPE_V>();
+                Cast(p[i * cnt], h, RoundMode::CAST_NONE, uint32_t(cnt));  // exact
+            }
+            Axpy(e, e[cnt], kInvStep, cnt);
             PipeBarrier<PIPE_V>();
             for (int32_t r = 0; r < nr; r++) {
-                ReduceSum(red[2 * r + 1], s[r * n16], work, n16);
+                ReduceSum(red[2 * r + 1], e[r * n16], work, n16);
             }
+            WaitFor<HardEvent::V_MTE3>();
+            for (int32_t i = 0; i < kPSteps; i++) {
+                DataCopy(pGm_[(gTile % 2) * c_.PR * TT + (uint64_t(i) * M + r0) * TT], p[i * cnt],
+                         DataCopyParams(static_cast<uint16_t>(nr), static_cast<uint16_t>(n16 / 32), 0,
+                                        static_cast<uint16_t>((TT - n16) / 32)));
+            }
+        } else {
+            WaitFor<HardEvent::MTE3_V>();  // the previous tile's P copy-out has read p
+            if constexpr (!IsSameType<C, half>::value) {
+                Cast(p, s, RoundMode::CAST_RINT, uint32_t(cnt));
+            } else {
+                Cast(p, s, RoundMode::CAST_NONE, uint32_t(cnt));
+            }
+            WaitFor<HardEvent::V_MTE3>();
+            DataCopy(pGm_[(gTile % 2) * c_.PR * TT + r0 * TT], p,
+                     DataCopyParams(static_cast<uint16_t>(nr), static_cast<uint16_t>(n16 * sizeof(C) / 32), 0,
+                                    static_cast<uint16_t>((TT - n16) * sizeof(C) / 32)));
         }
-        WaitFor<HardEvent::V_MTE3>();
-        DataCopy(pGm_[(gTile % 2) * MP * TT + r0 * TT], p,
-                 DataCopyParams(static_cast<uint16_t>(nr), static_cast<uint16_t>(n16 * sizeof(C) / 32), 0,
-                                static_cast<uint16_t>((TT - n16) * sizeof(C) / 32)));
         CrossCoreSetFlag<2, PIPE_MTE3>(kFlagP);
         WaitFor<HardEvent::V_S>();
         for (int32_t r = 0; r < nr; r++) {
@@ -845,24 +824,41 @@ private:
         }
     }
 
-    static constexpr bool IsHalf() { return IsSameType<T, half>::value; }
-
-    // acc = acc * alpha + O for the rows of this vector core (after the cube's flag O).
-    __aicore__ inline void Update(int32_t nr, int32_t r0, int32_t gTile) {
-        const int32_t D = c_.D, MP = c_.MP;
+    // acc = acc * alpha + O for the rows of this vector core (after the cube's flag O); int8 KV:
+    // O = O_0 + O_1 / 254 from the int32 rows of the kPSteps blocks.
+    __aicore__ inline void Update(int32_t M, int32_t nr, int32_t r0, int32_t gTile) {
+        const int32_t D = c_.D, cnt = nr * D;
         CrossCoreWaitFlag(kFlagO);
         if (nr == 0) {
             return;
         }
         LocalTensor<float> o = o_.Get<float>(), acc = acc_.Get<float>();
+        const uint64_t slot = uint64_t(gTile % 2) * c_.PR * D;
         WaitFor<HardEvent::V_MTE2>();
-        DataCopy(o, oGm_[(gTile % 2) * MP * D + r0 * D], uint32_t(nr * D));
+        if constexpr (IsSameType<A, float>::value) {
+            DataCopy(o, oGm_[slot + r0 * D], uint32_t(cnt));
+        } else {
+            LocalTensor<int32_t> oi = oi_.Get<int32_t>();
+            for (int32_t i = 0; i < kPSteps; i++) {
+                DataCopy(oi[i * cnt], oGm_[slot + (uint64_t(i) * M + r0) * D], uint32_t(cnt));
+            }
+        }
         for (int32_t r = 0; r < nr; r++) {
             Muls(acc[r * D], acc[r * D], a_[r], D);
         }
         WaitFor<HardEvent::MTE2_V>();
+        if constexpr (!IsSameType<A, float>::value) {
+            LocalTensor<int32_t> oi = oi_.Get<int32_t>();
+            LocalTensor<float> f = of_.Get<float>();
+            Cast(o, oi[cnt], RoundMode::CAST_NONE, uint32_t(cnt));  // exact: |O_i| < 2^24
+            Cast(f, oi, RoundMode::CAST_NONE, uint32_t(cnt));
+            PipeBarrier<PIPE_V>();
+            Muls(o, o, kInvStep, cnt);
+            PipeBarrier<PIPE_V>();
+            Add(o, o, f, cnt);
+        }
         PipeBarrier<PIPE_V>();
-        Add(acc, acc, o, nr * D);
+        Add(acc, acc, o, cnt);
         PipeBarrier<PIPE_V>();
     }
 
@@ -873,12 +869,12 @@ private:
     __aicore__ inline void AddBand(const MixItem& it, int32_t r0, int32_t nr, int32_t j) {
         const int32_t D = c_.D, p0 = it.start + j * c_.TT, n = Min(c_.TT, it.end - p0);
         const int32_t a = Max(p0, it.seqLen - it.qLen + 1);
-        if (it.qLen <= 1 || nr == 0 || a >= p0 + n) {
+        if (c_.quant || it.qLen <= 1 || nr == 0 || a >= p0 + n) {  // int8 KV: the cube's integer P V has it
             return;
         }
         const int32_t n16 = RoundUp(n, 16), ps = c_.t.pageSize;
         LocalTensor<float> s = s_.Get<float>(), acc = acc_.Get<float>(), vf = vf_.Get<float>();
-        WaitFor<HardEvent::V_S>();  // the probabilities in s are readable (int8 KV: the rounded P)
+        WaitFor<HardEvent::V_S>();  // the probabilities in s are readable
         for (int32_t p = a; p < p0 + n; p++) {
             const int32_t page = c_.Page(it, p);
             if (!c_.PageOk(page)) {
@@ -896,28 +892,14 @@ private:
         }
     }
 
-    // One V row of the cache (element offset off) -> vf as float32: q's dtype cast, or for int8 KV
-    // the raw integers (int8 -> half -> float; the V scale and offset are applied in Finish, as for
-    // the cube's P V_int).
+    // One V row of the cache (element offset off) -> vf as float32.
     __aicore__ inline void LoadBandRow(uint64_t off, const LocalTensor<float>& vf) {
         const int32_t D = c_.D;
         WaitFor<HardEvent::V_MTE2>();  // the previous band row's Cast has read vb
-        if (c_.quant) {
-            LocalTensor<int8_t> vb = vb_.Get<int8_t>();
-            LocalTensor<half> vh = vh_.Get<half>();
-            DataCopyExtParams cp(1, uint32_t(D), 0, 0, 0);
-            DataCopyPadExtParams<int8_t> pp(true, 0, static_cast<uint8_t>(RoundUp(D, kBlockBytes) - D), 0);
-            DataCopyPad(vb, vI8Gm_[off], cp, pp);
-            WaitFor<HardEvent::MTE2_V>();
-            Cast(vh, vb, RoundMode::CAST_NONE, uint32_t(D));
-            PipeBarrier<PIPE_V>();
-            Cast(vf, vh, RoundMode::CAST_NONE, uint32_t(D));
-        } else {
-            LocalTensor<T> vb = vb_.Get<T>();
-            DataCopy(vb, vGm_[off], uint32_t(D));
-            WaitFor<HardEvent::MTE2_V>();
-            Cast(vf, vb, RoundMode::CAST_NONE, uint32_t(D));
-        }
+        LocalTensor<T> vb = vb_.Get<T>();
+        DataCopy(vb, vGm_[off], uint32_t(D));
+        WaitFor<HardEvent::MTE2_V>();
+        Cast(vf, vb, RoundMode::CAST_NONE, uint32_t(D));
         PipeBarrier<PIPE_V>();
     }
 
@@ -998,36 +980,36 @@ private:
     bool direct_ = false;
     int32_t sub_ = 0, RH_ = 0, RHP_ = 8;
     float m_[kMaxVecRows], l_[kMaxVecRows], a_[kMaxVecRows], beta_[kMaxVecRows];
-    float lr_[kMaxVecRows];  // the sum of P as the cube multiplies it (rounded; int8 KV), else l_
-    float sScale_ = 0.0f;
-    bool vBad_ = false;  // int8 KV: a V scale or offset of the item's KV head is NaN or inf
+    float lr_[kMaxVecRows];      // the sum of P as the cube multiplies it (int8 KV: x_0 + x_1 / 254), else l_
+    float rowMul_[kMaxVecRows];  // int8 KV: max|q'| / 127 of each row
+    bool vBad_ = false;          // int8 KV: a V scale or offset of the item's KV head is NaN or inf
     TPipe pipe_;
-    TBuf<TPosition::VECCALC> s_, p_, o_, acc_, red_, alpha_, work_, cap_, ob_, vb_, vh_, vf_;
-    TBuf<TPosition::VECCALC> qT_, qf_, qh_, kvq_, i8_, h16_;  // int8 KV only
+    TBuf<TPosition::VECCALC> s_, p_, o_, acc_, red_, alpha_, work_, cap_, ob_, vb_, vf_;
+    TBuf<TPosition::VECCALC> qT_, qf_, qe_, qr_, qh_, qx_, kvq_, si_, pf_, ph_, oi_, of_;  // int8 KV only
     TQue<TPosition::VECOUT, 2> outQ_;
     GlobalTensor<C> pGm_, zGm_;
+    GlobalTensor<A> sGm_, oGm_;
     GlobalTensor<T> outGm_, qGm_, vGm_;
-    GlobalTensor<int8_t> kI8Gm_, vI8Gm_;
-    GlobalTensor<half> qsGm_, kvGm_;
-    GlobalTensor<float> sGm_, oGm_, wsO_, wsL_, lseGm_, quantGm_;
+    GlobalTensor<int8_t> qxGm_;
+    GlobalTensor<float> wsO_, wsL_, lseGm_, quantGm_;
 };
 
 }  // namespace splitkv
 
-// T: q's dtype; C: the cube's (T, or half for int8 KV, whose integer values half holds exactly)
-template <typename T, typename C>
+// T: q's dtype; C: the cube's input (T, or int8_t for int8 KV); A: the cube's accumulator
+template <typename T, typename C, typename A>
 __aicore__ inline void RunSplitMix(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, GM_ADDR kvQuant, GM_ADDR plan,
                                    GM_ADDR ws, const SplitKVTiling& t, GM_ADDR out = nullptr, GM_ADDR lse = nullptr) {
     if ASCEND_IS_AIC {
-        splitkv::MixCube<C> op;
+        splitkv::MixCube<C, A> op;
         op.Init(q, k, v, bt, plan, ws, t);
         op.Process();
     }
     if ASCEND_IS_AIV {
-        splitkv::MixVec<T, C> op;
+        splitkv::MixVec<T, C, A> op;
         op.Init(v, bt, plan, ws, t, out, lse);
         if (t.kvDtype == SPLITKV_DT_INT8) {
-            op.InitQuant(q, k, v, kvQuant);
+            op.InitQuant(q, kvQuant);
         }
         op.Process();
     }
@@ -1039,22 +1021,27 @@ extern "C" __global__ __aicore__ void splitkv_split_mix(GM_ADDR q, GM_ADDR kCach
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
     SplitKVTiling t;
     splitkv::LoadTiling(tiling, t);
-    if (t.qDtype == SPLITKV_DT_FLOAT16) {  // fp16 KV or int8 KV: the cube works in half
-        RunSplitMix<half, half>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, t);
-    } else if (t.kvDtype == SPLITKV_DT_INT8) {
-        RunSplitMix<bfloat16_t, half>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, t);
+    const bool i8 = t.kvDtype == SPLITKV_DT_INT8;
+    if (t.qDtype == SPLITKV_DT_FLOAT16) {
+        if (i8) {
+            RunSplitMix<half, int8_t, int32_t>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, t);
+        } else {
+            RunSplitMix<half, half, float>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, t);
+        }
+    } else if (i8) {
+        RunSplitMix<bfloat16_t, int8_t, int32_t>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, t);
     } else {
-        RunSplitMix<bfloat16_t, bfloat16_t>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, t);
+        RunSplitMix<bfloat16_t, bfloat16_t, float>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, t);
     }
 }
 
 // The fused launch: the mixed split stage, SyncAll (cube and vector cores), then the combine on the
 // 2 * blockDim vector cores in the same launch (as IFA), saving the second launch. Same buffers as
 // splitkv_split_mix followed by splitkv_combine.
-template <typename T, typename C>
+template <typename T, typename C, typename A>
 __aicore__ inline void RunAttentionMix(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, GM_ADDR kvQuant, GM_ADDR plan,
                                        GM_ADDR ws, GM_ADDR out, GM_ADDR lse, const SplitKVTiling& t) {
-    RunSplitMix<T, C>(q, k, v, bt, kvQuant, plan, ws, t, out, lse);  // rows with one split: written directly
+    RunSplitMix<T, C, A>(q, k, v, bt, kvQuant, plan, ws, t, out, lse);  // rows with one split: written directly
     SyncAll<false>();
     if ASCEND_IS_AIV {
         PipeBarrier<PIPE_ALL>();  // the split stage's UB use is over before the combine's pipe reuses it
@@ -1072,11 +1059,17 @@ extern "C" __global__ __aicore__ void splitkv_attention_mix(GM_ADDR q, GM_ADDR k
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
     SplitKVTiling t;
     splitkv::LoadTiling(tiling, t);
+    const bool i8 = t.kvDtype == SPLITKV_DT_INT8;
     if (t.qDtype == SPLITKV_DT_FLOAT16) {
-        RunAttentionMix<half, half>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, out, lse, t);
-    } else if (t.kvDtype == SPLITKV_DT_INT8) {
-        RunAttentionMix<bfloat16_t, half>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, out, lse, t);
+        if (i8) {
+            RunAttentionMix<half, int8_t, int32_t>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, out, lse, t);
+        } else {
+            RunAttentionMix<half, half, float>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, out, lse, t);
+        }
+    } else if (i8) {
+        RunAttentionMix<bfloat16_t, int8_t, int32_t>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, out, lse, t);
     } else {
-        RunAttentionMix<bfloat16_t, bfloat16_t>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, out, lse, t);
+        RunAttentionMix<bfloat16_t, bfloat16_t, float>(q, kCache, vCache, blockTable, kvQuant, plan, workspace, out, lse,
+                                                       t);
     }
 }

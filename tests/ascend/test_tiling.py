@@ -131,7 +131,7 @@ def test_twin_ub_use_equals_host_budget(d, dtype, kv):
     ws, peak, til = sim.run_split(inp, plan)
     want = til.fields["mixUbBytes"] if til.mixed else til.fields["splitUbBytes"]
     assert peak == want <= tl.UB_BYTES
-    assert til.mixed == (dtype != "float32" and d % 16 == 0)
+    assert til.mixed == (dtype != "float32" and d % (32 if kv else 16) == 0)  # int8 KV: whole int8 fractals
 
 
 @needs_twin
@@ -177,24 +177,24 @@ def test_workspace_size_matches_what_the_kernel_writes(graph_stable, head_dim):
 @pytest.mark.parametrize("multi_query", [False, True])
 def test_mixed_tiles_fit_every_unit(dtype, soft_cap, kv_dtype, multi_query):
     """The mixed split stage's tile fits L1, L0A, L0B, L0C and the UB for every head dim and row count
-    it takes (always up to 64 rows), with int8 KV's buffers (q', the cast chunks) and the causal band's
-    V row buffers of several query rows counted together; 256-token tiles for D <= 128 and the GQA
-    groups of decode."""
-    for d in range(16, 257, 16):
+    it takes (always up to 64 rows), with int8 KV's buffers (the expanded q and P rows, the int32
+    results) and the causal band's V row buffers of several query rows (16-bit KV only) counted
+    together; 256-token tiles for D <= 128 and the GQA groups of decode."""
+    for d in range(32 if kv_dtype == "int8" else 16, 257, 32 if kv_dtype == "int8" else 16):
         for rows in (1, 4, 8, 16, 32, 64, 100, 128):
             got = tl.choose_mix_tiles(d, dtype, rows, soft_cap, kv_dtype=kv_dtype, multi_query=multi_query)
-            if got is None:  # 128 rows at D 256 overflow L0A, and with int8 KV (q' as a high and a
-                # low half) 64 rows at D >= 240: the vector kernel serves those
-                assert rows > 64 or (kv_dtype == "int8" and rows == 64 and d >= 240), (d, rows)
+            if got is None:  # 128 rows at D 256 overflow L0A, and with int8 KV (3 expanded q rows and
+                # 2 P rows per row) 64 rows at D >= 160: the vector kernel serves those
+                assert rows > 64 or (kv_dtype == "int8" and rows == 64 and d >= 160), (d, rows)
                 continue
             tt, mp = got
-            assert mp % 16 == 0 and mp >= rows and tt % 16 == 0
+            assert mp % 16 == 0 and mp >= rows and tt % (32 if kv_dtype == "int8" else 16) == 0
             cube = tl.mix_cube_bytes(d, tt, mp, kv_dtype)
             assert cube["L1"] <= tl.L1_BYTES and cube["L0A"] <= tl.L0A_BYTES
             assert cube["L0B"] <= tl.L0B_BYTES and cube["L0C"] <= tl.L0C_BYTES
             ub = tl.mix_ub_bytes(d, dtype, tt, mp, soft_cap, kv_dtype, multi_query)
             assert sum(ub.values()) <= tl.UB_BYTES
-            assert any(k.startswith("vb") for k in ub) == multi_query
+            assert any(k.startswith("vb") for k in ub) == (multi_query and kv_dtype is None)
             if d <= 128 and rows <= 16:
                 assert tt == 256
     assert tl.choose_mix_tiles(128, "bfloat16", 129, False) is None  # more rows: the vector kernel

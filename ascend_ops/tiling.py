@@ -206,7 +206,7 @@ def mix_ub_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int, sof
                   "qh (a q step, half)": _r32(RH * D * 2), "qx (q steps, int8)": _r32(MIX_Q_STEPS * RH * D),
                   "kvq (scales, offsets)": _r32(4 * D * 4),
                   "si (S steps, int32; P steps, float)": _r32(MIX_Q_STEPS * RH * TT * 4),
-                  "pf (P residual, float)": _r32(RH * TT * 4), "ph (a P step, half)": _r32(RH * TT * 2),
+                  "pf (P residual, float)": _r32(RH * TT * 4), "ph (P steps, half)": _r32(MIX_P_STEPS * RH * TT * 2),
                   "oi (O steps, int32)": _r32(MIX_P_STEPS * RH * D * 4), "of (O step 0, float)": _r32(RH * D * 4)})
     elif multi_query:
         b["vb, vf (a band V row, q dtype and float32)"] = _r32(D * ITEMSIZE[dtype]) + _r32(D * 4)

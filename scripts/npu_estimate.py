@@ -70,7 +70,9 @@ class Constants:
     cube_cores: int = _P910B2.cube_units  # 910B2: 24 AIC (splitkv_common.devices; CANN platform config, catlass)
     # 4096 fp16 MACs per cycle = one 16x16x16 fractal block per cycle: the DaVinci "Max" cube of the
     # Ascend 910 (Hot Chips 31, 2019, Huawei DaVinci talk: "Cube is 4096 FP16 MACs"). ASSUMPTION that
-    # the 910B AIC keeps that rate for fp16 and bf16 with fp32 accumulation.
+    # the 910B AIC keeps that rate for fp16 and bf16 with fp32 accumulation. The twin counts an int8
+    # Mmad in 16x16x32 blocks (one 512-byte fractal of each operand, as for 16-bit data): one per
+    # cycle is the same talk's "8192 INT8 MACs", the doubled int8 rate (ASSUMPTION for the 910B).
     cube_fractal_macs_per_cycle: float = 1.0
     mmad_issue_cycles: float = 10.0  # ASSUMPTION: fixed cost of one Mmad (issue, pipeline fill)
     mte1_bytes_per_cycle: float = 256.0  # ASSUMPTION: L1 -> L0A/L0B, half a 512-byte fractal per cycle

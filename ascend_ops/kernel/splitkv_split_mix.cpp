@@ -402,7 +402,7 @@ public:
         pipe_.InitBuffer(kvq_, uint32_t(4) * D * sizeof(float));
         pipe_.InitBuffer(si_, uint32_t(kQSteps) * RH_ * TT * sizeof(int32_t));
         pipe_.InitBuffer(pf_, uint32_t(RH_) * TT * sizeof(float));
-        pipe_.InitBuffer(ph_, uint32_t(RH_) * TT * sizeof(half));
+        pipe_.InitBuffer(ph_, uint32_t(kPSteps) * RH_ * TT * sizeof(half));
         pipe_.InitBuffer(oi_, uint32_t(kPSteps) * RH_ * D * sizeof(int32_t));
         pipe_.InitBuffer(of_, uint32_t(RH_) * D * sizeof(float));
     }
@@ -448,9 +448,10 @@ private:
     // int8 KV, once per item: the kvQuant rows of KV head h (row 3 becomes v_scale * v_offset), and
     // for this core's rows q' = q * k_scale expanded into kQSteps int8 rows (x = q' 127 / max|q'|,
     // x_0 = rint(x), x_i = rint(254 (x_{i-1} - x_0..)) -> the scratch rows i * M + r, flag Q;
-    // rowMul_[r] = max|q'| / 127 (NaN for a row holding NaN / inf: the NaN rule; 0 for a row below
-    // kTinyRow) and beta[r] = q'^ . k_offset with q'^ = rowMul sum_i 254^-i x_i, what the cube
-    // multiplies (so the offset error is relative to the dequantised K).
+    // rowMul_[r] = max|q'| / 127 (0 for a row below kTinyRow) and beta[r] = q'^ . k_offset with
+    // q'^ = rowMul sum_i 254^-i x_i, what the cube multiplies (so the offset error is relative to the
+    // dequantised K). NaN rule: a row whose q', or beta, is not finite (q, a K scale or a K offset
+    // held NaN / inf) is rowBad_, its scores 0; Finish writes it NaN if it saw any position.
     __aicore__ inline void PrepQ(const MixItem& it, int32_t M, int32_t r0, int32_t nr) {
         const int32_t D = c_.D, G = c_.G;
         LocalTensor<float> kvq = kvq_.Get<float>();
@@ -497,9 +498,10 @@ private:
             float mul[kMaxVecRows];
             for (int32_t r = 0; r < nr; r++) {
                 const float a = red.GetValue(2 * r);
-                const bool bad = !IsFinite(a), tiny = !bad && a < kTinyRow;
-                rowMul_[r] = bad ? kNaN : (tiny ? 0.0f : a / 127.0f);
-                mul[r] = bad || tiny ? 0.0f : 127.0f / a;
+                const bool tiny = !(a >= kTinyRow);  // NaN too
+                rowBad_[r] = !IsFinite(a);
+                rowMul_[r] = tiny || rowBad_[r] ? 0.0f : a / 127.0f;
+                mul[r] = tiny || rowBad_[r] ? 0.0f : 127.0f / a;
             }
             WaitFor<HardEvent::S_V>();
             for (int32_t r = 0; r < nr; r++) {  // x = 127 q' / max|q'| in [-127, 127]; bad or tiny rows 0
@@ -541,8 +543,11 @@ private:
                 DataCopy(qxGm_[(uint64_t(i) * M + r0) * D], qx[i * cnt], uint32_t(cnt));
             }
             WaitFor<HardEvent::V_S>();
-            for (int32_t r = 0; r < nr; r++) {
-                beta_[r] = rowMul_[r] * red.GetValue(2 * r);
+            for (int32_t r = 0; r < nr; r++) {  // a NaN / inf K offset: the row's scores are not finite
+                const float b = rowMul_[r] * red.GetValue(2 * r);
+                rowBad_[r] = rowBad_[r] || !IsFinite(b);
+                beta_[r] = rowBad_[r] ? 0.0f : b;
+                rowMul_[r] = rowBad_[r] ? 0.0f : rowMul_[r];
             }
         }
         CrossCoreSetFlag<2, PIPE_MTE3>(kFlagQ);
@@ -709,37 +714,43 @@ private:
             WaitFor<HardEvent::MTE2_V>();
             Muls(s, s, c_.t.scale, cnt);
         } else {  // int8 KV: s = scale (max|q'| / 127 sum_i 254^-i S_i - beta), Horner from the last step
+            static_assert(kQSteps == 3, "the Horner steps below are written for three q steps");
             LocalTensor<int32_t> si = si_.Get<int32_t>();
-            LocalTensor<float> f = pf_.Get<float>();
+            LocalTensor<float> f = pf_.Get<float>(), g = si_.Get<float>()[2 * cnt];
             for (int32_t i = 0; i < kQSteps; i++) {
                 DataCopy(si[i * cnt], sGm_[(gTile % 2) * c_.SR * TT + (uint64_t(i) * M + r0) * TT], rowsIn);
             }
             WaitFor<HardEvent::MTE2_V>();
-            Cast(s, si[(kQSteps - 1) * cnt], RoundMode::CAST_NONE, uint32_t(cnt));  // exact: |S_i| < 2^24
-            for (int32_t i = kQSteps - 2; i >= 0; i--) {
-                Cast(f, si[i * cnt], RoundMode::CAST_NONE, uint32_t(cnt));
-                PipeBarrier<PIPE_V>();
-                Muls(s, s, kInvStep, cnt);
-                PipeBarrier<PIPE_V>();
-                Add(s, s, f, cnt);
-                PipeBarrier<PIPE_V>();
-            }
-            for (int32_t r = 0; r < nr; r++) {
-                Muls(s[r * n16], s[r * n16], rowMul_[r] * c_.t.scale, n16);
-            }
+            Cast(s, si[2 * cnt], RoundMode::CAST_NONE, uint32_t(cnt));  // exact: |S_i| < 2^24
+            Cast(f, si[cnt], RoundMode::CAST_NONE, uint32_t(cnt));
             PipeBarrier<PIPE_V>();
-            for (int32_t r = 0; r < nr; r++) {  // the K offset, exactly, on every column
-                Adds(s[r * n16], s[r * n16], -beta_[r] * c_.t.scale, n16);
+            Axpy(f, s, kInvStep, cnt);  // S_1 + S_2 / 254
+            Cast(g, si, RoundMode::CAST_NONE, uint32_t(cnt));  // S_0, over S_2's int32 rows (read above)
+            PipeBarrier<PIPE_V>();
+            Axpy(g, f, kInvStep, cnt);  // S_0 + (S_1 + S_2 / 254) / 254
+            PipeBarrier<PIPE_V>();
+            for (int32_t r = 0; r < nr; r++) {
+                Muls(s[r * n16], g[r * n16], rowMul_[r] * c_.t.scale, n16);
+            }
+            if (c_.t.softCap > 0.0f) {  // the K offset on every column (the soft cap is not shift-invariant;
+                PipeBarrier<PIPE_V>();    // without it the softmax is, and Finish shifts the lse instead)
+                for (int32_t r = 0; r < nr; r++) {
+                    Adds(s[r * n16], s[r * n16], -beta_[r] * c_.t.scale, n16);
+                }
             }
         }
         PipeBarrier<PIPE_V>();
-        // NaN rule: the visible scores are checked before the soft cap (which would make -inf and
-        // +inf finite): the masked columns are set to 0 first, so a row's sum is NaN or inf iff a
-        // score it sees is (q or K held NaN / inf); the sums are read with the row maxima below.
+        // NaN rule, 16-bit KV: the visible scores are checked before the soft cap (which would make
+        // -inf and +inf finite): the masked columns are set to 0 first, so a row's sum is NaN or inf
+        // iff a score it sees is (q or K held NaN / inf); the sums are read with the row maxima
+        // below. int8 KV needs no check per tile: integer products are finite, and a row whose q,
+        // K scale or K offset is not finite is known from PrepQ (rowBad_, its scores 0).
         LocalTensor<float> red = red_.Get<float>(), work = work_.Get<float>(), alpha = alpha_.Get<float>();
-        Mask(it, s, r0, nr, p0, n, n16, 0.0f);
-        for (int32_t r = 0; r < nr; r++) {
-            ReduceSum(red[RHP_ + 2 * r], s[r * n16], work, n16);
+        if (!c_.quant) {
+            Mask(it, s, r0, nr, p0, n, n16, 0.0f);
+            for (int32_t r = 0; r < nr; r++) {
+                ReduceSum(red[RHP_ + 2 * r], s[r * n16], work, n16);
+            }
         }
         if (c_.t.softCap > 0.0f) {
             SoftCap(s, cnt);
@@ -751,7 +762,7 @@ private:
         }
         WaitFor<HardEvent::V_S>();
         for (int32_t r = 0; r < nr; r++) {
-            if (!IsFinite(red.GetValue(RHP_ + 2 * r))) {
+            if (!c_.quant && !IsFinite(red.GetValue(RHP_ + 2 * r))) {
                 l_[r] = kNaN;  // sticky: l * alpha + sum stays NaN; Finish writes a NaN row
             }
             const float mt = red.GetValue(2 * r);
@@ -773,27 +784,28 @@ private:
         LocalTensor<C> p = p_.Get<C>();
         if constexpr (sizeof(C) == 1) {
             // int8 KV: x = 127 p in [0, 127], x_0 = rint(x), x_1 = rint(254 (x - x_0)); lr sums
-            // x_0 + x_1 / 254 (the P the cube multiplies, times 127 as the O rows): acc / lr = o
+            // x_0 + x_1 / 254 (the P the cube multiplies, times 127 as the O rows): acc / lr = o.
+            // Independent instructions share the stretches between barriers.
+            static_assert(kPSteps == 2, "the steps below are written for two P steps");
             LocalTensor<float> f = pf_.Get<float>(), e = si_.Get<float>();
             LocalTensor<half> h = ph_.Get<half>();
             Muls(f, s, 127.0f, cnt);
             PipeBarrier<PIPE_V>();
             Cast(e, f, RoundMode::CAST_RINT, uint32_t(cnt));
+            WaitFor<HardEvent::MTE3_V>();  // the previous tile's P copy-out has read p
             PipeBarrier<PIPE_V>();
             Sub(f, f, e, cnt);
+            Cast(h, e, RoundMode::CAST_NONE, uint32_t(cnt));  // exact
             PipeBarrier<PIPE_V>();
             Muls(f, f, kStep, cnt);
+            Cast(p, h, RoundMode::CAST_NONE, uint32_t(cnt));  // exact
             PipeBarrier<PIPE_V>();
             Cast(e[cnt], f, RoundMode::CAST_RINT, uint32_t(cnt));
-            WaitFor<HardEvent::MTE3_V>();  // the previous tile's P copy-out has read p
-            for (int32_t i = 0; i < kPSteps; i++) {
-                PipeBarrier<PIPE_V>();
-                Cast(h, e[i * cnt], RoundMode::CAST_NONE, uint32_t(cnt));  // exact
-                PipeBarrier<PIPE_V>();
-                Cast(p[i * cnt], h, RoundMode::CAST_NONE, uint32_t(cnt));  // exact
-            }
+            PipeBarrier<PIPE_V>();
+            Cast(h[cnt], e[cnt], RoundMode::CAST_NONE, uint32_t(cnt));
             Axpy(e, e[cnt], kInvStep, cnt);
             PipeBarrier<PIPE_V>();
+            Cast(p[cnt], h[cnt], RoundMode::CAST_NONE, uint32_t(cnt));
             for (int32_t r = 0; r < nr; r++) {
                 ReduceSum(red[2 * r + 1], e[r * n16], work, n16);
             }
@@ -844,18 +856,18 @@ private:
             }
         }
         for (int32_t r = 0; r < nr; r++) {
-            Muls(acc[r * D], acc[r * D], a_[r], D);
+            if (a_[r] != 1.0f) {  // the running max moved (after the first tiles, rarely)
+                Muls(acc[r * D], acc[r * D], a_[r], D);
+            }
         }
         WaitFor<HardEvent::MTE2_V>();
         if constexpr (!IsSameType<A, float>::value) {
             LocalTensor<int32_t> oi = oi_.Get<int32_t>();
             LocalTensor<float> f = of_.Get<float>();
-            Cast(o, oi[cnt], RoundMode::CAST_NONE, uint32_t(cnt));  // exact: |O_i| < 2^24
-            Cast(f, oi, RoundMode::CAST_NONE, uint32_t(cnt));
+            Cast(f, oi[cnt], RoundMode::CAST_NONE, uint32_t(cnt));  // exact: |O_i| < 2^24
+            Cast(o, oi, RoundMode::CAST_NONE, uint32_t(cnt));
             PipeBarrier<PIPE_V>();
-            Muls(o, o, kInvStep, cnt);
-            PipeBarrier<PIPE_V>();
-            Add(o, o, f, cnt);
+            Axpy(o, f, kInvStep, cnt);  // O_0 + O_1 / 254
         }
         PipeBarrier<PIPE_V>();
         Add(acc, acc, o, cnt);
@@ -908,9 +920,9 @@ private:
     __aicore__ inline void Finish(const MixItem& it, int32_t r0, int32_t nr) {
         const int32_t D = c_.D, G = c_.G;
         LocalTensor<float> acc = acc_.Get<float>();
-        // NaN rule: a NaN / inf value row the row saw reached its accumulator (one sum per row,
-        // one round trip per item)
-        if (nr > 0) {
+        // NaN rule, 16-bit KV: a NaN / inf value row the row saw reached its accumulator (one sum per
+        // row, one round trip per item); int8 values are finite (their scales: vBad_)
+        if (nr > 0 && !c_.quant) {
             LocalTensor<float> red = red_.Get<float>(), work = work_.Get<float>();
             PipeBarrier<PIPE_V>();  // acc's last write (Update, or StartItem's zeros)
             for (int32_t r = 0; r < nr; r++) {
@@ -926,7 +938,7 @@ private:
         for (int32_t r = 0; r < nr; r++) {
             const int32_t row = r0 + r, qi = row / G, g = row % G;
             LocalTensor<float> o = outQ_.template AllocTensor<float>();
-            if (l_[r] != l_[r] || (l_[r] > 0.0f && vBad_)) {  // out and lse NaN (docs/conventions.md)
+            if (l_[r] != l_[r] || (l_[r] > 0.0f && (vBad_ || (c_.quant && rowBad_[r])))) {  // NaN (conventions)
                 Duplicate(o, kNaN, D + kLseRepeat);
             } else if (l_[r] > 0.0f) {
                 Muls(o, acc[r * D], 1.0f / lr_[r], D);
@@ -941,7 +953,9 @@ private:
                 PipeBarrier<PIPE_V>();
                 Ln(o[D], o[D], kLseRepeat);
                 PipeBarrier<PIPE_V>();
-                Adds(o[D], o[D], m_[r], kLseRepeat);
+                // int8 KV without a soft cap: the scores kept the K offset term, which the lse drops here
+                const float shift = c_.quant && !(c_.t.softCap > 0.0f) ? -beta_[r] * c_.t.scale : 0.0f;
+                Adds(o[D], o[D], m_[r] + shift, kLseRepeat);
             } else {
                 Duplicate(o, 0.0f, D);
                 Duplicate(o[D], kNegInf, kLseRepeat);
@@ -982,6 +996,7 @@ private:
     float m_[kMaxVecRows], l_[kMaxVecRows], a_[kMaxVecRows], beta_[kMaxVecRows];
     float lr_[kMaxVecRows];      // the sum of P as the cube multiplies it (int8 KV: x_0 + x_1 / 254), else l_
     float rowMul_[kMaxVecRows];  // int8 KV: max|q'| / 127 of each row
+    bool rowBad_[kMaxVecRows];   // int8 KV: the row's q', or its K offset term, is NaN or inf
     bool vBad_ = false;          // int8 KV: a V scale or offset of the item's KV head is NaN or inf
     TPipe pipe_;
     TBuf<TPosition::VECCALC> s_, p_, o_, acc_, red_, alpha_, work_, cap_, ob_, vb_, vf_;

@@ -1,8 +1,9 @@
 """int8 KV on the mixed AIC + AIV split stage (``splitkv_split_mix``) on the CPU twin.
 
-The cube multiplies the raw int8 values cast to half; the K scale is folded into q, the K offset
-subtracted from every score of a row (``q' . k_offset``), the V scale and offset applied to the
-output (docs/ascend-kernel.md, "int8 KV on the mixed split stage"). Judged against the float64
+CANN IFA's MSD route: q' = q * k_scale and the probabilities are expanded into int8 rows and the
+cube multiplies them with the raw int8 K and V (int32 results); the K offset term ``q' . k_offset``
+is taken per row (in the lse, or on every score under a soft cap), the V scale and offset applied
+to the output (docs/ascend-kernel.md, "int8 KV on the mixed split stage"). Judged against the float64
 reference and against the vector-only kernel, which dequantises every token in float32. A test
 double: nothing here ran on an NPU.
 """
@@ -40,8 +41,8 @@ def test_catalog_int8_cases_take_the_mixed_kernel_and_match_the_vector_kernel(na
     mix, _ = _judge(inp, plan, "mix")
     vec, _ = _judge(inp, plan, "vector")
     assert mix.passed and vec.passed, (mix.reason, vec.reason)
-    # the output error is the output rounding's in both (the mixed kernel's q' and P in half add
-    # less than that); the lse keeps float accuracy (q' as a high and a low half, l over the float P)
+    # the output error is the output rounding's in both (the mixed kernel's expanded P adds less
+    # than that); the lse keeps float accuracy (q' in three int8 steps, l over the float P)
     assert mix.out_max <= 2 * vec.out_max + 1e-6, (mix.out_max, vec.out_max)
     assert mix.lse_max <= 2 * vec.lse_max + 1e-6, (mix.lse_max, vec.lse_max)
 
@@ -85,8 +86,9 @@ def test_block_orders_give_identical_results(order):
 
 
 def test_int8_scratch_and_ub_are_what_the_kernel_uses():
-    """The workspace holds the partials plus, per AI core, the scratch with q' and the half K/V
-    slots; the twin's measured UB equals the host's figure (the guard after the workspace intact)."""
+    """The workspace holds the partials plus, per AI core, the scratch with the expanded rows (int32
+    S and O, int8 P and q); the twin's measured UB equals the host's figure (the guard after the
+    workspace intact)."""
     inp = cases.random_inputs(63, [500, 77], num_q_heads=8, num_kv_heads=2, head_dim=96, page_size=16,
                               dtype="bfloat16", kv_quant="channel", kv_offset=True, q_lens=[2, 1])
     plan = inp.plan("size:128", device="910b2")
@@ -99,7 +101,7 @@ def test_int8_scratch_and_ub_are_what_the_kernel_uses():
     assert (ws[til.workspace_bytes:] == sim.WS_POISON).all()
 
 
-# --- int8 KV with the zero rows, the causal band, the NaN rule and graph mode ---------------------
+# --- int8 KV with multi-query rows, windows, the NaN rule and graph mode ---------------------------
 
 def _mtp(dtype, window=None, seed=64):
     """Several query rows per request (q_len 1 to 4, G 4) on int8 KV per channel with offsets, and an
@@ -113,10 +115,10 @@ def _mtp(dtype, window=None, seed=64):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("window", [None, 1, 37, 200])
 def test_multi_query_rows_band_and_window(dtype, window):
-    """The causal band's V rows are zero for the cube and added by the vector cores (AddBand), here
-    from the int8 cache (int8 -> half -> float, scaled with the rest of P V_int); positions before the
-    window and the tile tail are zero rows of the int8 Convert. Out and lse as the float32 vector
-    kernel's (within 2x), the empty request 0 / -inf."""
+    """Several query rows: the causal band needs no pass of its own with int8 KV (P is 0 where a row
+    cannot see, and integer products are never NaN); positions before the window and the tile tail
+    are zero rows of the cube's loads. Out and lse as the float32 vector kernel's (within 2x), the
+    empty request 0 / -inf."""
     inp = _mtp(dtype, window)
     plan = inp.plan("size:128", device="910b2")
     til = tl.build_tiling(inp, plan)
@@ -179,7 +181,8 @@ def test_nan_rule_with_int8_kv(what):
 def test_graph_mode_replays_with_int8_kv(window):
     """Graph mode (deviceSplitTokens): one tiling, new lengths only in the plan's seqLens section; the
     int8 mixed kernel gives the reference for each set of lengths (the scratch sized for the largest
-    tile and rows holds the int8 q' and half K/V slots too) and a fresh host plan's bits."""
+    tile and rows holds the expanded int8 rows too) and a fresh host plan's bits (a windowed request's
+    first range starts on a page boundary in both)."""
     split, cap = 256, 8
     full = cases.random_inputs(11, [2048, 2048, 2048, 2048], num_q_heads=8, num_kv_heads=2, head_dim=64,
                                page_size=64, dtype="bfloat16", kv_quant="channel", kv_offset=True,

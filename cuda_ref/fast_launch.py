@@ -23,7 +23,9 @@ specialization (:func:`specialization_key`: the constexprs and launch options, e
 is 1 or a multiple of 16): a later prepared launch with the same key (a new plan of other sizes, whose
 grid and plan-size integers differ) takes the launcher from its first call, without Triton's binder or
 cache key. The kernels mark their plan-size integers ``do_not_specialize`` (``cuda_ref.kernels``), so
-such plans share one compiled kernel.
+such plans share one compiled kernel. Cheaper still, a prepared launch may :meth:`FastLaunch.adopt`
+the launcher of a sibling made for the same tensors' dtypes (the wrapper's previous launch under the
+same checked signature): a comparison of the two launches' arguments, no key and no binding.
 
 Each fast call takes the current stream's raw handle (so it records into a CUDA graph being
 captured) and the tensors' addresses afresh; it falls back to the normal launch for that call when
@@ -231,6 +233,7 @@ class FastLaunch:
         self.reason = "not launched yet"
         self.slow_calls = 0
         self.reused = False       # True: the first call found a kernel another launch had checked
+        self.adopted = False      # True: set up from a sibling launch (adopt), no first-call check
         self._key = None          # the first call's specialization_key (None: not computed, or unhashable)
         g = self.grid + (1,) * (3 - len(self.grid))
         self._g0, self._g1, self._g2 = g[0], g[1], g[2]
@@ -279,6 +282,36 @@ class FastLaunch:
                 return
             self.slow_calls += 1
         self._normal(tensors)
+
+    def adopt(self, other: "FastLaunch | None") -> bool:
+        """Take ``other``'s checked launcher when this launch binds the same compiled kernel: the same
+        kernel, tensor slots and keyword arguments (constexprs and launch options), equal values of
+        the same type at every other parameter Triton may specialize on, and at the
+        ``do_not_specialize`` integers (the plan sizes) the same width class. The caller vouches for
+        the tensors' dtypes being the same (the wrapper adopts only between launches whose tensors
+        had the same dtypes and devices); their 16-byte alignment is compared on every fast call as
+        before. ``False``: nothing changed
+        (the first call's check runs as usual). Only before this launch's first call."""
+        if (other is None or other._run is None or not self.enabled or self.fast is not None
+                or other.fn is not self.fn or other.tensor_slots != self.tensor_slots
+                or len(other.positional) != len(self.positional) or other.kwargs != self.kwargs
+                or switched_off() is not None):
+            return False
+        exact, loose = _param_groups(self.fn, self.tensor_slots)
+        ours, theirs = bound_values(self.fn.params, self.positional, self.kwargs), other._values
+        if exact is not None:
+            mine, its = exact(ours), exact(theirs)
+            if mine != its or tuple(map(type, mine)) != tuple(map(type, its)):
+                return False
+        for i in loose:
+            if _scalar_class(ours[i], False) != _scalar_class(theirs[i], False):
+                return False
+        self._stream, self._function, self._packed, self._run = other._stream, other._function, other._packed, other._run
+        self._values = ours
+        self._tail = tuple(ours[len(self.tensor_slots):])
+        self._aligned, self._all_aligned, self._device = other._aligned, other._all_aligned, other._device
+        self.fast, self.reason, self.adopted = True, other.reason, True
+        return True
 
     def _normal(self, tensors):
         return self.fn[self.grid](*self.arguments(tensors), **self.kwargs)

@@ -403,6 +403,7 @@ class DecodeLaunch:
     merge: "MergeLaunch | None"   # the separate merge; None: none (fused, or one split everywhere)
     fast_path: bool = True        # False: always Triton's normal launch (a launch made once)
     stage1: "FastLaunch | None" = field(default=None, repr=False, compare=False)
+    kinds: "tuple | None" = field(default=None, repr=False, compare=False)  # its tensors' dtypes, devices (adopt)
 
     def __post_init__(self):
         if self.grid is not None and self.stage1 is None:
@@ -414,6 +415,16 @@ class DecodeLaunch:
         """``{"fast": True / False / None (not launched yet), "reason": ..., "slow_calls": ...}``
         over this launch's kernels (:func:`cuda_ref.fast_launch.describe`)."""
         return describe([self.stage1, self.merge.call if self.merge is not None else None])
+
+    def adopt(self, other: "DecodeLaunch | None") -> None:
+        """Take the checked launchers of ``other`` (a launch prepared for the same tensors' signature,
+        other plan sizes) where they bind the same compiled kernels (:meth:`FastLaunch.adopt`)."""
+        if other is None:
+            return
+        if self.stage1 is not None:
+            self.stage1.adopt(other.stage1)
+        if self.merge is not None and other.merge is not None:
+            self.merge.call.adopt(other.merge.call)
 
     def tensors(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan, out, lse,
                 part_o, part_lse, counters=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None,

@@ -330,6 +330,11 @@ class DecodeWrapper(PlannedWrapper):
                 interpret=INTERPRET, merge=self.merge, batch_invariant=self.device_plan
                 or self.host_plan.policy.kind in ("fixed_size", "none"), pdl=self.pdl, errors=b["errors"])
             if lkey is not None:
+                # the previous launch's launchers fit where its tensors had these dtypes and devices
+                # (shapes and strides, which the kernels take as arguments, are compared by adopt)
+                prep.kinds = tuple(None if t is None else t[2:] for t in key[:10])
+                if self.last_launch is not None and self.last_launch.kinds == prep.kinds:
+                    prep.adopt(self.last_launch)
                 if len(self._launches) >= 64:
                     self._launches.clear()
                 self._launches[lkey] = prep

@@ -311,6 +311,48 @@ def test_a_new_plan_of_other_sizes_launches_fast_from_its_first_call(gpu_free):
     assert any(a.positional[names.index(n)] != b.positional[names.index(n)] for n in ("BATCH", "NUM_ROWS", "NUM_SLOTS"))
 
 
+def test_a_launch_adopts_a_siblings_launcher_only_for_the_same_specialization(gpu_free):
+    """``FastLaunch.adopt``: a launch of other plan sizes takes a checked sibling's launcher without
+    any first-call check (its values are what Triton would bind); a launch that differs in a value
+    Triton specializes on, in its keyword arguments, or a sibling not checked yet: no adoption."""
+    prep_a, call_a = _decode_launch(lens=(50, 17))
+    prep_b, call_b = _decode_launch(lens=(70, 9, 33, 120))
+    fake = _FakeJIT(kernels.split_kv_kernel)
+    st = prep_a.stage1
+
+    def make(prep, positional=None, kwargs=None):
+        return fast_launch.FastLaunch(fake, prep.grid, positional or prep.stage1.positional, st.tensor_slots,
+                                      kwargs or prep.constexprs)
+
+    a = make(prep_a)
+    assert not make(prep_b).adopt(a)            # a has not been called: nothing checked to take
+    a(*prep_a.tensors(*call_a))
+    b = make(prep_b)
+    assert b.adopt(a) and b.adopted and b.fast
+    tensors_b = prep_b.tensors(*call_b)
+    b(*tensors_b)
+    assert len(fake.normal_launches) == 1 and len(fake.compiled.calls) == 1
+    got = fake.compiled.calls[0]
+    assert got[:3] == (*prep_b.grid, 1)
+    from triton import knobs
+    kw = dict(prep_b.constexprs, debug=knobs.runtime.debug,
+              instrumentation_mode=knobs.compilation.instrumentation_mode)
+    bound = fake.binder(*b.arguments(tensors_b), **kw)[0]
+    for i, (v, e) in enumerate(zip(got[9:], bound.values())):
+        assert v == (e.data_ptr() if isinstance(e, torch.Tensor) else e), (i, fake.params[i].name)
+    names = [p.name for p in fake.params]
+    pos = list(prep_b.stage1.positional)
+    i = names.index("stride_bt")
+    pos[i] = 33 if pos[i] % 16 == 0 else 32     # Triton would specialize this one apart
+    assert not make(prep_b, positional=tuple(pos)).adopt(a)
+    pos = list(prep_b.stage1.positional)
+    pos[names.index("qk_scale")] = 0.25         # an exact value
+    assert not make(prep_b, positional=tuple(pos)).adopt(a)
+    assert not make(prep_b, kwargs=dict(prep_b.constexprs, num_stages=2)).adopt(a)
+    assert not fast_launch.FastLaunch(fake, prep_b.grid, prep_b.stage1.positional, st.tensor_slots,
+                                      prep_b.constexprs, enabled=False).adopt(a)
+
+
 def test_another_specialization_takes_the_full_first_call_check(gpu_free):
     prep, call = _decode_launch()
     fake = _FakeJIT(kernels.split_kv_kernel)
@@ -379,7 +421,8 @@ def test_the_specialization_key_is_never_coarser_than_triton(gpu_free, kernel):
 
 def test_the_wrapper_reuses_the_compiled_kernel_for_a_new_plan(gpu_free, monkeypatch):
     """``DecodeWrapper.run()`` after ``plan()`` of other sizes: a new prepared launch whose first call
-    goes straight to the launcher (stage 1 and the merge)."""
+    goes straight to the launcher (stage 1 and the merge), its launchers adopted from the previous
+    launch (its tensors of the same dtypes)."""
     fakes = {name: _FakeJIT(getattr(kernels, name)) for name in ("split_kv_kernel", "merge_kernel")}
     for name, fake in fakes.items():
         monkeypatch.setattr(kernels, name, fake)
@@ -392,8 +435,8 @@ def test_the_wrapper_reuses_the_compiled_kernel_for_a_new_plan(gpu_free, monkeyp
         x["block_table"] = _wide(x["block_table"])
         w.run(**x)
         st, mg = w.last_launch.stage1, w.last_launch.merge.call
-        seen.append((st.fast, st.reused, mg.fast, mg.reused))
-    assert seen[0] == (True, False, True, False)
-    assert seen[1:] == [(True, True, True, True)] * 2
+        seen.append((st.fast, st.reused or st.adopted, mg.fast, mg.reused or mg.adopted, st.adopted and mg.adopted))
+    assert seen[0] == (True, False, True, False, False)
+    assert seen[1:] == [(True, True, True, True, True)] * 2
     assert len(fakes["split_kv_kernel"].normal_launches) == 1 and len(fakes["merge_kernel"].normal_launches) == 1
     assert len(fakes["split_kv_kernel"].compiled.calls) == 2

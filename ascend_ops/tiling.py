@@ -197,7 +197,8 @@ def mix_ub_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int, sof
     p_rows = MIX_P_STEPS * RH if kv_dtype == "int8" else RH
     b = {"s (scores)": _r32(RH * TT * 4), "p (probabilities, cube dtype)": _r32(p_rows * TT * ITEMSIZE[cube]),
          "o (P V tile)": _r32(RH * D * 4), "acc": _r32(RH * D * 4), "red": 2 * _r32(_ru(2 * RH, 8) * 4),
-         "alpha": _r32(_ru(RH, 8) * 4), "work": 256}
+         "blocks (running max x2, l, lr, alpha, two sums: a 32-byte block per row slot)": 7 * _r32(_ru(2 * RH, 8) * 32),
+         "work": 256}
     if soft_cap:
         b["cap (soft-cap scratch)"] = _r32(RH * TT * 4)
     b["outQ (2 x o row + lse block)"] = 2 * _r32((D + LSE_REPEAT) * 4)

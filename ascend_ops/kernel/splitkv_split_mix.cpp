@@ -16,9 +16,9 @@
 //     O = P V -> scratch O slot, flag O.
 //   vector (AIV sub-block v takes rows [v * ceil(M / 2), ...)): S rows -> UB, scale, soft cap,
 //     masks (causal tail, window, tile tail, masked pages) as whole-row ranges, row max, exp, row
-//     sum, all as vector instructions over [rows x tile]; the running m and l are updated per
-//     (row, tile) by the scalar unit (one V->S round trip per tile, none per token); P -> scratch,
-//     flag P; after flag O: acc = acc * alpha + O. NaN rule: a row whose visible scores or
+//     sum, all as vector instructions over [rows x tile]; the running m, alpha and l as vectors of
+//     row blocks (Brcb; no V->S round trip per tile, one per item); P -> scratch, flag P; after
+//     flag O: acc = acc * alpha + O. NaN rule: a row whose visible scores or
 //     accumulator hold NaN / inf writes NaN (out and lse; docs/conventions.md).
 // The scratch (per AI core, after the partials in the workspace) holds two slots of S, P and O:
 // the cube runs QK of tile j + 1 and loads K/V of tile j + 2 while the vector cores work on tile j.
@@ -364,9 +364,11 @@ public:
         pipe_.InitBuffer(p_, uint32_t(c_.quant ? kPSteps : 1) * RH_ * TT * sizeof(C));
         pipe_.InitBuffer(o_, uint32_t(RH_) * D * sizeof(float));
         pipe_.InitBuffer(acc_, uint32_t(RH_) * D * sizeof(float));
-        RHP_ = RoundUp(2 * RH_, 8);  // red: row maxima / sums [0, RHP_), score-check sums [RHP_, 2 RHP_)
+        RHP_ = RoundUp(2 * RH_, 8);  // red: row maxima / sums at 2 r in [0, RHP_), other sums at RHP_ + 2 r
         pipe_.InitBuffer(red_, 2u * RHP_ * sizeof(float));
-        pipe_.InitBuffer(alpha_, uint32_t(RoundUp(RH_, 8)) * sizeof(float));
+        // the running state as vectors: per row one 32-byte block holding the row's value 8 times
+        // (row r at block 2 r, as Brcb spreads red's pitch-2 values), kBlocks of RHP_ blocks each
+        pipe_.InitBuffer(blk_, uint32_t(kBlocks) * RHP_ * 8 * sizeof(float));
         pipe_.InitBuffer(work_, 64u * sizeof(float));
         if (t.softCap > 0.0f) {
             pipe_.InitBuffer(cap_, uint32_t(RH_) * TT * sizeof(float));
@@ -409,6 +411,8 @@ public:
 
     __aicore__ inline void Process() {
         WriteZeroRow();
+        Duplicate(red_.Get<float>(), 0.0f, 2 * RHP_);  // the odd slots Brcb spreads into the unused blocks
+        PipeBarrier<PIPE_V>();
         int32_t tile = 0;
         for (int32_t w = c_.w0; w < c_.w1; w += c_.wStep) {
             MixItem it;
@@ -556,11 +560,34 @@ private:
     __aicore__ inline void StartItem(int32_t nr) {
         if (nr > 0) {
             Duplicate(acc_.Get<float>(), 0.0f, nr * c_.D);
+            Duplicate(Blk(kM + cur_), kMaxStart, 16 * nr);
+            Duplicate(Blk(kL), 0.0f, 16 * nr);
+            Duplicate(Blk(kLR), 0.0f, 16 * nr);
         }
-        for (int32_t r = 0; r < nr; r++) {
-            m_[r] = kMaxStart;
-            l_[r] = 0.0f;
-            lr_[r] = 0.0f;
+    }
+
+    // The block vectors (see Init): running max (two, alternating per tile), l, lr, alpha, two sums.
+    static constexpr int32_t kM = 0, kL = 2, kLR = 3, kAlpha = 4, kSum = 5, kSum2 = 6, kBlocks = 7;
+    __aicore__ inline LocalTensor<float> Blk(int32_t which) { return blk_.Get<float>()[which * RHP_ * 8]; }
+
+    // row[0, n) op= the 32-byte block `b` (a row's value broadcast): Sub or Mul, in at most two
+    // instructions (whole 64-element repeats, then the tail), n a multiple of 8
+    __aicore__ inline void RowOp(bool mul, const LocalTensor<float>& row, const LocalTensor<float>& b, int32_t n) {
+        const BinaryRepeatParams bc(1, 1, 0, 8, 8, 0);
+        const int32_t full = n / 64, tail = n % 64;
+        if (full > 0) {
+            if (mul) {
+                Mul(row, row, b, 64, full, bc);
+            } else {
+                Sub(row, row, b, 64, full, bc);
+            }
+        }
+        if (tail > 0) {
+            if (mul) {
+                Mul(row[full * 64], row[full * 64], b, uint64_t(tail), 1, bc);
+            } else {
+                Sub(row[full * 64], row[full * 64], b, uint64_t(tail), 1, bc);
+            }
         }
     }
 
@@ -745,7 +772,7 @@ private:
         // iff a score it sees is (q or K held NaN / inf); the sums are read with the row maxima
         // below. int8 KV needs no check per tile: integer products are finite, and a row whose q,
         // K scale or K offset is not finite is known from PrepQ (rowBad_, its scores 0).
-        LocalTensor<float> red = red_.Get<float>(), work = work_.Get<float>(), alpha = alpha_.Get<float>();
+        LocalTensor<float> red = red_.Get<float>(), work = work_.Get<float>();
         if (!c_.quant) {
             Mask(it, s, r0, nr, p0, n, n16, 0.0f);
             for (int32_t r = 0; r < nr; r++) {
@@ -756,28 +783,29 @@ private:
             SoftCap(s, cnt);
         }
         Mask(it, s, r0, nr, p0, n, n16, kNegInf);
-        // row max (one instruction per row), then the running max on the scalar unit: once per tile
+        // row max (one instruction per row); the running max, alpha, l and lr as vectors of row
+        // blocks (no round trip to the scalar unit per tile): m_new = max(m, rowmax),
+        // alpha = exp(m - m_new), s - m_new by each row's block
         for (int32_t r = 0; r < nr; r++) {
             ReduceMax(red[2 * r], s[r * n16], work, n16);
         }
-        WaitFor<HardEvent::V_S>();
-        for (int32_t r = 0; r < nr; r++) {
-            if (!c_.quant && !IsFinite(red.GetValue(RHP_ + 2 * r))) {
-                l_[r] = kNaN;  // sticky: l * alpha + sum stays NaN; Finish writes a NaN row
-            }
-            const float mt = red.GetValue(2 * r);
-            const float mNew = m_[r] > mt ? m_[r] : mt;  // >= kMaxStart: finite
-            alpha.SetValue(r, m_[r] - mNew);
-            m_[r] = mNew;
-        }
-        WaitFor<HardEvent::S_V>();
-        for (int32_t r = 0; r < nr; r++) {
-            Adds(s[r * n16], s[r * n16], -m_[r], n16);
-        }
-        Exp(alpha, alpha, nr);
+        const int32_t bn = 16 * nr;  // the rows' blocks, row r at block 2 r
+        const uint8_t brep = static_cast<uint8_t>(CeilDiv(2 * nr, 8));
+        LocalTensor<float> mOld = Blk(kM + cur_), mNew = Blk(kM + 1 - cur_), aB = Blk(kAlpha), tB = Blk(kSum);
         PipeBarrier<PIPE_V>();
+        Brcb(tB, red, brep, BrcbRepeatParams(1, 8));
+        PipeBarrier<PIPE_V>();
+        Max(mNew, mOld, tB, bn);  // >= kMaxStart: finite
+        PipeBarrier<PIPE_V>();
+        Sub(aB, mOld, mNew, bn);
+        for (int32_t r = 0; r < nr; r++) {
+            RowOp(false, s[r * n16], mNew[16 * r], n16);
+        }
+        PipeBarrier<PIPE_V>();
+        Exp(aB, aB, bn);
         Exp(s, s, cnt);  // masked columns: exp(-inf) = 0
         PipeBarrier<PIPE_V>();
+        cur_ = 1 - cur_;
         for (int32_t r = 0; r < nr; r++) {
             ReduceSum(red[2 * r], s[r * n16], work, n16);
         }
@@ -807,7 +835,7 @@ private:
             PipeBarrier<PIPE_V>();
             Cast(p[cnt], h[cnt], RoundMode::CAST_NONE, uint32_t(cnt));
             for (int32_t r = 0; r < nr; r++) {
-                ReduceSum(red[2 * r + 1], e[r * n16], work, n16);
+                ReduceSum(red[RHP_ + 2 * r], e[r * n16], work, n16);
             }
             WaitFor<HardEvent::V_MTE3>();
             for (int32_t i = 0; i < kPSteps; i++) {
@@ -828,11 +856,24 @@ private:
                                     static_cast<uint16_t>((TT - n16) * sizeof(C) / 32)));
         }
         CrossCoreSetFlag<2, PIPE_MTE3>(kFlagP);
-        WaitFor<HardEvent::V_S>();
-        for (int32_t r = 0; r < nr; r++) {
-            a_[r] = alpha.GetValue(r);
-            l_[r] = l_[r] * a_[r] + red.GetValue(2 * r);
-            lr_[r] = c_.quant ? lr_[r] * a_[r] + red.GetValue(2 * r + 1) : l_[r];
+        // l = l alpha + rowsum; int8 KV: lr = lr alpha + its sums; 16-bit KV: l += 0 * (the visible
+        // scores' sum), NaN exactly when a score the row sees was NaN / inf (sticky, as l alpha + ...)
+        LocalTensor<float> lB = Blk(kL), lrB = Blk(kLR), cB = Blk(kSum2);
+        PipeBarrier<PIPE_V>();
+        Brcb(tB, red, brep, BrcbRepeatParams(1, 8));
+        Brcb(cB, red[RHP_], brep, BrcbRepeatParams(1, 8));
+        Mul(lB, lB, aB, bn);
+        if (c_.quant) {
+            Mul(lrB, lrB, aB, bn);
+        }
+        PipeBarrier<PIPE_V>();
+        Add(lB, lB, tB, bn);
+        if (c_.quant) {
+            Add(lrB, lrB, cB, bn);
+        } else {
+            Muls(cB, cB, 0.0f, bn);
+            PipeBarrier<PIPE_V>();
+            Add(lB, lB, cB, bn);
         }
     }
 
@@ -855,10 +896,9 @@ private:
                 DataCopy(oi[i * cnt], oGm_[slot + (uint64_t(i) * M + r0) * D], uint32_t(cnt));
             }
         }
-        for (int32_t r = 0; r < nr; r++) {
-            if (a_[r] != 1.0f) {  // the running max moved (after the first tiles, rarely)
-                Muls(acc[r * D], acc[r * D], a_[r], D);
-            }
+        LocalTensor<float> aB = Blk(kAlpha);
+        for (int32_t r = 0; r < nr; r++) {  // acc * alpha, each row by its block
+            RowOp(true, acc[r * D], aB[16 * r], D);
         }
         WaitFor<HardEvent::MTE2_V>();
         if constexpr (!IsSameType<A, float>::value) {
@@ -920,17 +960,24 @@ private:
     __aicore__ inline void Finish(const MixItem& it, int32_t r0, int32_t nr) {
         const int32_t D = c_.D, G = c_.G;
         LocalTensor<float> acc = acc_.Get<float>();
-        // NaN rule, 16-bit KV: a NaN / inf value row the row saw reached its accumulator (one sum per
-        // row, one round trip per item); int8 values are finite (their scales: vBad_)
-        if (nr > 0 && !c_.quant) {
+        // the running state to the scalar unit (one round trip per item); NaN rule, 16-bit KV: a NaN
+        // / inf value row the row saw reached its accumulator (one sum per row); int8 values are
+        // finite (their scales: vBad_)
+        if (nr > 0) {
             LocalTensor<float> red = red_.Get<float>(), work = work_.Get<float>();
-            PipeBarrier<PIPE_V>();  // acc's last write (Update, or StartItem's zeros)
-            for (int32_t r = 0; r < nr; r++) {
-                ReduceSum(red[RHP_ + 2 * r], acc[r * D], work, D);
+            LocalTensor<float> mB = Blk(kM + cur_), lB = Blk(kL), lrB = Blk(kLR);
+            PipeBarrier<PIPE_V>();  // acc's and the blocks' last writes
+            if (!c_.quant) {
+                for (int32_t r = 0; r < nr; r++) {
+                    ReduceSum(red[RHP_ + 2 * r], acc[r * D], work, D);
+                }
             }
             WaitFor<HardEvent::V_S>();
             for (int32_t r = 0; r < nr; r++) {
-                if (!IsFinite(red.GetValue(RHP_ + 2 * r))) {
+                m_[r] = mB.GetValue(16 * r);
+                l_[r] = lB.GetValue(16 * r);
+                lr_[r] = c_.quant ? lrB.GetValue(16 * r) : l_[r];
+                if (!c_.quant && !IsFinite(red.GetValue(RHP_ + 2 * r))) {
                     l_[r] = kNaN;
                 }
             }
@@ -992,14 +1039,14 @@ private:
 
     MixCommon c_;
     bool direct_ = false;
-    int32_t sub_ = 0, RH_ = 0, RHP_ = 8;
-    float m_[kMaxVecRows], l_[kMaxVecRows], a_[kMaxVecRows], beta_[kMaxVecRows];
+    int32_t sub_ = 0, RH_ = 0, RHP_ = 8, cur_ = 0;  // cur_: which running-max block vector is current
+    float m_[kMaxVecRows], l_[kMaxVecRows], beta_[kMaxVecRows];  // m_, l_, lr_: read at the item's end
     float lr_[kMaxVecRows];      // the sum of P as the cube multiplies it (int8 KV: x_0 + x_1 / 254), else l_
     float rowMul_[kMaxVecRows];  // int8 KV: max|q'| / 127 of each row
     bool rowBad_[kMaxVecRows];   // int8 KV: the row's q', or its K offset term, is NaN or inf
     bool vBad_ = false;          // int8 KV: a V scale or offset of the item's KV head is NaN or inf
     TPipe pipe_;
-    TBuf<TPosition::VECCALC> s_, p_, o_, acc_, red_, alpha_, work_, cap_, ob_, vb_, vf_;
+    TBuf<TPosition::VECCALC> s_, p_, o_, acc_, red_, blk_, work_, cap_, ob_, vb_, vf_;
     TBuf<TPosition::VECCALC> qT_, qf_, qe_, qr_, qh_, qx_, kvq_, si_, pf_, ph_, oi_, of_;  // int8 KV only
     TQue<TPosition::VECOUT, 2> outQ_;
     GlobalTensor<C> pGm_, zGm_;

@@ -1016,6 +1016,106 @@ inline void Muls(const LocalTensor<T>& d, const LocalTensor<T>& a, const U& s, u
     detail::unary_rep(d, a, mask, repeatTimes, p, "Muls(repeat)", loc, [sv](float x) { return x * sv; });
 }
 
+// Binary repeat forms (BinaryRepeatParams: dst/src0/src1 block strides within a repeat, repeat
+// strides between repeats, in 32-byte blocks; mask = leading elements per repeat, continuous mode):
+// src1BlkStride = src1RepStride = 0 reads one 32-byte block (e.g. a row's value broadcast by Brcb)
+// against every block of src0. Limits as the unary forms.
+struct BinaryRepeatParams {
+    uint8_t dstBlkStride = 1, src0BlkStride = 1, src1BlkStride = 1;
+    uint8_t dstRepStride = 8, src0RepStride = 8, src1RepStride = 8;
+    BinaryRepeatParams() = default;
+    BinaryRepeatParams(uint8_t db, uint8_t s0b, uint8_t s1b, uint8_t dr, uint8_t s0r, uint8_t s1r)
+        : dstBlkStride(db), src0BlkStride(s0b), src1BlkStride(s1b), dstRepStride(dr), src0RepStride(s0r),
+          src1RepStride(s1r) {}
+};
+namespace detail {
+template <typename T, typename F>
+inline void binary_rep(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, uint64_t mask,
+                       int32_t repeatTimes, const BinaryRepeatParams& p, const char* api, const sim::Loc& loc, F f) {
+    const uint64_t perRep = sim::limits::kRepeatBytes / sizeof(T);
+    sim::check_range("vec-param", api, "repeatTimes", uint64_t(repeatTimes < 0 ? ~0ull : uint64_t(repeatTimes)), 0,
+                     sim::limits::kMaxRepeatTimes, "MAX_REPEAT_TIMES, impl/utils/kernel_utils_constants.h");
+    sim::check_range("vec-param", api, "mask (continuous)", mask, 1, perRep, "ONE_REP_BYTE_SIZE / sizeof(T)");
+    d.ub_only(api); a.ub_only(api); b.ub_only(api);
+    sim::check_align(d.addr_, 32, api, "destination");
+    sim::check_align(a.addr_, 32, api, "source 0");
+    sim::check_align(b.addr_, 32, api, "source 1");
+    sim::Ins ins = sim::issue(sim::P_V, api, loc);
+    const uint32_t perBlk = 32 / sizeof(T);
+    std::vector<std::pair<uint64_t, float>> res;  // all reads before any write, as one instruction
+    for (int32_t r = 0; r < repeatTimes; r++) {
+        for (uint64_t e = 0; e < mask; e++) {
+            const uint64_t blk = e / perBlk, off = e % perBlk;
+            const uint64_t ai = uint64_t(r) * p.src0RepStride * perBlk + blk * p.src0BlkStride * perBlk + off;
+            const uint64_t bi = uint64_t(r) * p.src1RepStride * perBlk + blk * p.src1BlkStride * perBlk + off;
+            const uint64_t di = uint64_t(r) * p.dstRepStride * perBlk + blk * p.dstBlkStride * perBlk + off;
+            a.need(ai + 1, api);
+            b.need(bi + 1, api);
+            d.need(di + 1, api);
+            for (const auto& x : {std::make_pair(&a, ai), std::make_pair(&b, bi)}) {
+                sim::check_written(x.first->addr_ + uint32_t(x.second * sizeof(T)), sizeof(T), api);
+                sim::ub_read(ins, x.first->addr_ + uint32_t(x.second * sizeof(T)), sizeof(T));
+            }
+            res.emplace_back(di, f(detail::ld(a, uint32_t(ai)), detail::ld(b, uint32_t(bi))));
+        }
+    }
+    for (const auto& x : res) {
+        detail::st(d, uint32_t(x.first), x.second);
+        sim::ub_write(ins, d.addr_ + uint32_t(x.first * sizeof(T)), sizeof(T));
+        sim::mark(d.addr_ + uint32_t(x.first * sizeof(T)), sizeof(T));
+    }
+    sim::Stats& st = sim::core().st;
+    st.vecElems += uint64_t(repeatTimes) * mask;
+    st.vecRepeats += uint64_t(repeatTimes);
+}
+}  // namespace detail
+template <typename T>
+inline void Sub(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, uint64_t mask,
+                int32_t repeatTimes, const BinaryRepeatParams& p, sim::Loc loc = {}) {
+    detail::binary_rep(d, a, b, mask, repeatTimes, p, "Sub(repeat)", loc, [](float x, float y) { return x - y; });
+}
+template <typename T>
+inline void Mul(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, uint64_t mask,
+                int32_t repeatTimes, const BinaryRepeatParams& p, sim::Loc loc = {}) {
+    detail::binary_rep(d, a, b, mask, repeatTimes, p, "Mul(repeat)", loc, [](float x, float y) { return x * y; });
+}
+
+// Brcb (kernel_operator_vec_brcb_intf.h): per repeat, 8 elements of src, each broadcast into one
+// 32-byte block of dst; block i of repeat r at (r * dstRepStride + i * dstBlkStride) blocks. 16- and
+// 32-bit types; src 32-byte aligned (8 elements a repeat read), repeatTimes <= 255.
+struct BrcbRepeatParams {
+    uint16_t dstBlkStride = 1, dstRepStride = 8;
+    BrcbRepeatParams() = default;
+    BrcbRepeatParams(uint16_t db, uint16_t dr) : dstBlkStride(db), dstRepStride(dr) {}
+};
+template <typename T>
+inline void Brcb(const LocalTensor<T>& d, const LocalTensor<T>& a, const uint8_t repeatTimes, const BrcbRepeatParams& p,
+                 sim::Loc loc = {}) {
+    const char* api = "Brcb";
+    static_assert(sizeof(T) == 2 || sizeof(T) == 4, "Brcb: b16 / b32 data");
+    d.ub_only(api); a.ub_only(api);
+    sim::check_align(d.addr_, 32, api, "destination");
+    sim::check_align(a.addr_, 32, api, "source");
+    sim::Ins ins = sim::issue(sim::P_V, api, loc);
+    const uint32_t perBlk = 32 / sizeof(T);
+    for (uint32_t r = 0; r < repeatTimes; r++)
+        for (uint32_t i = 0; i < 8; i++) {
+            const uint64_t si = uint64_t(r) * 8 + i;
+            a.need(si + 1, api);
+            sim::check_written(a.addr_ + uint32_t(si * sizeof(T)), sizeof(T), api);
+            sim::ub_read(ins, a.addr_ + uint32_t(si * sizeof(T)), sizeof(T));
+            const T v = a.ptr()[si];
+            const uint64_t d0 = (uint64_t(r) * p.dstRepStride + uint64_t(i) * p.dstBlkStride) * perBlk;
+            d.need(d0 + perBlk, api);
+            for (uint32_t e = 0; e < perBlk; e++) d.ptr()[d0 + e] = v;
+            sim::ub_write(ins, d.addr_ + uint32_t(d0 * sizeof(T)), 32);
+            sim::mark(d.addr_ + uint32_t(d0 * sizeof(T)), 32);
+        }
+    sim::Stats& st = sim::core().st;
+    st.vecElems += uint64_t(repeatTimes) * 8 * perBlk;
+    st.vecRepeats += repeatTimes;
+}
+
 // Cast: the (source, destination, round mode) triples of sim_limits.h (dav-c220 table) are
 // accepted, anything else is a [cast] error. Emulated conversions: float <-> half/bfloat16, int8 <->
 // half, int32 -> float and float -> float (rounding to integral values); CAST_NONE/CAST_RINT round

@@ -184,8 +184,8 @@ def test_mixed_tiles_fit_every_unit(dtype, soft_cap, kv_dtype, multi_query):
         for rows in (1, 4, 8, 16, 32, 64, 100, 128):
             got = tl.choose_mix_tiles(d, dtype, rows, soft_cap, kv_dtype=kv_dtype, multi_query=multi_query)
             if got is None:  # 128 rows at D 256 overflow L0A, and with int8 KV (3 expanded q rows and
-                # 2 P rows per row) 64 rows at D >= 160: the vector kernel serves those
-                assert rows > 64 or (kv_dtype == "int8" and rows == 64 and d >= 160), (d, rows)
+                # 2 P rows per row, their UB buffers) 64 rows at D >= 128: the vector kernel serves those
+                assert rows > 64 or (kv_dtype == "int8" and rows == 64 and d >= 128), (d, rows)
                 continue
             tt, mp = got
             assert mp % 16 == 0 and mp >= rows and tt % (32 if kv_dtype == "int8" else 16) == 0

@@ -258,6 +258,25 @@ ENTRY(repeat_ok) {
     LocalTensor<float> a = t.Get<float>(); Duplicate(a, 1.0f, 16320); PipeBarrier<PIPE_V>();
     Muls(a, a, 2.0f, 64, 255, UnaryRepeatParams(1, 1, 8, 8));
 }
+// ---- Brcb and the binary repeat forms (the mixed kernel's running state as row blocks): rows
+// r = 0..7 of 8 values at x[64..128) minus their value x[r] spread by Brcb into block r; then
+// x[128..192) times block 3 (one block against every block of the repeat)
+template <bool barrier>
+__aicore__ inline void BrcbRows(GM_ADDR x) {
+    TPipe pipe; TBuf<TPosition::VECCALC> t; pipe.InitBuffer(t, 1024); MINE(g);
+    GlobalTensor<float> all; all.SetGlobalBuffer((__gm__ float*)x + 64 * GetBlockIdx(), 256);
+    LocalTensor<float> a = t.Get<float>();
+    DataCopy(a, all, 192);
+    Sync<HardEvent::MTE2_V>();
+    Brcb(a[192], a, 1, BrcbRepeatParams(1, 8));
+    if (barrier) PipeBarrier<PIPE_V>();
+    Sub(a[64], a[64], a[192], 64, 1, BinaryRepeatParams(1, 1, 1, 8, 8, 8));
+    Mul(a[128], a[128], a[192 + 24], 64, 1, BinaryRepeatParams(1, 1, 0, 8, 8, 0));
+    Sync<HardEvent::V_MTE3>();
+    DataCopy(all, a, 192);
+}
+ENTRY(brcb_rows_ok) { BrcbRows<true>(x); }
+ENTRY(brcb_barrier_missing) { BrcbRows<false>(x); }
 // ---- cost: the same element work per token with a scalar round trip, or on whole tiles (D 64, 128 tokens)
 ENTRY(cost_per_token) {
     TPipe pipe; TBuf<TPosition::VECCALC> k, v, q, prod, acc, red, work;
@@ -296,6 +315,7 @@ BAD = [
     ("v_mte3_missing", "pipe-race", "V_MTE3"),
     ("dma_overwrites_vector_input", "pipe-race", "V_MTE2"),
     ("v_barrier_missing", "pipe-race", "PipeBarrier<PIPE_V>"),
+    ("brcb_barrier_missing", "pipe-race", "PipeBarrier<PIPE_V>"),
     ("scalar_write_vector_read_missing", "pipe-race", "S_V"),
     ("flag_never_waited", "flag", "never waited"),
     ("blocks_write_same_gm", "gm-race", "no SyncAll"),
@@ -367,6 +387,20 @@ def test_cross_block_read_write_found_by_forward_or_reverse(lib, name):
     """A read/write pair is seen when the writer runs first: forward and reverse cover every pair."""
     found = [run(lib, name, blocks=3, order=o)[1] for o in (0, 1)]
     assert any("[gm-race]" in m for m in found), found
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_brcb_and_binary_repeat_forms_compute_row_blocks(lib, order):
+    """Brcb spreads 8 values into 8 blocks; a binary repeat form with source 1 strides 1 / 8 takes
+    them block by block, with strides 0 / 0 one block against all (what the mixed kernel's running
+    max, alpha and l do per row)."""
+    rc, msg, buf = run(lib, "brcb_rows_ok", blocks=1, order=order)
+    assert rc == 0, msg
+    x = np.arange(64 * 1024, dtype=np.float32)
+    rows = x[64:128].reshape(8, 8) - x[:8, None]
+    np.testing.assert_array_equal(buf[64:128].reshape(8, 8), rows)
+    np.testing.assert_array_equal(buf[128:192], x[128:192] * x[3])
+    np.testing.assert_array_equal(buf[:64], x[:64])
 
 
 def test_race_names_both_instructions_with_file_and_line(lib):

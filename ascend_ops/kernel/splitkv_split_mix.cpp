@@ -9,8 +9,8 @@
 // Per tile of TT tokens:
 //   cube (AIC): K, V pages GM -> L1 through the block table (ND -> NZ, one copy per page segment;
 //     what no row may see is copied from a zero row: masked page ids (never dereferenced), positions
-//     before the window, the tail to a whole fractal; several query rows: V's causal band too, which
-//     the vector cores add per row (AddBand));
+//     before the window, the tail to a whole fractal; several query rows with 16-bit KV: V's causal
+//     band too, which the vector cores add per row (AddBand));
 //     S = Q K^T on the cube (fp16/bf16 in, fp32 out) -> scratch S slot, flag S;
 //     after flag P: P (q's dtype) scratch -> L1 -> L0A, V -> L0B (transposed fractals),
 //     O = P V -> scratch O slot, flag O.
@@ -22,11 +22,13 @@
 //     accumulator hold NaN / inf writes NaN (out and lse; docs/conventions.md).
 // The scratch (per AI core, after the partials in the workspace) holds two slots of S, P and O:
 // the cube runs QK of tile j + 1 and loads K/V of tile j + 2 while the vector cores work on tile j.
-// Cross-core flags: 1 S ready, 2 P ready, 3 O ready (all mode 2), 4 zero row ready (once).
+// Cross-core flags: 1 S ready, 2 P ready, 3 O ready (all mode 2), 4 zero row ready (once), 5 the
+// expanded q rows ready (int8 KV, once per item).
 // int8 KV (kvDtype INT8), CANN IFA's MSD route: int8 x int8 -> int32 on the cube, the cube reading
 // K and V straight from the cache as for 16-bit KV (docs/ascend-kernel.md, "int8 KV on the mixed
 // split stage"). Per item the vector cores expand q' = q * k_scale of each row into kQSteps int8
-// rows (x = 127 q' / max|q'|, x_0 = rint(x), x_i = rint(254 (x_{i-1} - rint(x_{i-1}))), flag 5) and
+// rows (x = 127 q' / max|q'|, x_0 = rint(x), r_1 = 254 (x - x_0), x_1 = rint(r_1), r_2 = 254 (r_1 - x_1),
+// x_2 = rint(r_2), each in [-127, 127]; flag 5) and
 // keep beta = q'^ . k_offset from the rows as the cube multiplies them; the cube computes the
 // kQSteps row blocks of X K_int^T (int32) and the vector cores recombine
 // s = scale (max|q'| / 127 sum_i 254^-i S_i - beta). P (in [0, 1] after the running max) is

@@ -133,7 +133,7 @@ def contiguous_kv(k, bt, B, ctx):
 
 
 def split_sizes(ctx: int, max_splits: int = 64) -> list[int]:
-    out, s = [], 256
+    out, s = [], 64
     while s < ctx:
         if math.ceil(ctx / s) <= max_splits:
             out.append(s)
@@ -141,9 +141,10 @@ def split_sizes(ctx: int, max_splits: int = 64) -> list[int]:
     return out
 
 
-def ours(timer, q, k, v, bt, seq, policy, *, stage1_only=False):
+def ours(timer, q, k, v, bt, seq, policy, *, stage1_only=False, min_split=None):
     B = bt.shape[0]
-    w = DecodeWrapper(q.shape[1], k.shape[2], q.shape[2], PAGE, dtype=q.dtype, policy=policy)
+    w = DecodeWrapper(q.shape[1], k.shape[2], q.shape[2], PAGE, dtype=q.dtype, policy=policy,
+                      min_split_tokens=min_split)
     plan = w.plan(seq.cpu().numpy())
     w.merge = not stage1_only
     qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
@@ -289,6 +290,9 @@ def run_bench(args):
         for s in split_sizes(ctx):
             fixed[s] = ours(timer, q, k, v, bt, seq, f"size:{s}")[0]
         r["fixed_us"] = {str(s): t for s, t in fixed.items()}
+        for m in args.auto_min_split or ():  # auto with another shortest split than the profile's
+            t, p, _ = ours(timer, q, k, v, bt, seq, "auto", min_split=m)
+            r.setdefault("auto_min_split", {})[str(m)] = dict(us=t, split_tokens=int(p.split_tokens))
         best_s = min(fixed, key=fixed.get) if fixed else None
         r["best_fixed_size"] = best_s
         r["best_fixed_us"] = fixed[best_s] if fixed else r["none_us"]
@@ -360,6 +364,18 @@ def to_markdown(res) -> str:
             + (f" {fmt(o.get('auto_us'))} / {fmt(o.get('sdpa_cudnn'))} |" if other else ""))
     if other:
         lines += ["", f"Other flush: {other} (see docs/benchmarks.md, method)."]
+    alt = [r for r in res["rows"] if r.get("auto_min_split")]
+    if alt:
+        lines += ["", "`auto` with another shortest split than the profile's (`--auto-min-split`; µs, its split length):",
+                  "", "| B | ctx | Hq/Hkv | D | auto µs (split) | " + " | ".join(
+                      f"min split {m} µs (split)" for m in alt[0]["auto_min_split"]) + " | cuDNN µs |",
+                  "|---|---|---|---|---|" + "---|" * len(alt[0]["auto_min_split"]) + "---|"]
+        for r in alt:
+            lines.append(f"| {r['B']} | {r['ctx']} | {r['hq']}/{r['hkv']} | {r['D']} | {fmt(r['auto_us'])} "
+                         f"({r['auto_plan'].rpartition('=')[2]}) | "
+                         + " | ".join(f"{fmt(a['us'])} ({a['split_tokens'] or 'none'})"
+                                      for a in r["auto_min_split"].values())
+                         + f" | {fmt(r.get('sdpa_cudnn'))} |")
     if res.get("skipped"):
         lines += ["", "Skipped (KV over the size limit of the run): " +
                   ", ".join(f"B{p[0]}/ctx{p[1]}/{p[2]}-{p[3]}/D{p[4]}/{p[5]}" for p in res["skipped"])]
@@ -405,6 +421,8 @@ def main(argv=None):
                     help="only these points, bf16: B<batch>x<context>[@hq/hkv[/D]] comma-separated, e.g. "
                          "B1x16k,B1x16k@64/8,B1x32k@16/2/256 (heads 32 / 8 and D 128 unless given)")
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--auto-min-split", type=int, nargs="+", default=None, metavar="N",
+                    help="also time auto with these shortest split lengths (tokens) instead of the profile's")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--flush", default="read", choices=("read", "write", "none"),
                     help="L2 flush before each timed replay (see Timer)")

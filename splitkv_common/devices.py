@@ -49,9 +49,10 @@ class DeviceProfile:
 PROFILES: dict[str, DeviceProfile] = {
     "h200": DeviceProfile(
         name="h200", units=132, items_per_unit=2, bandwidth_gbps=4270.0, unit_bandwidth_gbps=20.0,
-        item_overhead_us=6.0, launch_us=3.0, min_split_tokens=256, max_splits=64,
+        item_overhead_us=6.0, launch_us=3.0, min_split_tokens=64, max_splits=64,
         note="NVIDIA H200 SXM: 132 SMs; copy ceiling 4.27 TB/s measured; per-item bandwidth and per-wave "
-             "cost fitted to the Triton kernels' split sweeps (docs/perf-notes.md)"),
+             "cost fitted to the Triton kernels' split sweeps; splits down to 64 tokens at short contexts "
+             "(run 16: B1 x 1k 12.0 against 14.5 us with 256; docs/perf-notes.md)"),
     "910b2": DeviceProfile(
         name="910b2", units=48, items_per_unit=1, bandwidth_gbps=1500.0, unit_bandwidth_gbps=60.0,
         item_overhead_us=2.0, launch_us=5.0, min_split_tokens=512, max_splits=32, ub_bytes=192 * 1024,

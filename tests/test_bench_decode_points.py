@@ -31,3 +31,24 @@ def test_points_default_heads_and_given_ones():
 def test_points_refused_with_the_item_named(bad):
     with pytest.raises(ValueError, match=r"--points: .* is not B<batch>x<context>"):
         _module().parse_points(bad)
+
+
+def test_fixed_split_sizes_start_at_the_profiles_shortest_split():
+    """The best fixed split is searched from 64 tokens (the H200 profile's shortest ``auto`` split), at
+    most 64 splits."""
+    mod = _module()
+    assert mod.split_sizes(1024) == [64, 128, 256, 512]
+    assert mod.split_sizes(65536) == [1024, 2048, 4096, 8192, 16384, 32768]
+
+
+def test_auto_with_another_shortest_split_gets_its_own_table():
+    mod = _module()
+    row = dict(B=1, ctx=1024, hq=32, hkv=8, D=128, dtype="bf16", auto_us=12.0, auto_splits=16, none_us=30.0,
+               best_fixed_us=11.9, best_fixed_size=64, sdpa_cudnn=10.9, sdpa_flash=13.0, gbps=300.0,
+               pct_ceiling=7.0, ratio_to_best_peer=0.91, auto_vs_best_fixed=1.01, merge_share=0.1,
+               workspace_bytes=65536, auto_plan="auto split=64",
+               auto_min_split={"256": dict(us=14.5, split_tokens=256)})
+    md = mod.to_markdown(dict(ceiling_gbps=4270.0, rows=[row], meta=dict(
+        gpu="GPU", sms=132, torch="t", triton="tr", cuda="c", cudnn=1, date="d", iters=20, flush="read")))
+    assert "| min split 256 µs (split) |" in md
+    assert "| 1 | 1024 | 32/8 | 128 | 12.0 (64) | 14.5 (256) | 10.9 |" in md

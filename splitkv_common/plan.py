@@ -408,6 +408,8 @@ def _check_inputs(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, po
     if head_dim <= 0:
         raise ValueError(f"head_dim: must be positive, got {head_dim}")
     min_split = prof.min_split_tokens if min_split_tokens is None else int(min_split_tokens)
+    if min_split < 0:
+        raise ValueError(f"min_split_tokens: must be >= 0, got {min_split}")
     cap = prof.max_splits if max_splits is None else int(max_splits)
     if cap <= 0:
         raise ValueError(f"max_splits: must be positive, got {cap}")
@@ -867,6 +869,8 @@ def _plan_small(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, poli
     if max_splits is not None and (type(max_splits) is not int or max_splits > _limits.MAX_WORK_ITEMS):
         return None
     if max_work_items is not None and type(max_work_items) is not int:
+        return None
+    if min_split_tokens is not None and (type(min_split_tokens) is not int or min_split_tokens < 0):
         return None
     seq = _int_list(seq_lens)
     if seq is None:

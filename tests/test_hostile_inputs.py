@@ -566,6 +566,8 @@ PLAN_CASES = [
     ("seq-negative", dict(seq_lens=np.array([4, -1])), "^seq_lens"),
     ("seq-float-fraction", dict(seq_lens=np.array([4.5])), "^seq_lens"),
     ("size-not-page-multiple", dict(seq_lens=np.array([40]), policy="size:10"), "^split_size"),
+    ("min-split-negative", dict(seq_lens=np.array([4096]), min_split_tokens=-5), "^min_split_tokens"),
+    ("min-split-negative-numpy", dict(seq_lens=np.array([4096]), min_split_tokens=np.int64(-1)), "^min_split_tokens"),
 ]
 
 

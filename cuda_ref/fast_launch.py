@@ -24,8 +24,8 @@ is 1 or a multiple of 16): a later prepared launch with the same key (a new plan
 grid and plan-size integers differ) takes the launcher from its first call, without Triton's binder or
 cache key. The kernels mark their plan-size integers ``do_not_specialize`` (``cuda_ref.kernels``), so
 such plans share one compiled kernel. Cheaper still, a prepared launch may :meth:`FastLaunch.adopt`
-the launcher of a sibling made for the same tensors' dtypes (the wrapper's previous launch under the
-same checked signature): a comparison of the two launches' arguments, no key and no binding.
+the launcher of a sibling made for tensors of the same dtypes and devices (the wrapper's previous
+launch): a comparison of the two launches' arguments, no key and no binding.
 
 Each fast call takes the current stream's raw handle (so it records into a CUDA graph being
 captured) and the tensors' addresses afresh; it falls back to the normal launch for that call when
@@ -290,8 +290,8 @@ class FastLaunch:
         ``do_not_specialize`` integers (the plan sizes) the same width class. The caller vouches for
         the tensors' dtypes being the same (the wrapper adopts only between launches whose tensors
         had the same dtypes and devices); their 16-byte alignment is compared on every fast call as
-        before. ``False``: nothing changed
-        (the first call's check runs as usual). Only before this launch's first call."""
+        before. ``False``: nothing changed (the first call's check runs as usual). Only before this
+        launch's first call."""
         if (other is None or other._run is None or not self.enabled or self.fast is not None
                 or other.fn is not self.fn or other.tensor_slots != self.tensor_slots
                 or len(other.positional) != len(self.positional) or other.kwargs != self.kwargs

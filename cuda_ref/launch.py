@@ -417,8 +417,8 @@ class DecodeLaunch:
         return describe([self.stage1, self.merge.call if self.merge is not None else None])
 
     def adopt(self, other: "DecodeLaunch | None") -> None:
-        """Take the checked launchers of ``other`` (a launch prepared for the same tensors' signature,
-        other plan sizes) where they bind the same compiled kernels (:meth:`FastLaunch.adopt`)."""
+        """Take the checked launchers of ``other`` (a launch prepared for tensors of the same dtypes and
+        devices, other plan sizes) where they bind the same compiled kernels (:meth:`FastLaunch.adopt`)."""
         if other is None:
             return
         if self.stage1 is not None:

@@ -313,14 +313,16 @@ def _replan_us(q, k, v, bt, seq, n=100, warmup=10) -> dict:
         p = w.plan(x)
         sizes.append((int(p.num_items), int(p.num_slots), int(p.max_splits)))
     out = {"replan_sizes": sizes}
-    for name, clear in (("new_plan_us", True), ("new_plan_keyed_us", "keyed"), ("seen_plan_us", False)):
+    # (name, prepared launches emptied, no previous launch to adopt from)
+    for name, clear, alone in (("new_plan_us", True, False), ("new_plan_keyed_us", True, True),
+                               ("seen_plan_us", False, False)):
         ts = []
         for i in range(n + warmup):
             j = i % 2
             w.plan(lens[j])
             if clear:
                 w._launches.clear()
-            if clear == "keyed":
+            if alone:
                 w.last_launch = None
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -329,7 +331,7 @@ def _replan_us(q, k, v, bt, seq, n=100, warmup=10) -> dict:
                 ts.append(time.perf_counter() - t0)
         torch.cuda.synchronize()
         out[name] = sorted(ts)[n // 2] * 1e6
-        if clear is True:
+        if clear and not alone:
             st = w.last_launch.stage1
             out["new_plan_reused"] = bool(st is not None and (st.reused or st.adopted))
     return out

@@ -263,7 +263,7 @@ ENTRY(repeat_ok) {
 // x[128..192) times block 3 (one block against every block of the repeat)
 template <bool barrier>
 __aicore__ inline void BrcbRows(GM_ADDR x) {
-    TPipe pipe; TBuf<TPosition::VECCALC> t; pipe.InitBuffer(t, 1024); MINE(g);
+    TPipe pipe; TBuf<TPosition::VECCALC> t; pipe.InitBuffer(t, 1024);
     GlobalTensor<float> all; all.SetGlobalBuffer((__gm__ float*)x + 64 * GetBlockIdx(), 256);
     LocalTensor<float> a = t.Get<float>();
     DataCopy(a, all, 192);

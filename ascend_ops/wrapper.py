@@ -109,10 +109,12 @@ class AscendDecodeWrapper(PlannedWrapper):
     # -- host side ---------------------------------------------------------------------------
     def plan(self, seq_lens, q_lens=None, query_start_loc=None, window_left=None, *, scale=None,
              soft_cap=None, max_pages: int | None = None, num_pages: int | None = None) -> Plan:
-        """Plan a batch from host lengths and prepare the device buffers (may allocate)."""
+        """Plan a batch from host lengths and prepare the device buffers (may allocate). A
+        graph-stable plan returned here stays valid until the second ``plan()`` after it, which
+        writes into its buffer."""
         check_scalars(scale, soft_cap, window_left)
-        p = self.plan_spec().make(host(seq_lens), None if q_lens is None else host(q_lens),
-                                  None if query_start_loc is None else host(query_start_loc), window_left)
+        p = self.make_plan(host(seq_lens), None if q_lens is None else host(q_lens),
+                           None if query_start_loc is None else host(query_start_loc), window_left)
         # made by the shared planner: valid by construction (tests/test_planner*.py), not checked again
         self.set_plan(p, seq_lens=seq_lens, scale=scale, soft_cap=soft_cap, window_left=window_left,
                       max_pages=max_pages, num_pages=num_pages, validate=False)
@@ -140,6 +142,7 @@ class AscendDecodeWrapper(PlannedWrapper):
         if validate:  # False only for a plan fresh from the shared planner (valid by construction)
             plan.validate(None if seq_lens is None else host(seq_lens), window_left=window_left,
                           num_kv_heads=self.num_kv_heads)
+        self._retire_plan(plan)
         self.host_plan = plan
         # the lengths the plan was made for: given, or read back from the plan (its coverage)
         self._seq_lens = (plan.covered_seq_lens() if seq_lens is None

@@ -225,11 +225,12 @@ class DecodeWrapper(PlannedWrapper):
     # -- host side -----------------------------------------------------------------------------
     def plan(self, seq_lens, q_lens=None, query_start_loc=None, window_left=None) -> Plan:
         """Make the shared plan for a batch (host arrays) and copy it to the device. With
-        ``device_plan`` there is nothing to do (returns None): the kernels plan."""
+        ``device_plan`` there is nothing to do (returns None): the kernels plan. A graph-stable plan
+        returned here stays valid until the second ``plan()`` after it, which writes into its buffer."""
         if self.device_plan:
             return None
-        plan = self.plan_spec().make(host(seq_lens), None if q_lens is None else host(q_lens),
-                                     None if query_start_loc is None else host(query_start_loc), window_left)
+        plan = self.make_plan(host(seq_lens), None if q_lens is None else host(q_lens),
+                              None if query_start_loc is None else host(query_start_loc), window_left)
         # made by the shared planner: valid by construction (tests/test_planner*.py), not checked again
         self.set_plan(plan, validate=False)
         return plan
@@ -250,6 +251,7 @@ class DecodeWrapper(PlannedWrapper):
         group = self.num_q_heads // self.num_kv_heads
         reuse = self.dplan if (self.graph_stable and self.dplan is not None) else None
         self.dplan = self._uploader.upload(plan, group, out=reuse)
+        self._retire_plan(plan)
         self.host_plan = plan
         self._plan_pages = plan_pages
         self._plan_sig = (plan.batch_size, plan.num_rows)  # what check()'s cached part depends on in the plan

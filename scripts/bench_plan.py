@@ -11,7 +11,9 @@ shared machine the CPU time is the less disturbed figure). The sweep over all po
 ``--repeat`` times (the old planner once) and the table shows the median over the sweeps. For
 graph-stable points the table also shows the memory floor: the time to allocate and fill the padded
 work-item arrays alone (5 x ``B * Hkv * max_splits`` int32, request -1 and zeros), which any planner
-producing that plan pays.
+producing that plan pays, and the steady state of a graph-stable stream: ``make_plan(..., reuse=the
+previous plan)`` (the previous step's buffer rewritten where it changes; what the wrappers' ``plan()``
+does), column ``reuse µs``.
 
     python scripts/bench_plan.py --out plan_times.json
     python scripts/bench_plan.py --batch 1 64 --policy auto --seconds 0.5
@@ -127,6 +129,17 @@ def padding_floor(B: int, seconds: float):
     return time_call(fill, seconds)
 
 
+def reusing(seq, kw):
+    """A call that plans ``seq`` into the previous call's plan (``make_plan``'s ``reuse``): the
+    steady state of a graph-stable step."""
+    last = [make_plan(seq, **kw)]
+
+    def step():
+        last[0] = make_plan(seq, reuse=last[0], **kw)
+
+    return step
+
+
 def time_wrapper_plan(seq, profile: str, policy: str, graph_stable: bool, seconds: float):
     """The whole host side of an Ascend decode step: ``AscendDecodeWrapper.plan()`` (the planner, the
     tiling builder and the one upload, here into CPU tensors), bf16, SHAPE; None without torch."""
@@ -197,6 +210,7 @@ def main(argv=None):
                 for gs in graph:
                     kw = dict(SHAPE, policy=pol, graph_stable=gs)
                     new = time_call(lambda: make_plan(seq, **kw), args.seconds)
+                    reuse = time_call(reusing(seq, kw), args.seconds) if gs else None
                     b = time_call(lambda: base(seq, **kw), args.seconds) if base is not None else None
                     o = None
                     if old is not None and rep == 0:   # the old planner is slow and far apart: one sweep
@@ -205,14 +219,15 @@ def main(argv=None):
                     if args.ascend:
                         t1, t2 = time_tiling(seq, make_plan(seq, **kw), args.ascend, args.seconds)
                         t3 = time_wrapper_plan(seq, args.ascend, pol, gs, args.seconds)
-                    runs[(B, pol, gs)].append(dict(new=new, old=o, base=b, tiling=t1, builder=t2, wrapper=t3))
+                    runs[(B, pol, gs)].append(dict(new=new, reuse=reuse, old=o, base=b, tiling=t1, builder=t2,
+                                                   wrapper=t3))
         print(f"sweep {rep + 1}/{args.repeat} done", file=sys.stderr, flush=True)
 
     def med(xs, key):
         return statistics.median(x[key] for x in xs)
 
     rows = []
-    hdr = (f"{'B':>5} {'policy':>9} {'graph':>5} | {'new µs':>9} {'cpu µs':>9} {'pad floor':>9} | "
+    hdr = (f"{'B':>5} {'policy':>9} {'graph':>5} | {'new µs':>9} {'cpu µs':>9} {'pad floor':>9} {'reuse µs':>9} | "
            f"{'old µs':>10} {'speed-up':>8}" + (f" | {'base µs':>9} {'base cpu':>9}" if base else "")
            + (f" | {'tiling µs':>9} {'builder µs':>10} {'plan() µs':>9}" if args.ascend else ""))
     print(hdr)
@@ -223,7 +238,8 @@ def main(argv=None):
         o = sweeps[0]["old"]
         row = dict(batch=B, policy=pol, graph_stable=gs, new_median_us=med(new, "median_us"),
                    new_cpu_median_us=med(new, "cpu_median_us"), new_sweeps=new, old=o,
-                   padding_floor_median_us=med(floors[B], "median_us") if gs else None)
+                   padding_floor_median_us=med(floors[B], "median_us") if gs else None,
+                   reuse_median_us=med([r["reuse"] for r in sweeps], "median_us") if gs else None)
         if base is not None:
             bs = [r["base"] for r in sweeps]
             row.update(base_median_us=med(bs, "median_us"), base_cpu_median_us=med(bs, "cpu_median_us"),
@@ -234,7 +250,8 @@ def main(argv=None):
                        builder_median_us=med([r["builder"] for r in sweeps], "median_us"),
                        wrapper_plan_median_us=med(wr, "median_us") if wr else None)
         rows.append(row)
-        pad = f"{row['padding_floor_median_us']:>9.1f}" if gs else f"{'-':>9}"
+        pad = (f"{row['padding_floor_median_us']:>9.1f} {row['reuse_median_us']:>9.1f}" if gs
+               else f"{'-':>9} {'-':>9}")
         print(f"{B:>5} {pol:>9} {str(gs):>5} | {row['new_median_us']:>9.1f} {row['new_cpu_median_us']:>9.1f} {pad} | "
               + (f"{o['median_us']:>10.1f} {o['median_us'] / row['new_median_us']:>7.0f}x" if o else
                  f"{'-':>10} {'-':>8}")

@@ -331,7 +331,7 @@ def measure_step(g: Graphed, eager, seq, ql, *, on_gpu, cpu_kernels, rig, flush=
         torch.cuda.synchronize()
     # graph path: plan (make_plan + upload), copy lengths, replay
     t0 = time.perf_counter()
-    plan = g.w.plan_spec().make(s_pad, q_lens=q_pad)
+    plan = g.w.make_plan(s_pad, q_lens=q_pad)
     t1 = time.perf_counter()
     g.w.set_plan(plan, validate=False)  # fresh from the planner, as plan() does
     t2 = time.perf_counter()
@@ -344,7 +344,7 @@ def measure_step(g: Graphed, eager, seq, ql, *, on_gpu, cpu_kernels, rig, flush=
     B = rec["batch"]
     if eager is not None and B:
         t0 = time.perf_counter()
-        plan = eager.plan_spec().make(seq, q_lens=ql)
+        plan = eager.make_plan(seq, q_lens=ql)
         t1 = time.perf_counter()
         eager.set_plan(plan, validate=False)
         t2 = time.perf_counter()
@@ -527,7 +527,7 @@ def run_fixed(args, device, on_gpu):
                 torch.cuda.synchronize()
             # host-planned graph: plan() (the planner, then the upload), copy lengths, replay
             t0 = time.perf_counter()
-            plan = g.w.plan_spec().make(seq, q_lens=ql)
+            plan = g.w.make_plan(seq, q_lens=ql)
             t1 = time.perf_counter()
             g.w.set_plan(plan, validate=False)   # what plan() does after the planner
             t2 = time.perf_counter()

@@ -89,6 +89,19 @@ class Plan:
     graph_stable: bool
     reason: str
     estimates_us: dict = field(default_factory=dict, compare=False)
+    # the [5, num_items] int32 buffer whose rows are the five item arrays, when the planner made
+    # them so (make_plan's ``reuse`` takes it over); None for plans built field by field
+    items: "np.ndarray | None" = field(default=None, compare=False, repr=False)
+
+    def __getattr__(self, name):
+        # ``reason`` and ``estimates_us`` of an ``auto`` plan are made on first read (_new_plan)
+        if name in ("reason", "estimates_us"):
+            d = self.__dict__
+            why = d.pop("_why", None)
+            if why is not None:
+                d["reason"], d["estimates_us"] = why[0](*why[1])
+                return d[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def num_items(self) -> int:
@@ -512,7 +525,7 @@ def _choose_auto(sp: _Spans, batch: _Batch, *, num_kv_heads: int, head_dim: int,
     if B == 0:
         return 0, "auto: empty batch", {}
     if batch.prof.cube_units:
-        span = sp.end - sp.start
+        span = sp.end if sp.at_zero else sp.end - sp.start
         return npu_auto(batch.prof, int((span > 0).sum()), int(span.max()), num_kv_heads=num_kv_heads,
                         num_q_heads=batch.hq, head_dim=head_dim, kv_elem_bytes=kv_elem_bytes, page=page,
                         min_split=batch.min_split, cap=batch.cap)
@@ -571,35 +584,48 @@ def npu_auto(prof: DeviceProfile, active: int, longest: int, *, num_kv_heads: in
                   f"{none_t:.1f} µs unsplit"), est
 
 
-def _auto_model(prof: DeviceProfile, B: int, hq: int, cands: list, stats, lens_total: int, num_kv_heads: int,
-                head_dim: int, kv_elem_bytes: int):
-    """The cost model over the candidates (``stats``: :func:`_candidate_stats`'s lists, ``lens_total``:
-    the tokens read) and the choice: the split length, the reason, the estimates."""
+def _auto_costs(prof: DeviceProfile, hq: int, cands: list, stats, lens_total: int, num_kv_heads: int,
+                head_dim: int, kv_elem_bytes: int) -> list:
+    """The cost model (``docs/planner.md``) of every candidate (``stats``: :func:`_candidate_stats`'s
+    lists, ``lens_total``: the tokens read): ``(split, work items, attention µs, merge µs or None
+    when the candidate does not split)`` each, every term computed as the loop planner did, bit for bit."""
     ranges, rows, most, longest = stats
     token_bytes = head_dim * 2 * kv_elem_bytes
-    # the terms of the model (docs/planner.md), each computed as the loop planner did, bit for bit
     bw, unit_bw = prof.bandwidth_gbps * 1e3, prof.unit_bandwidth_gbps * 1e3
     launch, per_wave, slots = prof.launch_us, prof.item_overhead_us, prof.units * prof.items_per_unit
     t_stream = lens_total * num_kv_heads * token_bytes / bw   # the same tokens whatever the split
     merge_bytes = 2 * hq * (head_dim + 1) * 4                  # per partial row (o and lse, written and read)
-    est = {}
-    best_c = best_t = None
+    out = []
     for c, r, pr, m, lg in zip(cands, ranges, rows, most, longest):
         w = r * num_kv_heads
         t_attn = launch + max(t_stream, lg * token_bytes / unit_bw) + -(-w // slots) * per_wave
-        if m > 1:
-            t_merge = launch + pr * merge_bytes / bw
-            # rounded as NumPy rounds (multiply, round half to even, divide), as it always was
-            est[c] = {"attention_us": round(t_attn, 3), "merge_us": round(t_merge * 1000.0) / 1000.0,
-                      "work_items": w}
-            total = t_attn + t_merge
-        else:
-            est[c] = {"attention_us": round(t_attn, 3), "merge_us": 0.0, "work_items": w}
-            total = t_attn + 0.0
-        # prefer fewer splits unless the gain is over 3 %
+        out.append((c, w, t_attn, launch + pr * merge_bytes / bw if m > 1 else None))
+    return out
+
+
+def _auto_model(prof: DeviceProfile, B: int, hq: int, cands: list, stats, lens_total: int, num_kv_heads: int,
+                head_dim: int, kv_elem_bytes: int):
+    """The choice over the candidates' costs (:func:`_auto_costs`): the cheapest, fewer splits
+    preferred unless more gain over 3 %. Returns the split length, None and ``(function, args)``
+    that make the reason and the estimates when a reader asks for them (:meth:`Plan.__getattr__`;
+    formatting them costs more than choosing)."""
+    costs = _auto_costs(prof, hq, cands, stats, lens_total, num_kv_heads, head_dim, kv_elem_bytes)
+    best_c = best_t = None
+    for c, _, t_attn, t_merge in costs:
+        total = t_attn + (0.0 if t_merge is None else t_merge)
         if best_c is None or total < best_t * 0.97:
             best_c, best_t = c, total
-    return best_c, _auto_reason(best_c, est, B * num_kv_heads, prof), est
+    return best_c, None, (_auto_explain, (best_c, costs, B * num_kv_heads, prof))
+
+
+def _auto_explain(split: int, costs: list, par: int, prof: DeviceProfile):
+    """The reason and the estimates (µs, rounded as they always were) of an ``auto`` choice."""
+    est = {}
+    for c, w, t_attn, t_merge in costs:
+        # rounded as NumPy rounds (multiply, round half to even, divide), as it always was
+        est[c] = {"attention_us": round(t_attn, 3),
+                  "merge_us": 0.0 if t_merge is None else round(t_merge * 1000.0) / 1000.0, "work_items": w}
+    return _auto_reason(split, est, par, prof), est
 
 
 def _auto_reason(split: int, est: dict, par: int, prof: DeviceProfile) -> str:
@@ -695,12 +721,20 @@ def _request_splits(sp: _Spans, batch: _Batch, split: int, page: int):
     return s, n, most
 
 
-def _alloc_items(W: int, capacity: int | None) -> np.ndarray:
+def _alloc_items(W: int, capacity: int | None, reuse: "Plan | None" = None) -> np.ndarray:
     """One ``[5, size]`` int32 buffer whose rows are the work-item arrays: ``W`` valid entries to
-    fill, then padding (request -1, zeros)."""
+    fill, then padding (request -1, zeros). A graph-stable ``reuse`` plan of the same capacity
+    gives its buffer, re-padded only where its valid items went past ``W``."""
     size = W if capacity is None else capacity
     if capacity is not None and W > capacity:
         raise ValueError(f"max_work_items: the batch needs {W} work items, over the capacity {capacity}")
+    old = None if reuse is None or capacity is None or not reuse.graph_stable else reuse.items
+    if old is not None and old.shape == (5, size) and old.dtype == np.int32 and old.flags.c_contiguous:
+        n = reuse.num_valid_items
+        if n > W:
+            old[0, W:n] = -1
+            old[1:, W:n] = 0
+        return old
     buf = np.empty((5, size), np.int32)
     if size > W:
         buf[0, W:] = -1
@@ -725,7 +759,7 @@ def _fill_uniform(buf: np.ndarray, sp: _Spans, s, B: int, hkv: int, N: int):
     head[...] = _iota(hkv)[:, None]
     if N == 1:   # one range: [start, end)
         split[...] = 0
-        kv_start[...] = sp.start[:, None, None]
+        kv_start[...] = 0 if sp.at_zero else sp.start[:, None, None]
         kv_end[...] = sp.end[:, None, None]
         return
     j = _iota(N, np.int64)
@@ -745,7 +779,8 @@ def _fill_ragged(buf: np.ndarray, sp: _Spans, s, n: np.ndarray, hkv: int, W: int
     """Work items for ragged range counts: one segment per (request, KV head) holding its ``n``
     ranges, ``j`` counting up inside each. Item-sized arithmetic is done in int32 (the plan's type)
     straight into the buffer's rows."""
-    if int(sp.end.max()) + int(np.max(s)) >= 2**31:   # positions near the int32 limit: go wide
+    s_max = int(s.max()) if isinstance(s, np.ndarray) else int(s)
+    if sp.max_last + 1 + s_max >= 2**31:   # positions near the int32 limit: go wide
         wide = np.zeros((5, W), np.int64)
         _fill_ragged_into(wide, sp, s, n, hkv, W)
         buf[:, :W] = wide
@@ -785,14 +820,14 @@ def _fill_ragged_into(buf: np.ndarray, sp: _Spans, s, n: np.ndarray, hkv: int, W
     np.minimum(end_i, b, out=kv_end)
 
 
-def _work_items(sp: _Spans, s, n: np.ndarray, most: int, hkv: int, capacity: int | None):
+def _work_items(sp: _Spans, s, n: np.ndarray, most: int, hkv: int, capacity: int | None, reuse=None):
     """The work-item arrays (int32 rows of one buffer): request-major, then KV head, then split;
     padded to ``capacity`` (graph-stable plans) with ``item_request = -1`` and empty ranges.
-    Returns them and the count of valid items."""
+    Returns the buffer and the count of valid items."""
     B = n.shape[0]
     R = int(n.sum()) if B else 0
     W = R * hkv
-    buf = _alloc_items(W, capacity)
+    buf = _alloc_items(W, capacity, reuse)
     if R == B * most:
         _fill_uniform(buf, sp, s, B, hkv, most)
     else:
@@ -800,26 +835,26 @@ def _work_items(sp: _Spans, s, n: np.ndarray, most: int, hkv: int, capacity: int
     return buf, W
 
 
-def _row_slots(batch: _Batch, num_splits: np.ndarray, graph_stable: bool):
-    """``row_slot_start``, ``row_num_splits`` (``[T]`` int32) and ``num_slots``."""
-    T = batch.rows
+def _slots(num_splits: np.ndarray, ql, T: int, cap: int, graph_stable: bool):
+    """``row_slot_start``, ``row_num_splits`` (``[T]`` int32) and ``num_slots`` for ``num_splits [B]``
+    (int32) and ``ql [B]`` query rows per request (None: one each), ``T`` rows in all."""
     if T == 0:
         return np.zeros(0, np.int32), np.zeros(0, np.int32), 0
-    row_ns = num_splits.copy() if batch.ql is None else np.repeat(num_splits, batch.ql)
+    row_ns = num_splits.copy() if ql is None else np.repeat(num_splits, ql)
     if graph_stable:
-        return np.arange(0, T * batch.cap, batch.cap, dtype=np.int32), row_ns, T * batch.cap
-    row_start = np.zeros(T, np.int64)
-    np.cumsum(row_ns[:-1], out=row_start[1:])
-    return row_start.astype(np.int32), row_ns, int(row_start[-1]) + int(row_ns[-1])
+        return np.arange(0, T * cap, cap, dtype=np.int32), row_ns, T * cap
+    ends = np.cumsum(row_ns, dtype=np.int64)
+    return (ends - row_ns).astype(np.int32), row_ns, int(ends[-1])
 
 
-# --- small batches: the same plan from Python ints ---------------------------------------------------
+# --- the common decode case: no window, no count policy, inputs within every limit -------------------
 #
-# At a few requests the NumPy steps above cost more in per-call overhead (about a microsecond each)
-# than in work. Up to ``_SMALL_B`` requests, the common decode case (no window; policy ``auto``,
-# ``size:N`` or ``none``; valid inputs as Python or NumPy ints) is planned by :func:`_plan_small` with
-# plain Python ints, and only the plan's arrays are NumPy. It computes the same quantities in the same
-# order (the cost model is the same function), so the plans are the same bit for bit; anything else
+# Most decode steps plan a batch without a sliding window under ``auto``, ``size:N`` or ``none``, with
+# well-formed integer inputs. For those :func:`make_plan` skips the general path's argument parsing
+# and limit checks (screened here without raising, in the order that makes the same errors
+# come first) and plans with the same functions in the same order, so the plans are the same bit
+# for bit: up to ``_SMALL_B`` requests with Python ints (NumPy's per-call overhead, about a
+# microsecond a step, would be most of the time), above it with ``[B]`` arrays. Anything else
 # (windows, ``count:N``, the cap growing a split, any input error) goes the general way.
 
 _SMALL_B = 16
@@ -842,6 +877,20 @@ def _int_list(x):
     return None
 
 
+def _int_array(x):
+    """``x`` as a 1-D int64 array when it is a 1-D NumPy integer array (not uint64) or a list / tuple
+    of Python ints; else None."""
+    if type(x) is not np.ndarray:
+        x = _int_list(x)
+        if x is None:
+            return None
+        x = np.array(x, np.int64) if x else np.zeros(0, np.int64)
+    k = x.dtype.kind
+    if x.ndim != 1 or not (k == "i" or (k == "u" and x.dtype.itemsize < 8)):
+        return None
+    return x.astype(np.int64, copy=False)
+
+
 @functools.lru_cache(maxsize=256)
 def _uniform_template(n: int, s: int) -> np.ndarray:
     """``[3, n]`` int32 (read-only): split index, start and end of ``n`` ranges of ``s`` tokens from 0;
@@ -852,13 +901,26 @@ def _uniform_template(n: int, s: int) -> np.ndarray:
     return t
 
 
-def _plan_small(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, policy, device, num_q_heads,
-                head_dim, kv_elem_bytes, window_left, min_split_tokens, max_splits, graph_stable,
-                max_work_items):
-    """:func:`make_plan` for a small batch without a window, from Python ints; None where the general
-    path must plan (see above). It plans only batches within every limit of
-    :func:`~splitkv_common.validation.check_plan_limits` (so :func:`make_plan` need not call it first
-    for them) and raises only what the general path raises first once those hold (device, policy)."""
+@dataclass(slots=True)
+class _Fast:
+    """The screened settings of a fast-path plan (Python ints)."""
+
+    hkv: int
+    page: int
+    head_dim: int
+    kv_elem_bytes: int
+    num_q_heads: int | None
+    min_split_tokens: int | None
+    max_splits: int | None
+    max_work_items: int | None
+    graph_stable: bool
+    reuse: "Plan | None"
+
+
+def _fast_settings(num_kv_heads, page_size, head_dim, kv_elem_bytes, num_q_heads, window_left, min_split_tokens,
+                   max_splits, max_work_items, graph_stable, reuse):
+    """The scalar arguments when the fast path may plan with them (all Python ints within the
+    limits, no window), else None. Raises nothing."""
     if window_left is not None and (type(window_left) is not int or window_left != -1):
         return None
     if type(num_kv_heads) is not int or type(page_size) is not int or type(head_dim) is not int \
@@ -872,6 +934,51 @@ def _plan_small(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, poli
         return None
     if min_split_tokens is not None and (type(min_split_tokens) is not int or min_split_tokens < 0):
         return None
+    return _Fast(num_kv_heads, page_size, head_dim, kv_elem_bytes, num_q_heads, min_split_tokens, max_splits,
+                 max_work_items, bool(graph_stable), reuse)
+
+
+def _fast_policy(f: _Fast, policy, device, T: int):
+    """The device profile, policy, ``Hq`` and cap of a fast-path plan, or None (the general path
+    plans). Called once the batch is screened: raises only what the general path raises first then
+    (an unknown device or a policy that does not parse)."""
+    prof = get_profile(device)
+    pol = _parse_policy(policy) if isinstance(policy, str) else SplitPolicy.parse(policy)
+    if pol.kind == "fixed_count":
+        return None
+    hq = f.num_q_heads if f.num_q_heads is not None else f.hkv
+    if hq <= 0 or hq % f.hkv or f.head_dim <= 0 or T >= _I32_LIMIT:
+        return None
+    cap = prof.max_splits if f.max_splits is None else f.max_splits
+    if cap <= 0 or (pol.kind == "fixed_size" and pol.value % f.page):
+        return None
+    return prof, pol, hq, cap
+
+
+def _fast_capacity(f: _Fast, B: int, W: int, T: int, cap: int):
+    """A graph-stable plan's work-item capacity (None when not graph-stable); False when the general
+    path must plan (and report) it."""
+    if W > _limits.MAX_WORK_ITEMS:
+        return False
+    if not f.graph_stable:
+        return None
+    capacity = B * f.hkv * cap if f.max_work_items is None else f.max_work_items
+    if W > capacity or capacity > _limits.MAX_WORK_ITEMS or T * cap > _limits.MAX_PARTIAL_SLOTS:
+        return False
+    return capacity
+
+
+def _plan_fast(seq_lens, q_lens, query_start_loc, policy, device, f: _Fast):
+    """:func:`make_plan` for the common case (see above); None where the general path must plan."""
+    t = type(seq_lens)
+    if (t is np.ndarray and seq_lens.ndim == 1 and seq_lens.shape[0] > _SMALL_B) \
+            or ((t is list or t is tuple) and len(seq_lens) > _SMALL_B):
+        return _plan_wide(seq_lens, q_lens, query_start_loc, policy, device, f)
+    return _plan_small(seq_lens, q_lens, query_start_loc, policy, device, f)
+
+
+def _plan_small(seq_lens, q_lens, query_start_loc, policy, device, f: _Fast):
+    """Up to ``_SMALL_B`` requests, from Python ints."""
     seq = _int_list(seq_lens)
     if seq is None:
         return None
@@ -898,33 +1005,24 @@ def _plan_small(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, poli
         qsl = [0]
         qsl += itertools.accumulate(ql)
     T = qsl[-1]
-    hkv = num_kv_heads
+    hkv, page_size = f.hkv, f.page
     if T > _limits.MAX_QUERY_ROWS:
         return None
-    prof = get_profile(device)
-    pol = _parse_policy(policy) if isinstance(policy, str) else SplitPolicy.parse(policy)
-    kind = pol.kind
-    if kind == "fixed_count":
+    got = _fast_policy(f, policy, device, T)
+    if got is None:
         return None
-    hq = num_q_heads if num_q_heads is not None else hkv
-    if hq <= 0 or hq % hkv or head_dim <= 0 or T >= _I32_LIMIT:
-        return None
-    cap = prof.max_splits if max_splits is None else int(max_splits)
-    if cap <= 0:
-        return None
+    prof, pol, hq, cap = got
     # the split length
-    if kind == "fixed_size" and pol.value % page_size:
-        return None
     fixed = _fixed_choice(pol, page_size)
     if fixed is not None:
         split, reason, est = fixed
     elif prof.cube_units:   # Ascend profiles: the NPU rule (the general path calls the same function)
-        min_split = prof.min_split_tokens if min_split_tokens is None else int(min_split_tokens)
+        min_split = prof.min_split_tokens if f.min_split_tokens is None else f.min_split_tokens
         split, reason, est = npu_auto(prof, sum(x > 0 for x in seq), longest, num_kv_heads=hkv, num_q_heads=hq,
-                                      head_dim=head_dim, kv_elem_bytes=kv_elem_bytes, page=page_size,
+                                      head_dim=f.head_dim, kv_elem_bytes=f.kv_elem_bytes, page=page_size,
                                       min_split=min_split, cap=cap)
     else:
-        min_split = prof.min_split_tokens if min_split_tokens is None else int(min_split_tokens)
+        min_split = prof.min_split_tokens if f.min_split_tokens is None else f.min_split_tokens
         cands = _auto_candidates(longest, min_split, page_size, cap)
         # _candidate_stats without a window: every range starts on a multiple of the split length
         last = [x - 1 if x > 0 else 0 for x in seq]
@@ -939,7 +1037,7 @@ def _plan_small(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, poli
             most_c.append(max_last // c + 1)
             longest_c.append(min(c, longest))
         split, reason, est = _auto_model(prof, B, hq, cands, (ranges, rows, most_c, longest_c), sum(seq), hkv,
-                                         head_dim, kv_elem_bytes)
+                                         f.head_dim, f.kv_elem_bytes)
     # ranges per request
     if split == 0:
         n, most = [1] * B, 1
@@ -950,15 +1048,11 @@ def _plan_small(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, poli
             return None
     R = sum(n)
     W = R * hkv
-    if W > _limits.MAX_WORK_ITEMS:
+    capacity = _fast_capacity(f, B, W, T, cap)
+    if capacity is False:
         return None
-    capacity = None
-    if graph_stable:
-        capacity = B * hkv * cap if max_work_items is None else int(max_work_items)
-        if W > capacity or capacity > _limits.MAX_WORK_ITEMS or T * cap > _limits.MAX_PARTIAL_SLOTS:
-            return None
     # work items
-    buf = _alloc_items(W, capacity)
+    buf = _alloc_items(W, capacity, f.reuse)
     if R == B * most:   # every request has `most` ranges: [B, Hkv, N] broadcasts of one template
         v = buf[:, :W].reshape(5, B, hkv, most)
         v[0] = 0 if B == 1 else _iota(B)[:, None, None]
@@ -980,7 +1074,7 @@ def _plan_small(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, poli
         row_ns, row_start, num_slots = [], [], 0
     else:
         row_ns = n if ql is None else [k for k, q in zip(n, ql) for _ in range(q)]
-        if graph_stable:
+        if f.graph_stable:
             row_start, num_slots = list(range(0, T * cap, cap)), T * cap
         else:
             row_start = [0]
@@ -989,12 +1083,99 @@ def _plan_small(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, poli
     # num_splits [B], query_start_loc [B + 1], row_slot_start [T], row_num_splits [T]: one int32 array
     small = np.array(n + qsl + row_start + row_ns, np.int32)
     b1, b2 = 2 * B + 1, 2 * B + 1 + T
+    return _new_plan(buf, W, small[:B], small[B:b1], small[b1:b2], small[b2:], num_slots, hkv, page_size, pol,
+                     split, f.graph_stable, reason, est)
+
+
+def _plan_wide(seq_lens, q_lens, query_start_loc, policy, device, f: _Fast):
+    """More than ``_SMALL_B`` requests, as ``[B]`` arrays (the general path's steps without its
+    parsing and checks)."""
+    seq = _int_array(seq_lens)
+    if seq is None:
+        return None
+    B = seq.shape[0]
+    if B == 0 or B > _limits.MAX_BATCH or B * f.hkv > _limits.MAX_WORK_ITEMS:
+        return None
+    longest = int(seq.max())
+    if int(seq.min()) < 0 or longest >= _I32_LIMIT:
+        return None
+    if query_start_loc is not None:
+        qsl = _int_array(query_start_loc)
+        if qsl is None or qsl.shape[0] != B + 1 or qsl[0] != 0:
+            return None
+        ql = qsl[1:] - qsl[:-1]
+        if int(ql.min()) < 0:
+            return None
+    elif q_lens is None:
+        ql, qsl = None, _iota(B + 1, np.int64)
+    else:
+        ql = _int_array(q_lens)
+        if ql is None or ql.shape[0] != B or int(ql.min()) < 0:
+            return None
+        qsl = np.zeros(B + 1, np.int64)
+        np.cumsum(ql, out=qsl[1:])
+    T = int(qsl[-1])
+    if T > _limits.MAX_QUERY_ROWS:
+        return None
+    got = _fast_policy(f, policy, device, T)
+    if got is None:
+        return None
+    prof, pol, hq, cap = got
+    hkv, page = f.hkv, f.page
+    last = seq - 1
+    np.maximum(last, 0, out=last)
+    sp = _Spans(None, seq, last, seq, longest, max(longest - 1, 0), True)   # everything visible
+    fixed = _fixed_choice(pol, page)
+    if fixed is not None:
+        split, reason, est = fixed
+    else:
+        batch = _Batch(prof, pol, seq, ql, qsl, T, hq,
+                       prof.min_split_tokens if f.min_split_tokens is None else f.min_split_tokens, cap)
+        split, reason, est = _choose_auto(sp, batch, num_kv_heads=hkv, head_dim=f.head_dim,
+                                          kv_elem_bytes=f.kv_elem_bytes, page=page)
+    if split == 0:
+        n, most, R = None, 1, B
+    else:
+        most = sp.max_last // split + 1
+        if most > cap:   # the cap grows the split: the general path
+            return None
+        n = last // split + 1
+        R = int(n.sum())
+    W = R * hkv
+    capacity = _fast_capacity(f, B, W, T, cap)
+    if capacity is False:
+        return None
+    buf = _alloc_items(W, capacity, f.reuse)
+    if R == B * most:
+        _fill_uniform(buf, sp, split, B, hkv, most)
+    else:
+        _fill_ragged(buf, sp, split, n, hkv, W)
+    if n is None and ql is None and not f.graph_stable:   # a row and a split per request: slot b for row b
+        num_splits, row_ns, row_start, num_slots = np.ones(B, np.int32), np.ones(B, np.int32), _iota(B).copy(), B
+    else:
+        num_splits = np.ones(B, np.int32) if n is None else n.astype(np.int32)
+        row_start, row_ns, num_slots = _slots(num_splits, ql, T, cap, f.graph_stable)
+    return _new_plan(buf, W, num_splits, qsl.astype(np.int32), row_start, row_ns, num_slots, hkv, page, pol, split,
+                     f.graph_stable, reason, est)
+
+
+def _new_plan(buf, n_valid, num_splits, qsl, row_start, row_ns, num_slots, hkv, page, pol, split, graph_stable,
+              reason, est) -> "Plan":
+    """A :class:`Plan` over the work-item buffer ``buf [5, W]`` (its rows are the item arrays),
+    built without the dataclass constructor's per-field frozen assignments (a few µs a plan).
+    ``reason`` None: ``est`` is ``(function, args)`` that makes both when read."""
     req, head, jsplit, kv_start, kv_end = buf
-    return Plan(
-        item_request=req, item_kv_head=head, item_split=jsplit, item_kv_start=kv_start, item_kv_end=kv_end,
-        num_valid_items=W, num_splits=small[:B], query_start_loc=small[B:b1], row_slot_start=small[b1:b2],
-        row_num_splits=small[b2:], num_slots=num_slots, num_kv_heads=hkv, page_size=page_size, policy=pol,
-        split_tokens=int(split), graph_stable=bool(graph_stable), reason=reason, estimates_us=est)
+    p = object.__new__(Plan)
+    d = p.__dict__
+    d.update(item_request=req, item_kv_head=head, item_split=jsplit, item_kv_start=kv_start, item_kv_end=kv_end,
+             num_valid_items=n_valid, num_splits=num_splits, query_start_loc=qsl, row_slot_start=row_start,
+             row_num_splits=row_ns, num_slots=int(num_slots), num_kv_heads=hkv, page_size=page, policy=pol,
+             split_tokens=int(split), graph_stable=bool(graph_stable), items=buf)
+    if reason is None:
+        d["_why"] = est
+    else:
+        d["reason"], d["estimates_us"] = reason, est
+    return p
 
 
 def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query_start_loc=None,
@@ -1002,7 +1183,7 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
               num_q_heads: int | None = None, head_dim: int = 128, kv_elem_bytes: int = 2,
               window_left: int | None = None, min_split_tokens: int | None = None,
               max_splits: int | None = None, graph_stable: bool = False,
-              max_work_items: int | None = None) -> Plan:
+              max_work_items: int | None = None, reuse: "Plan | None" = None) -> Plan:
     """Plan the split of a decode batch.
 
     Args:
@@ -1019,16 +1200,23 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
         graph_stable: fixed shapes for graph replay: ``max_splits`` slots per query row and
             ``max_work_items`` work items (padded with ``item_request = -1``).
         max_work_items: capacity of a graph-stable plan (default ``B * Hkv * max_splits``).
+        reuse: a graph-stable plan made earlier by this function (the previous step's): when the new
+            plan is graph-stable with the same capacity it takes over ``reuse``'s work-item buffer and
+            writes only what changes (the padding is there already), so a step costs its valid items,
+            not the capacity. ``reuse`` is spent then: its item arrays hold the new plan's.
 
     The steps, each on ``[B]`` arrays (``docs/planner.md``): check the inputs, the visible spans, the
     policy's split length (``auto``: every candidate costed at once), each request's split length and
     range count under the cap, the work items, the partial slots.
     """
-    small = _plan_small(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, policy, device, num_q_heads,
-                        head_dim, kv_elem_bytes, window_left, min_split_tokens, max_splits, graph_stable,
-                        max_work_items)
-    if small is not None:   # planned only within the limits below
-        return small
+    if reuse is not None and not isinstance(reuse, Plan):
+        raise TypeError(f"reuse: must be a Plan made by make_plan (the previous step's), got {type(reuse).__name__}")
+    f = _fast_settings(num_kv_heads, page_size, head_dim, kv_elem_bytes, num_q_heads, window_left,
+                       min_split_tokens, max_splits, max_work_items, graph_stable, reuse)
+    if f is not None:
+        fast = _plan_fast(seq_lens, q_lens, query_start_loc, policy, device, f)
+        if fast is not None:   # planned only within the limits below
+            return fast
     check_plan_limits(seq_lens, num_kv_heads=num_kv_heads, page_size=page_size, q_lens=q_lens,
                       query_start_loc=query_start_loc, policy=policy, window_left=window_left,
                       max_splits=max_splits, graph_stable=graph_stable, max_work_items=max_work_items,
@@ -1041,17 +1229,13 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
                                        kv_elem_bytes=kv_elem_bytes, page=page_size)
     s, n, most = _request_splits(sp, batch, split, page_size)
     num_splits = n.astype(np.int32)
-    row_start, row_ns, num_slots = _row_slots(batch, num_splits, graph_stable)
+    row_start, row_ns, num_slots = _slots(num_splits, batch.ql, batch.rows, batch.cap, graph_stable)
     capacity = None
     if graph_stable:
         capacity = batch.seq.shape[0] * num_kv_heads * batch.cap if max_work_items is None else int(max_work_items)
-    (req, head, jsplit, kv_start, kv_end), n_valid = _work_items(sp, s, n, most, num_kv_heads, capacity)
-    return Plan(
-        item_request=req, item_kv_head=head, item_split=jsplit, item_kv_start=kv_start, item_kv_end=kv_end,
-        num_valid_items=n_valid, num_splits=num_splits, query_start_loc=batch.qsl.astype(np.int32),
-        row_slot_start=row_start, row_num_splits=row_ns, num_slots=int(num_slots),
-        num_kv_heads=int(num_kv_heads), page_size=int(page_size), policy=batch.pol, split_tokens=int(split),
-        graph_stable=bool(graph_stable), reason=reason, estimates_us=est)
+    buf, n_valid = _work_items(sp, s, n, most, num_kv_heads, capacity, reuse)
+    return _new_plan(buf, n_valid, num_splits, batch.qsl.astype(np.int32), row_start, row_ns, num_slots,
+                     num_kv_heads, int(page_size), batch.pol, split, graph_stable, reason, est)
 
 
 @dataclass(frozen=True)
@@ -1097,9 +1281,10 @@ class PlanSpec:
         if q.shape[0] != plan.num_rows:
             raise ValueError(f"plan: made for {plan.num_rows} query rows, q has {q.shape[0]}")
 
-    def make(self, seq_lens, q_lens=None, query_start_loc=None, window_left: int | None = None) -> Plan:
+    def make(self, seq_lens, q_lens=None, query_start_loc=None, window_left: int | None = None,
+             reuse: Plan | None = None) -> Plan:
         """Plan a batch: ``seq_lens [B]`` and optional ``q_lens [B]`` / ``query_start_loc [B + 1]``
-        (host arrays); ``window_left`` None or ``-1`` for no window."""
+        (host arrays); ``window_left`` None or ``-1`` for no window; ``reuse``: see :func:`make_plan`."""
         return make_plan(np.asarray(seq_lens), num_kv_heads=self.num_kv_heads, page_size=self.page_size,
                          q_lens=None if q_lens is None else np.asarray(q_lens),
                          query_start_loc=None if query_start_loc is None else np.asarray(query_start_loc),
@@ -1107,7 +1292,7 @@ class PlanSpec:
                          head_dim=self.head_dim, kv_elem_bytes=self.kv_elem_bytes,
                          window_left=None if window_left is None else normalize_window(window_left),
                          graph_stable=self.graph_stable, min_split_tokens=self.min_split_tokens,
-                         max_splits=self.max_splits, max_work_items=self.max_work_items)
+                         max_splits=self.max_splits, max_work_items=self.max_work_items, reuse=reuse)
 
 
 class PlannedWrapper:
@@ -1127,7 +1312,28 @@ class PlannedWrapper:
     max_work_items = property(lambda self: self.spec.max_work_items)
     min_split_tokens = property(lambda self: self.spec.min_split_tokens)
 
+    # Graph-stable plans made by plan() are written into the buffer of the plan before the one in
+    # use (make_plan's ``reuse``): a step costs its valid items, not the padded capacity. So a plan
+    # returned by plan() stays valid until the second plan() after it.
+    _made: Plan | None = None    # the last plan make_plan() returned
+    _mine: Plan | None = None    # the plan in use, when make_plan() made it
+    _spare: Plan | None = None   # a plan make_plan() made that is no longer in use (its buffer is reused)
+
     def plan_spec(self) -> PlanSpec:
         """The planning settings of this wrapper (shared with every backend's wrapper)."""
         return self.spec
+
+    def make_plan(self, seq_lens, q_lens=None, query_start_loc=None, window_left=None) -> Plan:
+        """The plan ``plan()`` makes for a batch (host arrays), without putting it in use
+        (``set_plan`` does): graph-stable plans are written into the buffer of a plan of this
+        wrapper that is no longer in use."""
+        spare, self._spare = self._spare, None
+        self._made = self.spec.make(seq_lens, q_lens, query_start_loc, window_left, reuse=spare)
+        return self._made
+
+    def _retire_plan(self, plan: Plan) -> None:
+        """``plan`` goes into use (set_plan): the plan of this wrapper in use before is spare now."""
+        if self._mine is not None:
+            self._spare = self._mine
+        self._mine = plan if plan is self._made else None
 

@@ -72,6 +72,31 @@ def test_graph_stable_steps_allocate_nothing_and_keep_the_views():
         _assert_views_hold(dp, plan)
 
 
+def test_graph_stable_plans_reuse_the_spare_plans_buffer():
+    """plan() writes a graph-stable plan into the buffer of the plan before the one in use: the plan
+    it returned last stays valid through the next plan(), the one before is overwritten, and a plan
+    given to set_plan() is never written."""
+    w = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16", graph_stable=True, max_splits=16)
+    rng = np.random.default_rng(2)
+    lens = [rng.integers(0, 120, 4) for _ in range(5)]
+    fresh = [w.plan_spec().make(x) for x in lens]
+    got = [w.plan(lens[0]), w.plan(lens[1])]
+    assert got[1].items is not got[0].items
+    for k in range(2, 5):
+        got.append(w.plan(lens[k]))
+        assert got[k].items is got[k - 2].items       # two buffers, taking turns
+        for f in ("item_request", "item_kv_start", "item_kv_end"):   # the previous plan still holds
+            np.testing.assert_array_equal(getattr(got[k - 1], f), getattr(fresh[k - 1], f), err_msg=f)
+            np.testing.assert_array_equal(getattr(got[k], f), getattr(fresh[k], f), err_msg=f)
+        _assert_views_hold(w.dplan, fresh[k])
+    theirs = w.plan_spec().make(lens[0])
+    keep = theirs.item_kv_end.copy()
+    w.set_plan(theirs)
+    for x in lens[1:4]:
+        w.plan(x)
+        np.testing.assert_array_equal(theirs.item_kv_end, keep)
+
+
 def test_graph_stable_refresh_refuses_other_shapes():
     w = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16", graph_stable=True, max_splits=8)
     w.plan([10, 20])

@@ -27,6 +27,8 @@ PAGES = [1, 8, 16, 128]
 def assert_same_plan(got, want):
     """Field by field: arrays equal with the same dtype and shape, scalars and texts equal."""
     for f in dataclasses.fields(want):
+        if f.name == "items":   # the buffer whose rows are the item arrays (compared as those)
+            continue
         a, b = getattr(got, f.name), getattr(want, f.name)
         if f.name in ARRAY_FIELDS:
             assert isinstance(a, np.ndarray), f.name
@@ -177,18 +179,18 @@ def test_same_plans_on_edges(page):
         both(seq, **kw)
 
 
-# --- small batches: the Python-int path (make_plan's fast path below _SMALL_B requests) ----------
+# --- the fast path: Python ints up to _SMALL_B requests, [B] arrays above -----------------------
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint32, "list"])
 @pytest.mark.parametrize("rows", ["default", "q_lens", "qsl"])
-def test_same_plans_on_the_small_batch_path(dtype, rows):
-    """Every small batch size (and one over it), the input types the fast path takes, spec-decode rows,
-    graph-stable plans, the policies it plans itself and those it hands on."""
+def test_same_plans_on_the_fast_path(dtype, rows):
+    """Batch sizes on both sides of the small-batch bound, the input types the fast path takes,
+    spec-decode rows, graph-stable plans, the policies it plans itself and those it hands on."""
     from splitkv_common.plan import _SMALL_B
 
     rng = np.random.default_rng(7)
-    for B in sorted({1, 2, 3, 4, 7, _SMALL_B, _SMALL_B + 1}):
+    for B in sorted({1, 2, 3, 4, 7, _SMALL_B, _SMALL_B + 1, 40, 150}):
         for trial in range(3):
             seq = rng.integers(0 if trial else 1, 9000, B)
             seq = seq.tolist() if dtype == "list" else seq.astype(dtype)
@@ -216,3 +218,70 @@ def test_small_batch_path_hands_errors_on():
         kw = dict(num_kv_heads=2, page_size=16)
         kw.update(extra)
         both(seq, **kw)
+
+
+# --- reuse: a graph-stable step writes into the previous step's buffer ---------------------------
+
+
+@pytest.mark.parametrize("B", [1, 5, 40, 300])
+@pytest.mark.parametrize("extra", [dict(policy="auto"), dict(policy="size:64"), dict(policy="none"),
+                                   dict(policy="count:3"), dict(policy="auto", window_left=700),
+                                   dict(policy="size:32", q_lens="ragged")])
+def test_reuse_makes_the_same_plans(B, extra):
+    """A stream of graph-stable steps (lengths grow, requests finish and start, the valid items grow
+    and shrink), each planned with ``reuse`` = the previous step's plan: every plan equals one made
+    fresh (padding included), and every step writes into the first step's buffer."""
+    rng = np.random.default_rng(B)
+    kw = dict(num_kv_heads=4, num_q_heads=16, page_size=16, graph_stable=True, max_splits=32, **extra)
+    prev, first = None, None
+    seq = rng.integers(0, 4000, B)
+    for step in range(6):
+        if step == 3:
+            seq = rng.integers(0, 200, B)      # mostly short: far fewer valid items than the step before
+        else:
+            seq = seq + rng.integers(0, 300, B)
+        if extra.get("q_lens") == "ragged":
+            kw["q_lens"] = rng.integers(0, 4, B)
+        fresh = make_plan(seq, **kw)
+        got = make_plan(seq, reuse=prev, **kw)
+        assert_same_plan(got, fresh)
+        assert got.items is not None and np.shares_memory(got.item_request, got.items)
+        first = got.items if first is None else first
+        assert got.items is first, "a graph-stable step of the same capacity allocates no new buffer"
+        prev = got
+
+
+def test_reuse_only_where_it_fits():
+    """A plan of another capacity, a plan that is not graph-stable and one built field by field are
+    not reused (the new plan gets its own buffer and is still right); a non-plan is refused."""
+    kw = dict(num_kv_heads=2, page_size=16, graph_stable=True)
+    small = make_plan([100, 50], **kw)
+    other = make_plan([100, 50, 7], reuse=small, **kw)        # capacity 3 * 2 * 64, not 2 * 2 * 64
+    assert other.items is not small.items
+    assert_same_plan(other, make_plan([100, 50, 7], **kw))
+    eager = make_plan([100, 50], num_kv_heads=2, page_size=16)
+    again = make_plan([300, 5], reuse=eager, **kw)
+    assert again.items is not eager.items
+    assert_same_plan(again, make_plan([300, 5], **kw))
+    fields = {f.name: getattr(small, f.name) for f in dataclasses.fields(small) if f.name != "items"}
+    built = type(small)(**{k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in fields.items()})
+    assert built.items is None
+    assert_same_plan(make_plan([9, 900], reuse=built, **kw), make_plan([9, 900], **kw))
+    with pytest.raises(TypeError, match="reuse"):
+        make_plan([9, 900], reuse=np.zeros((5, 256), np.int32), **kw)
+
+
+def test_auto_explanation_is_made_when_read():
+    """An ``auto`` plan's reason and estimates, made on first read, survive copying and pickling."""
+    import copy
+    import pickle
+
+    seq = np.random.default_rng(3).integers(512, 8193, 40)
+    kw = dict(num_kv_heads=8, num_q_heads=32, page_size=16, policy="auto")
+    want = oracle_make_plan(seq, **kw)
+    for got in (make_plan(seq, **kw), pickle.loads(pickle.dumps(make_plan(seq, **kw))),
+                copy.deepcopy(make_plan(seq, **kw)), dataclasses.replace(make_plan(seq, **kw))):
+        assert got.reason == want.reason and got.estimates_us == want.estimates_us
+        assert_same_plan(got, want)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        make_plan(seq, **kw).nope

@@ -89,9 +89,9 @@ class Plan:
     graph_stable: bool
     reason: str
     estimates_us: dict = field(default_factory=dict, compare=False)
-    # the [5, num_items] int32 buffer whose rows are the five item arrays, when the planner made
-    # them so (make_plan's ``reuse`` takes it over); None for plans built field by field
-    items: "np.ndarray | None" = field(default=None, compare=False, repr=False)
+    # the [5, num_items] int32 buffer whose rows are the five item arrays, set by make_plan only
+    # (its ``reuse`` takes it over); None for plans built field by field or copied by replace()
+    items: "np.ndarray | None" = field(default=None, init=False, compare=False, repr=False)
 
     def __getattr__(self, name):
         # ``reason`` and ``estimates_us`` of an ``auto`` plan are made on first read (_new_plan)

@@ -252,8 +252,9 @@ def test_reuse_makes_the_same_plans(B, extra):
 
 
 def test_reuse_only_where_it_fits():
-    """A plan of another capacity, a plan that is not graph-stable and one built field by field are
-    not reused (the new plan gets its own buffer and is still right); a non-plan is refused."""
+    """A plan of another capacity, a plan that is not graph-stable, one built field by field and a
+    ``replace()`` copy (which could misstate its valid items) are not reused: the new plan gets its
+    own buffer and is still right. A non-plan is refused."""
     kw = dict(num_kv_heads=2, page_size=16, graph_stable=True)
     small = make_plan([100, 50], **kw)
     other = make_plan([100, 50, 7], reuse=small, **kw)        # capacity 3 * 2 * 64, not 2 * 2 * 64
@@ -263,10 +264,13 @@ def test_reuse_only_where_it_fits():
     again = make_plan([300, 5], reuse=eager, **kw)
     assert again.items is not eager.items
     assert_same_plan(again, make_plan([300, 5], **kw))
-    fields = {f.name: getattr(small, f.name) for f in dataclasses.fields(small) if f.name != "items"}
+    fields = {f.name: getattr(small, f.name) for f in dataclasses.fields(small) if f.init}
     built = type(small)(**{k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in fields.items()})
     assert built.items is None
     assert_same_plan(make_plan([9, 900], reuse=built, **kw), make_plan([9, 900], **kw))
+    told = dataclasses.replace(small, num_valid_items=0)   # a copy that misstates its valid items
+    assert told.items is None
+    assert_same_plan(make_plan([9, 900], reuse=told, **kw), make_plan([9, 900], **kw))
     with pytest.raises(TypeError, match="reuse"):
         make_plan([9, 900], reuse=np.zeros((5, 256), np.int32), **kw)
 

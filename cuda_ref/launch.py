@@ -235,12 +235,21 @@ class PlanUploader:
 
     ``last_parts``: host µs of the last upload's parts, ``{"prepare", "wait", "pack", "copy",
     "record"}`` (``scripts/bench_serving.py`` reports them).
+
+    ``in_graph``: the copy is left to :meth:`copy`, which a graph capture takes in (graph-stable
+    plans: one pinned buffer at a fixed address, ring 1). ``upload`` then only packs, after the last
+    copy that read the buffer has finished (its event, made ``external`` so that a captured copy
+    records it at every replay); ``pending`` says a packed plan has not been copied outside a graph.
     """
 
-    def __init__(self, device, ring: int = 2):
+    def __init__(self, device, ring: int = 2, in_graph: bool = False):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        self.ring = max(1, int(ring))
+        self.in_graph = bool(in_graph)
+        self.ring = 1 if self.in_graph else max(1, int(ring))
+        self.pending = False                       # in_graph: packed, not copied since (outside a graph)
+        self.copied_in_capture = False             # in_graph: copy() was captured since the last pack
+        self._packed = None                        # in_graph: (host slice, device buffer) of the last pack
         self._host: list = [None] * self.ring      # (tensor, numpy view) per slot
         self._layout: list = [None] * self.ring    # per slot: (items, size, valid items) of its last graph-stable pack
         self._events: list = [None] * self.ring
@@ -324,13 +333,17 @@ class PlanUploader:
         DevicePlan.pack_into(plan, host_np, items_upto=upto)
         self._layout[k] = (W, n, plan.num_valid_items) if plan.graph_stable else None
         t3 = clock()
-        dst.copy_(host_t, non_blocking=self.cuda)
-        t4 = clock()
-        if self.cuda:
-            ev = self._events[k]
-            if ev is None:
-                ev = self._events[k] = torch.cuda.Event()
-            ev.record()
+        if self.in_graph:   # the copy is copy()'s: captured in the graph, or made by the next eager run
+            self._packed, self.pending, self.copied_in_capture = (host_t, dst), True, False
+            t4 = clock()
+        else:
+            dst.copy_(host_t, non_blocking=self.cuda)
+            t4 = clock()
+            if self.cuda:
+                ev = self._events[k]
+                if ev is None:
+                    ev = self._events[k] = torch.cuda.Event()
+                ev.record()
         t5 = clock()
         self.last_parts = dict(prepare=(t1 - t0) * 1e6, wait=(t2 - t1) * 1e6, pack=(t3 - t2) * 1e6,
                                copy=(t4 - t3) * 1e6, record=(t5 - t4) * 1e6)
@@ -338,6 +351,25 @@ class PlanUploader:
             return out
         return DevicePlan(dst, W, B, T, plan.num_slots, plan.max_splits, block_m, row_blocks, plan.graph_stable,
                           max_q_len=max_q, item_tokens=plan.split_tokens, _views=views)
+
+
+    def copy(self) -> None:
+        """``in_graph``: copy the last packed plan into its device buffer and record the event the
+        next pack waits for. Inside a graph capture both become graph nodes, so every replay copies
+        what the last ``upload`` packed; outside one it is an eager copy."""
+        if self._packed is None:
+            raise RuntimeError("plan: call plan() (or set_plan()) before copy_plan()")
+        host_t, dst = self._packed
+        dst.copy_(host_t, non_blocking=self.cuda)
+        capturing = False
+        if self.cuda:
+            ev = self._events[0]
+            if ev is None:   # external: a captured record becomes an event-record node of the graph
+                ev = self._events[0] = torch.cuda.Event(external=True)
+            ev.record()
+            capturing = torch.cuda.is_current_stream_capturing()
+        self.pending = False
+        self.copied_in_capture = capturing
 
 
 def _scale_layout(scale: "torch.Tensor | None") -> tuple[int, bool]:

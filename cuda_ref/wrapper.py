@@ -182,13 +182,28 @@ class DecodeWrapper(PlannedWrapper):
         max_q_len: with ``device_plan``, the most query rows of one request (default: all of q's
             rows, always enough; a smaller bound, e.g. 1 + speculative tokens, launches fewer
             programs). A request with more is refused by ``run(validate=True)`` only.
+        plan_in_graph: with ``graph_stable``, the plan's host-to-device copy goes into the graph:
+            ``plan()`` only packs the plan into one pinned host buffer, and :meth:`copy_plan`, called
+            once inside the capture before the layers' ``run()``, copies it at every replay. A step
+            is then ``plan()`` and one replay, with no CUDA call of the wrapper's (the next
+            ``plan()`` waits for the replay's copy before packing). Eager ``run()`` copies a newly
+            packed plan itself.
+
+    Graph replay with a host plan (``graph_stable=True``)::
+
+        w.plan(lens, q_lens)                 # the capture's shapes
+        with torch.cuda.graph(g):
+            w.copy_plan()                    # plan_in_graph only
+            w.run(q, k_cache, v_cache, block_table, seq_lens, query_start_loc)
+        w.plan(new_lens, q_lens); (copy new_lens into seq_lens); g.replay()   # each step
     """
 
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  dtype=torch.bfloat16, kv_dtype=None, device=None, profile: str = "h200", policy: str = "auto",
                  graph_stable: bool = False, max_splits: int | None = None, max_work_items: int | None = None,
                  min_split_tokens: int | None = None, fuse_merge: bool | None = None,
-                 config: KernelConfig | None = None, device_plan: bool = False, max_q_len: int | None = None):
+                 config: KernelConfig | None = None, device_plan: bool = False, max_q_len: int | None = None,
+                 plan_in_graph: bool = False):
         check_gqa(num_q_heads, num_kv_heads)
         self.dtype = as_torch_dtype(dtype)
         self.kv_dtype = self.dtype if kv_dtype is None else as_torch_dtype(kv_dtype)
@@ -209,7 +224,10 @@ class DecodeWrapper(PlannedWrapper):
         self._plan_pages = 0  # block-table columns the current plan reads
         self._plan_sig = None
         self._num_pages = 0   # num_pages of the last run's cache (for check_errors' message)
-        self._uploader = PlanUploader(self.device)
+        if plan_in_graph and (not graph_stable or device_plan):
+            raise ValueError("plan_in_graph: needs graph_stable=True and a host plan (device_plan=False): the "
+                             "captured copy has the capture's sizes")
+        self._uploader = PlanUploader(self.device, in_graph=plan_in_graph)
         self._launches: dict = {}   # prepared launches by (checked signature, plan shape)
         self.last_launch = None  # the DecodeLaunch of the last run(); .fast: which launch path it took
         self.device_plan = bool(device_plan)
@@ -309,6 +327,8 @@ class DecodeWrapper(PlannedWrapper):
             self._device_side_plan(q, block_table)
         elif self.dplan is None:
             raise RuntimeError("plan: call plan() (or set_plan()) before run()")
+        elif self._uploader.in_graph:
+            self._plan_copy_for_run(q)
         if query_start_loc is None:
             query_start_loc = self._default_qsl(q.shape[0], block_table.shape[0], q.device)
         key = self.check(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale, k_offset,
@@ -347,6 +367,26 @@ class DecodeWrapper(PlannedWrapper):
         if self.debug and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
             self.check_errors()
         return b["out"], b["lse"]
+
+    def copy_plan(self) -> None:
+        """``plan_in_graph``: copy the plan the last ``plan()`` packed into the device plan. Call it once
+        inside the graph's capture, before the layers' ``run()``: each replay then copies what the
+        last ``plan()`` packed (and records the event the next ``plan()`` waits for)."""
+        if not self._uploader.in_graph:
+            raise ValueError("plan_in_graph: copy_plan() is for DecodeWrapper(plan_in_graph=True); plan() "
+                             "copies the plan itself")
+        self._uploader.copy()
+
+    def _plan_copy_for_run(self, q) -> None:
+        """``plan_in_graph``: an eager ``run()`` copies a plan packed since the last copy; inside a capture
+        the capture must hold the copy (``copy_plan()``), else replays would use the capture's plan."""
+        up = self._uploader
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            if not up.copied_in_capture:
+                raise RuntimeError("plan_in_graph: call copy_plan() inside the capture, before run(): without "
+                                   "it the graph would replay the plan of the capture")
+        elif up.pending:
+            up.copy()
 
     def _validate_values(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, soft_cap,
                          window_left, k_scale, v_scale, k_offset, v_offset) -> None:

@@ -34,7 +34,10 @@ batch; the upload split into its parts, ``upload_parts``: ``PlanUploader.last_pa
 ``set_plan()``), the device-planned graph (``DecodeWrapper(device_plan=True, policy="size:S")``, ``S``
 from ``--device-split``; one step = copy lengths and query offsets, one copy through
 ``cuda_ref.wrapper.StepInputs``, + replay, no plan; on a GPU also with that copy captured in the
-graph, ``StepInputs(in_graph=True)``, against one bare replay of the same graph) and the eager path (``run()``'s host time with its
+graph, ``StepInputs(in_graph=True)``, against one bare replay of the same graph), on a GPU the
+host-planned graph with its copies captured too (``DecodeWrapper(plan_in_graph=True)``: one step =
+``plan()``, which only packs the plan into pinned memory, + writing the lengths + one replay) and the
+eager path (``run()``'s host time with its
 launches right after ``plan()`` and once more with the same plan, the steps that prepared a new launch
 and whether its first call reused a checked compiled kernel, and the Python side alone with the
 launches stubbed out).
@@ -173,19 +176,24 @@ class Rig:
         self.q = torch.randn((max_batch * self.rows_per_req, args.hq, args.head_dim), generator=dgen, device=device,
                              dtype=self.dtype)
 
-    def wrapper(self, graph_stable):
+    def wrapper(self, graph_stable, plan_in_graph=False):
         a = self.args
         return DecodeWrapper(a.hq, a.hkv, a.head_dim, a.page, dtype=self.dtype, device=self.device,
-                             profile=a.profile, policy=a.policy, graph_stable=graph_stable)
+                             profile=a.profile, policy=a.policy, graph_stable=graph_stable,
+                             plan_in_graph=plan_in_graph)
 
 
 class Graphed:
-    """A graph-stable wrapper captured at batch ``size``: device inputs refreshed in place each step."""
+    """A graph-stable wrapper captured at batch ``size``: device inputs refreshed in place each step.
+    ``in_graph``: the copies go into the graph (``DecodeWrapper(plan_in_graph=True)``'s ``copy_plan()``
+    and ``StepInputs(in_graph=True)`` for the lengths and offsets): a step is ``plan()`` (the planner,
+    then packing into pinned memory), writing the lengths, one replay."""
 
-    def __init__(self, rig: Rig, size: int, use_graph: bool):
+    def __init__(self, rig: Rig, size: int, use_graph: bool, in_graph: bool = False):
         self.rig, self.size = rig, size
         r = rig.rows_per_req
-        self.w = rig.wrapper(True)
+        self.in_graph = in_graph and use_graph
+        self.w = rig.wrapper(True, plan_in_graph=self.in_graph)
         dev = rig.device
         self.seq_host = torch.zeros(size, dtype=torch.int32, pin_memory=dev.type == "cuda")
         self.qsl_host = torch.arange(0, (size + 1) * r, r, dtype=torch.int32)
@@ -200,6 +208,11 @@ class Graphed:
         # the capture sees the plan's fixed shapes
         lens = np.full(size, 1024, np.int64)
         self.w.plan(lens, q_lens=np.full(size, r))
+        if self.in_graph:   # the lengths and offsets as one buffer, its copy captured too
+            self.inputs = StepInputs(size, dev, in_graph=True)
+            self.inputs.replay(_NoGraph(), lens, self.qsl_host.numpy())   # write the pinned buffer
+            self.inputs.copy()                                            # and copy it, eagerly
+            self.seq, self.qsl = self.inputs.seq_lens, self.inputs.query_start_loc
         if use_graph:
             self.seq.copy_(torch.from_numpy(lens.astype(np.int32)))
             for _ in range(2):   # compile and warm up outside the capture
@@ -207,11 +220,26 @@ class Graphed:
             torch.cuda.synchronize()
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
+                if self.in_graph:
+                    self.w.copy_plan()
+                    self.inputs.copy()
                 self.run()
             torch.cuda.synchronize()
 
     def run(self):
         return self.w.run(self.q, self.rig.k, self.rig.v, self.bt, self.seq, self.qsl)
+
+    def step_in_graph(self, seq, ql) -> tuple[float, float, float]:
+        """``in_graph``: plan (make, then pack), write the lengths, replay, sync: ``(make_plan µs,
+        pack µs, end clock)`` from the call's start."""
+        t0 = time.perf_counter()
+        plan = self.w.make_plan(seq, q_lens=ql)
+        t1 = time.perf_counter()
+        self.w.set_plan(plan, validate=False)
+        t2 = time.perf_counter()
+        self.inputs.replay(self.graph, seq, self.qsl_host.numpy())
+        torch.cuda.synchronize()
+        return (t1 - t0) * 1e6, (t2 - t1) * 1e6, time.perf_counter()
 
     def pad(self, seq, ql):
         """The batch padded to ``size`` with ``seq_len = 0`` requests (their query rows kept, as vLLM's
@@ -222,6 +250,13 @@ class Graphed:
         q = np.full(self.size, self.rig.rows_per_req, np.int64)
         q[:B] = ql
         return s, q
+
+
+class _NoGraph:
+    """``StepInputs.replay``'s graph before there is one (writes the buffer, replays nothing)."""
+
+    def replay(self):
+        pass
 
 
 class DeviceGraphed:
@@ -495,7 +530,8 @@ def eager_run(rig: Rig, w, B: int, seq, ql, on_gpu) -> tuple[float, float | None
 FIXED_QUANTITIES = ("make_plan_us", "upload_us", "plan_us", "copy_us", "replay_us", "step_us", "step_over_kernel",
                     "dev_copy_us", "dev_replay_us", "dev_step_us", "dev_step_over_kernel", "dev_step_over_host_replay",
                     "eager_run_us", "eager_kernel_us", "eager_again_us", "dev_in_graph_step_us", "replay_wall_us",
-                    "dev_in_graph_over_replay_wall")
+                    "dev_in_graph_over_replay_wall", "hig_make_plan_us", "hig_pack_us", "hig_step_us",
+                    "hig_step_over_kernel", "hig_step_over_replay_wall")
 # the upload's parts (PlanUploader.last_parts) and the rest of set_plan() ("other": the plan's page count,
 # the wrapper's bookkeeping)
 UPLOAD_PARTS = ("prepare", "wait", "pack", "copy", "record", "other")
@@ -515,6 +551,7 @@ def run_fixed(args, device, on_gpu):
         g = Graphed(rig, B, on_gpu)
         dg = DeviceGraphed(rig, B, args.device_split, on_gpu)
         dgi = DeviceGraphed(rig, B, args.device_split, on_gpu, in_graph=True) if on_gpu else None
+        gi = Graphed(rig, B, on_gpu, in_graph=True) if on_gpu else None
         eager = rig.wrapper(False)
         seq0 = np.random.default_rng(B).integers(lo, hi + 1, B)
         ql = np.full(B, args.spec + 1, np.int64)
@@ -554,6 +591,16 @@ def run_fixed(args, device, on_gpu):
                 rec["dev_in_graph_step_us"] = (dgi.step_in_graph(seq, qsl) - t0) * 1e6
                 rec["replay_wall_us"] = replay_wall_us(dgi.graph)
                 rec["dev_in_graph_over_replay_wall"] = rec["dev_in_graph_step_us"] / rec["replay_wall_us"]
+            # the host-planned graph with its copies captured (plan_in_graph): plan() packs, one replay
+            rec.update(hig_make_plan_us=None, hig_pack_us=None, hig_step_us=None, hig_step_over_kernel=None,
+                       hig_step_over_replay_wall=None)
+            if on_gpu:
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                rec["hig_make_plan_us"], rec["hig_pack_us"], t3 = gi.step_in_graph(seq, ql)
+                rec["hig_step_us"] = (t3 - t0) * 1e6
+                rec["hig_step_over_kernel"] = rec["hig_step_us"] / replay_us
+                rec["hig_step_over_replay_wall"] = rec["hig_step_us"] / replay_wall_us(gi.graph)
             # eager: a plain wrapper planned at the batch, run() outside any graph
             rec.update(eager_run_us=None, eager_kernel_us=None, eager_again_us=None, eager_new_launch=None)
             if on_gpu:
@@ -578,7 +625,7 @@ def run_fixed(args, device, on_gpu):
         s["eager_reused_kernel_steps"] = sum(1 for r in new if r.get("eager_reused_kernel"))
         rows.append(dict(batch=B, steps=len(recs), eager_python_us=eager_python_us(rig, B, seq0, ql),
                          eager_launch=launch, **s))
-        del g, dg, dgi
+        del g, dg, dgi, gi
     config = dict(mode="fixed", batches=batches, lengths=f"uniform {lo}-{hi}, + 1 each step", steps=steps,
                   warmup=args.warmup, spec=args.spec, device_split=args.device_split,
                   block_table_tokens=rig.block_table.shape[1] * args.page)
@@ -671,6 +718,14 @@ def fixed_table(res) -> list[str]:
         a, k = r["dev_in_graph_step_us"]["p50"], r["replay_us"]["p50"]
         lines.append(f"| {r['batch']} | {p(r, 'dev_in_graph_step_us')} | {p(r, 'replay_wall_us')} | "
                      f"{p(r, 'dev_in_graph_over_replay_wall', 2)} | {fmt(a / k if a and k else None, 2)} |")
+    lines += ["", "Host-planned graph with its copies captured in it (`DecodeWrapper(plan_in_graph=True)`: `plan()` "
+                  "packs the plan into pinned memory, `copy_plan()` in the graph copies it; the lengths through "
+                  "`StepInputs(in_graph=True)`): a step is `plan()`, writing the lengths and one replay, p50:", "",
+              "| B | make_plan µs | pack µs | step µs | step / host-planned replayed kernel | step / its bare replay |",
+              "|---:|---:|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        lines.append(f"| {r['batch']} | {p(r, 'hig_make_plan_us')} | {p(r, 'hig_pack_us')} | {p(r, 'hig_step_us')} | "
+                     f"{p(r, 'hig_step_over_kernel', 2)} | {p(r, 'hig_step_over_replay_wall', 2)} |")
     lines += ["", "Upload parts (`set_plan()` of the host-planned graph: `PlanUploader.upload`'s parts and the "
                   "rest), p50 µs:", "", "| B | upload µs | " + " | ".join(UPLOAD_PARTS) + " |",
               "|---:|---:|" + "---:|" * len(UPLOAD_PARTS)]

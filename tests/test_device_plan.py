@@ -215,3 +215,95 @@ def test_step_inputs_in_graph_copy_is_replayed_with_each_steps_lengths():
         StepInputs(B, DEVICE).replay(g, [1, 2, 3, 4], inp.query_start_loc)
     with pytest.raises(ValueError, match="in_graph: copy"):
         StepInputs(B, DEVICE).copy()
+
+
+def test_plan_in_graph_replays_each_steps_host_plan():
+    """``DecodeWrapper(plan_in_graph=True)``: ``plan()`` only packs; the copy captured by ``copy_plan()``
+    carries each step's plan, so replays with new lengths (new plans, fewer and more work items) give
+    the bits of a wrapper planned for each step; an eager ``run()`` copies a new plan itself. On CUDA
+    a real graph, whose next ``plan()`` waits on the event its copy records."""
+    from cuda_ref.wrapper import StepInputs
+
+    B = 4
+    inp = cases.random_inputs(21, [70, 0, 5, 33], q_lens=[1, 2, 1, 3], num_q_heads=8, num_kv_heads=2,
+                              head_dim=32, page_size=8, dtype="bfloat16")
+    x = to_torch(inp, DEVICE)
+    kw = dict(policy="size:16", graph_stable=True, max_splits=8)
+    w = _wrapper(inp, plan_in_graph=True, **kw)
+    si = StepInputs(B, DEVICE)
+    w.plan(inp.seq_lens, query_start_loc=inp.query_start_loc)
+    si.update(inp.seq_lens, inp.query_start_loc)
+
+    def step():
+        w.copy_plan()
+        return w.run(**dict(x, seq_lens=si.seq_lens, query_start_loc=si.query_start_loc), scale=inp.scale)
+
+    def want(lens):
+        fresh = dataclasses.replace(inp, seq_lens=np.asarray(lens, np.int64))
+        ref = _wrapper(inp, **kw)
+        ref.plan(fresh.seq_lens, query_start_loc=inp.query_start_loc)
+        return [_bits(t) for t in ref.run(**to_torch(fresh, DEVICE), scale=inp.scale)]
+
+    # eager: a plan() then run() without copy_plan(): run() copies the packed plan
+    lens = [40, 0, 8, 12]
+    w.plan(np.asarray(lens), query_start_loc=inp.query_start_loc)
+    si.update(np.asarray(lens), inp.query_start_loc)
+    out, lse = w.run(**dict(x, seq_lens=si.seq_lens, query_start_loc=si.query_start_loc), scale=inp.scale)
+    for a, b in zip(want(lens), [_bits(out), _bits(lse)]):
+        np.testing.assert_array_equal(a, b)
+    # plan() only packs: the device keeps the previous plan until a copy, and a run over the previous
+    # plan (shorter ranges) gives other bits (so the replays below check that the captured copy
+    # carried each plan)
+    lens = [69, 0, 8, 40]
+    plan = w.plan(np.asarray(lens), query_start_loc=inp.query_start_loc)
+    si.update(np.asarray(lens), inp.query_start_loc)
+    assert w._uploader.pending
+    assert not np.array_equal(w.dplan.view("item_kv_end").cpu().numpy(), plan.item_kv_end)
+    w._uploader.pending = False   # as a graph captured without copy_plan() would replay
+    out, lse = w.run(**dict(x, seq_lens=si.seq_lens, query_start_loc=si.query_start_loc), scale=inp.scale)
+    assert any(not np.array_equal(a, b) for a, b in zip(want(lens), [_bits(out), _bits(lse)]))
+    w.copy_plan()
+    np.testing.assert_array_equal(w.dplan.view("item_kv_end").cpu().numpy(), plan.item_kv_end)
+    # the graph: the copy captured, each step plan() + lengths + replay
+    w.plan(inp.seq_lens, query_start_loc=inp.query_start_loc)
+    si.update(inp.seq_lens, inp.query_start_loc)
+    if DEVICE == "cuda":
+        step()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out, lse = step()
+    else:
+        g = _Replay(step)
+        out, lse = step()
+    for lens in ([1, 0, 3, 4], [69, 0, 8, 40], [2, 0, 1, 1], [60, 0, 5, 33]):   # within each request's pages
+        w.plan(np.asarray(lens, np.int64), query_start_loc=inp.query_start_loc)
+        si.update(np.asarray(lens, np.int64), inp.query_start_loc)
+        g.replay()
+        if DEVICE == "cpu":
+            out, lse = g.result
+        for a, b in zip(want(lens), [_bits(out), _bits(lse)]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_plan_in_graph_refuses_misuse():
+    inp = cases.random_inputs(22, [30, 7], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8)
+    with pytest.raises(ValueError, match="plan_in_graph: needs graph_stable"):
+        _wrapper(inp, plan_in_graph=True)
+    with pytest.raises(ValueError, match="plan_in_graph: needs graph_stable"):
+        _wrapper(inp, plan_in_graph=True, graph_stable=True, policy="size:16", device_plan=True)
+    with pytest.raises(ValueError, match="plan_in_graph: copy_plan"):
+        _wrapper(inp, graph_stable=True).copy_plan()
+    with pytest.raises(RuntimeError, match="before copy_plan"):
+        _wrapper(inp, graph_stable=True, plan_in_graph=True).copy_plan()
+    if DEVICE == "cuda":   # a capture without copy_plan() would replay the capture's plan: refused
+        x = to_torch(inp, DEVICE)
+        w = _wrapper(inp, graph_stable=True, plan_in_graph=True)
+        w.plan(inp.seq_lens)
+        w.run(**x, scale=inp.scale)
+        w.plan(inp.seq_lens)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with pytest.raises(RuntimeError, match="call copy_plan"):
+            with torch.cuda.graph(g):
+                w.run(**x, scale=inp.scale)

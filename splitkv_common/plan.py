@@ -884,7 +884,10 @@ def _int_array(x):
         x = _int_list(x)
         if x is None:
             return None
-        x = np.array(x, np.int64) if x else np.zeros(0, np.int64)
+        try:
+            x = np.array(x, np.int64) if x else np.zeros(0, np.int64)
+        except OverflowError:   # beyond int64: the general path reports it
+            return None
     k = x.dtype.kind
     if x.ndim != 1 or not (k == "i" or (k == "u" and x.dtype.itemsize < 8)):
         return None

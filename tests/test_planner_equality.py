@@ -207,6 +207,20 @@ def test_same_plans_on_the_fast_path(dtype, rows):
                     both(seq, policy=policy, graph_stable=gs, min_split_tokens=16, window_left=-1, **kw)
 
 
+def test_wide_batch_path_hands_errors_on():
+    """Invalid inputs above the small-batch bound raise what the general path raises (lengths beyond
+    int64 or int32, negative ones, bad query rows)."""
+    base = list(range(1, 40))
+    with pytest.raises(ValueError, match="seq_lens: a value does not fit int64"):
+        make_plan(base + [2**70], num_kv_heads=2, page_size=16)
+    for seq, extra in ([base + [2**40], {}], [base + [-3], {}],
+                       [base, dict(q_lens=[1] * 38)], [base, dict(query_start_loc=[0] + base)],
+                       [np.array(base, np.uint64), {}], [base, dict(policy="size:10")]):
+        kw = dict(num_kv_heads=2, page_size=16)
+        kw.update(extra)
+        both(seq, **kw)
+
+
 def test_small_batch_path_hands_errors_on():
     """Invalid inputs at small B raise what the general path raises."""
     cases = [([5, -1], {}), ([5], dict(page_size=0)), ([5], dict(num_kv_heads=0)), ([5], dict(max_splits=0)),

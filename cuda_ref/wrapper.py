@@ -218,6 +218,7 @@ class DecodeWrapper(PlannedWrapper):
         self.host_plan: Plan | None = None
         self.dplan: DevicePlan | None = None
         self._buffers: dict[str, torch.Tensor] = {}
+        self._stores: dict[str, torch.Tensor] = {}   # what the size-dependent buffers are views of
         # check_errors() after every eager run() (a host sync): for debugging
         self.debug = os.environ.get("SPLITKV_DEBUG", "") not in ("", "0")
         self._checked = SignatureCache()
@@ -279,8 +280,10 @@ class DecodeWrapper(PlannedWrapper):
         self._buffers_for(plan.num_rows, plan.num_slots, plan.batch_size * self.num_kv_heads * d.row_blocks)
 
     def _buffers_for(self, T: int, num_slots: int, num_counters: int) -> None:
-        """The output, partial and counter buffers for ``T`` rows and ``num_slots`` partial slots
-        (reallocated only when a shape changes) and the error buffer (allocated once)."""
+        """The output, partial and counter buffers for ``T`` rows and ``num_slots`` partial slots and
+        the error buffer (allocated once). Each is a view of the first rows of a store that grows by
+        half when too small, so plans of other sizes (an eager batch changing every step) allocate
+        nothing once the store is large enough; a view is made only when its shape changes."""
         if "errors" not in self._buffers:  # allocated once: a captured graph keeps its address
             self._buffers["errors"] = torch.zeros(4, dtype=torch.int32, device=self.device)
         Hq, D = self.num_q_heads, self.head_dim
@@ -292,8 +295,13 @@ class DecodeWrapper(PlannedWrapper):
         }
         for name, (shape, dt) in need.items():
             buf = self._buffers.get(name)
-            if buf is None or tuple(buf.shape) != shape:
-                self._buffers[name] = torch.zeros(shape, dtype=dt, device=self.device)
+            if buf is not None and tuple(buf.shape) == shape:
+                continue
+            store = self._stores.get(name)
+            if store is None or store.shape[0] < shape[0]:
+                rows = shape[0] if store is None else max(shape[0], store.shape[0] + store.shape[0] // 2)
+                store = self._stores[name] = torch.zeros((rows,) + shape[1:], dtype=dt, device=self.device)
+            self._buffers[name] = store[:shape[0]]
 
     @property
     def upload_parts(self) -> dict:

@@ -97,6 +97,32 @@ def test_graph_stable_plans_reuse_the_spare_plans_buffer():
         np.testing.assert_array_equal(theirs.item_kv_end, keep)
 
 
+def test_eager_plans_of_other_sizes_reuse_the_buffers_stores():
+    """An eager wrapper whose plans change size every step (batch and splits) allocates its output and
+    partial buffers only while they grow: later plans take views of the stores, and the results are
+    those of a wrapper made for each batch."""
+    w = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16")
+    rng = np.random.default_rng(5)
+    batches = [cases.random_inputs(30 + k, rng.integers(0, 90, B).tolist(), num_q_heads=4, num_kv_heads=2,
+                                   head_dim=32, page_size=8) for k, B in enumerate((5, 2, 5, 3, 1, 4))]
+    for k, inp in enumerate(batches):
+        before = {n: (t.data_ptr(), t.shape[0]) for n, t in w._stores.items()}
+        w.plan(inp.seq_lens)
+        out, lse = w.run(**to_torch(inp, DEVICE), scale=inp.scale)
+        ref = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16")
+        ref.plan(inp.seq_lens)
+        want = ref.run(**to_torch(inp, DEVICE), scale=inp.scale)
+        for a, b in zip(want, (out, lse)):
+            assert torch.equal(a.cpu(), b.cpu())
+        assert out.shape[0] == inp.q.shape[0] and w._buffers["part_o"].shape[0] == max(w.host_plan.num_slots, 1)
+        for n, (ptr, rows) in before.items():   # a store is replaced only when a buffer outgrows it
+            if w._buffers[n].shape[0] <= rows:
+                assert w._stores[n].data_ptr() == ptr, n
+    assert w._stores["out"].shape[0] == 5 * 1 and w._stores["part_o"].shape[0] >= max(
+        DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16").plan(b.seq_lens).num_slots
+        for b in batches)
+
+
 def test_graph_stable_refresh_refuses_other_shapes():
     w = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16", graph_stable=True, max_splits=8)
     w.plan([10, 20])

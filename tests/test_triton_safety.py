@@ -436,5 +436,5 @@ def test_set_plan_calls_the_shared_plan_check_where_it_exists():
             seen.update(num_kv_heads=num_kv_heads, coverage=coverage)
             return self
 
-    w.set_plan(WithValidate(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}))
+    w.set_plan(WithValidate(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if f.init}))
     assert seen == {"num_kv_heads": 2, "coverage": False}

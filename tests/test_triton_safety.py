@@ -357,19 +357,20 @@ def test_run_refuses_a_block_table_narrower_than_the_plan(clean):
 def test_empty_batch_and_no_query_rows_give_empty_outputs():
     w = DecodeWrapper(4, 2, 16, PAGE, dtype="float32", device=DEVICE)
     w.plan(np.zeros(0, np.int32))
-    q = torch.zeros(0, 4, 16)
-    kc = torch.zeros(3, PAGE, 2, 16)
-    out, lse = w.run(q, kc, kc, torch.zeros(0, 2, dtype=torch.int32), torch.zeros(0, dtype=torch.int32))
+    i32 = dict(dtype=torch.int32, device=DEVICE)
+    q = torch.zeros(0, 4, 16, device=DEVICE)
+    kc = torch.zeros(3, PAGE, 2, 16, device=DEVICE)
+    out, lse = w.run(q, kc, kc, torch.zeros(0, 2, **i32), torch.zeros(0, **i32))
     assert out.shape == (0, 4, 16) and lse.shape == (0, 4)
     # requests without query rows (T = 0, B = 2)
     w.plan(np.array([5, 3], np.int32), q_lens=np.array([0, 0]))
-    qsl = torch.zeros(3, dtype=torch.int32)
-    bt = torch.tensor([[0, 1], [2, 0]], dtype=torch.int32)
-    out, lse = w.run(q, kc, kc, bt, torch.tensor([5, 3], dtype=torch.int32), qsl)
+    qsl = torch.zeros(3, **i32)
+    bt = torch.tensor([[0, 1], [2, 0]], **i32)
+    out, lse = w.run(q, kc, kc, bt, torch.tensor([5, 3], **i32), qsl)
     assert out.shape == (0, 4, 16)
     # an empty q whose strides are all zero (e.g. from an empty NumPy array) is accepted
-    out, _ = w.run(torch.zeros(0, 4, 16).as_strided((0, 4, 16), (0, 0, 0)), kc, kc, bt,
-                   torch.tensor([5, 3], dtype=torch.int32), qsl)
+    out, _ = w.run(torch.zeros(0, 4, 16, device=DEVICE).as_strided((0, 4, 16), (0, 0, 0)), kc, kc, bt,
+                   torch.tensor([5, 3], **i32), qsl)
     assert out.shape == (0, 4, 16)
 
 

@@ -185,9 +185,9 @@ class DecodeWrapper(PlannedWrapper):
         plan_in_graph: with ``graph_stable``, the plan's host-to-device copy goes into the graph:
             ``plan()`` only packs the plan into one pinned host buffer, and :meth:`copy_plan`, called
             once inside the capture before the layers' ``run()``, copies it at every replay. A step
-            is then ``plan()`` and one replay, with no CUDA call of the wrapper's (the next
-            ``plan()`` waits for the replay's copy before packing). Eager ``run()`` copies a newly
-            packed plan itself.
+            is then ``plan()`` and one replay, with no copy or event record of the wrapper's (the
+            next ``plan()`` queries the replay's copy event, and waits for it, before packing).
+            Eager ``run()`` copies a newly packed plan itself.
 
     Graph replay with a host plan (``graph_stable=True``)::
 

@@ -235,8 +235,7 @@ class FastLaunch:
         self.reused = False       # True: the first call found a kernel another launch had checked
         self.adopted = False      # True: set up from a sibling launch (adopt), no first-call check
         self._key = None          # the first call's specialization_key (None: not computed, or unhashable)
-        g = self.grid + (1,) * (3 - len(self.grid))
-        self._g0, self._g1, self._g2 = g[0], g[1], g[2]
+        self.set_grid(grid)
         # tensors first (the common case): a call is (*tensors, *rest), no template to fill
         self._leading = self.tensor_slots == tuple(range(len(self.tensor_slots)))
         self._run = None          # the compiled kernel's launcher (CompiledKernel.run)
@@ -248,6 +247,13 @@ class FastLaunch:
         self._all_aligned = False
         self._device = -1
         self._stream = None
+
+    def set_grid(self, grid: tuple) -> None:
+        """Launch the following calls over ``grid`` (the grid is no part of the kernel's
+        specialization: a plan of other sizes keeps the compiled kernel and its checked launcher)."""
+        self.grid = tuple(grid)
+        g = self.grid + (1,) * (3 - len(self.grid))
+        self._g0, self._g1, self._g2 = g[0], g[1], g[2]
 
     def arguments(self, tensors) -> list:
         """``positional`` with ``tensors`` (in slot order) at the tensor slots."""

@@ -72,7 +72,7 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     B128 x 2k 253.2 / 262.4; D 64: B64 x 4k 132.9 / 139.2, B128 x 1k 74.5 / 79.4; docs/perf-notes.md);
     other head dims and dtypes were not measured and keep the batch-invariant choice."""
     d = max(16, 1 << (int(head_dim) - 1).bit_length())  # the next power of two
-    key = "few" if 0 < num_items <= 2 * 132 else "many"
+    key = "few" if 0 < num_items <= _FEW_ITEMS else "many"
     elem = min(max(kv_bytes, 2), 4)
     longest = 128 if (d == 64 and elem == 2 and item_tokens >= LONG_ITEM_TOKENS) else 64
     block_n = max(16, min(longest, (16 * 1024) // (d * elem)))
@@ -82,6 +82,9 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     if not batch_invariant and d in (64, 128) and elem == 2:
         return KernelConfig(block_n=32, num_warps=2, num_stages=5 if d == 128 else 7)
     return KernelConfig(block_n=block_n, num_warps=warps, num_stages=7)
+
+
+_FEW_ITEMS = 2 * 132  # default_config's "few" work items: at most two per SM of the H200
 
 
 @functools.lru_cache(maxsize=None)
@@ -478,8 +481,12 @@ class DecodeLaunch:
     def launch(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan, out, lse,
                part_o, part_lse, counters=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
                errors=None) -> None:
-        """The launches, with this call's tensors (of the signature it was prepared for)."""
+        """The launches, with this call's tensors (of the signature it was prepared for) and stage 1's
+        grid from ``dplan`` (a plan of the same :func:`plan_launch_key`, any number of work items)."""
         if self.stage1 is not None:
+            grid = (dplan.num_items, dplan.row_blocks)
+            if grid != self.stage1.grid:
+                self.stage1.set_grid(grid)
             self.stage1(*self.tensors(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan, out, lse,
                                       part_o, part_lse, counters, k_scale, v_scale, k_offset, v_offset, errors))
         if self.merge is not None:
@@ -488,6 +495,21 @@ class DecodeLaunch:
 
 
 _STAGE1_TENSORS = 23  # tensor arguments of kernels.split_kv_kernel (DecodeLaunch.tensors)
+
+
+def plan_launch_key(dplan: DevicePlan, device) -> tuple:
+    """What of a device plan decides :func:`prepare_decode`'s result besides stage 1's grid (which
+    :meth:`DecodeLaunch.launch` takes from each call's plan): rows per item, graph stability, a
+    device-made plan's split, several query rows, long items, and from the work-item count only
+    whether there are any, whether they are "few" (:func:`default_config`), whether they all fit on
+    the GPU at once (the merge's early launch) and whether anything is merged. Plans with equal
+    keys, for tensors of one signature and partial buffers of one size, share a prepared launch."""
+    n = dplan.num_items
+    sms = _device_traits(device)[0]
+    return (dplan.block_m, dplan.row_blocks, dplan.graph_stable, dplan.split_size,
+            dplan.max_splits if dplan.split_size else 0, dplan.max_q_len != 1,
+            dplan.item_tokens >= LONG_ITEM_TOKENS, n > 0, 0 < n <= _FEW_ITEMS, n * dplan.row_blocks <= 2 * sms,
+            dplan.max_splits > 1 or dplan.graph_stable)
 
 
 def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan,

@@ -51,7 +51,7 @@ from splitkv_common.validation import check_decode_args, check_gqa, check_wrappe
 from . import INTERPRET
 from .checks import SignatureCache, check_launch, check_plan, check_scalars, tensor_signature
 from .checks import plan_pages as plan_page_count
-from .launch import LONG_ITEM_TOKENS, DevicePlan, KernelConfig, PlanUploader, prepare_decode
+from .launch import DevicePlan, KernelConfig, PlanUploader, plan_launch_key, prepare_decode
 
 class StepInputs:
     """A decode step's per-step device inputs, ``seq_lens`` int32 ``[B]`` and ``query_start_loc``
@@ -281,9 +281,11 @@ class DecodeWrapper(PlannedWrapper):
 
     def _buffers_for(self, T: int, num_slots: int, num_counters: int) -> None:
         """The output, partial and counter buffers for ``T`` rows and ``num_slots`` partial slots and
-        the error buffer (allocated once). Each is a view of the first rows of a store that grows by
-        half when too small, so plans of other sizes (an eager batch changing every step) allocate
-        nothing once the store is large enough; a view is made only when its shape changes."""
+        the error buffer (allocated once). Each lives in a store that grows by half when too small,
+        so plans of other sizes (an eager batch changing every step) allocate nothing once the store
+        is large enough: ``out`` and ``lse`` are views of its first rows (made when their shape
+        changes), the partial buffers and counters the whole store (the kernels bound their slots by
+        it, so plans of other sizes share a prepared launch)."""
         if "errors" not in self._buffers:  # allocated once: a captured graph keeps its address
             self._buffers["errors"] = torch.zeros(4, dtype=torch.int32, device=self.device)
         Hq, D = self.num_q_heads, self.head_dim
@@ -294,14 +296,16 @@ class DecodeWrapper(PlannedWrapper):
             "counters": ((max(num_counters, 1),), torch.int32),
         }
         for name, (shape, dt) in need.items():
-            buf = self._buffers.get(name)
-            if buf is not None and tuple(buf.shape) == shape:
-                continue
             store = self._stores.get(name)
             if store is None or store.shape[0] < shape[0]:
                 rows = shape[0] if store is None else max(shape[0], store.shape[0] + store.shape[0] // 2)
                 store = self._stores[name] = torch.zeros((rows,) + shape[1:], dtype=dt, device=self.device)
-            self._buffers[name] = store[:shape[0]]
+            if name not in ("out", "lse"):
+                self._buffers[name] = store
+                continue
+            buf = self._buffers.get(name)   # the caller's results: exactly T rows
+            if buf is None or buf.shape[0] != shape[0] or buf.data_ptr() != store.data_ptr():
+                self._buffers[name] = store[:shape[0]]
 
     @property
     def upload_parts(self) -> dict:
@@ -346,10 +350,9 @@ class DecodeWrapper(PlannedWrapper):
                                   window_left, k_scale, v_scale, k_offset, v_offset)
         b = self._buffers
         dp = self.dplan
-        lkey = None if key is None else (key, dp.num_items, dp.num_slots, dp.max_splits, dp.block_m, dp.row_blocks,
-                                         dp.graph_stable, dp.split_size, dp.max_q_len != 1,
-                                         dp.item_tokens >= LONG_ITEM_TOKENS, self.config, self.fuse_merge, self.merge,
-                                         self.pdl)
+        # one prepared launch for every plan of this batch whose sizes decide nothing but the grid
+        lkey = None if key is None else (key, plan_launch_key(dp, self.device), b["part_o"].shape[0], self.config,
+                                         self.fuse_merge, self.merge, self.pdl)
         prep = self._launches.get(lkey) if lkey is not None else None
         if prep is None:
             prep = prepare_decode(

@@ -35,8 +35,9 @@ eager call (CUDA events), a CUDA-graph replay captured with that path, and wheth
 and replayed) are bitwise equal between the two paths; and the host time of ``run()`` right after
 ``plan()`` of other sizes (two plans alternating, the GPU idle before each call): with a new prepared
 launch every call (the wrapper's launch cache emptied: the first-call path, which with the fast path
-on reuses the compiled kernel checked before) and with the launches of both sizes kept. A failing
-step is recorded, never raised.
+on reuses the compiled kernel checked before) and with the wrapper's cache kept (plans of one batch
+whose sizes change only the grid share one prepared launch: ``cuda_ref.launch.plan_launch_key``). A
+failing step is recorded, never raised.
 """
 
 from __future__ import annotations
@@ -300,7 +301,8 @@ def _replan_us(q, k, v, bt, seq, n=100, warmup=10) -> dict:
     prepared launches emptied before each call (``new_plan_us``: a new prepared launch, its first
     call, which adopts the previous launch's launchers), the same without a previous launch to adopt
     from (``new_plan_keyed_us``: the launchers found by the specialization key) and kept
-    (``seen_plan_us``). ``new_plan_reused``: whether that first call set the fast path up from a
+    (``seen_plan_us``: as the wrapper runs; plans whose sizes change only the grid share one prepared
+    launch). ``new_plan_reused``: whether that first call set the fast path up from a
     kernel checked before (adopted or found by the key)."""
     B = bt.shape[0]
     w = DecodeWrapper(q.shape[1], k.shape[2], q.shape[2], PAGE, dtype=q.dtype)
@@ -382,7 +384,7 @@ def eager_line(r) -> str:
             f"host {f(on, 'host_us')} vs {f(off, 'host_us')} us a call, back-to-back {f(on, 'loop_us')} vs "
             f"{f(off, 'loop_us')}, GPU span {f(on, 'gpu_event_us')} vs {f(off, 'gpu_event_us')}, graph "
             f"{f(on, 'graph_us')} vs {f(off, 'graph_us')}; run() after a new plan {f(on, 'new_plan_us')} vs "
-            f"{f(off, 'new_plan_us')} (kernel reused {on.get('new_plan_reused')}), after a plan of sizes seen before "
+            f"{f(off, 'new_plan_us')} (kernel reused {on.get('new_plan_reused')}), launches kept "
             f"{f(on, 'seen_plan_us')} vs {f(off, 'seen_plan_us')}; bitwise equal {r['bitwise_equal']} "
             f"(after graph {r['bitwise_equal_after_graph']})"
             + "".join(f"; {m} {k}: {r[m][k]}" for m in ("on", "off") for k in ("error", "graph_error") if k in r[m]))
@@ -393,8 +395,8 @@ def eager_summary(res) -> str:
     lines += [f"{res['gpu']}, torch {res['torch']}, triton {res['triton']}, {res['date']}; eager "
               "`DecodeWrapper.run()`, launch fast path on / off (target: host ≤ 40 µs a call at B1)", "",
               "| point | path (on) | host µs on | host µs off | back-to-back µs on / off | GPU span µs on / off | "
-              "graph µs on / off | run() after a new plan µs on / off | the same without adopting (by key) µs on "
-              "| after a plan seen before µs on / off "
+              "graph µs on / off | run() after a plan of other sizes, new prepared launch µs on / off | the same "
+              "without adopting (by key) µs on | run() after a plan of other sizes, launches kept µs on / off "
               "| bitwise equal (eager, after graph) |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
 

@@ -114,9 +114,11 @@ def test_eager_plans_of_other_sizes_reuse_the_buffers_stores():
         want = ref.run(**to_torch(inp, DEVICE), scale=inp.scale)
         for a, b in zip(want, (out, lse)):
             assert torch.equal(a.cpu(), b.cpu())
-        assert out.shape[0] == inp.q.shape[0] and w._buffers["part_o"].shape[0] == max(w.host_plan.num_slots, 1)
+        assert out.shape[0] == inp.q.shape[0] and w._buffers["part_o"].shape[0] >= max(w.host_plan.num_slots, 1)
         for n, (ptr, rows) in before.items():   # a store is replaced only when a buffer outgrows it
-            if w._buffers[n].shape[0] <= rows:
+            need = {"out": out.shape[0], "lse": out.shape[0], "part_o": w.host_plan.num_slots,
+                    "part_lse": w.host_plan.num_slots}.get(n, 0)
+            if need <= rows:
                 assert w._stores[n].data_ptr() == ptr, n
     assert w._stores["out"].shape[0] == 5 * 1 and w._stores["part_o"].shape[0] >= max(
         DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16").plan(b.seq_lens).num_slots
@@ -148,6 +150,10 @@ def test_run_prepares_its_launches_once_per_signature(monkeypatch):
     x = to_torch(inp, DEVICE)
     calls = []
     real = launch.prepare_decode
+    lens_20 = torch.tensor([20, 9], dtype=torch.int32, device=DEVICE)
+    ref = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16")
+    ref.plan([20, 9])
+    want_20 = ref.run(**dict(x, seq_lens=lens_20))[0]
 
     def counting(*a, **k):
         calls.append(1)
@@ -163,9 +169,16 @@ def test_run_prepares_its_launches_once_per_signature(monkeypatch):
     w.plan([9, 40])                       # the same sizes (items, rows, slots): the same launch
     w.run(**x)
     assert len(calls) == 2
-    w.plan([16, 9])                       # fewer work items: prepared again
-    w.run(**x)
+    w.plan([20, 9])                       # fewer work items: the same launch, over a smaller grid
+    fewer = w.run(**dict(x, seq_lens=lens_20))[0]
+    assert len(calls) == 2 and w.last_launch.stage1.grid == (w.dplan.num_items, w.dplan.row_blocks)
+    assert torch.equal(fewer, want_20)
+    w.plan([16, 9])                       # nothing split: no merge, prepared again
+    w.run(**dict(x, seq_lens=torch.tensor([16, 9], dtype=torch.int32, device=DEVICE)))
     assert len(calls) == 3
+    w.plan([40, 40])                      # more partial slots than the buffers hold: they grow, prepared again
+    w.run(**dict(x, seq_lens=torch.tensor([40, 40], dtype=torch.int32, device=DEVICE)))
+    assert len(calls) == 4
 
 
 def test_graph_stable_staging_rewrites_only_the_valid_items_and_stays_exact():

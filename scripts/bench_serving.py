@@ -210,9 +210,8 @@ class Graphed:
         self.w.plan(lens, q_lens=np.full(size, r))
         if self.in_graph:   # the lengths and offsets as one buffer, its copy captured too
             self.inputs = StepInputs(size, dev, in_graph=True)
-            self.inputs.replay(_NoGraph(), lens, self.qsl_host.numpy())   # write the pinned buffer
-            self.inputs.copy()                                            # and copy it, eagerly
             self.seq, self.qsl = self.inputs.seq_lens, self.inputs.query_start_loc
+            self.qsl.copy_(self.qsl_host)   # the capture's offsets (its lengths are set below)
         if use_graph:
             self.seq.copy_(torch.from_numpy(lens.astype(np.int32)))
             for _ in range(2):   # compile and warm up outside the capture
@@ -250,13 +249,6 @@ class Graphed:
         q = np.full(self.size, self.rig.rows_per_req, np.int64)
         q[:B] = ql
         return s, q
-
-
-class _NoGraph:
-    """``StepInputs.replay``'s graph before there is one (writes the buffer, replays nothing)."""
-
-    def replay(self):
-        pass
 
 
 class DeviceGraphed:

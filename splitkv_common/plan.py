@@ -944,13 +944,16 @@ def _fast_settings(num_kv_heads, page_size, head_dim, kv_elem_bytes, num_q_heads
 def _fast_policy(f: _Fast, policy, device, T: int):
     """The device profile, policy, ``Hq`` and cap of a fast-path plan, or None (the general path
     plans). Called once the batch is screened: raises only what the general path raises first then
-    (an unknown device or a policy that does not parse)."""
+    (an unknown device or a policy that does not parse), and nothing for ``T`` query rows over the
+    limit (the general path reports those before the device)."""
+    if T > _limits.MAX_QUERY_ROWS:
+        return None
     prof = get_profile(device)
     pol = _parse_policy(policy) if isinstance(policy, str) else SplitPolicy.parse(policy)
     if pol.kind == "fixed_count":
         return None
     hq = f.num_q_heads if f.num_q_heads is not None else f.hkv
-    if hq <= 0 or hq % f.hkv or f.head_dim <= 0 or T >= _I32_LIMIT:
+    if hq <= 0 or hq % f.hkv or f.head_dim <= 0:
         return None
     cap = prof.max_splits if f.max_splits is None else f.max_splits
     if cap <= 0 or (pol.kind == "fixed_size" and pol.value % f.page):
@@ -1009,8 +1012,6 @@ def _plan_small(seq_lens, q_lens, query_start_loc, policy, device, f: _Fast):
         qsl += itertools.accumulate(ql)
     T = qsl[-1]
     hkv, page_size = f.hkv, f.page
-    if T > _limits.MAX_QUERY_ROWS:
-        return None
     got = _fast_policy(f, policy, device, T)
     if got is None:
         return None
@@ -1118,8 +1119,6 @@ def _plan_wide(seq_lens, q_lens, query_start_loc, policy, device, f: _Fast):
         qsl = np.zeros(B + 1, np.int64)
         np.cumsum(ql, out=qsl[1:])
     T = int(qsl[-1])
-    if T > _limits.MAX_QUERY_ROWS:
-        return None
     got = _fast_policy(f, policy, device, T)
     if got is None:
         return None

@@ -171,6 +171,19 @@ class _Replay:
         self.result = self.fn()
 
 
+def _capture(step):
+    """``step`` (returning ``(out, lse)``) captured in a CUDA graph after a warm-up call, or off CUDA
+    in a :class:`_Replay`: ``(graph, out, lse)``."""
+    if DEVICE == "cuda":
+        step()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out, lse = step()
+        return g, out, lse
+    return (_Replay(step), *step())
+
+
 def test_step_inputs_in_graph_copy_is_replayed_with_each_steps_lengths():
     """``StepInputs(in_graph=True)``: one pinned host buffer; the captured copy (``copy()``) carries
     what ``replay()`` wrote before each replay, so successive steps with other lengths give the bits
@@ -190,15 +203,7 @@ def test_step_inputs_in_graph_copy_is_replayed_with_each_steps_lengths():
         return w.run(**dict(x, seq_lens=si.seq_lens, query_start_loc=si.query_start_loc), scale=inp.scale)
 
     si.update(inp.seq_lens, inp.query_start_loc)   # warm-up values (the capture runs nothing on CUDA)
-    if DEVICE == "cuda":
-        step()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out, lse = step()
-    else:
-        g = _Replay(step)
-        out, lse = step()
+    g, out, lse = _capture(step)
     for lens in ([1, 0, 3, 4], [69, 0, 8, 40], list(inp.seq_lens)):   # within each request's pages
         si.replay(g, np.asarray(lens, np.int64), inp.query_start_loc)
         if DEVICE == "cpu":
@@ -267,15 +272,7 @@ def test_plan_in_graph_replays_each_steps_host_plan():
     # the graph: the copy captured, each step plan() + lengths + replay
     w.plan(inp.seq_lens, query_start_loc=inp.query_start_loc)
     si.update(inp.seq_lens, inp.query_start_loc)
-    if DEVICE == "cuda":
-        step()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out, lse = step()
-    else:
-        g = _Replay(step)
-        out, lse = step()
+    g, out, lse = _capture(step)
     for lens in ([1, 0, 3, 4], [69, 0, 8, 40], [2, 0, 1, 1], [60, 0, 5, 33]):   # within each request's pages
         w.plan(np.asarray(lens, np.int64), query_start_loc=inp.query_start_loc)
         si.update(np.asarray(lens, np.int64), inp.query_start_loc)

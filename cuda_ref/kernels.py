@@ -137,6 +137,8 @@ def split_kv_kernel(
         if q_len == 0:  # padding (the grid covers the block table's capacity): nothing to read or write
             return
     else:
+        if tl.load(ITEM_REQ + item) < 0:  # padding of a graph-stable plan: nothing to read or write
+            return
         b, h, split, start, end, seq_len, r0, q_len, n_split = _load_work_item(
             ITEM_REQ, ITEM_HEAD, ITEM_SPLIT, ITEM_START, ITEM_END, SEQ_LENS, QUERY_START, NUM_SPLITS, item,
             NUM_KV_HEADS, KV_CAP, BATCH, BOUNDS)
@@ -199,11 +201,12 @@ def _load_work_item(ITEM_REQ, ITEM_HEAD, ITEM_SPLIT, ITEM_START, ITEM_END, SEQ_L
     """The work item's fields and its request's: ``(b, h, split, start, end, seq_len, r0, q_len, n_split)``.
 
     A padding item of a graph-stable plan (request ``-1``) becomes an empty range of request 0
-    with no query rows, so it reads and writes nothing; with ``BOUNDS`` so does an item whose
-    request or KV head is out of range (its request's fields are not even loaded), and the range
-    is clipped to ``[0, KV_CAP)``. No branch on a loaded value before the KV loop: the work item's
-    fields, then the request's, then the first tiles' page ids are each one round trip to memory,
-    not one per branch."""
+    with no query rows, so it reads and writes nothing (``split_kv_kernel`` returns before this for
+    one: a padded grid's extra programs cost a load each, run 21); with ``BOUNDS`` so does an item
+    whose request or KV head is out of range (its request's fields are not even loaded), and the
+    range is clipped to ``[0, KV_CAP)``. Beyond that padding test, which needs the first round trip's
+    value anyway, no branch on a loaded value before the KV loop: the work item's fields, then the
+    request's, then the first tiles' page ids are each one round trip to memory, not one per branch."""
     b = tl.load(ITEM_REQ + item)
     h = tl.load(ITEM_HEAD + item)
     split = tl.load(ITEM_SPLIT + item)

@@ -148,6 +148,9 @@ class DevicePlan:
     max_q_len: int = 0  # query rows of the longest request; 0: unknown (the kernel then handles several)
     split_size: int = 0
     item_tokens: int = 0  # the plan's split length (default_config's tile at D 64); 0: unknown
+    # the work items default_config chooses for: a graph-stable plan's valid items (those of the plan
+    # the buffer was made for; its padding returns at once), not its capacity; 0: num_items
+    config_items: int = 0
     _views: "dict | None" = field(default=None, repr=False, compare=False)
 
     @staticmethod
@@ -353,7 +356,8 @@ class PlanUploader:
         if out is not None:
             return out
         return DevicePlan(dst, W, B, T, plan.num_slots, plan.max_splits, block_m, row_blocks, plan.graph_stable,
-                          max_q_len=max_q, item_tokens=plan.split_tokens, _views=views)
+                          max_q_len=max_q, item_tokens=plan.split_tokens,
+                          config_items=plan.num_valid_items if plan.graph_stable else 0, _views=views)
 
 
     def copy(self) -> None:
@@ -508,7 +512,8 @@ def plan_launch_key(dplan: DevicePlan, device) -> tuple:
     sms = _device_traits(device)[0]
     return (dplan.block_m, dplan.row_blocks, dplan.graph_stable, dplan.split_size,
             dplan.max_splits if dplan.split_size else 0, dplan.max_q_len != 1,
-            dplan.item_tokens >= LONG_ITEM_TOKENS, n > 0, 0 < n <= _FEW_ITEMS, n * dplan.row_blocks <= 2 * sms,
+            dplan.item_tokens >= LONG_ITEM_TOKENS, n > 0, 0 < (dplan.config_items or n) <= _FEW_ITEMS,
+            n * dplan.row_blocks <= 2 * sms,
             dplan.max_splits > 1 or dplan.graph_stable)
 
 
@@ -526,8 +531,8 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
     group = Hq // Hkv
     kv_int8 = k_cache.dtype == torch.int8
     dot_ieee = q.dtype == torch.float32 or kv_int8
-    cfg = config or default_config(D, k_cache.element_size() if not kv_int8 else 4, dplan.num_items,
-                                   batch_invariant, dplan.item_tokens)
+    cfg = config or default_config(D, k_cache.element_size() if not kv_int8 else 4,
+                                   dplan.config_items or dplan.num_items, batch_invariant, dplan.item_tokens)
     block_d = max(16, 1 << (D - 1).bit_length())  # the next power of two
     sh, per_channel = _scale_layout(k_scale)
     # the bounds the kernel keeps whatever the values: sizes of the tensors it was given

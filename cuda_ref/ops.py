@@ -12,6 +12,9 @@ graph-captured decoding use :class:`cuda_ref.wrapper.DecodeWrapper` (``plan()`` 
   with ``1`` the kernel leaves out the loop for tiles whose rows see different positions (fewer
   registers; run 12, B64 x 2k: 131 against 163 µs), known from the host plan without a host sync. A
   plan whose requests have more rows than it says gets wrong results there (never a wild access).
+  The optional tenth is the work-item count the kernel configuration is chosen for (``0``: the
+  plan's items): a graph-stable plan's valid items rather than its padded capacity, as
+  :class:`~cuda_ref.wrapper.DecodeWrapper` chooses (``DevicePlan.config_items``).
   Before the launch the real kernel checks every argument's metadata and the plan's sizes against
   the tensors (:func:`check_decode_op`: no host sync, cached per signature); the fake kernel checks
   nothing. The plan's values are not read on the host: the kernels bound every address by the
@@ -54,8 +57,8 @@ def check_decode_op(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
                  k_offset=k_offset, v_offset=v_offset, scale=scale, soft_cap=soft_cap, window_left=window_left)
     if scale is None:
         raise ValueError("scale: required by decode_attention, got None")
-    if len(plan_shape) not in (8, 9) or any(int(x) < 0 for x in plan_shape):
-        raise ValueError(f"plan_shape: must be 8 or 9 sizes >= 0 (plan_args), got {list(plan_shape)}")
+    if len(plan_shape) not in (8, 9, 10) or any(int(x) < 0 for x in plan_shape):
+        raise ValueError(f"plan_shape: must be 8 to 10 sizes >= 0 (plan_args), got {list(plan_shape)}")
     n_items, B, T, n_slots, max_splits, block_m, row_blocks, stable = (int(x) for x in plan_shape[:8])
     if T != q.shape[0]:
         raise ValueError(f"q: the plan is for {T} query rows, q has {q.shape[0]}")
@@ -77,7 +80,7 @@ def check_decode_op(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
 def plan_args(dplan: DevicePlan) -> tuple[torch.Tensor, list[int]]:
     """``(plan_data, plan_shape)`` for :func:`decode_attention` from a device plan."""
     return dplan.data, [dplan.num_items, dplan.batch_size, dplan.num_rows, dplan.num_slots, dplan.max_splits,
-                        dplan.block_m, dplan.row_blocks, int(dplan.graph_stable), dplan.max_q_len]
+                        dplan.block_m, dplan.row_blocks, int(dplan.graph_stable), dplan.max_q_len, dplan.config_items]
 
 
 @torch.library.custom_op("splitkv::decode_attention", mutates_args=())
@@ -91,9 +94,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                     soft_cap, window_left, k_scale, v_scale, k_offset, v_offset)
     n_items, B, T, n_slots, max_splits, block_m, row_blocks, stable = plan_shape[:8]
     max_q_len = plan_shape[8] if len(plan_shape) > 8 else 0  # 0: unknown, the kernel handles several rows
+    config_items = plan_shape[9] if len(plan_shape) > 9 else 0   # 0: n_items
     _, Hq, D = q.shape
     Hkv = k_cache.shape[2]
-    dplan = DevicePlan(plan_data, n_items, B, T, n_slots, max_splits, block_m, row_blocks, bool(stable), max_q_len)
+    dplan = DevicePlan(plan_data, n_items, B, T, n_slots, max_splits, block_m, row_blocks, bool(stable), max_q_len,
+                       config_items=config_items)
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
     part_o = torch.empty((max(n_slots, 1), Hq, D), dtype=torch.float32, device=q.device)

@@ -98,12 +98,12 @@ def test_decode_op_takes_the_plans_longest_request_from_plan_shape():
     # (unknown) keep the kernel that handles several rows: the same values either way
     inp, args = _op_args("seed/worked-example")
     shape = args[7]
-    assert len(shape) == 9 and shape[8] == int(np.diff(inp.query_start_loc).max())
-    out9, lse9 = torch.ops.splitkv.decode_attention(*args)
+    assert len(shape) == 10 and shape[8] == int(np.diff(inp.query_start_loc).max())
+    out9, lse9 = torch.ops.splitkv.decode_attention(*args[:7], shape[:9], args[8])
     out8, lse8 = torch.ops.splitkv.decode_attention(*args[:7], shape[:8], args[8])
     assert _judge(inp, out9.float().cpu().numpy(), lse9.cpu().numpy()).passed
     torch.testing.assert_close(out9, out8, rtol=0, atol=1e-6)
-    with pytest.raises(ValueError, match="plan_shape: must be 8 or 9 sizes"):
+    with pytest.raises(ValueError, match="plan_shape: must be 8 to 10 sizes"):
         torch.ops.splitkv.decode_attention(*args[:7], shape + [1], args[8])
 
 
@@ -175,6 +175,37 @@ def test_fixed_split_size_is_bitwise_batch_invariant(length, head_dim, split, mo
         np.testing.assert_array_equal(o, got[0][0])
         np.testing.assert_array_equal(l, got[0][1])
     assert set(tiles) == {128 if head_dim == 64 else 64}
+
+
+def test_graph_stable_plans_take_the_configuration_of_their_valid_items(monkeypatch):
+    # a graph-stable plan's padding items return at once, so the kernel configuration is chosen for
+    # the valid items of the plan its buffer was made for (DevicePlan.config_items), not the padded
+    # capacity: the same configuration, hence the same bits, as the plan without padding; the ops
+    # path (plan_args' tenth entry) chooses the same
+    from cuda_ref import launch
+
+    seen = []
+    choose = launch.default_config
+    monkeypatch.setattr(launch, "default_config", lambda *a: seen.append(a[2]) or choose(*a))
+    inp = cases.random_inputs(4, [300, 37, 0], num_q_heads=8, num_kv_heads=2, head_dim=64, dtype="bfloat16")
+    plain = inp.plan("size:64")
+    stable = inp.plan("size:64", graph_stable=True, max_work_items=launch._FEW_ITEMS + 40)
+    assert plain.num_items == stable.num_valid_items <= launch._FEW_ITEMS < stable.num_items
+    got = [tb.run(inp, p) for p in (plain, stable)]
+    assert seen == [plain.num_items, plain.num_items]
+    for a, b in zip(*got):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    w = DecodeWrapper(8, 2, 64, 16, dtype="bfloat16", graph_stable=True)
+    w.set_plan(stable)
+    data, shape = ops.plan_args(w.dplan)
+    assert shape[9] == stable.num_valid_items
+    x = to_torch(inp, w.device)
+    seen.clear()
+    out, _ = torch.ops.splitkv.decode_attention(x["q"], x["k_cache"], x["v_cache"], x["block_table"], x["seq_lens"],
+                                                x["query_start_loc"], data, shape, inp.scale)
+    assert seen == [plain.num_items]
+    np.testing.assert_array_equal(out.float().cpu().numpy().view(np.uint32),
+                                  got[0][0].astype(np.float32).view(np.uint32))
 
 
 def test_fused_and_separate_merge_agree_bitwise():

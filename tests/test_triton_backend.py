@@ -208,6 +208,21 @@ def test_graph_stable_plans_take_the_configuration_of_their_valid_items(monkeypa
                                   got[0][0].astype(np.float32).view(np.uint32))
 
 
+def test_only_graph_stable_plans_compile_the_padding_test():
+    # the test that returns a padding item after one load costs a round trip before a real item's
+    # loads: compiled where a plan has padding (graph-stable host plans) and nowhere else
+    inp = cases.random_inputs(5, [90, 0, 33], num_q_heads=4, num_kv_heads=2, head_dim=32, dtype="bfloat16")
+    x = to_torch(inp, DEVICE)
+    got = {}
+    for stable in (False, True):
+        w = DecodeWrapper(4, 2, 32, 16, dtype="bfloat16", graph_stable=stable, policy="size:32", device=DEVICE)
+        w.plan(inp.seq_lens, query_start_loc=inp.query_start_loc)
+        out, _ = w.run(**x, scale=inp.scale)
+        got[stable] = (w.last_launch.constexprs["PADDED"], out.float().cpu().numpy())
+    assert got[True][0] is True and got[False][0] is False
+    np.testing.assert_array_equal(got[True][1].view(np.uint32), got[False][1].view(np.uint32))
+
+
 def test_fused_and_separate_merge_agree_bitwise():
     # both merges are kernels._merge_row over the same [CHUNK, BLOCK_D] tiles (launch.merge_chunk)
     inp = cases.random_inputs(3, [700, 45, 0, 333], q_lens=[1, 2, 1, 1], num_q_heads=8, num_kv_heads=2,

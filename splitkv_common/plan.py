@@ -750,12 +750,13 @@ def _iota(n: int, dtype=np.int32) -> np.ndarray:
     return a
 
 
-def _fill_uniform(buf: np.ndarray, sp: _Spans, s, B: int, hkv: int, N: int):
-    """Work items when every request has ``N`` ranges: ``[B, Hkv, N]`` views, broadcast writes."""
+def _fill_uniform(buf: np.ndarray, sp: _Spans, s, B: int, hkv: int, N: int, order=None):
+    """Work items when every request has ``N`` ranges: ``[B, Hkv, N]`` views, broadcast writes;
+    ``order``: the requests' order (:func:`_longest_first`; ``sp`` and ``s`` in it), None: 0..B-1."""
     if B == 0:
         return
     req, head, split, kv_start, kv_end = buf[:, :B * hkv * N].reshape(5, B, hkv, N)
-    req[...] = _iota(B)[:, None, None]
+    req[...] = (_iota(B) if order is None else order)[:, None, None]
     head[...] = _iota(hkv)[:, None]
     if N == 1:   # one range: [start, end)
         split[...] = 0
@@ -775,20 +776,20 @@ def _fill_uniform(buf: np.ndarray, sp: _Spans, s, B: int, hkv: int, N: int):
     kv_end[...] = np.minimum(sp.end[:, None], b)[:, None, :]
 
 
-def _fill_ragged(buf: np.ndarray, sp: _Spans, s, n: np.ndarray, hkv: int, W: int):
+def _fill_ragged(buf: np.ndarray, sp: _Spans, s, n: np.ndarray, hkv: int, W: int, order=None):
     """Work items for ragged range counts: one segment per (request, KV head) holding its ``n``
     ranges, ``j`` counting up inside each. Item-sized arithmetic is done in int32 (the plan's type)
-    straight into the buffer's rows."""
+    straight into the buffer's rows. ``order``: as :func:`_fill_uniform`'s."""
     s_max = int(s.max()) if isinstance(s, np.ndarray) else int(s)
     if sp.max_last + 1 + s_max >= 2**31:   # positions near the int32 limit: go wide
         wide = np.zeros((5, W), np.int64)
-        _fill_ragged_into(wide, sp, s, n, hkv, W)
+        _fill_ragged_into(wide, sp, s, n, hkv, W, order)
         buf[:, :W] = wide
         return
-    _fill_ragged_into(buf, sp, s, n, hkv, W)
+    _fill_ragged_into(buf, sp, s, n, hkv, W, order)
 
 
-def _fill_ragged_into(buf: np.ndarray, sp: _Spans, s, n: np.ndarray, hkv: int, W: int):
+def _fill_ragged_into(buf: np.ndarray, sp: _Spans, s, n: np.ndarray, hkv: int, W: int, order=None):
     """:func:`_fill_ragged`'s arithmetic, in ``buf``'s integer type."""
     B = n.shape[0]
     dt = buf.dtype
@@ -805,6 +806,8 @@ def _fill_ragged_into(buf: np.ndarray, sp: _Spans, s, n: np.ndarray, hkv: int, W
         np.subtract(seg, req * hkv, out=head)
     np.subtract(np.arange(W, dtype=dt), np.repeat(seg_off, seg_len), out=split)
     item_count = n * hkv
+    if order is not None:   # the k-th block is request order[k]
+        req[...] = np.repeat(order.astype(dt), item_count)
     end_i = np.repeat(sp.end.astype(dt), item_count)
     if sp.at_zero and not isinstance(s, np.ndarray):
         # ranges start on multiples of s: [j * s, min(end, (j + 1) * s))
@@ -820,18 +823,52 @@ def _fill_ragged_into(buf: np.ndarray, sp: _Spans, s, n: np.ndarray, hkv: int, W
     np.minimum(end_i, b, out=kv_end)
 
 
-def _work_items(sp: _Spans, s, n: np.ndarray, most: int, hkv: int, capacity: int | None, reuse=None):
-    """The work-item arrays (int32 rows of one buffer): request-major, then KV head, then split;
-    padded to ``capacity`` (graph-stable plans) with ``item_request = -1`` and empty ranges.
+def _order_items(prof: DeviceProfile) -> int:
+    """The work items above which a plan puts its longest requests first (:func:`_longest_first`):
+    four per unit (528 on the H200), more than its programs run at once."""
+    return 4 * prof.units
+
+
+def _longest_first(sp: _Spans, s, n, W: int, above: int):
+    """The requests' order in a plan of ``W`` items (not graph-stable): those reading the most
+    tokens (``end - start``) first, ties in batch order (a stable sort), or None to keep the batch
+    order. Only plans of more than ``above`` items (:func:`_order_items`), which the device runs in
+    waves: it starts programs in grid order, so the longest requests no longer start last and set
+    the tail. On the H200, eager ragged batches of 1,024-2,048 items ran 9-19 % faster, and plans of
+    up to 520 items did not gain (+-2 %; run 21, docs/perf-notes.md). Graph-stable plans keep the
+    batch order (no gain measured there).
+
+    Returns ``(order [B] int32, sp, s, n)`` with the spans, split lengths and range counts in that
+    order (the fills write the items of request ``order[k]`` k-th), or ``(None, sp, s, n)``."""
+    if W <= above:
+        return None, sp, s, n
+    key = sp.end if sp.at_zero else sp.end - sp.start
+    if key.shape[0] < 2 or bool((key[:-1] >= key[1:]).all()):
+        return None, sp, s, n
+    order = np.argsort(-key, kind="stable")
+    sp = _Spans(None if sp.start is None else sp.start[order], sp.end[order], sp.last[order],
+                sp.raw_span[order], sp.longest, sp.max_last, sp.at_zero)
+    return (order.astype(np.int32), sp, s[order] if isinstance(s, np.ndarray) else s,
+            None if n is None else n[order])
+
+
+def _work_items(sp: _Spans, s, n: np.ndarray, most: int, hkv: int, capacity: int | None, reuse=None,
+                order_above: int = 0):
+    """The work-item arrays (int32 rows of one buffer): request-major (requests reading more tokens
+    first, :func:`_longest_first`, except in graph-stable plans), then KV head, then split; padded
+    to ``capacity`` (graph-stable plans) with ``item_request = -1`` and empty ranges.
     Returns the buffer and the count of valid items."""
     B = n.shape[0]
     R = int(n.sum()) if B else 0
     W = R * hkv
     buf = _alloc_items(W, capacity, reuse)
+    order = None
+    if capacity is None:
+        order, sp, s, n = _longest_first(sp, s, n, W, order_above)
     if R == B * most:
-        _fill_uniform(buf, sp, s, B, hkv, most)
+        _fill_uniform(buf, sp, s, B, hkv, most, order)
     else:
-        _fill_ragged(buf, sp, s, n, hkv, W)
+        _fill_ragged(buf, sp, s, n, hkv, W, order)
     return buf, W
 
 
@@ -1057,23 +1094,27 @@ def _plan_small(seq_lens, q_lens, query_start_loc, policy, device, f: _Fast):
     capacity = _fast_capacity(f, B, W, T, cap)
     if capacity is False:
         return None
-    # work items
+    # work items (requests in batch order, or the longest first: _longest_first)
+    order = range(B)
+    if capacity is None and W > _order_items(prof) and any(x < y for x, y in zip(seq, seq[1:])):
+        order = sorted(order, key=lambda b: -seq[b])
     buf = _alloc_items(W, capacity, f.reuse)
     if R == B * most:   # every request has `most` ranges: [B, Hkv, N] broadcasts of one template
         v = buf[:, :W].reshape(5, B, hkv, most)
-        v[0] = 0 if B == 1 else _iota(B)[:, None, None]
+        v[0] = 0 if B == 1 else np.array(order, np.int32)[:, None, None]
         v[1] = _iota(hkv)[:, None]
         v[2:] = _uniform_template(most, split)[:, None, None, :]
-        v[4, :, :, most - 1] = seq[0] if B == 1 else np.array(seq, np.int32)[:, None]
+        v[4, :, :, most - 1] = seq[0] if B == 1 else np.array([seq[b] for b in order], np.int32)[:, None]
     else:   # each request's block of Hkv x n items from its template
         head = _iota(hkv)[:, None]
         off = 0
-        for b, (k, x) in enumerate(zip(n, seq)):
+        for b in order:
+            k = n[b]
             v = buf[:, off:off + hkv * k].reshape(5, hkv, k)
             v[0] = b
             v[1] = head
             v[2:] = _uniform_template(k, split)[:, None, :]
-            v[4, :, k - 1] = x
+            v[4, :, k - 1] = seq[b]
             off += hkv * k
     # partial slots
     if T == 0:
@@ -1150,10 +1191,13 @@ def _plan_wide(seq_lens, q_lens, query_start_loc, policy, device, f: _Fast):
     if capacity is False:
         return None
     buf = _alloc_items(W, capacity, f.reuse)
+    order, osp, on = None, sp, n
+    if capacity is None:
+        order, osp, _, on = _longest_first(sp, split, n, W, _order_items(prof))
     if R == B * most:
-        _fill_uniform(buf, sp, split, B, hkv, most)
+        _fill_uniform(buf, osp, split, B, hkv, most, order)
     else:
-        _fill_ragged(buf, sp, split, n, hkv, W)
+        _fill_ragged(buf, osp, split, on, hkv, W, order)
     if n is None and ql is None and not f.graph_stable:   # a row and a split per request: slot b for row b
         num_splits, row_ns, row_start, num_slots = np.ones(B, np.int32), np.ones(B, np.int32), _iota(B).copy(), B
     else:
@@ -1237,7 +1281,7 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
     capacity = None
     if graph_stable:
         capacity = batch.seq.shape[0] * num_kv_heads * batch.cap if max_work_items is None else int(max_work_items)
-    buf, n_valid = _work_items(sp, s, n, most, num_kv_heads, capacity, reuse)
+    buf, n_valid = _work_items(sp, s, n, most, num_kv_heads, capacity, reuse, _order_items(batch.prof))
     return _new_plan(buf, n_valid, num_splits, batch.qsl.astype(np.int32), row_start, row_ns, num_slots,
                      num_kv_heads, int(page_size), batch.pol, split, graph_stable, reason, est)
 

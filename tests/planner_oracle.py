@@ -210,8 +210,13 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
         row_start = np.concatenate([[0], np.cumsum(row_ns)[:-1]]).astype(np.int32) if T else np.zeros(0, np.int32)
         num_slots = int(row_ns.sum())
 
-    items = [(b, h, j, a, e) for b, rngs in enumerate(per_req) for h in range(num_kv_heads)
-             for j, (a, e) in enumerate(rngs)]
+    # requests reading more tokens first (ties in batch order) in plans of more than four items per
+    # unit, except graph-stable ones
+    order = list(range(B))
+    if not graph_stable and num_kv_heads * sum(len(r) for r in per_req) > 4 * prof.units:
+        order.sort(key=lambda b: -(per_req[b][-1][1] - per_req[b][0][0]))
+    items = [(b, h, j, a, e) for b in order for h in range(num_kv_heads)
+             for j, (a, e) in enumerate(per_req[b])]
     n_valid = len(items)
     if graph_stable:
         cap_items = B * num_kv_heads * cap if max_work_items is None else int(max_work_items)

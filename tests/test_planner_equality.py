@@ -303,3 +303,45 @@ def test_auto_explanation_is_made_when_read():
         assert_same_plan(got, want)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         make_plan(seq, **kw).nope
+
+
+def _request_blocks(plan):
+    """The requests of a plan's valid items in item order, one entry per contiguous block."""
+    req = plan.item_request[: plan.num_valid_items]
+    starts = np.flatnonzero(np.r_[True, req[1:] != req[:-1]])
+    return req[starts]
+
+
+@pytest.mark.parametrize("B, lo, hi, policy, window", [
+    (128, 128, 2049, "auto", None),      # no split, the wide path
+    (256, 512, 8193, "none", None),
+    (10, 700, 1100, "size:16", None),    # the small path, many splits
+    (150, 100, 3000, "count:3", None),   # the general path
+    (150, 100, 3000, "auto", 700),       # a window: the span read, not the length
+])
+def test_plans_of_many_items_put_the_longest_requests_first(B, lo, hi, policy, window):
+    # more items than the device runs at once (4 per unit: 528 on the H200): the requests reading
+    # the most tokens first, each request's items together, ties in batch order; fewer items and
+    # graph-stable plans keep the batch order
+    rng = np.random.default_rng(B)
+    seq = rng.integers(lo, hi, B)
+    seq[1] = seq[0]   # a tie
+    kw = dict(num_kv_heads=8, num_q_heads=32, head_dim=128, page_size=16, policy=policy, window_left=window)
+    plan = both(seq, **kw)
+    assert plan.num_valid_items > 4 * get_profile("h200").units
+    blocks = _request_blocks(plan)
+    assert sorted(blocks.tolist()) == list(range(B))   # each request's items in one block
+    first = {}
+    for i in range(plan.num_valid_items):
+        first.setdefault(int(plan.item_request[i]), i)
+    read = np.array([plan.item_kv_end[plan.item_request == b].max() - plan.item_kv_start[plan.item_request == b].min()
+                     for b in blocks])
+    assert (read[:-1] >= read[1:]).all()
+    tie = [b for b in blocks if b in (0, 1)]
+    assert tie == [0, 1]
+    assert not (np.diff(blocks) > 0).all()   # the batch was not in that order already
+    stable = both(seq, graph_stable=True, **kw)
+    assert (np.diff(_request_blocks(stable)) > 0).all()
+    few = both(seq[:10] if policy != "size:16" else seq[:1], **kw)
+    if few.num_valid_items <= 4 * get_profile("h200").units:
+        assert (np.diff(_request_blocks(few)) > 0).all()

@@ -6,6 +6,10 @@ A :class:`Plan` is plain data shared by every backend (NumPy, torch, Triton, Asc
   its request), ``item_kv_start`` / ``item_kv_end`` (a ``[start, end)`` range of logical KV
   positions). A work item covers every query row of its request and every query head of its KV
   head's GQA group. Padding items (graph-stable plans) have ``item_request == -1`` and an empty range.
+  Items come request by request (KV head, then split, inside each); the order of the items does not
+  change any result (each writes its own slot). A plan of more items than its device runs at once
+  puts the requests that read the most tokens first (:func:`_longest_first`), others keep the batch
+  order.
 * **partial slots**: the partial of query row ``t`` (global row, ``query_start_loc[b] + i``) from
   split ``j`` lives in slot ``row_slot_start[t] + j``; row ``t`` merges ``row_num_splits[t]``
   consecutive slots. Partials are float32 ``o [num_slots, Hq, D]`` and ``lse [num_slots, Hq]``
@@ -1095,20 +1099,21 @@ def _plan_small(seq_lens, q_lens, query_start_loc, policy, device, f: _Fast):
     if capacity is False:
         return None
     # work items (requests in batch order, or the longest first: _longest_first)
-    order = range(B)
+    order = None
     if capacity is None and W > _order_items(prof) and any(x < y for x, y in zip(seq, seq[1:])):
-        order = sorted(order, key=lambda b: -seq[b])
+        order = sorted(range(B), key=lambda b: -seq[b])
     buf = _alloc_items(W, capacity, f.reuse)
     if R == B * most:   # every request has `most` ranges: [B, Hkv, N] broadcasts of one template
         v = buf[:, :W].reshape(5, B, hkv, most)
-        v[0] = 0 if B == 1 else np.array(order, np.int32)[:, None, None]
+        v[0] = 0 if B == 1 else (_iota(B) if order is None else np.array(order, np.int32))[:, None, None]
         v[1] = _iota(hkv)[:, None]
         v[2:] = _uniform_template(most, split)[:, None, None, :]
-        v[4, :, :, most - 1] = seq[0] if B == 1 else np.array([seq[b] for b in order], np.int32)[:, None]
+        ends = seq if order is None else [seq[b] for b in order]
+        v[4, :, :, most - 1] = seq[0] if B == 1 else np.array(ends, np.int32)[:, None]
     else:   # each request's block of Hkv x n items from its template
         head = _iota(hkv)[:, None]
         off = 0
-        for b in order:
+        for b in range(B) if order is None else order:
             k = n[b]
             v = buf[:, off:off + hkv * k].reshape(5, hkv, k)
             v[0] = b

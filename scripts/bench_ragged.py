@@ -7,8 +7,8 @@ after an L2 read flush (``bench_decode.Timer``), in interleaved rounds (median o
 
 * ``auto``, eager plan: the planner's item order (plans of more than 4 items per unit put the
   longest requests first) and the same plan in batch order (its items stably sorted by request);
-* ``auto``, graph-stable plan (padded to ``B x Hkv x max_splits`` items, what a captured decode step
-  replays);
+* ``auto``, graph-stable plan (padded to its capacity, ``splitkv_common.plan.graph_capacity``: what a
+  captured decode step replays);
 * ``size:S``, eager and graph-stable; ``size:S`` planned on the device (``device_plan=True``).
 
 Outputs are checked bitwise between the orders and between eager and graph-stable ``auto``

@@ -376,6 +376,7 @@ class _Batch:
     hq: int
     min_split: int
     cap: int
+    max_items: int | None = None   # a graph-stable plan's capacity: auto's splits must fit it
 
 
 @dataclass(slots=True)
@@ -536,7 +537,8 @@ def _choose_auto(sp: _Spans, batch: _Batch, *, num_kv_heads: int, head_dim: int,
     cands = _auto_candidates(sp.longest, batch.min_split, page, batch.cap)
     stats = _candidate_stats(sp, batch.ql, cands)
     lens_total = int(sp.end.sum()) if sp.at_zero else int((sp.end - sp.start).sum())
-    return _auto_model(batch.prof, B, batch.hq, cands, stats, lens_total, num_kv_heads, head_dim, kv_elem_bytes)
+    return _auto_model(batch.prof, B, batch.hq, cands, stats, lens_total, num_kv_heads, head_dim, kv_elem_bytes,
+                       batch.max_items)
 
 
 def npu_auto(prof: DeviceProfile, active: int, longest: int, *, num_kv_heads: int, num_q_heads: int,
@@ -608,18 +610,31 @@ def _auto_costs(prof: DeviceProfile, hq: int, cands: list, stats, lens_total: in
 
 
 def _auto_model(prof: DeviceProfile, B: int, hq: int, cands: list, stats, lens_total: int, num_kv_heads: int,
-                head_dim: int, kv_elem_bytes: int):
+                head_dim: int, kv_elem_bytes: int, max_items: int | None = None):
     """The choice over the candidates' costs (:func:`_auto_costs`): the cheapest, fewer splits
-    preferred unless more gain over 3 %. Returns the split length, None and ``(function, args)``
-    that make the reason and the estimates when a reader asks for them (:meth:`Plan.__getattr__`;
-    formatting them costs more than choosing)."""
+    preferred unless more gain over 3 %. If that choice has more than ``max_items`` work items (a
+    graph-stable plan's capacity), the same choice among the candidates that fit (no split always
+    does), so a plan that fits is the plan made without a capacity. Returns the split length, None
+    and ``(function, args)`` that make the reason and the estimates when a reader asks for them
+    (:meth:`Plan.__getattr__`; formatting them costs more than choosing)."""
     costs = _auto_costs(prof, hq, cands, stats, lens_total, num_kv_heads, head_dim, kv_elem_bytes)
-    best_c = best_t = None
-    for c, _, t_attn, t_merge in costs:
+    best_c, best_w = _cheapest(costs, None)
+    if max_items is not None and best_w > max_items:
+        best_c, _ = _cheapest(costs, max_items)
+    return best_c, None, (_auto_explain, (best_c, costs, B * num_kv_heads, prof))
+
+
+def _cheapest(costs: list, max_items: int | None):
+    """``(split, work items)`` of the cheapest of ``costs`` (:func:`_auto_costs`' entries, in order),
+    fewer splits preferred unless more gain over 3 %, among those of at most ``max_items`` items."""
+    best_c = best_t = best_w = None
+    for c, w, t_attn, t_merge in costs:
+        if max_items is not None and w > max_items and best_c is not None:
+            continue
         total = t_attn + (0.0 if t_merge is None else t_merge)
         if best_c is None or total < best_t * 0.97:
-            best_c, best_t = c, total
-    return best_c, None, (_auto_explain, (best_c, costs, B * num_kv_heads, prof))
+            best_c, best_t, best_w = c, total, w
+    return best_c, best_w
 
 
 def _auto_explain(split: int, costs: list, par: int, prof: DeviceProfile):
@@ -833,14 +848,37 @@ def _order_items(prof: DeviceProfile) -> int:
     return 4 * prof.units
 
 
+# A graph-stable plan's default capacity where the policy leaves the work items to the planner
+# (``auto`` on GPU profiles, ``none``): twice the batch's (request, KV head) pairs, at least 16 per
+# unit (2,112 on the H200), at most the worst case ``B x Hkv x max_splits``. Its grid is the
+# capacity, and a capacity far above the items cost graph mode up to 32 % and the order's gain (run
+# 21, docs/perf-notes.md)
+_GRAPH_ITEMS_PER_UNIT = 16
+
+
+def graph_capacity(batch_size: int, num_kv_heads: int, max_splits: int, policy: SplitPolicy,
+                   prof: DeviceProfile, max_work_items: int | None = None) -> int:
+    """The work-item capacity of a graph-stable plan: ``max_work_items`` if given; by default
+    ``B x Hkv x max_splits`` (what ``size:N`` and ``count:N`` may need), and for ``auto`` on a GPU
+    profile and ``none`` ``min(B x Hkv x max_splits, max(2 x B x Hkv, 16 x units))``: ``auto`` then
+    chooses among the splits whose work items fit it (no split always does)."""
+    if max_work_items is not None:
+        return int(max_work_items)
+    worst = batch_size * num_kv_heads * max_splits
+    if policy.kind == "none" or (policy.kind == "auto" and not prof.cube_units):
+        return min(worst, max(2 * batch_size * num_kv_heads, _GRAPH_ITEMS_PER_UNIT * prof.units))
+    return worst
+
+
 def _longest_first(sp: _Spans, s, n, W: int, above: int):
-    """The requests' order in a plan of ``W`` items (not graph-stable): those reading the most
+    """The requests' order in a plan of ``W`` items: those reading the most
     tokens (``end - start``) first, ties in batch order (a stable sort), or None to keep the batch
     order. Only plans of more than ``above`` items (:func:`_order_items`), which the device runs in
     waves: it starts programs in grid order, so the longest requests no longer start last and set
     the tail. On the H200, eager ragged batches of 1,024-2,048 items ran 9-19 % faster, and plans of
-    up to 520 items did not gain (+-2 %; run 21, docs/perf-notes.md). Graph-stable plans keep the
-    batch order (no gain measured there).
+    up to 520 items did not gain (+-2 %; run 21, docs/perf-notes.md). Graph-stable plans too, with
+    a capacity near their items (:func:`graph_capacity`; with the padding of a capacity far above
+    them the order gained little).
 
     Returns ``(order [B] int32, sp, s, n)`` with the spans, split lengths and range counts in that
     order (the fills write the items of request ``order[k]`` k-th), or ``(None, sp, s, n)``."""
@@ -859,16 +897,14 @@ def _longest_first(sp: _Spans, s, n, W: int, above: int):
 def _work_items(sp: _Spans, s, n: np.ndarray, most: int, hkv: int, capacity: int | None, reuse=None,
                 order_above: int = 0):
     """The work-item arrays (int32 rows of one buffer): request-major (requests reading more tokens
-    first, :func:`_longest_first`, except in graph-stable plans), then KV head, then split; padded
+    first above a size, :func:`_longest_first`), then KV head, then split; padded
     to ``capacity`` (graph-stable plans) with ``item_request = -1`` and empty ranges.
     Returns the buffer and the count of valid items."""
     B = n.shape[0]
     R = int(n.sum()) if B else 0
     W = R * hkv
     buf = _alloc_items(W, capacity, reuse)
-    order = None
-    if capacity is None:
-        order, sp, s, n = _longest_first(sp, s, n, W, order_above)
+    order, sp, s, n = _longest_first(sp, s, n, W, order_above)
     if R == B * most:
         _fill_uniform(buf, sp, s, B, hkv, most, order)
     else:
@@ -1004,15 +1040,16 @@ def _fast_policy(f: _Fast, policy, device, T: int):
     return prof, pol, hq, cap
 
 
-def _fast_capacity(f: _Fast, B: int, W: int, T: int, cap: int):
-    """A graph-stable plan's work-item capacity (None when not graph-stable); False when the general
-    path must plan (and report) it."""
+def _fast_capacity(f: _Fast, B: int, W: int, T: int, cap: int, capacity):
+    """A graph-stable plan's work-item capacity (``capacity``: :func:`graph_capacity`'s; None when
+    not graph-stable); False when the general path must plan (and report) it: a default capacity is
+    checked against the limit by its worst case ``B * Hkv * cap``, as ``check_plan_limits`` does."""
     if W > _limits.MAX_WORK_ITEMS:
         return False
     if not f.graph_stable:
         return None
-    capacity = B * f.hkv * cap if f.max_work_items is None else f.max_work_items
-    if W > capacity or capacity > _limits.MAX_WORK_ITEMS or T * cap > _limits.MAX_PARTIAL_SLOTS:
+    worst = B * f.hkv * cap if f.max_work_items is None else capacity
+    if W > capacity or worst > _limits.MAX_WORK_ITEMS or T * cap > _limits.MAX_PARTIAL_SLOTS:
         return False
     return capacity
 
@@ -1059,6 +1096,7 @@ def _plan_small(seq_lens, q_lens, query_start_loc, policy, device, f: _Fast):
     if got is None:
         return None
     prof, pol, hq, cap = got
+    max_items = graph_capacity(B, hkv, cap, pol, prof, f.max_work_items) if f.graph_stable else None
     # the split length
     fixed = _fixed_choice(pol, page_size)
     if fixed is not None:
@@ -1084,7 +1122,7 @@ def _plan_small(seq_lens, q_lens, query_start_loc, policy, device, f: _Fast):
             most_c.append(max_last // c + 1)
             longest_c.append(min(c, longest))
         split, reason, est = _auto_model(prof, B, hq, cands, (ranges, rows, most_c, longest_c), sum(seq), hkv,
-                                         f.head_dim, f.kv_elem_bytes)
+                                         f.head_dim, f.kv_elem_bytes, max_items)
     # ranges per request
     if split == 0:
         n, most = [1] * B, 1
@@ -1095,12 +1133,12 @@ def _plan_small(seq_lens, q_lens, query_start_loc, policy, device, f: _Fast):
             return None
     R = sum(n)
     W = R * hkv
-    capacity = _fast_capacity(f, B, W, T, cap)
+    capacity = _fast_capacity(f, B, W, T, cap, max_items)
     if capacity is False:
         return None
     # work items (requests in batch order, or the longest first: _longest_first)
     order = None
-    if capacity is None and W > _order_items(prof) and any(x < y for x, y in zip(seq, seq[1:])):
+    if W > _order_items(prof) and any(x < y for x, y in zip(seq, seq[1:])):
         order = sorted(range(B), key=lambda b: -seq[b])
     buf = _alloc_items(W, capacity, f.reuse)
     if R == B * most:   # every request has `most` ranges: [B, Hkv, N] broadcasts of one template
@@ -1172,6 +1210,7 @@ def _plan_wide(seq_lens, q_lens, query_start_loc, policy, device, f: _Fast):
         return None
     prof, pol, hq, cap = got
     hkv, page = f.hkv, f.page
+    max_items = graph_capacity(B, hkv, cap, pol, prof, f.max_work_items) if f.graph_stable else None
     last = seq - 1
     np.maximum(last, 0, out=last)
     sp = _Spans(None, seq, last, seq, longest, max(longest - 1, 0), True)   # everything visible
@@ -1180,7 +1219,7 @@ def _plan_wide(seq_lens, q_lens, query_start_loc, policy, device, f: _Fast):
         split, reason, est = fixed
     else:
         batch = _Batch(prof, pol, seq, ql, qsl, T, hq,
-                       prof.min_split_tokens if f.min_split_tokens is None else f.min_split_tokens, cap)
+                       prof.min_split_tokens if f.min_split_tokens is None else f.min_split_tokens, cap, max_items)
         split, reason, est = _choose_auto(sp, batch, num_kv_heads=hkv, head_dim=f.head_dim,
                                           kv_elem_bytes=f.kv_elem_bytes, page=page)
     if split == 0:
@@ -1192,13 +1231,11 @@ def _plan_wide(seq_lens, q_lens, query_start_loc, policy, device, f: _Fast):
         n = last // split + 1
         R = int(n.sum())
     W = R * hkv
-    capacity = _fast_capacity(f, B, W, T, cap)
+    capacity = _fast_capacity(f, B, W, T, cap, max_items)
     if capacity is False:
         return None
     buf = _alloc_items(W, capacity, f.reuse)
-    order, osp, on = None, sp, n
-    if capacity is None:
-        order, osp, _, on = _longest_first(sp, split, n, W, _order_items(prof))
+    order, osp, _, on = _longest_first(sp, split, n, W, _order_items(prof))
     if R == B * most:
         _fill_uniform(buf, osp, split, B, hkv, most, order)
     else:
@@ -1252,7 +1289,9 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
             ``max_splits`` caps every policy.
         graph_stable: fixed shapes for graph replay: ``max_splits`` slots per query row and
             ``max_work_items`` work items (padded with ``item_request = -1``).
-        max_work_items: capacity of a graph-stable plan (default ``B * Hkv * max_splits``).
+        max_work_items: capacity of a graph-stable plan (default :func:`graph_capacity`: ``B * Hkv *
+            max_splits``, or for ``auto`` on a GPU profile and ``none`` about twice ``B * Hkv``, which
+            ``auto``'s choice then fits).
         reuse: a graph-stable plan made earlier by this function (the previous step's): when the new
             plan is graph-stable with the same capacity it takes over ``reuse``'s work-item buffer and
             writes only what changes (the padding is there already), so a step costs its valid items,
@@ -1277,15 +1316,17 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
     batch = _check_inputs(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, policy, device,
                           num_q_heads, head_dim, min_split_tokens, max_splits)
     num_kv_heads = operator.index(num_kv_heads)   # a Python int from here (work-item counts, shifts)
+    capacity = None
+    if graph_stable:
+        capacity = graph_capacity(batch.seq.shape[0], num_kv_heads, batch.cap, batch.pol, batch.prof,
+                                  None if max_work_items is None else int(max_work_items))
+        batch.max_items = capacity
     sp = _spans(batch, window_left, page_size)
     split, reason, est = _choose_split(sp, batch, num_kv_heads=num_kv_heads, head_dim=head_dim,
                                        kv_elem_bytes=kv_elem_bytes, page=page_size)
     s, n, most = _request_splits(sp, batch, split, page_size)
     num_splits = n.astype(np.int32)
     row_start, row_ns, num_slots = _slots(num_splits, batch.ql, batch.rows, batch.cap, graph_stable)
-    capacity = None
-    if graph_stable:
-        capacity = batch.seq.shape[0] * num_kv_heads * batch.cap if max_work_items is None else int(max_work_items)
     buf, n_valid = _work_items(sp, s, n, most, num_kv_heads, capacity, reuse, _order_items(batch.prof))
     return _new_plan(buf, n_valid, num_splits, batch.qsl.astype(np.int32), row_start, row_ns, num_slots,
                      num_kv_heads, int(page_size), batch.pol, split, graph_stable, reason, est)

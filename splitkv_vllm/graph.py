@@ -48,7 +48,8 @@ class GraphDecoder:
     layers that share them share its plan, tiling and workspace; they run one after another) and a
     fixed ``block_table`` buffer ``[max_reqs, max_pages]``. Capacity: ``max_reqs`` requests (the
     real ones first, the rest padded with ``seq_len 0``, no query rows), ``max_splits`` partial slots
-    per query row, ``max_work_items`` work items (default ``max_reqs * Hkv * max_splits``).
+    per query row, ``max_work_items`` work items (default: the planner's,
+    :func:`splitkv_common.plan.graph_capacity`).
 
     Per step: :meth:`refresh` (host, outside the graph, before the replay is enqueued) plans the
     padded batch and rewrites the buffers in place; :meth:`run` (captured once) only enqueues the
@@ -296,8 +297,8 @@ GRAPH_DECODERS: dict = {}
 
 def graph_options() -> dict:
     """Capacity of the graph-stable plans: ``graph_max_splits`` (``SPLITKV_VLLM_GRAPH_MAX_SPLITS``, 8) partial
-    slots per query row, ``graph_max_work_items`` (``SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS``, default
-    ``max_reqs * Hkv * max_splits``, never exceeded); ``split_tokens`` of device planning (0: off;
+    slots per query row, ``graph_max_work_items`` (``SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS``, default the
+    planner's, :func:`splitkv_common.plan.graph_capacity`); ``split_tokens`` of device planning (0: off;
     ``SPLITKV_VLLM_DEVICE_PLAN`` / ``SPLITKV_VLLM_SPLIT_TOKENS``). Malformed values are logged and
     replaced by the default."""
     s = settings.current()

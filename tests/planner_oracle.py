@@ -85,7 +85,9 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
             ``max_splits`` caps every policy.
         graph_stable: fixed shapes for graph replay: ``max_splits`` slots per query row and
             ``max_work_items`` work items (padded with ``item_request = -1``).
-        max_work_items: capacity of a graph-stable plan (default ``B * Hkv * max_splits``).
+        max_work_items: capacity of a graph-stable plan (default ``B * Hkv * max_splits``; for ``auto``
+            on a GPU profile and ``none`` ``min(that, max(2 * B * Hkv, 16 * units))``, which ``auto``'s
+            choice then fits).
     """
     prof = get_profile(device)
     pol = SplitPolicy.parse(policy)
@@ -119,6 +121,13 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
     if cap <= 0:
         raise ValueError(f"max_splits: must be positive, got {cap}")
     spans = [visible_range(int(s), int(q), window_left) for s, q in zip(seq, ql)]
+    # a graph-stable plan's capacity; where the planner chooses the splits (auto on GPU profiles,
+    # none) by default twice the (request, KV head) pairs, at least 16 per unit, at most the worst case
+    capacity = None
+    if graph_stable:
+        capacity = B * num_kv_heads * cap if max_work_items is None else int(max_work_items)
+        if max_work_items is None and (pol.kind == "none" or (pol.kind == "auto" and not prof.cube_units)):
+            capacity = min(capacity, max(2 * B * num_kv_heads, 16 * prof.units))
     longest = max([hi - (lo // page_size) * page_size for lo, hi in spans], default=0)
     est = {}
 
@@ -147,7 +156,7 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
         while s < longest:
             cands.append(s)
             s *= 2
-        best = None
+        costs = []
         for c in cands:
             if c and math.ceil(longest / c) > cap:
                 continue
@@ -155,10 +164,21 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
                 break
             ta, tm, w = _estimate_us(spans, ql, c, **kw)
             est[c] = {"attention_us": round(ta, 3), "merge_us": round(tm, 3), "work_items": w}
-            total = ta + tm
-            # prefer fewer splits unless the gain is over 3 %
-            if best is None or total < best[1] * 0.97:
-                best = (c, total)
+            costs.append((c, ta + tm, w))
+
+        def cheapest(limit):
+            best = None
+            for c, total, w in costs:
+                if limit is not None and w > limit and best is not None:
+                    continue
+                # prefer fewer splits unless the gain is over 3 %
+                if best is None or total < best[1] * 0.97:
+                    best = (c, total, w)
+            return best
+
+        best = cheapest(None)
+        if best and capacity is not None and best[2] > capacity:   # a graph-stable plan's splits must fit
+            best = cheapest(capacity)
         split = best[0] if best else 0
         if not est:
             reason = "auto: empty batch"
@@ -210,16 +230,15 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
         row_start = np.concatenate([[0], np.cumsum(row_ns)[:-1]]).astype(np.int32) if T else np.zeros(0, np.int32)
         num_slots = int(row_ns.sum())
 
-    # requests reading more tokens first (ties in batch order) in plans of more than four items per
-    # unit, except graph-stable ones
+    # requests reading more tokens first (ties in batch order) in plans of more than four items per unit
     order = list(range(B))
-    if not graph_stable and num_kv_heads * sum(len(r) for r in per_req) > 4 * prof.units:
+    if num_kv_heads * sum(len(r) for r in per_req) > 4 * prof.units:
         order.sort(key=lambda b: -(per_req[b][-1][1] - per_req[b][0][0]))
     items = [(b, h, j, a, e) for b in order for h in range(num_kv_heads)
              for j, (a, e) in enumerate(per_req[b])]
     n_valid = len(items)
     if graph_stable:
-        cap_items = B * num_kv_heads * cap if max_work_items is None else int(max_work_items)
+        cap_items = capacity
         if n_valid > cap_items:
             raise ValueError(f"max_work_items: the batch needs {n_valid} work items, over the capacity {cap_items}")
         items += [(-1, 0, 0, 0, 0)] * (cap_items - n_valid)

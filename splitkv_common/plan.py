@@ -870,12 +870,13 @@ def graph_capacity(batch_size: int, num_kv_heads: int, max_splits: int, policy: 
     return worst
 
 
-def _longest_first(sp: _Spans, s, n, W: int, above: int):
-    """The requests' order in a plan of ``W`` items: those reading the most
+def _longest_first(sp: _Spans, s, n, W: int, hkv: int, above: int):
+    """The requests' order in a plan of ``W`` items (``hkv`` per range): those reading the most
     tokens (``end - start``) first, ties in batch order (a stable sort), or None to keep the batch
-    order. Only plans of more than ``above`` items (:func:`_order_items`), which the device runs in
-    waves: it starts programs in grid order, so the longest requests no longer start last and set
-    the tail. On the H200, eager ragged batches of 1,024-2,048 items ran 9-19 % faster, and plans of
+    order. Only plans of more than ``above`` items that read tokens (:func:`_order_items`; a request
+    reading none, such as the ``seq_len = 0`` padding of a captured batch, has one empty range per
+    KV head, which costs its program a store), which the device runs in waves: it starts programs in
+    grid order, so the longest requests no longer start last and set the tail. On the H200, eager ragged batches of 1,024-2,048 items ran 9-19 % faster, and plans of
     up to 520 items did not gain (+-2 %; run 21, docs/perf-notes.md). Graph-stable plans too, with
     a capacity near their items (:func:`graph_capacity`; with the padding of a capacity far above
     them the order gained little).
@@ -886,6 +887,9 @@ def _longest_first(sp: _Spans, s, n, W: int, above: int):
         return None, sp, s, n
     key = sp.end if sp.at_zero else sp.end - sp.start
     if key.shape[0] < 2 or bool((key[:-1] >= key[1:]).all()):
+        return None, sp, s, n
+    empty = key.shape[0] - int(np.count_nonzero(key))   # requests reading nothing: one range each
+    if empty and W - empty * hkv <= above:
         return None, sp, s, n
     order = np.argsort(-key, kind="stable")
     sp = _Spans(None if sp.start is None else sp.start[order], sp.end[order], sp.last[order],
@@ -904,7 +908,7 @@ def _work_items(sp: _Spans, s, n: np.ndarray, most: int, hkv: int, capacity: int
     R = int(n.sum()) if B else 0
     W = R * hkv
     buf = _alloc_items(W, capacity, reuse)
-    order, sp, s, n = _longest_first(sp, s, n, W, order_above)
+    order, sp, s, n = _longest_first(sp, s, n, W, hkv, order_above)
     if R == B * most:
         _fill_uniform(buf, sp, s, B, hkv, most, order)
     else:
@@ -1138,7 +1142,7 @@ def _plan_small(seq_lens, q_lens, query_start_loc, policy, device, f: _Fast):
         return None
     # work items (requests in batch order, or the longest first: _longest_first)
     order = None
-    if W > _order_items(prof) and any(x < y for x, y in zip(seq, seq[1:])):
+    if W - hkv * seq.count(0) > _order_items(prof) and any(x < y for x, y in zip(seq, seq[1:])):
         order = sorted(range(B), key=lambda b: -seq[b])
     buf = _alloc_items(W, capacity, f.reuse)
     if R == B * most:   # every request has `most` ranges: [B, Hkv, N] broadcasts of one template
@@ -1235,7 +1239,7 @@ def _plan_wide(seq_lens, q_lens, query_start_loc, policy, device, f: _Fast):
     if capacity is False:
         return None
     buf = _alloc_items(W, capacity, f.reuse)
-    order, osp, _, on = _longest_first(sp, split, n, W, _order_items(prof))
+    order, osp, _, on = _longest_first(sp, split, n, W, hkv, _order_items(prof))
     if R == B * most:
         _fill_uniform(buf, osp, split, B, hkv, most, order)
     else:

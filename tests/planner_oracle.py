@@ -230,9 +230,10 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
         row_start = np.concatenate([[0], np.cumsum(row_ns)[:-1]]).astype(np.int32) if T else np.zeros(0, np.int32)
         num_slots = int(row_ns.sum())
 
-    # requests reading more tokens first (ties in batch order) in plans of more than four items per unit
+    # requests reading more tokens first (ties in batch order) in plans of more than four items per
+    # unit, counting the items of requests that read tokens
     order = list(range(B))
-    if num_kv_heads * sum(len(r) for r in per_req) > 4 * prof.units:
+    if num_kv_heads * sum(len(r) for r in per_req if r[-1][1] > r[0][0]) > 4 * prof.units:
         order.sort(key=lambda b: -(per_req[b][-1][1] - per_req[b][0][0]))
     items = [(b, h, j, a, e) for b in order for h in range(num_kv_heads)
              for j, (a, e) in enumerate(per_req[b])]

@@ -348,6 +348,34 @@ def test_plans_of_many_items_put_the_longest_requests_first(B, lo, hi, policy, w
         assert (np.diff(_request_blocks(few)) > 0).all()
 
 
+@pytest.mark.parametrize("real, policy, ordered", [
+    (1, "auto", False), (5, "auto", False), (7, "count:2", False), (60, "auto", False),   # 112-480 reading items
+    (80, "none", True), (100, "auto", True),                                             # 640, 800
+])
+def test_requests_reading_nothing_do_not_count_towards_the_order(real, policy, ordered):
+    # a captured batch padded with seq_len 0 requests (one empty item per KV head each): ordered by
+    # the items of the requests that read tokens, as a batch without the padding would be
+    rng = np.random.default_rng(real)
+    seq = np.zeros(320, np.int64)
+    seq[:real] = rng.integers(1000, 9000, real)
+    seq[1] = 100 if real > 1 else seq[1]   # shorter than the next one: not in longest-first order already
+    kw = dict(num_kv_heads=8, num_q_heads=32, head_dim=128, page_size=16, policy=policy)
+    units = get_profile("h200").units
+    for graph in (False, True):
+        plan = both(seq, graph_stable=graph, **kw)
+        read_items = int((plan.item_kv_end > plan.item_kv_start)[: plan.num_valid_items].sum())
+        assert plan.num_valid_items > 4 * units   # the padding alone would be over the threshold
+        blocks = _request_blocks(plan)
+        assert (read_items > 4 * units) == ordered
+        if not ordered:
+            assert (np.diff(blocks) > 0).all()
+        else:   # the readers first, the longest first
+            assert blocks[0] == np.argmax(seq) and set(blocks[:real].tolist()) == set(range(real))
+        small = both(seq[:real], graph_stable=graph, **kw)   # the batch without its padding
+        if small.split_tokens == plan.split_tokens:
+            np.testing.assert_array_equal(_request_blocks(small), blocks[:real])
+
+
 def test_graph_stable_auto_plans_fit_a_capacity_near_their_items():
     # graph-stable auto (GPU profile): by default twice the (request, KV head) pairs, at least 16 per
     # unit, at most B x Hkv x max_splits work items; auto's choice where it fits (then the plan is

@@ -370,7 +370,9 @@ def check_plan_limits(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=Non
                              f"cap, over the limit MAX_WORK_ITEMS = {MAX_WORK_ITEMS}; use a larger split")
     if graph_stable:
         n = B * num_kv_heads * cap if max_work_items is None else max_work_items
-        if not isinstance(n, (int, np.integer)) or n > MAX_WORK_ITEMS:
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
+            raise ValueError(f"max_work_items: must be an integer (graph-stable capacity), got {n!r}")
+        if n > MAX_WORK_ITEMS:
             raise ValueError(f"max_work_items: {n} (graph-stable capacity), over the limit MAX_WORK_ITEMS = "
                              f"{MAX_WORK_ITEMS}")
         if T * cap > MAX_PARTIAL_SLOTS:

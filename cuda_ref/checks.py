@@ -55,6 +55,26 @@ def tensor_signature(x):
     return None if x is None else (x.shape, x.stride(), x.dtype, x.device)
 
 
+def _any_batch(sig):
+    """A :func:`tensor_signature` without its first extent but whether that is 0, 1 or more."""
+    if sig is None:
+        return None
+    shape = sig[0]
+    n = shape[0]
+    return shape[1:], n if n < 2 else 2, sig[1], sig[2], sig[3]
+
+
+def any_batch_key(key: tuple) -> tuple:
+    """``DecodeWrapper.check``'s signature (ten :func:`tensor_signature` of q, the caches,
+    ``block_table``, ``seq_lens``, ``query_start_loc`` and the int8 scales, the plan's sizes, the
+    scalars) without the batch's sizes: the first extents of q, ``block_table``, ``seq_lens`` and
+    ``query_start_loc`` only as 0, 1 or more (the rules that depend on them ask only that: an empty
+    tensor, a stride of an axis of one entry), the plan's sizes left out. Batches of every size from
+    2 up share it; their sizes are compared with each other and the plan on every call."""
+    a = _any_batch
+    return (a(key[0]), key[1], key[2], a(key[3]), a(key[4]), a(key[5])) + key[6:10] + key[11:]
+
+
 class SignatureCache:
     """A bounded set of call signatures that passed the checks. ``key(*tensors, extra=...)`` is the
     tuple of each tensor's (shape, strides, dtype, device) plus ``extra`` (hashable scalars, with

@@ -255,6 +255,25 @@ class FastLaunch:
         g = self.grid + (1,) * (3 - len(self.grid))
         self._g0, self._g1, self._g2 = g[0], g[1], g[2]
 
+    def set_values(self, changes: dict) -> None:
+        """Change non-tensor arguments (position -> value) for the following calls. Where each is a
+        ``do_not_specialize`` integer of the same width class (a plan or batch size), the compiled
+        kernel and its checked launcher stay; any other change sends the next call through the
+        first call's check again (Triton's binder decides its kernel)."""
+        args = list(self.positional)
+        for i, v in changes.items():
+            args[i] = v
+        old, self.positional = self.positional, tuple(args)
+        if self._run is None:   # not set up yet (the first call binds the new values), or the normal launch
+            return
+        loose = _param_groups(self.fn, self.tensor_slots)[1]
+        if all(i in loose and _scalar_class(old[i], False) == _scalar_class(v, False) for i, v in changes.items()):
+            for i, v in changes.items():
+                self._values[i] = v
+            self._tail = tuple(self._values[len(self.tensor_slots):])
+            return
+        self.fast, self.reason, self._run, self.adopted, self.reused = None, "not launched yet", None, False, False
+
     def arguments(self, tensors) -> list:
         """``positional`` with ``tensors`` (in slot order) at the tensor slots."""
         if self._leading:

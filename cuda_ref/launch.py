@@ -441,6 +441,7 @@ class DecodeLaunch:
     fuse_merge: bool
     merge: "MergeLaunch | None"   # the separate merge; None: none (fused, or one split everywhere)
     fast_path: bool = True        # False: always Triton's normal launch (a launch made once)
+    sizes: tuple = ()             # (requests, stage-1 rows, merged rows) bounding the kernels (launch_sizes)
     stage1: "FastLaunch | None" = field(default=None, repr=False, compare=False)
     kinds: "tuple | None" = field(default=None, repr=False, compare=False)  # its tensors' dtypes, devices (adopt)
 
@@ -465,6 +466,24 @@ class DecodeLaunch:
         if self.merge is not None and other.merge is not None:
             self.merge.call.adopt(other.merge.call)
 
+    def resize(self, sizes: tuple) -> None:
+        """Bound the kernels by another batch's ``sizes`` (:func:`launch_sizes`): stage 1's request and
+        row bounds, the merge's grid (and a device-made plan's request count). A batch of other sizes
+        shares the launch when it is empty where this one was and only there (0, or not: a launch
+        without a stage 1 or a merge stays one); otherwise ``ValueError``."""
+        batch, rows, merged = sizes
+        if tuple(x > 0 for x in sizes) != tuple(x > 0 for x in self.sizes):
+            raise ValueError(f"launch: prepared for batch sizes {self.sizes}, called with {sizes} (empty where "
+                             "the prepared one is not, or the other way round): prepare a launch for it")
+        if self.stage1 is not None:
+            at = _STAGE1_TENSORS
+            self.scalars = self.scalars[:_ROWS_AT] + (rows,) + self.scalars[_ROWS_AT + 1:_BATCH_AT] + (batch,) \
+                + self.scalars[_BATCH_AT + 1:]
+            self.stage1.set_values({at + _ROWS_AT: rows, at + _BATCH_AT: batch})
+        if self.merge is not None:
+            self.merge.resize(merged, batch)
+        self.sizes = sizes
+
     def tensors(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan, out, lse,
                 part_o, part_lse, counters=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
                 errors=None) -> tuple:
@@ -485,8 +504,13 @@ class DecodeLaunch:
     def launch(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan, out, lse,
                part_o, part_lse, counters=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
                errors=None) -> None:
-        """The launches, with this call's tensors (of the signature it was prepared for) and stage 1's
-        grid from ``dplan`` (a plan of the same :func:`plan_launch_key`, any number of work items)."""
+        """The launches, with this call's tensors (of the signature it was prepared for, batch sizes
+        aside) and stage 1's grid from ``dplan`` (a plan of the same :func:`plan_launch_key`, any
+        number of work items); the bounds that depend on the batch's sizes follow this call's
+        tensors (:meth:`resize`)."""
+        sizes = launch_sizes(q, block_table, seq_lens, query_start_loc, dplan, out, lse)
+        if sizes != self.sizes:
+            self.resize(sizes)
         if self.stage1 is not None:
             grid = (dplan.num_items, dplan.row_blocks)
             if grid != self.stage1.grid:
@@ -499,6 +523,18 @@ class DecodeLaunch:
 
 
 _STAGE1_TENSORS = 23  # tensor arguments of kernels.split_kv_kernel (DecodeLaunch.tensors)
+# where NUM_ROWS and BATCH stand among stage 1's scalars (DecodeLaunch.scalars, after the tensors)
+_ROWS_AT = kernels.split_kv_kernel.arg_names.index("NUM_ROWS") - _STAGE1_TENSORS
+_BATCH_AT = kernels.split_kv_kernel.arg_names.index("BATCH") - _STAGE1_TENSORS
+
+
+def launch_sizes(q, block_table, seq_lens, query_start_loc, dplan: DevicePlan, out, lse) -> tuple:
+    """``(requests, stage-1 rows, merged rows)`` the kernels are bounded by: the fewest requests of
+    the block table, lengths, query offsets and plan, the fewest rows of q, the outputs and the
+    plan, and the rows the merge reaches (outputs and the plan's row arrays)."""
+    merged = min(out.shape[0], lse.shape[0], dplan.num_rows)
+    return (min(block_table.shape[0], seq_lens.shape[0], query_start_loc.shape[0] - 1, dplan.batch_size),
+            min(q.shape[0], merged), merged)
 
 
 def plan_launch_key(dplan: DevicePlan, device) -> tuple:
@@ -536,8 +572,8 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
     block_d = max(16, 1 << (D - 1).bit_length())  # the next power of two
     sh, per_channel = _scale_layout(k_scale)
     # the bounds the kernel keeps whatever the values: sizes of the tensors it was given
-    batch = min(block_table.shape[0], seq_lens.shape[0], query_start_loc.shape[0] - 1, dplan.batch_size)
-    num_rows = min(T, out.shape[0], lse.shape[0], dplan.num_rows)
+    sizes = launch_sizes(q, block_table, seq_lens, query_start_loc, dplan, out, lse)
+    batch, num_rows = sizes[:2]
     num_slots = min(part_o.shape[0], part_lse.shape[0])
     kv_cap = min(block_table.shape[1] * page, _INT32_MAX)
     if fuse_merge and counters.numel() < batch * Hkv * dplan.row_blocks:
@@ -573,7 +609,7 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
         merge_prep = prepare_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), ns, skip_single=True,
                                    num_warps=cfg.merge_warps, pdl=pdl, fast_path=fast_path,
                                    device_plan=(batch, dplan.split_size, dplan.max_splits) if dplan.split_size else None)
-    return DecodeLaunch(grid, scalars, constexprs, fuse_merge, merge_prep, fast_path)
+    return DecodeLaunch(grid, scalars, constexprs, fuse_merge, merge_prep, fast_path, sizes)
 
 
 def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,
@@ -619,6 +655,16 @@ class MergeLaunch:
 
     def launch(self, part_o, part_lse, out, lse, row_slot_start, row_num_splits, seq_lens, query_start_loc):
         self.call(part_o, part_lse, out, lse, row_slot_start, row_num_splits, seq_lens, query_start_loc)
+
+    def resize(self, rows: int, batch: int) -> None:
+        """Merge ``rows`` rows (the grid); a device-made plan's merge also ``batch`` requests (its
+        binary search's bound and step count)."""
+        self.grid = (rows,) + self.grid[1:]
+        self.call.set_grid(self.grid)
+        if self.constexprs["DEVICE_PLAN"] and batch != self.tail[0]:
+            self.tail = (batch,) + self.tail[1:3] + (max(batch - 1, 0).bit_length(),)
+            at = 8 + len(self.strides)   # the tail's place among the merge's arguments
+            self.call.set_values({at: batch, at + 3: self.tail[3]})
 
 
 def prepare_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,

@@ -49,7 +49,7 @@ from splitkv_common.torch_io import as_torch_dtype
 from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, host, normalize_window
 
 from . import INTERPRET
-from .checks import SignatureCache, check_launch, check_plan, check_scalars, tensor_signature
+from .checks import SignatureCache, any_batch_key, check_launch, check_plan, check_scalars, tensor_signature
 from .checks import plan_pages as plan_page_count
 from .launch import DevicePlan, KernelConfig, PlanUploader, plan_launch_key, prepare_decode
 
@@ -223,13 +223,16 @@ class DecodeWrapper(PlannedWrapper):
         self.debug = os.environ.get("SPLITKV_DEBUG", "") not in ("", "0")
         self._checked = SignatureCache()
         self._plan_pages = 0  # block-table columns the current plan reads
-        self._plan_sig = None
+        self._plan_sig = None      # the plan's (requests, rows)
+        self._device_shape = None  # device_plan: (B, T, block-table columns) the device plan was made for
+        self._checked_any_batch = SignatureCache()   # the same signatures without the batch's sizes
         self._num_pages = 0   # num_pages of the last run's cache (for check_errors' message)
         if plan_in_graph and (not graph_stable or device_plan):
             raise ValueError("plan_in_graph: needs graph_stable=True and a host plan (device_plan=False): the "
                              "captured copy has the capture's sizes")
         self._uploader = PlanUploader(self.device, in_graph=plan_in_graph)
         self._launches: dict = {}   # prepared launches by (checked signature, plan shape)
+        self._launches_any_batch: dict = {}   # the same by the signature without the batch's sizes
         self.last_launch = None  # the DecodeLaunch of the last run(); .fast: which launch path it took
         self.device_plan = bool(device_plan)
         self.max_q_len = None if max_q_len is None else int(max_q_len)
@@ -354,6 +357,12 @@ class DecodeWrapper(PlannedWrapper):
         lkey = None if key is None else (key, plan_launch_key(dp, self.device), b["part_o"].shape[0], self.config,
                                          self.fuse_merge, self.merge, self.pdl)
         prep = self._launches.get(lkey) if lkey is not None else None
+        wide = None
+        if prep is None and lkey is not None:   # a batch of other sizes: the launch of its signature without them
+            wide = (any_batch_key(key),) + lkey[1:]
+            prep = self._launches_any_batch.get(wide)
+            if prep is not None:
+                self._remember_launch(self._launches, lkey, prep)
         if prep is None:
             prep = prepare_decode(
                 q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dp, b["out"], b["lse"], b["part_o"],
@@ -368,9 +377,8 @@ class DecodeWrapper(PlannedWrapper):
                 prep.kinds = tuple(None if t is None else t[2:] for t in key[:10])
                 if self.last_launch is not None and self.last_launch.kinds == prep.kinds:
                     prep.adopt(self.last_launch)
-                if len(self._launches) >= 64:
-                    self._launches.clear()
-                self._launches[lkey] = prep
+                self._remember_launch(self._launches, lkey, prep)
+                self._remember_launch(self._launches_any_batch, wide, prep)
         prep.launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dp, b["out"], b["lse"], b["part_o"],
                     b["part_lse"], b["counters"], k_scale, v_scale, k_offset, v_offset, b["errors"])
         self.last_launch = prep
@@ -378,6 +386,12 @@ class DecodeWrapper(PlannedWrapper):
         if self.debug and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
             self.check_errors()
         return b["out"], b["lse"]
+
+    @staticmethod
+    def _remember_launch(cache: dict, key, prep) -> None:
+        if len(cache) >= 64:
+            cache.clear()
+        cache[key] = prep
 
     def copy_plan(self) -> None:
         """``plan_in_graph``: copy the plan the last ``plan()`` packed into the device plan. Call it once
@@ -420,7 +434,7 @@ class DecodeWrapper(PlannedWrapper):
         table's shape, made when those shapes change (not while a graph replays)."""
         B, T, pages = block_table.shape[0], q.shape[0], block_table.shape[1]
         shape = (B, T, pages)
-        if self._plan_sig is not None and self._plan_sig[2:] == shape:
+        if self._device_shape == shape:
             return
         group = self.num_q_heads // self.num_kv_heads
         max_q = T if self.max_q_len is None else min(self.max_q_len, max(T, 1))
@@ -428,7 +442,8 @@ class DecodeWrapper(PlannedWrapper):
                                  self.device)
         self.dplan = d
         self._plan_pages = 0
-        self._plan_sig = (B, T) + shape
+        self._device_shape = shape
+        self._plan_sig = (B, T)
         self._buffers_for(T, d.num_slots, B * self.num_kv_heads * d.row_blocks)
 
     def check_errors(self) -> None:
@@ -465,7 +480,10 @@ class DecodeWrapper(PlannedWrapper):
         plan against the batch. A signature (each tensor's shape, strides, dtype and device, the
         scalars, the plan's batch and rows) that passed once is remembered: repeating it costs one
         lookup, and the block table's width against the pages the plan reads (which a new plan of the
-        same batch may change) one comparison. Returns that signature (None when it is not hashable)."""
+        same batch may change) one comparison. A batch of another size whose signature without the
+        batch's sizes passed (:func:`~cuda_ref.checks.any_batch_key`) costs a second lookup and a
+        comparison of those sizes with each other and with the plan. Returns that signature (None
+        when it is not hashable)."""
         s = tensor_signature  # spelled out: this runs on every call (about 20 attribute reads and one set lookup)
         try:
             key = (s(q), s(k_cache), s(v_cache), s(block_table), s(seq_lens), s(query_start_loc), s(k_scale),
@@ -474,8 +492,14 @@ class DecodeWrapper(PlannedWrapper):
             if key in self._checked:
                 self._check_plan_pages(block_table)
                 return key
-        except (AttributeError, TypeError):  # not tensors, or unhashable scalars: the full checks say what
-            key = None
+            wide = any_batch_key(key)
+        except (AttributeError, TypeError, IndexError):  # not tensors (or 0-d), unhashable scalars: the full checks say what
+            key = wide = None
+        if wide is not None and wide in self._checked_any_batch and self._batch_fits(q, block_table, seq_lens,
+                                                                                     query_start_loc):
+            self._checked.add(key)
+            self._check_plan_pages(block_table)
+            return key
         plan = self.host_plan
         check_scalars(scale, soft_cap, window_left)
         if self.device_plan and normalize_window(window_left) is not None:
@@ -493,7 +517,19 @@ class DecodeWrapper(PlannedWrapper):
         self._check_plan_pages(block_table)
         if key is not None:
             self._checked.add(key)
+            self._checked_any_batch.add(wide)
         return key
+
+    def _batch_fits(self, q, block_table, seq_lens, query_start_loc) -> bool:
+        """The batch's sizes agree with each other and with the plan (what :meth:`check`'s signature
+        leaves out): ``seq_lens [B]`` and ``query_start_loc [B + 1]`` for the block table's ``B``
+        requests, and a host plan's requests and rows. False: the full checks run (and say which
+        rule broke)."""
+        B = block_table.shape[0]
+        if seq_lens.shape[0] != B or query_start_loc.shape[0] != B + 1:
+            return False
+        plan = self.host_plan
+        return self.device_plan or (B == plan.batch_size and q.shape[0] == plan.num_rows)
 
     def _check_plan_pages(self, block_table) -> None:
         """The block table has the columns the plan reads (checked on every call: a new plan may read more)."""

@@ -440,3 +440,61 @@ def test_the_wrapper_reuses_the_compiled_kernel_for_a_new_plan(gpu_free, monkeyp
     assert seen[1:] == [(True, True, True, True, True)] * 2
     assert len(fakes["split_kv_kernel"].normal_launches) == 1 and len(fakes["merge_kernel"].normal_launches) == 1
     assert len(fakes["split_kv_kernel"].compiled.calls) == 2
+
+
+def test_a_batch_of_other_sizes_keeps_the_launcher_with_its_own_bounds(gpu_free, monkeypatch):
+    """``DecodeWrapper.run()`` for batches of other sizes (one cache, one block-table width) keeps one
+    prepared launch: the launcher gets each batch's grid and the request and row bounds Triton would
+    bind for that call (``FastLaunch.set_values`` on plan-size integers), with no normal launch."""
+    fakes = {name: _FakeJIT(getattr(kernels, name)) for name in ("split_kv_kernel", "merge_kernel")}
+    for name, fake in fakes.items():
+        monkeypatch.setattr(kernels, name, fake)
+    inp = cases.random_inputs(3, [70, 9, 33, 120, 64], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8)
+    x = to_torch(inp, "cpu")
+    x["block_table"] = _wide(x["block_table"])
+    w = DecodeWrapper(4, 2, 32, 8, dtype="float32", device="cpu", policy="size:16")
+    from triton import knobs
+    names = [p.name for p in fakes["split_kv_kernel"].params]
+    for k, B in enumerate((5, 2, 4, 3)):
+        sub = dict(x, q=x["q"][:B], block_table=x["block_table"][:B], seq_lens=x["seq_lens"][:B],
+                   query_start_loc=x["query_start_loc"][:B + 1])
+        w.plan(inp.seq_lens[:B])
+        w.run(**sub)
+        prep = w.last_launch
+        if k == 0:   # the first call: Triton's normal launch (it compiles), then the check
+            first = prep
+            continue
+        assert prep is first and prep.stage1.fast and prep.merge.call.fast
+        got = fakes["split_kv_kernel"].compiled.calls[-1]
+        assert got[:3] == (w.dplan.num_items, w.dplan.row_blocks, 1)
+        assert got[9 + names.index("BATCH")] == B and got[9 + names.index("NUM_ROWS")] == B
+        # what Triton binds for this call: the launcher's values
+        tensors = prep.tensors(sub["q"], sub["k_cache"], sub["v_cache"], sub["block_table"], sub["seq_lens"],
+                               sub["query_start_loc"], w.dplan, w._buffers["out"], w._buffers["lse"],
+                               w._buffers["part_o"], w._buffers["part_lse"], errors=w._buffers["errors"])
+        kw = dict(prep.constexprs, debug=knobs.runtime.debug, instrumentation_mode=knobs.compilation.instrumentation_mode)
+        bound = fakes["split_kv_kernel"].binder(*prep.stage1.arguments(tensors), **kw)[0]
+        for i, (v, e) in enumerate(zip(got[9:], bound.values())):
+            assert v == (e.data_ptr() if isinstance(e, torch.Tensor) else e), (B, names[i])
+        assert fakes["merge_kernel"].compiled.calls[-1][:3] == (B, 4, 1)
+    assert len(fakes["split_kv_kernel"].normal_launches) == 1 and len(fakes["merge_kernel"].normal_launches) == 1
+    assert len(fakes["split_kv_kernel"].compiled.calls) == 3
+
+
+def test_set_values_outside_the_plan_sizes_takes_the_first_call_check_again(gpu_free):
+    prep, call = _decode_launch()
+    fake = _FakeJIT(kernels.split_kv_kernel)
+    st = prep.stage1
+    tensors = prep.tensors(*call)
+    a = fast_launch.FastLaunch(fake, prep.grid, st.positional, st.tensor_slots, prep.constexprs)
+    a(*tensors)
+    names = [p.name for p in fake.params]
+    a.set_values({names.index("BATCH"): 7})           # a plan size: the launcher stays
+    assert a.fast and a._values[names.index("BATCH")] == 7
+    a(*tensors)
+    assert len(fake.normal_launches) == 1 and fake.compiled.calls[-1][9 + names.index("BATCH")] == 7
+    i = names.index("stride_bt")
+    a.set_values({i: 33 if st.positional[i] % 16 == 0 else 32})   # specialized: Triton's check again
+    assert a.fast is None
+    a(*tensors)
+    assert len(fake.normal_launches) == 2 and a.fast

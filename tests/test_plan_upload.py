@@ -181,6 +181,81 @@ def test_run_prepares_its_launches_once_per_signature(monkeypatch):
     assert len(calls) == 4
 
 
+def _first_requests(x: dict, B: int) -> dict:
+    """The call arguments of the batch's first ``B`` requests (one query row each), the same cache."""
+    return dict(x, q=x["q"][:B], block_table=x["block_table"][:B], seq_lens=x["seq_lens"][:B],
+                query_start_loc=x["query_start_loc"][:B + 1])
+
+
+def test_batches_of_other_sizes_share_one_prepared_launch(monkeypatch):
+    """An eager wrapper whose batch changes size every step prepares its launch once for batches of
+    two requests or more (one more for a single request: its signature differs where a rule looks
+    at one entry) and bounds the kernels by each batch's sizes: every result equals a fresh
+    wrapper's for that batch."""
+    inp = cases.random_inputs(8, [70, 9, 33, 120, 5, 64], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8)
+    x = to_torch(inp, DEVICE)
+    calls = []
+    real = launch.prepare_decode
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr("cuda_ref.wrapper.prepare_decode", counting)
+    w = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16")
+    w.plan(inp.seq_lens)          # the largest batch first: its stores hold every later one
+    w.run(**x)
+    shared, prepared = w.last_launch, len(calls)
+    for B in (3, 5, 2, 6, 4, 1, 2):
+        sub = _first_requests(x, B)
+        w.plan(inp.seq_lens[:B])
+        n = len(calls)
+        out, lse = w.run(**sub)
+        prepared += len(calls) - n
+        if B > 1:
+            assert w.last_launch is shared and w.last_launch.sizes == (B, B, B)
+        ref = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16")
+        ref.plan(inp.seq_lens[:B])
+        for a, b in zip(ref.run(**sub), (out, lse)):
+            assert torch.equal(a.cpu(), b.cpu())
+    assert prepared == 2
+
+
+def test_a_batch_of_other_sizes_is_still_checked_against_the_plan_and_itself():
+    """The checks' cache leaves the batch's sizes out of its signature, not out of the checks: after
+    a batch passed, one whose sizes disagree with each other or with the plan is refused by name,
+    and so is a strided ``seq_lens`` that passed while it had one entry."""
+    inp = cases.random_inputs(8, [70, 9, 33, 120], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8)
+    x = to_torch(inp, DEVICE)
+    w = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16")
+    w.plan(inp.seq_lens[:3])
+    w.run(**_first_requests(x, 3))
+    with pytest.raises(ValueError, match=r"plan: made for 3 requests, seq_lens has shape \(4,\)"):
+        w.run(**dict(_first_requests(x, 3), seq_lens=x["seq_lens"]))
+    with pytest.raises(ValueError, match="plan: made for 3 query rows, q has 2"):
+        w.run(**dict(_first_requests(x, 3), q=x["q"][:2]))
+    with pytest.raises(ValueError, match="plan: made for 3 requests, block_table has shape"):
+        w.run(**_first_requests(x, 2))
+    strided = torch.zeros(8, dtype=torch.int32, device=DEVICE)
+    strided[::2] = x["seq_lens"]
+    w.plan(inp.seq_lens[:1])
+    w.run(**dict(_first_requests(x, 1), seq_lens=strided[:2:2]))     # one entry: its stride is never used
+    w.plan(inp.seq_lens[:2])
+    w.run(**dict(_first_requests(x, 2), seq_lens=x["seq_lens"][:2]))
+    with pytest.raises(ValueError, match="seq_lens: the request axis must have stride 1"):
+        w.run(**dict(_first_requests(x, 2), seq_lens=strided[:4:2]))
+
+
+def test_a_prepared_launch_refuses_a_batch_empty_where_it_was_not():
+    inp = cases.random_inputs(8, [70, 9], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8)
+    x = to_torch(inp, DEVICE)
+    w = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16")
+    w.plan(inp.seq_lens)
+    w.run(**x)
+    with pytest.raises(ValueError, match="launch: prepared for batch sizes"):
+        w.last_launch.resize((0, 0, 0))
+
+
 def test_graph_stable_staging_rewrites_only_the_valid_items_and_stays_exact():
     # valid counts going down and up: the padding left in each staging buffer must be right each time
     up = PlanUploader(DEVICE, ring=2)

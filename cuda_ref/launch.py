@@ -503,12 +503,14 @@ class DecodeLaunch:
 
     def launch(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan, out, lse,
                part_o, part_lse, counters=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
-               errors=None) -> None:
+               errors=None, sizes: "tuple | None" = None) -> None:
         """The launches, with this call's tensors (of the signature it was prepared for, batch sizes
         aside) and stage 1's grid from ``dplan`` (a plan of the same :func:`plan_launch_key`, any
         number of work items); the bounds that depend on the batch's sizes follow this call's
-        tensors (:meth:`resize`)."""
-        sizes = launch_sizes(q, block_table, seq_lens, query_start_loc, dplan, out, lse)
+        tensors (:meth:`resize`). ``sizes``: :func:`launch_sizes` of these tensors when the caller
+        knows them (the wrapper, whose checks tie them to its plan); None: computed here."""
+        if sizes is None:
+            sizes = launch_sizes(q, block_table, seq_lens, query_start_loc, dplan, out, lse)
         if sizes != self.sizes:
             self.resize(sizes)
         if self.stage1 is not None:

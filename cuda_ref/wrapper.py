@@ -379,8 +379,10 @@ class DecodeWrapper(PlannedWrapper):
                     prep.adopt(self.last_launch)
                 self._remember_launch(self._launches, lkey, prep)
                 self._remember_launch(self._launches_any_batch, wide, prep)
+        # check() tied the batch to the plan and out / lse hold its rows: launch_sizes is the plan's
         prep.launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dp, b["out"], b["lse"], b["part_o"],
-                    b["part_lse"], b["counters"], k_scale, v_scale, k_offset, v_offset, b["errors"])
+                    b["part_lse"], b["counters"], k_scale, v_scale, k_offset, v_offset, b["errors"],
+                    sizes=(dp.batch_size, dp.num_rows, dp.num_rows))
         self.last_launch = prep
         self._num_pages = k_cache.shape[0]
         if self.debug and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):

@@ -171,8 +171,11 @@ class DecodeWrapper(PlannedWrapper):
         profile: device profile of the ``auto`` planner; policy: ``auto``, ``none``, ``size:N``, ``count:N``.
         graph_stable: fixed-shape plans for graph replay (``max_splits`` and ``max_work_items`` bound them).
         fuse_merge: merge in stage 1 (the last split to finish merges, with a per-(request, KV head)
-            counter) instead of a second launch; default: the second launch (the faster on the H200,
-            docs/perf-notes.md). Both give bitwise the same result.
+            counter) instead of a second launch; default: the second launch (the faster kernels on
+            the H200; one launch less costs the host 10-15 µs an eager call there, docs/perf-notes.md).
+            Both merge with the same code; its sums reduce across the launch's warps (4 fused, 1
+            separate), so the two agree to rounding: bitwise in the interpreter and at the batch-1
+            points measured on the H200, not at B16 x 8k.
         config: stage-1 tile / warps / stages (default by head dim and plan, see
             :func:`cuda_ref.launch.default_config`; fixed-size and no-split plans keep their
             batch invariance).

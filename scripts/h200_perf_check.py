@@ -32,12 +32,15 @@ with the launch fast path (``cuda_ref.fast_launch``) on and off (``SPLITKV_FAST_
 wrapper each): which path ran (and why), the host time of one call with the GPU idle (each call timed
 alone after a synchronize; median of 200 after warm-up), back-to-back eager calls, the GPU span of one
 eager call (CUDA events), a CUDA-graph replay captured with that path, and whether the outputs (eager
-and replayed) are bitwise equal between the two paths; and the host time of ``run()`` right after
-``plan()`` of other sizes (two plans alternating, the GPU idle before each call): with a new prepared
-launch every call (the wrapper's launch cache emptied: the first-call path, which with the fast path
-on reuses the compiled kernel checked before) and with the wrapper's cache kept (plans of one batch
-whose sizes change only the grid share one prepared launch: ``cuda_ref.launch.plan_launch_key``). A
-failing step is recorded, never raised.
+and replayed) are bitwise equal between the two paths; the same point with the fused merge (one
+launch: host time of a call and back-to-back, and whether its output equals the separate merge's);
+and the host time of ``run()`` right after ``plan()`` of other sizes (two plans alternating, the GPU
+idle before each call): with a new prepared launch every call (the wrapper's launch cache emptied:
+the first-call path, which with the fast path on reuses the compiled kernel checked before) and with
+the wrapper's cache kept (plans of one batch whose sizes change only the grid share one prepared
+launch: ``cuda_ref.launch.plan_launch_key``). Once per run, ``run()`` right after ``plan()`` of a new
+batch every step (1-64 requests at random over one cache: an eager serving step,
+:func:`eager_new_batches`). A failing step is recorded, never raised.
 """
 
 from __future__ import annotations
@@ -359,7 +362,9 @@ def eager(names, timer):
             # path's first call then finds the kernels compiled (set up from Triton's cache)
             for mode, fast in (("off", False), ("on", True)):
                 r[mode] = _eager_mode(q, k, v, bt, seq, fast, timer)
+            r["fused"] = _eager_fused(q, k, v, bt, seq)
             on, off = r["on"], r["off"]
+            r["fused_bitwise_equal"] = _same(on.get("_out"), r["fused"].pop("_out", None))
             r["bitwise_equal"] = _same(on.pop("_out", None), off.pop("_out", None))
             r["bitwise_equal_after_graph"] = _same(on.pop("_graph_out", None), off.pop("_graph_out", None))
             print(eager_line(r), flush=True)
@@ -374,6 +379,51 @@ def eager(names, timer):
     return out
 
 
+def _eager_fused(q, k, v, bt, seq) -> dict:
+    """The fused merge (``fuse_merge=True``: one launch) at the point, fast path on: host µs of one call
+    with the GPU idle, back-to-back µs a call, and its output (compared with the separate merge's)."""
+    try:
+        run, _, _ = make_runner(q, k, v, bt, seq, fuse=True)
+        run(), run()
+        out, lse = run()
+        torch.cuda.synchronize()
+        return dict(_out=(out.clone(), lse.clone()), host_us=_idle_host_us(run), loop_us=_eager_us(run))
+    except Exception as e:  # recorded, the other points still run
+        return dict(error=f"{type(e).__name__}: {e}")
+
+
+def eager_new_batches(max_batch: int = 64, steps: int = 300, warmup: int = 20, seed: int = 0) -> dict:
+    """Eager ``run()`` right after ``plan()`` of a new batch every step, as a serving step with the
+    batch changing (one wrapper, one cache, a block table of 512 columns; each step 1 to ``max_batch``
+    requests drawn at random, lengths 512-8192; the GPU idle before each ``run()``): host µs of
+    ``run()`` and of ``plan()``, p50 and p90 over ``steps`` steps."""
+    import numpy as np
+    q, k, v, bt, seq = make_point(max_batch, 8192, 32, 8, 128, torch.bfloat16)
+    w = DecodeWrapper(32, 8, 128, PAGE, dtype=torch.bfloat16)
+    rng = np.random.default_rng(seed)
+    batches = []
+    for _ in range(steps + warmup):
+        B = int(rng.integers(1, max_batch + 1))
+        lens = rng.integers(512, 8193, B)
+        batches.append((B, lens, torch.from_numpy(lens.astype(np.int32)).cuda(),
+                        torch.arange(B + 1, dtype=torch.int32, device="cuda")))
+    run_us, plan_us = [], []
+    for i, (B, lens, sd, qsl) in enumerate(batches):
+        t0 = time.perf_counter()
+        w.plan(lens)
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        w.run(q[:B], k, v, bt[:B], sd, qsl)
+        t3 = time.perf_counter()
+        torch.cuda.synchronize()
+        if i >= warmup:
+            run_us.append((t3 - t2) * 1e6)
+            plan_us.append((t1 - t0) * 1e6)
+    return dict(max_batch=max_batch, steps=steps, run_us_p50=float(np.median(run_us)),
+                run_us_p90=float(np.percentile(run_us, 90)), plan_us_p50=float(np.median(plan_us)))
+
+
 def eager_line(r) -> str:
     def f(x, key):
         v = x.get(key)
@@ -386,7 +436,8 @@ def eager_line(r) -> str:
             f"{f(on, 'graph_us')} vs {f(off, 'graph_us')}; run() after a new plan {f(on, 'new_plan_us')} vs "
             f"{f(off, 'new_plan_us')} (kernel reused {on.get('new_plan_reused')}), launches kept "
             f"{f(on, 'seen_plan_us')} vs {f(off, 'seen_plan_us')}; bitwise equal {r['bitwise_equal']} "
-            f"(after graph {r['bitwise_equal_after_graph']})"
+            f"(after graph {r['bitwise_equal_after_graph']}); fused merge host {f(r['fused'], 'host_us')}, "
+            f"back-to-back {f(r['fused'], 'loop_us')} (bitwise equal to the separate merge {r['fused_bitwise_equal']})"
             + "".join(f"; {m} {k}: {r[m][k]}" for m in ("on", "off") for k in ("error", "graph_error") if k in r[m]))
 
 
@@ -397,8 +448,9 @@ def eager_summary(res) -> str:
               "| point | path (on) | host µs on | host µs off | back-to-back µs on / off | GPU span µs on / off | "
               "graph µs on / off | run() after a plan of other sizes, new prepared launch µs on / off | the same "
               "without adopting (by key) µs on | run() after a plan of other sizes, launches kept µs on / off "
-              "| bitwise equal (eager, after graph) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| bitwise equal (eager, after graph) | fused merge (one launch): host µs / back-to-back µs "
+              "(bitwise equal to the separate merge) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(x, key):
         v = x.get(key)
@@ -415,7 +467,14 @@ def eager_summary(res) -> str:
                      f"{' (kernel reused)' if on.get('new_plan_reused') else ''} | {f(on, 'new_plan_keyed_us')} | "
                      f"{f(on, 'seen_plan_us')} / "
                      f"{f(off, 'seen_plan_us')} | {r['bitwise_equal']}, "
-                     f"{r['bitwise_equal_after_graph']} |")
+                     f"{r['bitwise_equal_after_graph']} | {f(r['fused'], 'host_us')} / {f(r['fused'], 'loop_us')} "
+                     f"({r['fused_bitwise_equal']}) |")
+    nb = res.get("new_batches")
+    if nb:
+        lines += ["", f"`run()` right after `plan()` of a new batch every step (1-{nb['max_batch']} requests drawn at "
+                  f"random, lengths 512-8192, one cache and block table, GPU idle before each call; {nb['steps']} "
+                  f"steps): `run()` p50 {nb['run_us_p50']:.1f} µs, p90 {nb['run_us_p90']:.1f}; `plan()` p50 "
+                  f"{nb['plan_us_p50']:.1f} µs"]
     return "\n".join(lines)
 
 
@@ -464,7 +523,8 @@ def main(argv=None):
         timer = Timer(a.iters, flush=a.flush.split(",")[0])
         res = dict(provenance=provenance(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                    triton=importlib.import_module("triton").__version__, flush=timer.flush_mode,
-                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), points=eager(a.eager, timer))
+                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), points=eager(a.eager, timer),
+                   new_batches=eager_new_batches())
         with open(os.path.join(a.out, "eager.json"), "w") as f:
             json.dump(res, f, indent=1, default=str)
         text = eager_summary(res)

@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Eager ``DecodeWrapper.run()`` host time, this tree against another, in one process, call by call.
+
+A GPU host's timings drift by tens of percent within minutes, more than a host-side change moves
+them, so two benchmark runs one after the other do not compare. This loads another tree's
+``cuda_ref`` (``--old DIR``: the root of a checkout or ``git archive`` of another commit) beside this
+one as ``cuda_ref_old``, launching this tree's kernels module (the comparison is of the host side:
+the trees' kernels must take the same arguments), and alternates the two call by call (which one
+goes first swaps each time), the GPU idle before each call (Hq 32 / Hkv 8, D 128, bf16, page 16):
+
+* at each point (``--points``), one plan, ``run()`` repeated: the separate merge (default) and the
+  fused one (``fuse_merge=True``, one launch less); median host µs of each tree, outputs compared
+  bitwise between the trees;
+* a new batch every step (1 to 64 requests drawn at random, lengths 512-8192, one cache and one
+  block table of 512 columns; the same batches for both trees): ``plan()`` then ``run()``, p50 and
+  p90 host µs of ``run()``.
+
+Writes ``eager_ab.json`` (with provenance) and ``eager_ab.md`` to ``--out``.
+
+    git archive REV | tar -x -C /tmp/old
+    python scripts/bench_eager_ab.py --old /tmp/old --out OUT [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, ".."))
+from splitkv_common.optional import require  # noqa: E402
+
+torch = require("torch", "scripts/bench_eager_ab.py")
+require("triton", "scripts/bench_eager_ab.py")
+
+import cuda_ref.kernels  # noqa: E402
+from bench_decode import PAGE, make_point  # noqa: E402
+from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
+from splitkv_common.provenance import provenance  # noqa: E402
+
+POINTS = {"B1x2k": (1, 2048), "B1x16k": (1, 16384), "B64x2k": (64, 2048)}
+
+
+def load_old(root: str):
+    """The other tree's ``DecodeWrapper`` (its ``cuda_ref`` copied as ``cuda_ref_old``), launching this
+    tree's kernels."""
+    pkg = tempfile.mkdtemp(prefix="splitkv_ab_")
+    shutil.copytree(os.path.join(root, "cuda_ref"), os.path.join(pkg, "cuda_ref_old"))
+    sys.path.insert(0, pkg)
+    import cuda_ref_old.launch
+    import cuda_ref_old.wrapper
+    cuda_ref_old.launch.kernels = cuda_ref.kernels
+    return cuda_ref_old.wrapper.DecodeWrapper
+
+
+def alternate(calls: dict, n: int, warmup: int = 20) -> dict:
+    """Median host µs of each of ``calls`` (name -> function), called in turn ``n`` times, the order
+    swapped each round, a synchronize before each call."""
+    ts = {k: [] for k in calls}
+    names = list(calls)
+    for i in range(n + warmup):
+        for k in (names if i % 2 else names[::-1]):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            calls[k]()
+            t1 = time.perf_counter()
+            if i >= warmup:
+                ts[k].append((t1 - t0) * 1e6)
+    torch.cuda.synchronize()
+    return {k: float(np.median(v)) for k, v in ts.items()}
+
+
+def same(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def repeated(Old, name: str, n: int) -> list:
+    B, ctx = POINTS[name]
+    q, k, v, bt, seq = make_point(B, ctx, 32, 8, 128, torch.bfloat16)
+    qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
+    rows = []
+    for fuse in (None, True):
+        ws = {t: cls(32, 8, 128, PAGE, dtype=torch.bfloat16, fuse_merge=fuse) for t, cls in (("old", Old),
+                                                                                             ("new", DecodeWrapper))}
+        for w in ws.values():
+            w.plan(seq.cpu().numpy())
+        calls = {t: (lambda w=w: w.run(q, k, v, bt, seq, qsl)) for t, w in ws.items()}
+        outs = {t: [x.clone() for x in f()] for t, f in calls.items()}
+        us = alternate(calls, n)
+        rows.append(dict(point=name, merge="fused" if fuse else "separate", old_us=us["old"], new_us=us["new"],
+                         bitwise=same(outs["old"], outs["new"]),
+                         fast=[ws[t].last_launch.fast["fast"] for t in ("old", "new")]))
+    return rows
+
+
+def new_batches(Old, steps: int, max_batch: int = 64, warmup: int = 20, seed: int = 0) -> dict:
+    q, k, v, bt, seq = make_point(max_batch, 8192, 32, 8, 128, torch.bfloat16)
+    ws = {"old": Old(32, 8, 128, PAGE, dtype=torch.bfloat16), "new": DecodeWrapper(32, 8, 128, PAGE, dtype=torch.bfloat16)}
+    full = torch.arange(max_batch + 1, dtype=torch.int32, device="cuda")
+    for w in ws.values():   # the largest batch first: the wrappers' buffers hold every later one
+        w.plan(np.full(max_batch, 8192))
+        w.run(q, k, v, bt, seq, full)
+    rng = np.random.default_rng(seed)
+    ts = {"old": [], "new": []}
+    bitwise = True
+    for i in range(steps + warmup):
+        B = int(rng.integers(1, max_batch + 1))
+        lens = rng.integers(512, 8193, B)
+        sd = torch.from_numpy(lens.astype(np.int32)).cuda()
+        qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
+        outs = {}
+        for t in (("old", "new") if i % 2 else ("new", "old")):
+            ws[t].plan(lens)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = ws[t].run(q[:B], k, v, bt[:B], sd, qsl)
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            outs[t] = [x.clone() for x in out]
+            if i >= warmup:
+                ts[t].append((t1 - t0) * 1e6)
+        bitwise = bitwise and same(outs["old"], outs["new"])
+    return dict(steps=steps, max_batch=max_batch, bitwise=bitwise,
+                **{f"{t}_p50": float(np.median(x)) for t, x in ts.items()},
+                **{f"{t}_p90": float(np.percentile(x, 90)) for t, x in ts.items()})
+
+
+def table(res) -> str:
+    lines = [f"Eager `run()` host µs, `{res['old']}` (old) against this tree (new), alternating call by call in one "
+             f"process ({res['gpu']}, torch {res['torch']}, {res['date']})", "",
+             "| round | point | merge | old µs | new µs | new / old | bitwise equal |", "|---|---|---|---:|---:|---:|---|"]
+    for k, rnd in enumerate(res["rounds"]):
+        for r in rnd["repeated"]:
+            lines.append(f"| {k + 1} | {r['point']} | {r['merge']} | {r['old_us']:.1f} | {r['new_us']:.1f} | "
+                         f"{r['new_us'] / r['old_us']:.3f} | {r['bitwise']} |")
+    lines += ["", "A new batch every step (1-64 requests at random, lengths 512-8192), `run()` right after `plan()`:", "",
+              "| round | old p50 µs | new p50 µs | old p90 µs | new p90 µs | bitwise equal |", "|---|---:|---:|---:|---:|---|"]
+    for k, rnd in enumerate(res["rounds"]):
+        nb = rnd["new_batches"]
+        lines.append(f"| {k + 1} | {nb['old_p50']:.1f} | {nb['new_p50']:.1f} | {nb['old_p90']:.1f} | "
+                     f"{nb['new_p90']:.1f} | {nb['bitwise']} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--old", required=True, help="root of the other tree (a checkout of another commit)")
+    ap.add_argument("--old-label", default=None, help="its name in the table (default: the folder's name)")
+    ap.add_argument("--out", default="eager_ab_out")
+    ap.add_argument("--points", default=",".join(POINTS))
+    ap.add_argument("--calls", type=int, default=300, help="timed calls of each tree per point (default 300)")
+    ap.add_argument("--steps", type=int, default=400, help="timed steps of the new-batch loop (default 400)")
+    ap.add_argument("--rounds", type=int, default=1)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("scripts/bench_eager_ab.py: needs a CUDA GPU (it times eager launches)")
+    Old = load_old(os.path.abspath(a.old))
+    res = dict(provenance=provenance(argv if argv is None else [sys.argv[0], *argv]), old=a.old_label or os.path.basename(
+        os.path.abspath(a.old)), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rounds=[])
+    for _ in range(a.rounds):
+        rows = [r for name in a.points.split(",") for r in repeated(Old, name, a.calls)]
+        res["rounds"].append(dict(repeated=rows, new_batches=new_batches(Old, a.steps)))
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "eager_ab.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    text = table(res)
+    with open(os.path.join(a.out, "eager_ab.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -189,10 +189,13 @@ class DevicePlan:
 
     @staticmethod
     def views_of(data: torch.Tensor, num_items: int, batch_size: int, num_rows: int) -> dict:
-        """The eight arrays of a packed buffer ``data`` by name (views of it)."""
-        parts = torch.split(data, DevicePlan.sizes(num_items, batch_size, num_rows))
-        lens = DevicePlan.lengths(num_items, batch_size, num_rows)
-        return {f: p[:n] for f, p, n in zip(_FIELDS, parts, lens)}
+        """The eight arrays of a packed buffer ``data`` by name (views of it; one slice each, made for
+        every new plan size of an eager batch)."""
+        views, off = {}, 0
+        for f, n in zip(_FIELDS, DevicePlan.lengths(num_items, batch_size, num_rows)):
+            views[f] = data[off:off + n]
+            off += (n + 3) & ~3
+        return views
 
     def view(self, name: str) -> torch.Tensor:
         if self._views is None:

@@ -224,11 +224,10 @@ class DecodeWrapper(PlannedWrapper):
         self._stores: dict[str, torch.Tensor] = {}   # what the size-dependent buffers are views of
         # check_errors() after every eager run() (a host sync): for debugging
         self.debug = os.environ.get("SPLITKV_DEBUG", "") not in ("", "0")
-        self._checked = SignatureCache()
+        self.forget_checks()   # the signatures that passed the checks (check())
         self._plan_pages = 0  # block-table columns the current plan reads
         self._plan_sig = None      # the plan's (requests, rows)
         self._device_shape = None  # device_plan: (B, T, block-table columns) the device plan was made for
-        self._checked_any_batch = SignatureCache()   # the same signatures without the batch's sizes
         self._num_pages = 0   # num_pages of the last run's cache (for check_errors' message)
         if plan_in_graph and (not graph_stable or device_plan):
             raise ValueError("plan_in_graph: needs graph_stable=True and a host plan (device_plan=False): the "
@@ -524,6 +523,11 @@ class DecodeWrapper(PlannedWrapper):
             self._checked.add(key)
             self._checked_any_batch.add(wide)
         return key
+
+    def forget_checks(self) -> None:
+        """Forget every signature that passed (the next call runs all the metadata checks again)."""
+        self._checked = SignatureCache()
+        self._checked_any_batch = SignatureCache()
 
     def _batch_fits(self, q, block_table, seq_lens, query_start_loc) -> bool:
         """The batch's sizes agree with each other and with the plan (what :meth:`check`'s signature

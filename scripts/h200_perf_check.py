@@ -192,7 +192,6 @@ def _eager_us(fn, n=300) -> float:
 def overhead(names, timer):
     """The cost of the always-on checks at each point (see the module docstring)."""
     from cuda_ref import launch as L
-    from cuda_ref.checks import SignatureCache
     out = []
     for name in names.split(","):
         B, ctx = POINTS[name]
@@ -212,7 +211,7 @@ def overhead(names, timer):
         r["host_checks_cached_us"] = _host_us(lambda: w.check(q, k, v, bt, seq, qsl))
 
         def uncached():
-            w._checked = SignatureCache()
+            w.forget_checks()
             w.check(q, k, v, bt, seq, qsl)
         r["host_checks_uncached_us"] = _host_us(uncached, 300)
         b = w._buffers

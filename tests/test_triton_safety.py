@@ -314,7 +314,7 @@ def test_checks_run_once_per_signature(clean, monkeypatch):
     calls = []
     real = checks.check_launch
     monkeypatch.setattr("cuda_ref.wrapper.check_launch", lambda *a, **k: (calls.append(1), real(*a, **k)))
-    w._checked = checks.SignatureCache()
+    w.forget_checks()
     w.run(**x)
     w.run(**x)
     assert len(calls) == 1

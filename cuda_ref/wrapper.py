@@ -172,7 +172,8 @@ class DecodeWrapper(PlannedWrapper):
         graph_stable: fixed-shape plans for graph replay (``max_splits`` and ``max_work_items`` bound them).
         fuse_merge: merge in stage 1 (the last split to finish merges, with a per-(request, KV head)
             counter) instead of a second launch; default: the second launch (the faster kernels on
-            the H200; one launch less costs the host 10-15 µs an eager call there, docs/perf-notes.md).
+            the H200; the launch it saves is 10-19 µs of host time an eager call at batch 1 there,
+            docs/perf-notes.md).
             Both merge with the same code; its sums reduce across the launch's warps (4 fused, 1
             separate), so the two agree to rounding: bitwise in the interpreter and at the batch-1
             points measured on the H200, not at B16 x 8k.

@@ -267,12 +267,13 @@ class FastLaunch:
         if self._run is None:   # not set up yet (the first call binds the new values), or the normal launch
             return
         loose = _param_groups(self.fn, self.tensor_slots)[1]
-        if all(i in loose and _scalar_class(old[i], False) == _scalar_class(v, False) for i, v in changes.items()):
-            for i, v in changes.items():
-                self._values[i] = v
-            self._tail = tuple(self._values[len(self.tensor_slots):])
-            return
-        self.fast, self.reason, self._run, self.adopted, self.reused = None, "not launched yet", None, False, False
+        for i, v in changes.items():
+            if i not in loose or _scalar_class(old[i], False) != _scalar_class(v, False):
+                self.fast, self.reason, self._run, self.adopted, self.reused = None, "not launched yet", None, False, False
+                return
+        for i, v in changes.items():
+            self._values[i] = v
+        self._tail = tuple(self._values[len(self.tensor_slots):])
 
     def arguments(self, tensors) -> list:
         """``positional`` with ``tensors`` (in slot order) at the tensor slots."""

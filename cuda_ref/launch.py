@@ -475,14 +475,15 @@ class DecodeLaunch:
         shares the launch when it is empty where this one was and only there (0, or not: a launch
         without a stage 1 or a merge stays one); otherwise ``ValueError``."""
         batch, rows, merged = sizes
-        if tuple(x > 0 for x in sizes) != tuple(x > 0 for x in self.sizes):
-            raise ValueError(f"launch: prepared for batch sizes {self.sizes}, called with {sizes} (empty where "
+        was = self.sizes
+        if (batch > 0) != (was[0] > 0) or (rows > 0) != (was[1] > 0) or (merged > 0) != (was[2] > 0):
+            raise ValueError(f"launch: prepared for batch sizes {was}, called with {sizes} (empty where "
                              "the prepared one is not, or the other way round): prepare a launch for it")
         if self.stage1 is not None:
-            at = _STAGE1_TENSORS
-            self.scalars = self.scalars[:_ROWS_AT] + (rows,) + self.scalars[_ROWS_AT + 1:_BATCH_AT] + (batch,) \
-                + self.scalars[_BATCH_AT + 1:]
-            self.stage1.set_values({at + _ROWS_AT: rows, at + _BATCH_AT: batch})
+            scalars = list(self.scalars)
+            scalars[_ROWS_AT], scalars[_BATCH_AT] = rows, batch
+            self.scalars = tuple(scalars)
+            self.stage1.set_values({_STAGE1_TENSORS + _ROWS_AT: rows, _STAGE1_TENSORS + _BATCH_AT: batch})
         if self.merge is not None:
             self.merge.resize(merged, batch)
         self.sizes = sizes

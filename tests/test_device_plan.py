@@ -95,6 +95,31 @@ def test_device_plan_replays_new_lengths_and_batches_without_a_plan():
         np.testing.assert_array_equal(_bits(lse2), want[1])
 
 
+def test_device_plan_takes_batches_of_other_sizes_on_one_launch():
+    """One device-planned wrapper, eager batches of 1-5 requests over one cache (the first ones of a
+    batch of 5): the launch prepared for two requests or more serves every such batch, its request
+    bound and the merge's search steps following each call, and each result is the host ``size:S``
+    plan's bit for bit."""
+    inp = cases.random_inputs(9, [90, 40, 7, 64, 130], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8,
+                              dtype="float16")
+    x = to_torch(inp, DEVICE)
+    w = _wrapper(inp, policy="size:16", device_plan=True, max_q_len=1)
+    launches = set()
+    for B in (5, 2, 4, 1, 3, 5):
+        sub = dict(x, q=x["q"][:B], block_table=x["block_table"][:B], seq_lens=x["seq_lens"][:B],
+                   query_start_loc=x["query_start_loc"][:B + 1])
+        out, lse = w.run(**sub, scale=inp.scale)
+        launches.add(id(w.last_launch))
+        assert w.last_launch.sizes == (B, B, B)
+        assert w.last_launch.merge.tail[0] == B and w.last_launch.merge.tail[3] == (B - 1).bit_length()
+        new = dataclasses.replace(inp, q=inp.q[:B], block_table=inp.block_table[:B], seq_lens=inp.seq_lens[:B],
+                                  query_start_loc=inp.query_start_loc[:B + 1])
+        want = _host_planned(new, sub, 16)
+        np.testing.assert_array_equal(_bits(out), want[0])
+        np.testing.assert_array_equal(_bits(lse), want[1])
+    assert len(launches) == 2   # one for a single request, one for the rest
+
+
 def test_device_plan_is_batch_invariant():
     target = cases.random_inputs(5, [150], num_q_heads=8, num_kv_heads=2, head_dim=32, dtype="bfloat16")
     got = []

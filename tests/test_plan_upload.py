@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 import cuda_ref  # noqa: E402  (selects the interpreter without a GPU: before anything imports triton)
@@ -297,3 +299,61 @@ def test_plans_of_sizes_seen_before_reuse_the_slices_and_views_and_hold_their_va
     assert up.allocations == allocs
     assert set(up.last_parts) == {"prepare", "wait", "pack", "copy", "record"}
     assert all(v >= 0 for v in up.last_parts.values())
+
+
+_CACHE_INPUTS = None
+
+
+def _cache_inputs():
+    """One cache for six requests (the steps below take their first ``B``), made once."""
+    global _CACHE_INPUTS
+    if _CACHE_INPUTS is None:
+        inp = cases.random_inputs(11, [70, 9, 33, 120, 5, 64], num_q_heads=4, num_kv_heads=2, head_dim=32,
+                                  page_size=8)
+        _CACHE_INPUTS = inp, to_torch(inp, DEVICE)
+    return _CACHE_INPUTS
+
+
+def _outcome(w, x):
+    try:
+        out, lse = w.run(**x)
+        return "ok", out.cpu().clone(), lse.cpu().clone()
+    except (TypeError, ValueError) as e:
+        return type(e).__name__, str(e)
+
+
+_BREAKS = ("none", "seq_lens longer", "q shorter", "block_table shorter", "query_start_loc longer",
+           "strided seq_lens")
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 6), st.integers(1, 6), st.sampled_from(_BREAKS)), min_size=2, max_size=6))
+def test_the_signature_caches_never_change_what_a_call_does(steps):
+    """A wrapper that remembers its checks and launches across calls of changing batch sizes (some
+    of them wrong: sizes that disagree with each other or with the plan, a strided ``seq_lens``)
+    does what a fresh wrapper does with the same plan: the same error, or the same bits."""
+    inp, x = _cache_inputs()
+    kept = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16")
+    for planned, B, brk in steps:
+        call = _first_requests(x, B)
+        if brk == "seq_lens longer":
+            call["seq_lens"] = x["seq_lens"][:B + 1]
+        elif brk == "q shorter":
+            call["q"] = x["q"][:B - 1]
+        elif brk == "block_table shorter":
+            call["block_table"] = x["block_table"][:B - 1]
+        elif brk == "query_start_loc longer":
+            call["query_start_loc"] = torch.arange(B + 2, dtype=torch.int32, device=DEVICE)
+        elif brk == "strided seq_lens":
+            strided = torch.zeros(2 * B, dtype=torch.int32, device=DEVICE)
+            strided[::2] = x["seq_lens"][:B]
+            call["seq_lens"] = strided[::2]
+        fresh = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16")
+        for w in (kept, fresh):
+            w.plan(inp.seq_lens[:planned])
+        got, want = _outcome(kept, call), _outcome(fresh, call)
+        assert got[0] == want[0], (planned, B, brk, got[:2], want[:2])
+        if got[0] == "ok":
+            assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), (planned, B, brk)
+        else:
+            assert got[1] == want[1], (planned, B, brk)

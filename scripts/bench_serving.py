@@ -17,9 +17,11 @@ batch is packed every step (requests beyond ``--max-batch`` wait). Per step it m
 * ``step_us``: plan + upload + copy + replay, wall time from the plan's start to the replay's end
   (a host sync closes it); ``step_over_kernel = step_us / replay_us``;
 * the eager path for comparison: ``eager_make_plan_us`` / ``eager_upload_us`` (a plain wrapper
-  planned at the real batch), ``eager_kernel_us`` (``run()`` between CUDA events) and
+  planned at the real batch), ``eager_kernel_us`` (``run()`` between CUDA events),
   ``eager_launch_us`` (the host time of the ``run()`` call; ``eager_fast_launch``: whether that call
-  took the launch fast path of ``cuda_ref.fast_launch``, on unless ``SPLITKV_FAST_LAUNCH=0``).
+  took the launch fast path of ``cuda_ref.fast_launch``, on unless ``SPLITKV_FAST_LAUNCH=0``) and
+  ``eager_again_us`` (the host time of one more ``run()`` of the same batch: each later layer of the
+  step; with ``eager_launch_us`` for the first, a model of L layers pays ``launch + (L - 1) x again``).
 
 Reports p50 / p99 of each, overall and per batch-size bin (powers of two), as JSON (with
 ``splitkv_common.provenance``), a Markdown table and a plot (step time and its parts against batch
@@ -79,7 +81,7 @@ PRESETS = {
     "long": ("loguniform:8192:65536", "loguniform:128:2048"),
 }
 QUANTITIES = ("make_plan_us", "upload_us", "plan_us", "copy_us", "replay_us", "step_us", "step_over_kernel",
-              "eager_make_plan_us", "eager_upload_us", "eager_kernel_us", "eager_launch_us")
+              "eager_make_plan_us", "eager_upload_us", "eager_kernel_us", "eager_launch_us", "eager_again_us")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -367,7 +369,8 @@ def measure_step(g: Graphed, eager, seq, ql, *, on_gpu, cpu_kernels, rig, flush=
                copy_us=copy_us, replay_us=replay_us, step_us=(t4 - t0) * 1e6)
     rec["step_over_kernel"] = rec["step_us"] / replay_us if replay_us else None
     # eager path: a plain wrapper planned at the real batch, run() outside any graph
-    rec.update(eager_make_plan_us=None, eager_upload_us=None, eager_kernel_us=None, eager_launch_us=None)
+    rec.update(eager_make_plan_us=None, eager_upload_us=None, eager_kernel_us=None, eager_launch_us=None,
+               eager_again_us=None)
     B = rec["batch"]
     if eager is not None and B:
         t0 = time.perf_counter()
@@ -381,6 +384,8 @@ def measure_step(g: Graphed, eager, seq, ql, *, on_gpu, cpu_kernels, rig, flush=
             rec["eager_launch_us"] = launch_us
             rec["eager_fast_launch"] = eager.last_launch.fast["fast"] if eager.last_launch is not None else None
             rec["eager_kernel_us"] = kernel_us if on_gpu else launch_us
+            # the same batch once more: what each later layer of the step costs the host
+            rec["eager_again_us"] = eager_run(rig, eager, B, seq, ql, on_gpu)[0]
     return rec
 
 
@@ -756,7 +761,7 @@ def trace_table(res) -> list[str]:
     cols = [("make_plan_us", "make_plan"), ("upload_us", "upload"), ("plan_us", "plan()"), ("copy_us", "copy"),
             ("replay_us", "replay"), ("step_us", "step"), ("step_over_kernel", "step/kernel"),
             ("eager_make_plan_us", "eager make_plan"), ("eager_kernel_us", "eager kernel"),
-            ("eager_launch_us", "eager launch")]
+            ("eager_launch_us", "eager launch"), ("eager_again_us", "eager again")]
     head = "| B bin | steps | " + " | ".join(f"{c} p50 / p99" for _, c in cols) + " |"
     lines = [head, "|---|---:|" + "---:|" * len(cols)]
     for b in res["bins"] + [dict(bin="all", **res["overall"])]:

@@ -16,7 +16,7 @@ pytest.importorskip("triton")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "bench_serving.py")
 QUANTITIES = ("make_plan_us", "upload_us", "plan_us", "copy_us", "replay_us", "step_us", "step_over_kernel",
-              "eager_make_plan_us", "eager_upload_us", "eager_kernel_us", "eager_launch_us")
+              "eager_make_plan_us", "eager_upload_us", "eager_kernel_us", "eager_launch_us", "eager_again_us")
 
 
 def load():

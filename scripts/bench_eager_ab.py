@@ -17,8 +17,8 @@ goes first swaps each time), the GPU idle before each call (Hq 32 / Hkv 8, D 128
 
 Writes ``eager_ab.json`` (with provenance) and ``eager_ab.md`` to ``--out``.
 
-    git archive REV | tar -x -C /tmp/old
-    python scripts/bench_eager_ab.py --old /tmp/old --out OUT [--rounds 2]
+    mkdir OLD && git archive REV | tar -x -C OLD
+    python scripts/bench_eager_ab.py --old OLD --out OUT [--rounds 2]
 """
 
 from __future__ import annotations

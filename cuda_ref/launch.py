@@ -668,9 +668,18 @@ class MergeLaunch:
         self.grid = (rows,) + self.grid[1:]
         self.call.set_grid(self.grid)
         if self.constexprs["DEVICE_PLAN"] and batch != self.tail[0]:
-            self.tail = (batch,) + self.tail[1:3] + (max(batch - 1, 0).bit_length(),)
-            at = 8 + len(self.strides)   # the tail's place among the merge's arguments
-            self.call.set_values({at: batch, at + 3: self.tail[3]})
+            self.tail = (batch,) + self.tail[1:3] + (_search_steps(batch),)
+            self.call.set_values({_MERGE_BATCH_AT: batch, _MERGE_STEPS_AT: self.tail[3]})
+
+
+# where the merge's request count and search steps stand among its arguments (MergeLaunch.resize)
+_MERGE_BATCH_AT = kernels.merge_kernel.arg_names.index("BATCH")
+_MERGE_STEPS_AT = kernels.merge_kernel.arg_names.index("SEARCH_STEPS")
+
+
+def _search_steps(batch: int) -> int:
+    """Halvings of ``[0, batch)`` that find a row's request (the device-plan merge's binary search)."""
+    return max(batch - 1, 0).bit_length()
 
 
 def prepare_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,
@@ -692,7 +701,7 @@ def prepare_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *,
     strides = (part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
                out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
                slot_step, min(part_o.shape[0], part_lse.shape[0]))
-    tail = (batch, split_size, max_splits, max(batch - 1, 0).bit_length())
+    tail = (batch, split_size, max_splits, _search_steps(batch))
     constexprs = dict(HEAD_DIM=D, BLOCK_D=block_d, SKIP_SINGLE=skip_single, CHUNK=merge_chunk(block_d),
                       WAIT_PRIMARY=pdl, DEVICE_PLAN=device_plan is not None, num_warps=num_warps, **extra)
     return MergeLaunch((T, H), strides, tail, constexprs, fast_path)

@@ -126,6 +126,21 @@ def make_point(B, ctx, hq, hkv, D, dtype, seed=0):
     return q, k, v, bt, seq
 
 
+def random_batches(max_batch: int, n: int, seed: int = 0, lo: int = 512, hi: int = 8192) -> list:
+    """``n`` decode batches as a serving step sees them, the batch changing every step: each of 1 to
+    ``max_batch`` requests (drawn at random) with lengths uniform in ``[lo, hi]``, as ``(B, lens int64
+    [B] (host), seq_lens int32 [B], query_start_loc int32 [B + 1] (one row each; CUDA))`` (the first
+    ``B`` rows of a :func:`make_point` of ``max_batch`` requests and ``hi`` tokens serve them all)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        B = int(rng.integers(1, max_batch + 1))
+        lens = rng.integers(lo, hi + 1, B)
+        out.append((B, lens, torch.from_numpy(lens.astype(np.int32)).cuda(),
+                    torch.arange(B + 1, dtype=torch.int32, device="cuda")))
+    return out
+
+
 def contiguous_kv(k, bt, B, ctx):
     """``[B, Hkv, ctx, D]`` contiguous copy of a paged cache (the peers' layout)."""
     x = k[bt.long()]  # [B, pages, PAGE, Hkv, D]

@@ -42,7 +42,7 @@ torch = require("torch", "scripts/bench_eager_ab.py")
 require("triton", "scripts/bench_eager_ab.py")
 
 import cuda_ref.kernels  # noqa: E402
-from bench_decode import PAGE, make_point  # noqa: E402
+from bench_decode import PAGE, make_point, random_batches  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 from splitkv_common.provenance import provenance  # noqa: E402
 
@@ -108,15 +108,10 @@ def new_batches(Old, steps: int, max_batch: int = 64, warmup: int = 20, seed: in
     for w in ws.values():   # the largest batch first: the wrappers' buffers hold every later one
         w.plan(np.full(max_batch, 8192))
         w.run(q, k, v, bt, seq, full)
-    rng = np.random.default_rng(seed)
     ts = {"old": [], "new": []}
     tp = {"old": [], "new": []}
     bitwise = True
-    for i in range(steps + warmup):
-        B = int(rng.integers(1, max_batch + 1))
-        lens = rng.integers(512, 8193, B)
-        sd = torch.from_numpy(lens.astype(np.int32)).cuda()
-        qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
+    for i, (B, lens, sd, qsl) in enumerate(random_batches(max_batch, steps + warmup, seed)):
         outs = {}
         for t in (("old", "new") if i % 2 else ("new", "old")):
             torch.cuda.synchronize()

@@ -59,7 +59,8 @@ from splitkv_common.optional import require  # noqa: E402
 torch = require("torch", "scripts/h200_perf_check.py")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_decode import PAGE, Timer, contiguous_kv, copy_ceiling, kv_bytes, make_point, sdpa_peers  # noqa: E402
+from bench_decode import (PAGE, Timer, contiguous_kv, copy_ceiling, kv_bytes, make_point, random_batches,  # noqa: E402
+                          sdpa_peers)
 from cuda_ref.launch import KernelConfig, default_config  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
@@ -399,15 +400,8 @@ def eager_new_batches(max_batch: int = 64, steps: int = 300, warmup: int = 20, s
     import numpy as np
     q, k, v, bt, seq = make_point(max_batch, 8192, 32, 8, 128, torch.bfloat16)
     w = DecodeWrapper(32, 8, 128, PAGE, dtype=torch.bfloat16)
-    rng = np.random.default_rng(seed)
-    batches = []
-    for _ in range(steps + warmup):
-        B = int(rng.integers(1, max_batch + 1))
-        lens = rng.integers(512, 8193, B)
-        batches.append((B, lens, torch.from_numpy(lens.astype(np.int32)).cuda(),
-                        torch.arange(B + 1, dtype=torch.int32, device="cuda")))
     run_us, plan_us = [], []
-    for i, (B, lens, sd, qsl) in enumerate(batches):
+    for i, (B, lens, sd, qsl) in enumerate(random_batches(max_batch, steps + warmup, seed)):
         t0 = time.perf_counter()
         w.plan(lens)
         t1 = time.perf_counter()

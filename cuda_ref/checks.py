@@ -202,5 +202,7 @@ def check_plan(plan, num_kv_heads: int) -> int:
 
 def plan_pages(plan) -> int:
     """Block-table columns a (valid) plan reads: ``max ceil(item_kv_end / page_size)``."""
-    n = plan.num_valid_items
-    return int(-(-int(np.asarray(plan.item_kv_end[:n]).max(initial=0)) // int(plan.page_size)))
+    end = plan.__dict__.get("_max_end")   # the C planner's: the longest request
+    if end is None:
+        end = int(np.asarray(plan.item_kv_end[:plan.num_valid_items]).max(initial=0))
+    return -(-end // int(plan.page_size))

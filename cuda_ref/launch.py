@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from splitkv_common import native as _native
 from splitkv_common.plan import Plan
 
 from . import kernels
@@ -176,6 +177,10 @@ class DevicePlan:
         aligned offset (:meth:`sizes`; the gaps are left as they are, never read); returns the entries spanned. One slice assignment per field, no intermediate array.
         ``items_upto``: write only the first entries of the five work-item arrays, ``out`` already
         holding the rest (the padding of a graph-stable plan of the same shapes)."""
+        small = plan.__dict__.get("_small")   # made by the C planner: packed by it too
+        if small is not None:
+            return _native.load().pack(plan.items, plan.num_items, -1 if items_upto is None else items_upto, small,
+                                plan.batch_size, plan.num_rows, out)
         off = 0
         for k, f in enumerate(_FIELDS):
             a = getattr(plan, f)
@@ -315,8 +320,10 @@ class PlanUploader:
         t0 = clock()
         W, B, T = plan.num_items, plan.batch_size, plan.num_rows
         n = 5 * ((W + 3) & ~3) + ((B + 3) & ~3) + 2 * ((T + 3) & ~3)   # sum(DevicePlan.sizes(W, B, T))
-        qsl = plan.query_start_loc
-        max_q = int((qsl[1:] - qsl[:-1]).max()) if B else 1
+        max_q = plan.__dict__.get("_max_q")   # the C planner's
+        if max_q is None:
+            qsl = plan.query_start_loc
+            max_q = int((qsl[1:] - qsl[:-1]).max()) if B else 1
         block_m, row_blocks = packed_rows(max_q, group, max_block_m)
         if out is not None:
             if out.data.numel() != n or (out.num_items, out.batch_size, out.num_rows) != (W, B, T):

@@ -1393,6 +1393,108 @@ class PlanSpec:
                          max_splits=self.max_splits, max_work_items=self.max_work_items, reuse=reuse)
 
 
+class NativePlanner:
+    """:func:`make_plan` for one :class:`PlanSpec` through the C fast path (:mod:`splitkv_common.native`):
+    the plans the NumPy planner makes, bit for bit, in one call, for the common decode case (no
+    window; ``auto`` on a GPU profile, ``size:N`` or ``none``; 1-D int32 / int64 host arrays within
+    the limits). :meth:`make` returns None for anything else, and the caller plans with NumPy (which
+    reports every error). :meth:`for_spec` is None where the C module is unavailable or the settings
+    never qualify (``count:N``, Ascend profiles, scalars the NumPy fast path would not take).
+
+    A plan made here has the layout :func:`make_plan` gives (``items``, the ``[5, N]`` work-item
+    buffer; the four small arrays are views of one int32 buffer), its ``reason`` and ``estimates_us``
+    made by the NumPy planner when first read, and a graph-stable ``reuse`` plan's buffers written in
+    place as :func:`make_plan` writes them."""
+
+    _FORMAT = "=18q4d"
+
+    def __init__(self, spec: "PlanSpec", mod, settings: bytes, pol: SplitPolicy, fixed):
+        self.spec, self._mod, self._settings, self._pol, self._fixed = spec, mod, settings, pol, fixed
+
+    @classmethod
+    def for_spec(cls, spec: "PlanSpec") -> "NativePlanner | None":
+        from . import native
+        import struct
+
+        mod = native.load()
+        if mod is None:
+            return None
+        f = _fast_settings(spec.num_kv_heads, spec.page_size, spec.head_dim, spec.kv_elem_bytes, spec.num_q_heads,
+                           None, spec.min_split_tokens, spec.max_splits, spec.max_work_items, spec.graph_stable, None)
+        if f is None:
+            return None
+        try:
+            got = _fast_policy(f, spec.policy, spec.device, 0)
+        except (ValueError, TypeError, KeyError):   # the NumPy planner reports it at make()
+            return None
+        if got is None:
+            return None
+        prof, pol, hq, cap = got
+        if prof.cube_units or pol.kind not in ("auto", "fixed_size", "none"):
+            return None
+        kind = {"auto": 0, "fixed_size": 1, "none": 2}[pol.kind]
+        min_split = prof.min_split_tokens if f.min_split_tokens is None else f.min_split_tokens
+        settings = struct.pack(
+            cls._FORMAT, f.hkv, f.page, hq, f.head_dim * 2 * f.kv_elem_bytes, 2 * hq * (f.head_dim + 1) * 4,
+            kind, pol.value if kind == 1 else 0, min_split, cap, int(f.graph_stable),
+            -1 if f.max_work_items is None else f.max_work_items, prof.units, prof.units * prof.items_per_unit,
+            _order_items(prof), _limits.MAX_BATCH, _limits.MAX_QUERY_ROWS, _limits.MAX_WORK_ITEMS,
+            _limits.MAX_PARTIAL_SLOTS, prof.bandwidth_gbps * 1e3, prof.unit_bandwidth_gbps * 1e3, prof.launch_us,
+            prof.item_overhead_us)
+        if len(settings) != mod.SETTINGS_BYTES:
+            return None
+        return cls(spec, mod, settings, pol, _fixed_choice(pol, f.page))
+
+    def make(self, seq_lens, q_lens=None, query_start_loc=None, reuse: "Plan | None" = None) -> "Plan | None":
+        """The plan of ``seq_lens [B]`` (and ``q_lens [B]`` or ``query_start_loc [B + 1]``), or None
+        where the NumPy planner must make it. ``reuse``: as :func:`make_plan`'s."""
+        if query_start_loc is not None:
+            kind, q = 2, query_start_loc
+        elif q_lens is not None:
+            kind, q = 1, q_lens
+        else:
+            kind, q = 0, None
+        items = small = None
+        prev = -1
+        if reuse is not None and reuse.graph_stable and self.spec.graph_stable:
+            old = reuse.items
+            if old is not None and old.dtype == np.int32 and old.flags.c_contiguous:
+                items, prev = old, reuse.num_valid_items
+                small = reuse.__dict__.get("_small")
+                if small is None:
+                    small = _NO_SMALL
+        mod, settings = self._mod, self._settings
+        r = mod.plan(settings, seq_lens, kind, q, items, small, prev)
+        if r is None:
+            return None
+        W, N, split, num_slots, B, T, max_q, max_end, filled = r
+        if not filled:
+            if items is None or items.shape[1] != N:
+                items, prev = np.empty((5, N), np.int32), -1
+            small = np.empty(2 * B + 1 + 2 * T, np.int32)
+            r = mod.plan(settings, seq_lens, kind, q, items, small, prev)
+        b1, b2 = 2 * B + 1, 2 * B + 1 + T
+        fixed = self._fixed
+        if fixed is not None:
+            reason, est = fixed[1], fixed[2]
+        else:   # auto: the NumPy planner says why, when asked
+            reason, est = None, (_numpy_reason, (self.spec, np.array(seq_lens), None if q is None else np.array(q), kind))
+        p = _new_plan(items, W, small[:B], small[B:b1], small[b1:b2], small[b2:], num_slots, self.spec.num_kv_heads,
+                      self.spec.page_size, self._pol, split, self.spec.graph_stable, reason, est)
+        d = p.__dict__
+        d["_small"], d["_max_q"], d["_max_end"] = small, max_q, max_end
+        return p
+
+
+_NO_SMALL = np.zeros(0, np.int32)   # a reused plan without a small buffer: the C planner says its size
+
+
+def _numpy_reason(spec: "PlanSpec", seq, q, kind: int):
+    """``(reason, estimates_us)`` of the NumPy planner's plan of the same batch (a native ``auto`` plan's)."""
+    p = spec.make(seq, q if kind == 1 else None, q if kind == 2 else None)
+    return p.reason, p.estimates_us
+
+
 class PlannedWrapper:
     """What every backend's ``plan()`` / ``run()`` wrapper shares: its settings as one
     :class:`PlanSpec` (``self.spec``), read back as attributes, and planning through it."""
@@ -1414,6 +1516,7 @@ class PlannedWrapper:
     # use (make_plan's ``reuse``): a step costs its valid items, not the padded capacity. So a plan
     # returned by plan() stays valid until the second plan() after it.
     _made: Plan | None = None    # the last plan make_plan() returned
+    _native: "NativePlanner | None | bool" = False   # the C planner for this spec (False: not looked up yet)
     _mine: Plan | None = None    # the plan in use, when make_plan() made it
     _spare: Plan | None = None   # a plan make_plan() made that is no longer in use (its buffer is reused)
 
@@ -1426,8 +1529,17 @@ class PlannedWrapper:
         (``set_plan`` does): graph-stable plans are written into the buffer of a plan of this
         wrapper that is no longer in use."""
         spare, self._spare = self._spare, None
-        self._made = self.spec.make(seq_lens, q_lens, query_start_loc, window_left, reuse=spare)
-        return self._made
+        made = None
+        if window_left is None:
+            nat = self._native
+            if nat is False:
+                nat = self._native = NativePlanner.for_spec(self.spec)
+            if nat is not None:
+                made = nat.make(seq_lens, q_lens, query_start_loc, reuse=spare)
+        if made is None:
+            made = self.spec.make(seq_lens, q_lens, query_start_loc, window_left, reuse=spare)
+        self._made = made
+        return made
 
     def _retire_plan(self, plan: Plan) -> None:
         """``plan`` goes into use (set_plan): the plan of this wrapper in use before is spare now."""

@@ -1,0 +1,100 @@
+"""The planner's C fast path (``plan_fast.c``), built on first use with the system C compiler.
+
+A decode step plans its batch on the host, and in serving that plan sits between the steps' kernels.
+For the common case (no window; ``auto`` on a GPU profile, ``size:N`` or ``none``; inputs within the
+limits) ``plan_fast.c`` makes the NumPy planner's plans bit for bit in one call, and packs a plan
+into the device layout in another (:class:`splitkv_common.plan.NativePlanner` and
+``cuda_ref.launch.DevicePlan.pack_into`` use them). Everything else, and every error, stays with the
+NumPy planner, which is also the oracle the C code is tested against (``tests/test_native_plan.py``).
+
+The module is compiled like Triton's own launchers: ``$CC`` (default ``cc``) with Python's headers,
+into ``$SPLITKV_CACHE_DIR`` (default ``~/.cache/splitkv``), once per source and Python version.
+``SPLITKV_NATIVE=0`` turns it off; without a compiler or headers the NumPy planner plans
+everything (:func:`status` says why).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+_SOURCE = Path(__file__).with_name("plan_fast.c")
+_NAME = "_splitkv_plan"
+_FLAGS = ["-O2", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-std=c11"]
+
+_module = None
+_status = "not loaded yet"
+_tried = False
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPLITKV_CACHE_DIR") or Path.home() / ".cache" / "splitkv")
+
+
+def _target() -> Path:
+    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS).encode() + sys.version.encode()).hexdigest()[:16]
+    return cache_dir() / f"{_NAME}-{key}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+
+
+def _build(target: Path) -> None:
+    cc = os.environ.get("CC") or "cc"
+    if shutil.which(cc) is None:
+        raise RuntimeError(f"no C compiler ({cc!r} not found)")
+    include = sysconfig.get_paths()["include"]
+    if not Path(include, "Python.h").exists():
+        raise RuntimeError(f"no Python headers (Python.h not in {include})")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=target.suffix, dir=target.parent)
+    os.close(fd)
+    try:
+        proc = subprocess.run([cc, *_FLAGS, f"-I{include}", str(_SOURCE), "-o", tmp], capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
+        os.replace(tmp, target)   # atomic: a concurrent build leaves one complete file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load():
+    """The compiled module (``plan``, ``pack``), or None (the NumPy planner plans; :func:`status`)."""
+    global _module, _status, _tried
+    if _tried:
+        return _module
+    _tried = True
+    if os.environ.get("SPLITKV_NATIVE", "1") == "0":
+        _status = "off (SPLITKV_NATIVE=0)"
+        return None
+    try:
+        target = _target()
+        if not target.exists():
+            _build(target)
+        loader = importlib.machinery.ExtensionFileLoader(_NAME, str(target))
+        spec = importlib.util.spec_from_file_location(_NAME, str(target), loader=loader)
+        mod = importlib.util.module_from_spec(spec)
+        loader.exec_module(mod)
+    except Exception as e:   # no compiler, no headers, a read-only cache: plan with NumPy
+        _status = f"unavailable: {e}"
+        return None
+    _module, _status = mod, f"loaded from {target}"
+    return _module
+
+
+def status() -> str:
+    """Whether the C planner is in use, and if not, why."""
+    load()
+    return _status
+
+
+def reset() -> None:
+    """Forget the loaded module's state so that the next :func:`load` looks again (tests)."""
+    global _module, _status, _tried
+    _module, _status, _tried = None, "not loaded yet", False

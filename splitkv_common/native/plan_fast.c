@@ -1,0 +1,446 @@
+/* The planner's common decode case in C: the plans of splitkv_common.plan._plan_fast, bit for bit.
+ *
+ * The common case is a batch without a sliding window under `auto` (a GPU profile), `size:N` or
+ * `none`, every input within the limits (splitkv_common/validation.py). For it, plan() makes the
+ * same work items, split counts and partial slots as the NumPy planner, in the same order, and the
+ * same `auto` choice: every cost is the same IEEE double expression evaluated in the same order
+ * (built with -ffp-contract=off, so no fused multiply-add changes a rounding). Anything else makes
+ * plan() return None and the caller plans with NumPy, which reports the errors: this code raises
+ * only for arguments of the wrong type. tests/test_native_plan.py holds it to the NumPy planner.
+ *
+ * Python side: splitkv_common/native/__init__.py (build, load, the settings struct) and
+ * splitkv_common/plan.py (NativePlanner: the Plan object over the arrays written here).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The wrapper's settings, packed once by NativePlanner (struct.pack "=18q4d"): every field an
+ * int64 or a double, in this order. */
+typedef struct {
+    int64_t hkv, page, hq, token_bytes, merge_bytes;
+    int64_t policy;           /* 0 auto, 1 fixed_size, 2 none */
+    int64_t split_value;      /* fixed_size's tokens */
+    int64_t min_split, cap, graph_stable;
+    int64_t max_work_items;   /* -1: graph_capacity's default */
+    int64_t units, slots, order_above;
+    int64_t max_batch, max_query_rows, max_items_limit, max_partial_slots;
+    double bw, unit_bw, launch_us, per_wave_us;
+} Settings;
+
+#define I32_LIMIT ((int64_t)1 << 31)
+
+/* A 1-D C-contiguous integer buffer read as int64 values. */
+typedef struct {
+    Py_buffer view;
+    int held;
+    int wide;   /* 8-byte entries, else 4 */
+    Py_ssize_t n;
+} IntIn;
+
+static int int_in(PyObject *obj, IntIn *in) {
+    /* 1: ok; 0: not a plain int32 / int64 1-D contiguous buffer (the NumPy path plans it). */
+    in->held = 0;
+    if (PyObject_GetBuffer(obj, &in->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    in->held = 1;
+    const char *f = in->view.format ? in->view.format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    if (in->view.ndim != 1 || f[1] != '\0') return 0;
+    if (in->view.itemsize == 8 && (*f == 'q' || *f == 'l')) in->wide = 1;
+    else if (in->view.itemsize == 4 && (*f == 'i' || (*f == 'l' && sizeof(long) == 4))) in->wide = 0;
+    else return 0;
+    in->n = in->view.shape[0];
+    return 1;
+}
+
+static void int_release(IntIn *in) {
+    if (in->held) PyBuffer_Release(&in->view);
+    in->held = 0;
+}
+
+static inline int64_t at(const IntIn *in, Py_ssize_t i) {
+    return in->wide ? ((const int64_t *)in->view.buf)[i] : (int64_t)((const int32_t *)in->view.buf)[i];
+}
+
+/* A writable C-contiguous int32 buffer of at least `need` entries (NULL if not). */
+static int32_t *out_buf(PyObject *obj, Py_buffer *view, Py_ssize_t need, const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) return NULL;
+    const char *f = view->format ? view->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    if (view->itemsize != 4 || !(*f == 'i' || (*f == 'l' && sizeof(long) == 4)) || view->len / 4 < need) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "%s: must be a writable int32 buffer of at least %zd entries", name, need);
+        return NULL;
+    }
+    return (int32_t *)view->buf;
+}
+
+static inline int64_t floor_div(int64_t a, int64_t b) {   /* Python's // for b > 0 */
+    int64_t q = a / b;
+    return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+static inline int64_t ceil_div(int64_t a, int64_t b) { return -floor_div(-a, b); }   /* -(-a // b) */
+static inline int64_t round_up(int64_t x, int64_t m) { return -floor_div(-x, m) * m; }
+
+/* x // d for 0 <= x < 2**31 and 0 < d < 2**32: a shift where d is a power of two (the usual split
+ * lengths), else a 32-bit division (a 64-bit one costs several times more per request). */
+typedef struct { uint32_t d; int shift; } Divisor;
+static inline Divisor divisor(int64_t d) {
+    Divisor r = {(uint32_t)d, -1};
+    if ((d & (d - 1)) == 0) r.shift = __builtin_ctzll((unsigned long long)d);
+    return r;
+}
+static inline int64_t div_by(int64_t x, Divisor d) {
+    return d.shift >= 0 ? (int64_t)((uint32_t)x >> d.shift) : (int64_t)((uint32_t)x / d.d);
+}
+
+/* The `auto` choice (splitkv_common.plan._auto_candidates, _candidate_stats, _auto_costs,
+ * _cheapest) for lengths `seq`, query rows `ql` (NULL: one each), `T` rows in all. */
+static int64_t choose_auto(const Settings *s, const int64_t *seq, const int64_t *ql, int64_t B, int64_t T,
+                           int64_t longest, int64_t lens_total, int64_t max_items) {
+    int64_t cands[64], ncand = 0;
+    cands[ncand++] = 0;
+    int64_t c = round_up(s->min_split > s->page ? s->min_split : s->page, s->page);
+    while (c < longest && ncand < 64) {
+        if (ceil_div(longest, c) <= s->cap) cands[ncand++] = c;
+        c *= 2;
+    }
+    int64_t max_last = longest > 0 ? longest - 1 : 0;
+    double t_stream = (double)(lens_total * s->hkv * s->token_bytes) / s->bw;
+    int64_t best_c = -1, best_w = 0, fit_c = -1;
+    double best_t = 0.0, fit_t = 0.0;
+    for (int64_t k = 0; k < ncand; k++) {
+        int64_t cc = cands[k], ranges, rows, most, lg;
+        if (cc == 0) {
+            ranges = B; rows = ql ? T : B; most = 1; lg = longest;
+        } else {
+            int64_t extra = 0, extra_rows = 0;
+            Divisor dc = divisor(cc);
+            for (int64_t b = 0; b < B; b++) {
+                int64_t qq = div_by(seq[b] > 0 ? seq[b] - 1 : 0, dc);
+                extra += qq;
+                if (ql) extra_rows += qq * ql[b];
+            }
+            ranges = extra + B;
+            rows = ql ? extra_rows + T : ranges;
+            most = max_last / cc + 1;
+            lg = cc < longest ? cc : longest;
+        }
+        int64_t w = ranges * s->hkv;
+        double x = (double)(lg * s->token_bytes) / s->unit_bw;
+        double t_attn = s->launch_us + (x > t_stream ? x : t_stream) + (double)ceil_div(w, s->slots) * s->per_wave_us;
+        double total = most > 1 ? t_attn + (s->launch_us + (double)(rows * s->merge_bytes) / s->bw) : t_attn + 0.0;
+        if (best_c < 0 || total < best_t * 0.97) { best_c = cc; best_t = total; best_w = w; }
+        /* the same choice among the candidates that fit a capacity (no split always does) */
+        if (max_items >= 0 && w > max_items && fit_c >= 0) continue;
+        if (fit_c < 0 || total < fit_t * 0.97) { fit_c = cc; fit_t = total; }
+    }
+    if (max_items >= 0 && best_w > max_items) return fit_c;
+    return best_c;
+}
+
+/* The requests' order, longest first, ties in batch order (a stable sort, as NumPy's and Python's):
+ * an LSD radix sort on 31 - bit keys, a byte a pass, skipping the bytes every key shares. `ord` and
+ * `tmp`: [B] each. */
+static void longest_first(const int64_t *seq, int64_t B, uint32_t *ord, uint32_t *tmp) {
+    uint32_t all_or = 0, all_and = 0xFFFFFFFFu;
+    for (int64_t b = 0; b < B; b++) {
+        uint32_t k = 0x7FFFFFFFu - (uint32_t)seq[b];
+        all_or |= k;
+        all_and &= k;
+        ord[b] = (uint32_t)b;
+    }
+    for (int pass = 0; pass < 4; pass++) {
+        int sh = 8 * pass;
+        if ((((all_or ^ all_and) >> sh) & 0xFFu) == 0) continue;   /* every key has this byte */
+        size_t count[257] = {0};
+        for (int64_t i = 0; i < B; i++) count[(((0x7FFFFFFFu - (uint32_t)seq[ord[i]]) >> sh) & 0xFFu) + 1]++;
+        for (int d = 0; d < 256; d++) count[d + 1] += count[d];
+        for (int64_t i = 0; i < B; i++) tmp[count[((0x7FFFFFFFu - (uint32_t)seq[ord[i]]) >> sh) & 0xFFu]++] = ord[i];
+        memcpy(ord, tmp, sizeof(uint32_t) * (size_t)B);
+    }
+}
+
+/* plan(settings, seq_lens, q_kind, q, items, small, prev_valid)
+ *
+ * seq_lens: [B] int32 / int64; q_kind 0: one row each (q ignored), 1: q = q_lens [B], 2: q =
+ * query_start_loc [B + 1]. items: a writable int32 [5, N] buffer (its rows the work-item arrays) or
+ * None; small: a writable int32 buffer for num_splits [B], query_start_loc [B + 1], row_slot_start
+ * [T] and row_num_splits [T], one after the other, or None. prev_valid: the valid items `items`
+ * holds from an earlier plan of the same capacity (its padding is there already), or -1.
+ *
+ * Returns None where the NumPy path must plan; else (W valid items, N items with padding, split
+ * length, num_slots, B, T, the most query rows of one request, the largest item end, filled):
+ * `filled` is False when `items` or `small` was None or too short (nothing written; the sizes say
+ * what to allocate: [5, N] and 2B + 1 + 2T entries). */
+static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "plan: 7 arguments");
+        return NULL;
+    }
+    char *raw;
+    Py_ssize_t rawlen;
+    if (PyBytes_AsStringAndSize(args[0], &raw, &rawlen) != 0) return NULL;
+    if (rawlen != (Py_ssize_t)sizeof(Settings)) {
+        PyErr_SetString(PyExc_ValueError, "plan: settings of another layout");
+        return NULL;
+    }
+    Settings st;
+    memcpy(&st, raw, sizeof st);
+    const Settings *s = &st;
+    long q_kind = PyLong_AsLong(args[2]);
+    long long prev_valid = PyLong_AsLongLong(args[6]);
+    if (PyErr_Occurred()) return NULL;
+
+    PyObject *result = NULL;
+    IntIn sin = {0}, qin = {0};
+    int64_t *seq = NULL, *ql = NULL, *qsl = NULL, *nsp = NULL;
+    uint32_t *ord = NULL;
+    Py_buffer items_v, small_v;
+    int items_held = 0, small_held = 0;
+
+    if (!int_in(args[1], &sin)) goto fallback;
+    int64_t B = sin.n;
+    if (B == 0 || B > s->max_batch || B * s->hkv > s->max_items_limit) goto fallback;
+    seq = malloc(sizeof(int64_t) * (size_t)B * 3 + 8);
+    qsl = malloc(sizeof(int64_t) * (size_t)(B + 1));
+    if (!seq || !qsl) { PyErr_NoMemory(); goto done; }
+    ql = seq + B;
+    nsp = seq + 2 * B;
+    int64_t longest = 0, lens_total = 0, zeros = 0;
+    int increasing = 0;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t v = at(&sin, b);
+        if (v < 0 || v >= I32_LIMIT) goto fallback;
+        seq[b] = v;
+        if (v > longest) longest = v;
+        lens_total += v;
+        zeros += v == 0;
+        if (b && seq[b - 1] < v) increasing = 1;
+    }
+    /* query rows */
+    int64_t T, max_q = 1;
+    qsl[0] = 0;
+    if (q_kind == 0) {
+        for (int64_t b = 0; b < B; b++) qsl[b + 1] = b + 1;
+        T = B;
+    } else {
+        if (!int_in(args[3], &qin)) goto fallback;
+        if (q_kind == 2) {
+            if (qin.n != B + 1 || at(&qin, 0) != 0) goto fallback;
+            max_q = 0;
+            for (int64_t b = 0; b < B; b++) {
+                int64_t a = at(&qin, b), e = at(&qin, b + 1);
+                if (e < a || e > s->max_query_rows) goto fallback;
+                ql[b] = e - a;
+                qsl[b + 1] = e;
+                if (ql[b] > max_q) max_q = ql[b];
+            }
+        } else if (q_kind == 1) {
+            if (qin.n != B) goto fallback;
+            max_q = 0;
+            for (int64_t b = 0; b < B; b++) {
+                int64_t v = at(&qin, b);
+                if (v < 0 || v > s->max_query_rows) goto fallback;
+                ql[b] = v;
+                qsl[b + 1] = qsl[b] + v;
+                if (qsl[b + 1] > s->max_query_rows) goto fallback;
+                if (v > max_q) max_q = v;
+            }
+        } else {
+            PyErr_SetString(PyExc_ValueError, "plan: q_kind must be 0, 1 or 2");
+            goto done;
+        }
+        T = qsl[B];
+    }
+    if (T > s->max_query_rows) goto fallback;
+    const int64_t *qlp = q_kind == 0 ? NULL : ql;
+    int64_t cap = s->cap;
+    int64_t max_items = -1;   /* graph_capacity() */
+    if (s->graph_stable) {
+        if (s->max_work_items >= 0) max_items = s->max_work_items;
+        else {
+            int64_t worst = B * s->hkv * cap;
+            if (s->policy == 2 || s->policy == 0) {
+                int64_t want = 2 * B * s->hkv > 16 * s->units ? 2 * B * s->hkv : 16 * s->units;
+                max_items = worst < want ? worst : want;
+            } else max_items = worst;
+        }
+    }
+    /* the split length */
+    int64_t split = s->policy == 1 ? s->split_value
+                  : s->policy == 2 ? 0 : choose_auto(s, seq, qlp, B, T, longest, lens_total, max_items);
+    /* ranges per request */
+    int64_t R = 0, most = 1;
+    Divisor ds = divisor(split > 0 ? split : 1);
+    for (int64_t b = 0; b < B; b++) {
+        int64_t n = split == 0 ? 1 : div_by(seq[b] > 0 ? seq[b] - 1 : 0, ds) + 1;
+        nsp[b] = n;
+        R += n;
+        if (n > most) most = n;
+    }
+    if (most > cap) goto fallback;   /* the cap grows the split: the NumPy path */
+    int64_t W = R * s->hkv;
+    if (W > s->max_items_limit) goto fallback;
+    int64_t N = W;
+    if (s->graph_stable) {
+        int64_t worst = s->max_work_items < 0 ? B * s->hkv * cap : max_items;
+        if (W > max_items || worst > s->max_items_limit || T * cap > s->max_partial_slots) goto fallback;
+        N = max_items;
+    }
+    int64_t num_slots = 0, max_end = longest;
+    if (T) {
+        if (s->graph_stable) num_slots = T * cap;
+        else if (!qlp) num_slots = R;
+        else for (int64_t b = 0; b < B; b++) num_slots += nsp[b] * ql[b];
+    }
+    int64_t small_n = 2 * B + 1 + 2 * T;
+    int filled = 0;
+    if (args[4] != Py_None && args[5] != Py_None) {
+        if (PyObject_GetBuffer(args[4], &items_v, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) goto done;
+        items_held = 1;
+        const char *f = items_v.format ? items_v.format : "B";
+        if (*f == '<' || *f == '=' || *f == '@') f++;
+        if (items_v.itemsize != 4 || !(*f == 'i' || (*f == 'l' && sizeof(long) == 4)) || items_v.ndim != 2
+                || items_v.shape[0] != 5) {
+            PyErr_SetString(PyExc_ValueError, "items: must be a writable C-contiguous int32 [5, N] buffer");
+            goto done;
+        }
+        int64_t cols = items_v.shape[1];
+        int32_t *small = NULL;
+        if (cols == N) {
+            small = out_buf(args[5], &small_v, 0, "small");
+            if (!small) goto done;
+            small_held = 1;
+            if (small_v.len / 4 < small_n) small = NULL;
+        }
+        if (cols == N && small) {
+            int32_t *req = (int32_t *)items_v.buf, *head = req + N, *jsp = head + N, *ks = jsp + N, *ke = ks + N;
+            /* the requests' order: the longest first in a plan the device runs in waves */
+            int reorder = W - s->hkv * zeros > s->order_above && increasing;
+            if (reorder) {
+                ord = malloc(sizeof(uint32_t) * (size_t)B * 2);
+                if (!ord) { PyErr_NoMemory(); goto done; }
+                longest_first(seq, B, ord, ord + B);
+            }
+            int64_t i = 0;
+            for (int64_t k = 0; k < B; k++) {
+                int64_t b = reorder ? (int64_t)ord[k] : k, n = nsp[b], len = seq[b];
+                for (int64_t h = 0; h < s->hkv; h++) {
+                    for (int64_t j = 0; j < n; j++, i++) {
+                        req[i] = (int32_t)b;
+                        head[i] = (int32_t)h;
+                        jsp[i] = (int32_t)j;
+                        ks[i] = (int32_t)(j * split);
+                        ke[i] = (int32_t)(j + 1 < n ? (j + 1) * split : len);
+                    }
+                }
+            }
+            /* padding: request -1, empty ranges (only up to the last plan's items when it is there) */
+            int64_t pad_to = prev_valid >= 0 ? (prev_valid < N ? (prev_valid > W ? prev_valid : W) : N) : N;
+            for (int64_t p = W; p < pad_to; p++) {
+                req[p] = -1;
+                head[p] = jsp[p] = ks[p] = ke[p] = 0;
+            }
+            /* num_splits [B], query_start_loc [B + 1], row_slot_start [T], row_num_splits [T] */
+            int32_t *o = small, *rs = small + 2 * B + 1, *rn = rs + T;
+            for (int64_t b = 0; b < B; b++) o[b] = (int32_t)nsp[b];
+            for (int64_t b = 0; b <= B; b++) o[B + b] = (int32_t)qsl[b];
+            int64_t t = 0, acc = 0;
+            for (int64_t b = 0; b < B; b++) {
+                int64_t rows = qlp ? ql[b] : 1;
+                for (int64_t r = 0; r < rows; r++, t++) {
+                    rn[t] = (int32_t)nsp[b];
+                    rs[t] = (int32_t)(s->graph_stable ? t * cap : acc);
+                    acc += nsp[b];
+                }
+            }
+            filled = 1;
+        }
+    }
+    result = Py_BuildValue("(LLLLLLLLO)", (long long)W, (long long)N, (long long)split, (long long)num_slots,
+                           (long long)B, (long long)T, (long long)max_q, (long long)max_end,
+                           filled ? Py_True : Py_False);
+    goto done;
+fallback:
+    if (!PyErr_Occurred()) { Py_INCREF(Py_None); result = Py_None; }
+done:
+    if (items_held) PyBuffer_Release(&items_v);
+    if (small_held) PyBuffer_Release(&small_v);
+    int_release(&sin);
+    int_release(&qin);
+    free(seq);
+    free(qsl);
+    free(ord);
+    return result;
+}
+
+/* pack(items, W, upto, small, B, T, out): a plan's eight device arrays (cuda_ref.launch.DevicePlan's
+ * layout: item_request, item_kv_head, item_split, item_kv_start, item_kv_end [W] each, num_splits
+ * [B], row_slot_start [T], row_num_splits [T], each from a 16-byte boundary) into the int32 buffer
+ * `out`, from `items` [5, >= W] and `small` (plan()'s layout). `upto` >= 0: only the first `upto`
+ * entries of the item arrays (`out` holds the rest). Returns the entries spanned. */
+static PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "pack: 7 arguments");
+        return NULL;
+    }
+    long long W = PyLong_AsLongLong(args[1]), upto = PyLong_AsLongLong(args[2]);
+    long long B = PyLong_AsLongLong(args[4]), T = PyLong_AsLongLong(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    if (W < 0 || B < 0 || T < 0 || upto > W) {
+        PyErr_SetString(PyExc_ValueError, "pack: sizes must be >= 0 and upto <= W");
+        return NULL;
+    }
+    Py_buffer iv, sv, ov;
+    if (PyObject_GetBuffer(args[0], &iv, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) return NULL;
+    if (iv.itemsize != 4 || iv.ndim != 2 || iv.shape[0] != 5 || iv.shape[1] < W) {
+        PyBuffer_Release(&iv);
+        PyErr_SetString(PyExc_ValueError, "items: must be a C-contiguous int32 [5, >= W] buffer");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[3], &sv, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) { PyBuffer_Release(&iv); return NULL; }
+    long long wp = (W + 3) & ~3LL, bp = (B + 3) & ~3LL, tp = (T + 3) & ~3LL;
+    long long total = 5 * wp + bp + 2 * tp;
+    if (sv.itemsize != 4 || sv.len / 4 < 2 * B + 1 + 2 * T) {
+        PyBuffer_Release(&iv); PyBuffer_Release(&sv);
+        PyErr_SetString(PyExc_ValueError, "small: must be an int32 buffer of 2B + 1 + 2T entries");
+        return NULL;
+    }
+    int32_t *out = out_buf(args[6], &ov, total, "out");
+    if (!out) { PyBuffer_Release(&iv); PyBuffer_Release(&sv); return NULL; }
+    const int32_t *items = iv.buf, *small = sv.buf;
+    Py_ssize_t cols = iv.shape[1];
+    long long n = upto >= 0 ? upto : W;
+    for (int f = 0; f < 5; f++) memcpy(out + f * wp, items + f * cols, sizeof(int32_t) * (size_t)n);
+    int32_t *o = out + 5 * wp;
+    memcpy(o, small, sizeof(int32_t) * (size_t)B);                       /* num_splits */
+    memcpy(o + bp, small + 2 * B + 1, sizeof(int32_t) * (size_t)T);      /* row_slot_start */
+    memcpy(o + bp + tp, small + 2 * B + 1 + T, sizeof(int32_t) * (size_t)T);   /* row_num_splits */
+    PyBuffer_Release(&iv);
+    PyBuffer_Release(&sv);
+    PyBuffer_Release(&ov);
+    return PyLong_FromLongLong(total);
+}
+
+static PyMethodDef methods[] = {
+    {"plan", (PyCFunction)(void (*)(void))plan, METH_FASTCALL, "The common-case plan (see the file's comment)."},
+    {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL, "A plan's device arrays into one int32 buffer."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_splitkv_plan", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__splitkv_plan(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "SETTINGS_BYTES", (long)sizeof(Settings)) != 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

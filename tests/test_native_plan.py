@@ -1,0 +1,214 @@
+"""The C planner (``splitkv_common/native/plan_fast.c``) makes the NumPy planner's plans, bit for bit.
+
+The NumPy planner is the oracle: on a generated corpus (ragged lengths incl. 0 and the int32 limit,
+multi-query rows as ``q_lens`` and ``query_start_loc``, zero-row requests, every policy and profile,
+caps, graph-stable capacities, int32 / int64 / other inputs, streams of graph-stable steps reusing the
+last plan's buffers) the C planner either hands the batch back (None) exactly where the NumPy fast
+path does, or makes the same plan: every array (dtype, shape, values), every scalar, the ``reason``
+and the ``estimates_us``. Its device packing equals :meth:`DevicePlan.pack_into`'s.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from splitkv_common import native
+from splitkv_common.devices import PROFILES
+from splitkv_common.plan import NativePlanner, PlanSpec, _fast_settings, _plan_fast
+from test_planner_equality import assert_same_plan
+
+pytestmark = pytest.mark.skipif(native.load() is None, reason=f"C planner: {native.status()}")
+
+PAGES = [1, 8, 16, 128]
+
+
+def numpy_fast(spec: PlanSpec, seq, q_lens, qsl):
+    """The NumPy fast path's plan (None where it hands on to the general path)."""
+    f = _fast_settings(spec.num_kv_heads, spec.page_size, spec.head_dim, spec.kv_elem_bytes, spec.num_q_heads, None,
+                       spec.min_split_tokens, spec.max_splits, spec.max_work_items, spec.graph_stable, None)
+    return None if f is None else _plan_fast(seq, q_lens, qsl, spec.policy, spec.device, f)
+
+
+def check_one(nat: NativePlanner, spec: PlanSpec, seq, q_lens=None, qsl=None, reuse=None, want_reuse=None):
+    """The C plan against the NumPy planner's (the same plan or an error from it); returns both."""
+    got = nat.make(seq, q_lens, qsl, reuse=reuse)
+    try:
+        want = spec.make(seq, q_lens, qsl, reuse=want_reuse)
+    except ValueError:
+        assert got is None, "the C planner planned a batch the NumPy planner refuses"
+        return None, None
+    fast = numpy_fast(spec, seq, q_lens, qsl)
+    plain = type(seq) is np.ndarray and seq.dtype in (np.int32, np.int64) and seq.ndim == 1 and \
+        all(x is None or (type(x) is np.ndarray and x.dtype in (np.int32, np.int64)) for x in (q_lens, qsl))
+    if plain:   # the C planner takes exactly what the NumPy fast path takes
+        assert (got is None) == (fast is None), (got, fast)
+    if got is not None:
+        assert_same_plan(got, want)
+        assert got.items.shape == (5, got.num_items)
+        assert got.items.flags.c_contiguous
+    return got, want
+
+
+@st.composite
+def case(draw):
+    page = draw(st.sampled_from(PAGES))
+    max_len = draw(st.sampled_from([40, 600, 5000, 40000, 2**31 - 1]))
+    n = draw(st.sampled_from([1, 4, 11, 40, 300]))
+    min_n = draw(st.sampled_from([1, 1, n // 2 + 1]))
+    lens = st.one_of(st.integers(0, max_len), st.just(0), st.sampled_from([1, 16, 128, 512, 4096]))
+    seq = draw(st.lists(lens, min_size=min_n, max_size=n))
+    hkv = draw(st.sampled_from([1, 2, 8]))
+    pol = draw(st.one_of(st.sampled_from(["auto"] * 6 + ["none"]), st.integers(1, 40).map(lambda k: f"size:{k * page}")))
+    gpu = [name for name, p in sorted(PROFILES.items()) if not p.cube_units]   # the profiles it plans for
+    spec = dict(num_q_heads=hkv * draw(st.sampled_from([1, 4])), num_kv_heads=hkv,
+                head_dim=draw(st.sampled_from([64, 128])), page_size=page, kv_elem_bytes=draw(st.sampled_from([1, 2])),
+                policy=pol, device=draw(st.sampled_from(gpu)), graph_stable=draw(st.booleans()))
+    if draw(st.booleans()):
+        spec["min_split_tokens"] = draw(st.sampled_from([0, 1, page, 64, 256, 1000]))
+    if draw(st.booleans()):
+        spec["max_splits"] = draw(st.integers(1, 80))
+    if spec["graph_stable"] and draw(st.booleans()):
+        spec["max_work_items"] = draw(st.integers(0, 4000))
+    dtype = draw(st.sampled_from([np.int64] * 4 + [np.int32] * 3 + [np.uint16, "list"]))
+    rows = draw(st.sampled_from(["default", "q_lens", "qsl"]))
+    q = draw(st.lists(st.integers(0, 6), min_size=len(seq), max_size=len(seq)))
+    steps = draw(st.integers(1, 3))
+    more = [draw(st.lists(lens, min_size=len(seq), max_size=len(seq))) for _ in range(steps - 1)]
+    return spec, [seq] + more, q, rows, dtype
+
+
+def _as(x, dtype):
+    return list(x) if dtype == "list" else np.array(x).astype(dtype)
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(c=case())
+def test_same_plans_as_the_numpy_planner(c):
+    kw, steps, q, rows, dtype = c
+    spec = PlanSpec(**kw)
+    nat = NativePlanner.for_spec(spec)
+    assert nat is not None
+    got = want = None
+    for seq in steps:   # graph-stable steps write into the last step's buffers, as a wrapper's do
+        qv = _as(q, dtype if dtype != np.uint16 else np.int32)
+        q_lens = qv if rows == "q_lens" else None
+        qsl = _as(np.concatenate([[0], np.cumsum(q)]), dtype if dtype != np.uint16 else np.int64) if rows == "qsl" else None
+        got2, want2 = check_one(nat, spec, _as(seq, dtype), q_lens, qsl, reuse=got, want_reuse=want)
+        if got2 is not None and got is not None and got.num_items == got2.num_items and spec.graph_stable:
+            assert got2.items is got.items   # written in place
+        got, want = got2, want2
+
+
+@pytest.mark.parametrize("B", [1, 16, 64, 256, 1024])
+@pytest.mark.parametrize("policy", ["auto", "size:512", "none"])
+@pytest.mark.parametrize("graph_stable", [False, True])
+def test_same_plans_at_serving_shapes(B, policy, graph_stable):
+    """The serving benchmark's shapes (longest requests first above 528 items), a stream of steps."""
+    rng = np.random.default_rng(B)
+    spec = PlanSpec(32, 8, 128, 16, policy=policy, graph_stable=graph_stable)
+    nat = NativePlanner.for_spec(spec)
+    got = want = None
+    for step in range(4):
+        seq = rng.integers(0 if step == 3 else 512, 8193, B)
+        got, want = check_one(nat, spec, seq, reuse=got, want_reuse=want)
+        assert got is not None
+
+
+def test_hands_back_what_the_numpy_fast_path_does_not_plan():
+    """Windows, the cap growing a split, lengths past int32, inputs of other types: None."""
+    spec = PlanSpec(32, 8, 128, 16, policy="size:16", max_splits=4)
+    nat = NativePlanner.for_spec(spec)
+    assert nat.make(np.array([1000, 5])) is None                        # 63 splits over the cap of 4
+    assert nat.make(np.array([64, 5])) is not None
+    nat = NativePlanner.for_spec(PlanSpec(32, 8, 128, 16))
+    assert nat.make(np.array([2**31, 5])) is None
+    assert nat.make(np.array([-1, 5])) is None
+    assert nat.make(np.array([[5, 5]])) is None                          # 2-D
+    assert nat.make(np.array([5.0, 5.0])) is None                        # float
+    assert nat.make(np.arange(10)[::2]) is None                          # strided
+    assert nat.make(np.zeros(0, np.int64)) is None                       # empty
+    assert nat.make(np.array([5, 6]), query_start_loc=np.array([0, 2, 1])) is None
+    assert nat.make(np.array([5, 6]), q_lens=np.array([1])) is None
+    assert NativePlanner.for_spec(PlanSpec(32, 8, 128, 16, policy="count:4")) is None
+    assert NativePlanner.for_spec(PlanSpec(32, 8, 128, 16, device="910b2")) is None
+
+
+def test_auto_reason_is_the_numpy_planners():
+    spec = PlanSpec(32, 8, 128, 16, graph_stable=True)
+    nat = NativePlanner.for_spec(spec)
+    seq = np.array([16000], np.int64)
+    got = nat.make(seq)
+    seq[0] = 5   # the reason is made later, from the batch as it was
+    want = spec.make(np.array([16000]))
+    assert got.reason == want.reason and "splits of" in got.reason
+    assert got.estimates_us == want.estimates_us
+
+
+def test_packs_as_the_device_plan_does():
+    """``DevicePlan.pack_into`` of a C-made plan (the C packer) equals the field-by-field packing."""
+    torch = pytest.importorskip("torch")
+    del torch
+    from cuda_ref.launch import DevicePlan, _FIELDS
+
+    rng = np.random.default_rng(3)
+    for graph_stable in (False, True):
+        spec = PlanSpec(32, 8, 128, 16, graph_stable=graph_stable)
+        nat = NativePlanner.for_spec(spec)
+        for B in (1, 5, 64):
+            p = nat.make(rng.integers(0, 9000, B), q_lens=rng.integers(0, 3, B))
+            n = sum(DevicePlan.sizes(p.num_items, p.batch_size, p.num_rows))
+            got = np.full(n, -7, np.int32)
+            assert DevicePlan.pack_into(p, got) == n
+            want = np.full(n, -7, np.int32)
+            off = 0
+            for f, k in zip(_FIELDS, DevicePlan.lengths(p.num_items, p.batch_size, p.num_rows)):
+                want[off:off + k] = getattr(p, f)
+                off += (k + 3) & ~3
+            assert np.array_equal(got, want)
+            part = np.full(n, -7, np.int32)
+            DevicePlan.pack_into(p, part, items_upto=3)
+            assert np.array_equal(part[:3], want[:3]) and (part[3:(p.num_items + 3) & ~3] == -7).all()
+
+
+def test_wrapper_plans_with_it():
+    """A wrapper's ``make_plan`` takes the C planner where it applies, the NumPy one elsewhere."""
+    from splitkv_common.plan import PlannedWrapper
+
+    class W(PlannedWrapper):
+        def __init__(self, **kw):
+            self.spec = PlanSpec(32, 8, 128, 16, **kw)
+
+    w = W(graph_stable=True)
+    p = w.make_plan(np.array([100, 2000]))
+    assert "_small" in p.__dict__
+    q = w.make_plan(np.array([100, 2000]), window_left=64)   # windows: NumPy
+    assert "_small" not in q.__dict__
+    assert "_small" not in W(policy="count:2").make_plan(np.array([100])).__dict__
+
+
+def test_off_by_environment(monkeypatch):
+    monkeypatch.setenv("SPLITKV_NATIVE", "0")
+    native.reset()
+    try:
+        assert native.load() is None and "SPLITKV_NATIVE=0" in native.status()
+        assert NativePlanner.for_spec(PlanSpec(32, 8, 128, 16)) is None
+    finally:
+        monkeypatch.delenv("SPLITKV_NATIVE")
+        native.reset()
+        assert native.load() is not None
+
+
+def test_same_choice_under_a_capacity():
+    """Graph-stable capacities below ``auto``'s first choice: the same choice among those that fit
+    (a few % of such batches choose differently than without the capacity)."""
+    rng = np.random.default_rng(11)
+    moved = 0
+    for _ in range(3000):
+        B = int(rng.integers(1, 40))
+        seq = rng.integers(0, int(rng.choice([600, 5000, 40000, 200000])), B)
+        spec = PlanSpec(32, 8, 128, 16, graph_stable=True, max_work_items=int(rng.integers(B * 8, B * 8 * 30)))
+        got, want = check_one(NativePlanner.for_spec(spec), spec, seq)
+        if got is not None:
+            moved += got.split_tokens != PlanSpec(32, 8, 128, 16).make(seq).split_tokens
+    assert moved > 100   # the capacity moved the choice

@@ -110,6 +110,16 @@ def _packed_rows(rows: int, max_block_m: int) -> tuple[int, int]:
     return block_m, -(-rows // block_m)
 
 
+@functools.lru_cache(maxsize=64)
+def packed_limit(tile_rows: int, group: int, max_block_m: int = 64) -> int:
+    """The most query rows a request may have for its packed rows to fit ``tile_rows`` (a captured
+    plan's ``block_m * row_blocks``, :func:`packed_rows`), at least 1."""
+    most = 1
+    while packed_rows(most + 1, group, max_block_m)[0] * packed_rows(most + 1, group, max_block_m)[1] <= tile_rows:
+        most += 1
+    return most
+
+
 def merge_chunk(block_d: int) -> int:
     """Slots the merge loads as one ``[CHUNK, BLOCK_D]`` float32 tile: 4K elements (128 registers a
     thread for the merge's one warp), at most 32 (the ``auto`` plan's most splits at batch 1), so

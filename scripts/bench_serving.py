@@ -230,17 +230,16 @@ class Graphed:
     def run(self):
         return self.w.run(self.q, self.rig.k, self.rig.v, self.bt, self.seq, self.qsl)
 
-    def step_in_graph(self, seq, ql) -> tuple[float, float, float]:
-        """``in_graph``: plan (make, then pack), write the lengths, replay, sync: ``(make_plan µs,
-        pack µs, end clock)`` from the call's start."""
+    def step_in_graph(self, seq, ql) -> tuple[float, bool, float]:
+        """``in_graph``: ``plan()`` (made and packed; one C call when the wrapper refreshes its captured
+        plan), write the lengths, replay, sync: ``(plan() µs, refreshed in one call, end clock)``."""
+        n = self.w.plan_refreshes
         t0 = time.perf_counter()
-        plan = self.w.make_plan(seq, q_lens=ql)
+        self.w.plan(seq, q_lens=ql)
         t1 = time.perf_counter()
-        self.w.set_plan(plan, validate=False)
-        t2 = time.perf_counter()
         self.inputs.replay(self.graph, seq, self.qsl_host.numpy())
         torch.cuda.synchronize()
-        return (t1 - t0) * 1e6, (t2 - t1) * 1e6, time.perf_counter()
+        return (t1 - t0) * 1e6, self.w.plan_refreshes > n, time.perf_counter()
 
     def pad(self, seq, ql):
         """The batch padded to ``size`` with ``seq_len = 0`` requests (their query rows kept, as vLLM's
@@ -527,7 +526,7 @@ def eager_run(rig: Rig, w, B: int, seq, ql, on_gpu) -> tuple[float, float | None
 FIXED_QUANTITIES = ("make_plan_us", "upload_us", "plan_us", "copy_us", "replay_us", "step_us", "step_over_kernel",
                     "dev_copy_us", "dev_replay_us", "dev_step_us", "dev_step_over_kernel", "dev_step_over_host_replay",
                     "eager_run_us", "eager_kernel_us", "eager_again_us", "dev_in_graph_step_us", "replay_wall_us",
-                    "dev_in_graph_over_replay_wall", "hig_make_plan_us", "hig_pack_us", "hig_step_us",
+                    "dev_in_graph_over_replay_wall", "hig_plan_us", "hig_step_us",
                     "hig_step_over_kernel", "hig_step_over_replay_wall")
 # the upload's parts (PlanUploader.last_parts) and the rest of set_plan() ("other": the plan's page count,
 # the wrapper's bookkeeping)
@@ -589,12 +588,12 @@ def run_fixed(args, device, on_gpu):
                 rec["replay_wall_us"] = replay_wall_us(dgi.graph)
                 rec["dev_in_graph_over_replay_wall"] = rec["dev_in_graph_step_us"] / rec["replay_wall_us"]
             # the host-planned graph with its copies captured (plan_in_graph): plan() packs, one replay
-            rec.update(hig_make_plan_us=None, hig_pack_us=None, hig_step_us=None, hig_step_over_kernel=None,
+            rec.update(hig_plan_us=None, hig_refreshed=None, hig_step_us=None, hig_step_over_kernel=None,
                        hig_step_over_replay_wall=None)
             if on_gpu:
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                rec["hig_make_plan_us"], rec["hig_pack_us"], t3 = gi.step_in_graph(seq, ql)
+                rec["hig_plan_us"], rec["hig_refreshed"], t3 = gi.step_in_graph(seq, ql)
                 rec["hig_step_us"] = (t3 - t0) * 1e6
                 rec["hig_step_over_kernel"] = rec["hig_step_us"] / replay_us
                 rec["hig_step_over_replay_wall"] = rec["hig_step_us"] / replay_wall_us(gi.graph)
@@ -617,6 +616,7 @@ def run_fixed(args, device, on_gpu):
         s["upload_parts"] = {k: summarize_keys(recs, f"upload_{k}_us")["p50"] for k in UPLOAD_PARTS}
         launch = eager.last_launch.fast if on_gpu and eager.last_launch is not None else None
         new = [r for r in recs if r.get("eager_new_launch")]
+        s["hig_refreshed"] = f"{sum(1 for r in recs if r.get('hig_refreshed'))} / {len(recs)}" if on_gpu else None
         s["eager_new_launch_steps"] = len(new) if on_gpu else None
         s["eager_new_launch_run_us"] = summarize_keys(new, "eager_run_us")
         s["eager_reused_kernel_steps"] = sum(1 for r in new if r.get("eager_reused_kernel"))
@@ -716,12 +716,14 @@ def fixed_table(res) -> list[str]:
         lines.append(f"| {r['batch']} | {p(r, 'dev_in_graph_step_us')} | {p(r, 'replay_wall_us')} | "
                      f"{p(r, 'dev_in_graph_over_replay_wall', 2)} | {fmt(a / k if a and k else None, 2)} |")
     lines += ["", "Host-planned graph with its copies captured in it (`DecodeWrapper(plan_in_graph=True)`: `plan()` "
-                  "packs the plan into pinned memory, `copy_plan()` in the graph copies it; the lengths through "
-                  "`StepInputs(in_graph=True)`): a step is `plan()`, writing the lengths and one replay, p50:", "",
-              "| B | make_plan µs | pack µs | step µs | step / host-planned replayed kernel | step / its bare replay |",
+                  "makes the plan and packs it into pinned memory, one C call once the wrapper refreshes its captured "
+                  "plan; `copy_plan()` in the graph copies it; the lengths through `StepInputs(in_graph=True)`): a "
+                  "step is `plan()`, writing the lengths and one replay, p50:", "",
+              "| B | plan() µs | steps planned in one C call | step µs | step / host-planned replayed kernel "
+              "| step / its bare replay |",
               "|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
-        lines.append(f"| {r['batch']} | {p(r, 'hig_make_plan_us')} | {p(r, 'hig_pack_us')} | {p(r, 'hig_step_us')} | "
+        lines.append(f"| {r['batch']} | {p(r, 'hig_plan_us')} | {r.get('hig_refreshed') or '-'} | {p(r, 'hig_step_us')} | "
                      f"{p(r, 'hig_step_over_kernel', 2)} | {p(r, 'hig_step_over_replay_wall', 2)} |")
     lines += ["", "Upload parts (`set_plan()` of the host-planned graph: `PlanUploader.upload`'s parts and the "
                   "rest), p50 µs:", "", "| B | upload µs | " + " | ".join(UPLOAD_PARTS) + " |",

@@ -1477,21 +1477,38 @@ class NativePlanner:
         fixed = self._fixed
         if fixed is not None:
             reason, est = fixed[1], fixed[2]
-        else:   # auto: the NumPy planner says why, when asked
-            reason, est = None, (_numpy_reason, (self.spec, np.array(seq_lens), None if q is None else np.array(q), kind))
+        else:   # auto: the NumPy planner says why when asked, of the batch the arrays hold
+            reason, est = None, (_plan_reason, (self.spec, items, small, W, B, kind))
         p = _new_plan(items, W, small[:B], small[B:b1], small[b1:b2], small[b2:], num_slots, self.spec.num_kv_heads,
                       self.spec.page_size, self._pol, split, self.spec.graph_stable, reason, est)
         d = p.__dict__
-        d["_small"], d["_max_q"], d["_max_end"] = small, max_q, max_end
+        d["_small"], d["_max_q"], d["_max_end"], d["_kind"] = small, max_q, max_end, kind
         return p
+
+    def refill(self, old: "Plan", W: int, split: int, num_slots: int, max_q: int, max_end: int) -> "Plan":
+        """``old`` (a plan made here) as the plan that ``plan`` has just written into its buffers (the
+        refresh of a captured plan, whose plan of two steps before is spent: its arrays are rewritten
+        anyway, so its object is too). Returns ``old``."""
+        d = old.__dict__
+        d.update(num_valid_items=W, split_tokens=split, num_slots=num_slots, _max_q=max_q, _max_end=max_end)
+        if self._fixed is None:   # auto: the reason from the arrays, when asked
+            d.pop("reason", None)
+            d.pop("estimates_us", None)
+            d["_why"] = (_plan_reason, (self.spec, d["items"], d["_small"], W, old.batch_size, d["_kind"]))
+        return old
+
 
 
 _NO_SMALL = np.zeros(0, np.int32)   # a reused plan without a small buffer: the C planner says its size
 
 
-def _numpy_reason(spec: "PlanSpec", seq, q, kind: int):
-    """``(reason, estimates_us)`` of the NumPy planner's plan of the same batch (a native ``auto`` plan's)."""
-    p = spec.make(seq, q if kind == 1 else None, q if kind == 2 else None)
+def _plan_reason(spec: "PlanSpec", items: np.ndarray, small: np.ndarray, W: int, B: int, kind: int):
+    """``(reason, estimates_us)`` of a C-made ``auto`` plan: the NumPy planner's, for the batch its
+    arrays hold (read while the plan is valid): each request's length is its items' largest end
+    (no window), its rows come from ``query_start_loc``."""
+    seq = np.zeros(B, np.int64)
+    np.maximum.at(seq, items[0, :W], items[4, :W])
+    p = spec.make(seq, None, None if kind == 0 else small[B:2 * B + 1].copy())
     return p.reason, p.estimates_us
 
 

@@ -212,3 +212,60 @@ def test_same_choice_under_a_capacity():
         if got is not None:
             moved += got.split_tokens != PlanSpec(32, 8, 128, 16).make(seq).split_tokens
     assert moved > 100   # the capacity moved the choice
+
+
+def test_a_captured_plan_is_refreshed_in_one_call():
+    """``DecodeWrapper(plan_in_graph=True)``: from the third ``plan()`` on (both plan buffers made), a
+    batch of the captured sizes is planned and packed by one C call: each step's plan and the pinned
+    buffer the captured copy reads equal the NumPy planner's plan and its packing; a batch the refresh
+    does not take (another size, more query rows than captured, a window, a list, a tensor) goes the
+    full way, with its errors, and a refused one writes nothing."""
+    torch = pytest.importorskip("torch")
+    import cuda_ref  # noqa: F401  (the interpreter without a GPU)
+    from cuda_ref.launch import DevicePlan
+    from cuda_ref.wrapper import DecodeWrapper
+
+    device = "cpu" if cuda_ref.INTERPRET else "cuda"
+    rng = np.random.default_rng(4)
+    tried_rows = 0
+    for policy, B, rows in (("auto", 5, "q_lens"), ("size:64", 6, "qsl"), ("none", 4, None), ("auto", 70, None)):
+        w = DecodeWrapper(8, 2, 32, 16, graph_stable=True, plan_in_graph=True, policy=policy, device=device)
+        ql = rng.integers(1, 3, B)
+        qkw = {} if rows is None else dict(q_lens=ql) if rows == "q_lens" else \
+            dict(query_start_loc=np.concatenate([[0], np.cumsum(ql)]).astype(np.int32))
+        spec = w.plan_spec()
+        host = None
+        for step in range(12):
+            seq = rng.integers(0, 3000 if step % 3 else 20, B).astype(np.int64 if step % 2 else np.int32)
+            before = w.plan_refreshes
+            plan = w.plan(seq, **qkw)
+            assert w.plan_refreshes == before + (step >= 2), (policy, step)
+            want = spec.make(seq, qkw.get("q_lens"), qkw.get("query_start_loc"))
+            assert_same_plan(plan, want)
+            packed = DevicePlan.pack(want)
+            np.testing.assert_array_equal(w._uploader._host[0][1][:packed.size], packed)
+            host = host or w._uploader._host[0]
+            assert w._uploader._host[0] is host and w._uploader.pending
+        # the full way: its errors, nothing written by the refresh first
+        snapshot = host[1].copy()
+        T, most = int(ql.sum()), w._refresh_sizes[2]
+        if rows is not None and T > most:   # the same rows, all in one request: more than the capture's tile
+            more = np.zeros(B, np.int64)
+            more[0] = T
+            tried_rows += 1
+            with pytest.raises(ValueError, match="query rows"):
+                w.plan(rng.integers(100, 3000, B), **(dict(q_lens=more) if rows == "q_lens" else
+                                                      dict(query_start_loc=np.concatenate([[0], np.cumsum(more)]))))
+        with pytest.raises(ValueError, match="shapes changed"):
+            w.plan(rng.integers(0, 3000, B + 1))
+        np.testing.assert_array_equal(host[1], snapshot)
+        n = w.plan_refreshes
+        for other in (dict(window_left=64), dict(as_list=True), dict(as_tensor=True)):
+            seq = rng.integers(0, 3000, B)
+            arg = seq.tolist() if other.pop("as_list", False) else torch.from_numpy(seq) if other.pop("as_tensor", False) \
+                else seq
+            plan = w.plan(arg, **qkw, **other)
+            want = spec.make(seq, qkw.get("q_lens"), qkw.get("query_start_loc"), other.get("window_left"))
+            assert_same_plan(plan, want)
+        assert w.plan_refreshes == n
+    assert tried_rows == 2

@@ -166,6 +166,22 @@ static void longest_first(const int64_t *seq, int64_t B, uint32_t *ord, uint32_t
     }
 }
 
+/* A plan's eight device arrays (see pack()) into `out` (5 * W4 + B4 + 2 * T4 entries, X4 = X rounded
+ * up to 4) from `items` [5, cols >= W] and `small`; only the first `n` entries of each item array. */
+static void pack_arrays(int32_t *out, const int32_t *items, int64_t cols, int64_t W, int64_t n, const int32_t *small,
+                        int64_t B, int64_t T) {
+    int64_t wp = (W + 3) & ~3LL, bp = (B + 3) & ~3LL, tp = (T + 3) & ~3LL;
+    for (int f = 0; f < 5; f++) memcpy(out + f * wp, items + f * cols, sizeof(int32_t) * (size_t)n);
+    int32_t *o = out + 5 * wp;
+    memcpy(o, small, sizeof(int32_t) * (size_t)B);                                 /* num_splits */
+    memcpy(o + bp, small + 2 * B + 1, sizeof(int32_t) * (size_t)T);                /* row_slot_start */
+    memcpy(o + bp + tp, small + 2 * B + 1 + T, sizeof(int32_t) * (size_t)T);       /* row_num_splits */
+}
+
+static inline int64_t packed_size(int64_t W, int64_t B, int64_t T) {
+    return 5 * ((W + 3) & ~3LL) + ((B + 3) & ~3LL) + 2 * ((T + 3) & ~3LL);
+}
+
 /* plan(settings, seq_lens, q_kind, q, items, small, prev_valid)
  *
  * seq_lens: [B] int32 / int64; q_kind 0: one row each (q ignored), 1: q = q_lens [B], 2: q =
@@ -174,14 +190,31 @@ static void longest_first(const int64_t *seq, int64_t B, uint32_t *ord, uint32_t
  * [T] and row_num_splits [T], one after the other, or None. prev_valid: the valid items `items`
  * holds from an earlier plan of the same capacity (its padding is there already), or -1.
  *
+ * With five more arguments (packed, packed_prev, B, T, max_q_limit: the refresh of a captured plan)
+ * the plan is also packed into `packed` (pack()'s layout; its item arrays only up to the larger of
+ * this plan's valid items and `packed_prev`, the last pack's, beyond which the padding is there
+ * already), and nothing is written unless the batch has B requests, T rows and at most max_q_limit
+ * rows in one request.
+ *
  * Returns None where the NumPy path must plan; else (W valid items, N items with padding, split
  * length, num_slots, B, T, the most query rows of one request, the largest item end, filled):
  * `filled` is False when `items` or `small` was None or too short (nothing written; the sizes say
  * what to allocate: [5, N] and 2B + 1 + 2T entries). */
 static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "plan: 7 arguments");
+    if (nargs != 7 && nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "plan: 7 or 12 arguments");
         return NULL;
+    }
+    /* the refresh of a captured plan: its packed buffer, the valid items it holds, and the sizes
+     * and the most query rows a request may have for the capture */
+    PyObject *packed = nargs == 12 ? args[7] : Py_None;
+    long long packed_prev = -1, expect_b = -1, expect_t = -1, max_q_limit = -1;
+    if (packed != Py_None) {
+        packed_prev = PyLong_AsLongLong(args[8]);
+        expect_b = PyLong_AsLongLong(args[9]);
+        expect_t = PyLong_AsLongLong(args[10]);
+        max_q_limit = PyLong_AsLongLong(args[11]);
+        if (PyErr_Occurred()) return NULL;
     }
     char *raw;
     Py_ssize_t rawlen;
@@ -319,6 +352,7 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             small_held = 1;
             if (small_v.len / 4 < small_n) small = NULL;
         }
+        if (packed != Py_None && (B != expect_b || T != expect_t || max_q > max_q_limit)) small = NULL;
         if (cols == N && small) {
             int32_t *req = (int32_t *)items_v.buf, *head = req + N, *jsp = head + N, *ks = jsp + N, *ke = ks + N;
             /* the requests' order: the longest first in a plan the device runs in waves */
@@ -359,6 +393,14 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                     rs[t] = (int32_t)(s->graph_stable ? t * cap : acc);
                     acc += nsp[b];
                 }
+            }
+            if (packed != Py_None) {   /* and into the device layout: the items up to the last pack's */
+                Py_buffer pv;
+                int32_t *out = out_buf(packed, &pv, packed_size(N, B, T), "packed");
+                if (!out) goto done;
+                int64_t upto = packed_prev < 0 ? N : (packed_prev > W ? (packed_prev < N ? packed_prev : N) : W);
+                pack_arrays(out, req, N, N, upto, small, B, T);
+                PyBuffer_Release(&pv);
             }
             filled = 1;
         }
@@ -405,8 +447,7 @@ static PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     }
     if (PyObject_GetBuffer(args[3], &sv, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) { PyBuffer_Release(&iv); return NULL; }
-    long long wp = (W + 3) & ~3LL, bp = (B + 3) & ~3LL, tp = (T + 3) & ~3LL;
-    long long total = 5 * wp + bp + 2 * tp;
+    long long total = packed_size(W, B, T);
     if (sv.itemsize != 4 || sv.len / 4 < 2 * B + 1 + 2 * T) {
         PyBuffer_Release(&iv); PyBuffer_Release(&sv);
         PyErr_SetString(PyExc_ValueError, "small: must be an int32 buffer of 2B + 1 + 2T entries");
@@ -414,14 +455,7 @@ static PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     int32_t *out = out_buf(args[6], &ov, total, "out");
     if (!out) { PyBuffer_Release(&iv); PyBuffer_Release(&sv); return NULL; }
-    const int32_t *items = iv.buf, *small = sv.buf;
-    Py_ssize_t cols = iv.shape[1];
-    long long n = upto >= 0 ? upto : W;
-    for (int f = 0; f < 5; f++) memcpy(out + f * wp, items + f * cols, sizeof(int32_t) * (size_t)n);
-    int32_t *o = out + 5 * wp;
-    memcpy(o, small, sizeof(int32_t) * (size_t)B);                       /* num_splits */
-    memcpy(o + bp, small + 2 * B + 1, sizeof(int32_t) * (size_t)T);      /* row_slot_start */
-    memcpy(o + bp + tp, small + 2 * B + 1 + T, sizeof(int32_t) * (size_t)T);   /* row_num_splits */
+    pack_arrays(out, iv.buf, iv.shape[1], W, upto >= 0 ? upto : W, sv.buf, B, T);
     PyBuffer_Release(&iv);
     PyBuffer_Release(&sv);
     PyBuffer_Release(&ov);

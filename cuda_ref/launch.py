@@ -306,13 +306,15 @@ class PlanUploader:
             sl = self._host_slices[k][n] = buf[0][:n]
         return k, sl, buf[1]
 
-    def _device_slice(self, W: int, B: int, T: int, n: int, graph_stable: bool):
-        """``(slice [n] of the device buffer, its array views)``, kept per sizes while the buffer is."""
+    def _device_slice(self, W: int, B: int, T: int, n: int, graph_stable: bool, extra: int = 0):
+        """``(slice [n] of the device buffer, its array views)``, kept per sizes while the buffer is;
+        the buffer has ``extra`` entries more after them (the ``in_graph`` lengths)."""
         hit = self._dev_views.get((W, B, T))
         if hit is not None:
             return hit
-        if self._dev is None or self._dev.numel() < n:
-            cap = n if graph_stable else max(n, 2 * (self._dev.numel() if self._dev is not None else 0))
+        if self._dev is None or self._dev.numel() < n + extra:
+            need = n + extra
+            cap = need if graph_stable else max(need, 2 * (self._dev.numel() if self._dev is not None else 0))
             self._dev = torch.empty(cap, dtype=torch.int32, device=self.device)
             self._dev_views = {}
             self.allocations += 1
@@ -322,10 +324,25 @@ class PlanUploader:
         hit = self._dev_views[(W, B, T)] = (dst, DevicePlan.views_of(dst, W, B, T))
         return hit
 
-    def upload(self, plan: Plan, group: int, out: "DevicePlan | None" = None, max_block_m: int = 64) -> DevicePlan:
+    @staticmethod
+    def inputs_size(batch_size: int) -> int:
+        """``in_graph``: the entries after a plan for its batch's ``seq_lens [B]`` and, from a 16-byte
+        boundary, ``query_start_loc [B + 1]`` (copied with it: :meth:`inputs`)."""
+        return ((batch_size + 3) & ~3) + batch_size + 1
+
+    def inputs(self, num_entries: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``in_graph``: the device views ``(seq_lens [B], query_start_loc [B + 1])`` (int32) that follow a
+        plan of ``num_entries`` packed entries, copied with it."""
+        at = num_entries + ((batch_size + 3) & ~3)
+        return self._dev[num_entries:num_entries + batch_size], self._dev[at:at + batch_size + 1]
+
+    def upload(self, plan: Plan, group: int, out: "DevicePlan | None" = None, max_block_m: int = 64,
+               seq_lens: "np.ndarray | None" = None) -> DevicePlan:
         """``plan`` on the device; with ``out`` (a graph-stable plan of the same shapes) its buffer is
         refreshed in place and ``out`` returned, else a :class:`DevicePlan` over this uploader's device
-        buffer (which the next upload reuses: one plan in use at a time)."""
+        buffer (which the next upload reuses: one plan in use at a time). ``in_graph``: ``seq_lens``
+        (host, ``[B]``, the planned batch's) and the plan's ``query_start_loc`` are packed after the plan
+        and copied with it (:meth:`inputs`); without ``seq_lens`` that part keeps what it held."""
         clock = time.perf_counter
         t0 = clock()
         W, B, T = plan.num_items, plan.batch_size, plan.num_rows
@@ -345,10 +362,11 @@ class PlanUploader:
             if out.max_q_len == 1 and max_q > 1:
                 raise ValueError(f"plan: a request has {max_q} query rows; the graph was captured for one per request")
             dst, views = out.data, None
-        else:
-            dst, views = self._device_slice(W, B, T, n, plan.graph_stable)
+        extra = self.inputs_size(B) if self.in_graph else 0
+        if out is None:
+            dst, views = self._device_slice(W, B, T, n, plan.graph_stable, extra)
         t1 = clock()
-        k, host_t, host_np = self._staging(n)
+        k, host_t, host_np = self._staging(n + extra)
         t2 = clock()
         # a graph-stable plan like the slot's last one: its padding is there already, write the valid
         # items only (up to the last one's count, which this plan's padding overwrites)
@@ -360,7 +378,11 @@ class PlanUploader:
         self._layout[k] = (W, n, plan.num_valid_items) if plan.graph_stable else None
         t3 = clock()
         if self.in_graph:   # the copy is copy()'s: captured in the graph, or made by the next eager run
-            self._packed, self.pending, self.copied_in_capture = (host_t, dst), True, False
+            if seq_lens is not None:
+                at = n + ((B + 3) & ~3)
+                host_np[n:n + B] = seq_lens
+                host_np[at:at + B + 1] = plan.query_start_loc
+            self._packed, self.pending, self.copied_in_capture = (host_t, self._dev[:n + extra]), True, False
             t4 = clock()
         else:
             dst.copy_(host_t, non_blocking=self.cuda)

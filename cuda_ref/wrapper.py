@@ -260,10 +260,11 @@ class DecodeWrapper(PlannedWrapper):
             plan = self._refresh(seq_lens, q_lens, query_start_loc)
             if plan is not None:
                 return plan
-        plan = self.make_plan(host(seq_lens), None if q_lens is None else host(q_lens),
+        seq_lens = host(seq_lens)
+        plan = self.make_plan(seq_lens, None if q_lens is None else host(q_lens),
                               None if query_start_loc is None else host(query_start_loc), window_left)
         # made by the shared planner: valid by construction (tests/test_planner*.py), not checked again
-        self.set_plan(plan, validate=False)
+        self._set_plan(plan, False, seq_lens)
         return plan
 
     def set_plan(self, plan: Plan, *, validate: bool = True) -> None:
@@ -273,6 +274,11 @@ class DecodeWrapper(PlannedWrapper):
         shared :meth:`Plan.validate` without the coverage rule, since a context-parallel shard's
         plan covers only its part). ``False`` only for a plan fresh
         from the shared planner (``plan_spec().make``), which is valid by construction."""
+        self._set_plan(plan, validate, None)
+
+    def _set_plan(self, plan: Plan, validate: bool, seq_lens) -> None:
+        """:meth:`set_plan`; ``seq_lens``: the planned batch's lengths (``plan()``'s), which a
+        ``plan_in_graph`` wrapper copies with the plan (:attr:`planned_seq_lens`)."""
         if plan.num_kv_heads != self.num_kv_heads or plan.page_size != self.page_size:
             raise ValueError(f"plan: made for Hkv={plan.num_kv_heads}, page_size={plan.page_size}; this wrapper "
                              f"has Hkv={self.num_kv_heads}, page_size={self.page_size}")
@@ -281,7 +287,7 @@ class DecodeWrapper(PlannedWrapper):
         plan_pages = check_plan(plan, self.num_kv_heads) if validate else plan_page_count(plan)
         group = self.num_q_heads // self.num_kv_heads
         reuse = self.dplan if (self.graph_stable and self.dplan is not None) else None
-        self.dplan = self._uploader.upload(plan, group, out=reuse)
+        self.dplan = self._uploader.upload(plan, group, out=reuse, seq_lens=seq_lens)
         self._retire_plan(plan)
         self.host_plan = plan
         self._plan_pages = plan_pages
@@ -453,6 +459,28 @@ class DecodeWrapper(PlannedWrapper):
         if len(cache) >= 64:
             cache.clear()
         cache[key] = prep
+
+    @property
+    def planned_seq_lens(self) -> torch.Tensor:
+        """``plan_in_graph``: the last ``plan()``'s ``seq_lens`` on the device (int32 ``[B]``), copied with
+        the plan by :meth:`copy_plan`. Passed to ``run()`` inside the capture, they make a step
+        ``plan()`` and one replay: one copy for the plan and the lengths, which cannot disagree."""
+        return self._planned_inputs()[0]
+
+    @property
+    def planned_query_start_loc(self) -> torch.Tensor:
+        """``plan_in_graph``: the last ``plan()``'s ``query_start_loc`` on the device (int32 ``[B + 1]``),
+        copied with the plan (see :attr:`planned_seq_lens`)."""
+        return self._planned_inputs()[1]
+
+    def _planned_inputs(self):
+        if not self._uploader.in_graph:
+            raise ValueError("plan_in_graph: the planned lengths are copied with the plan only by "
+                             "DecodeWrapper(plan_in_graph=True)")
+        if self.dplan is None:
+            raise RuntimeError("plan: call plan() before reading the planned lengths")
+        d = self.dplan
+        return self._uploader.inputs(d.data.numel(), d.batch_size)
 
     def copy_plan(self) -> None:
         """``plan_in_graph``: copy the plan the last ``plan()`` packed into the device plan. Call it once

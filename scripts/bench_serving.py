@@ -37,8 +37,9 @@ batch; the upload split into its parts, ``upload_parts``: ``PlanUploader.last_pa
 from ``--device-split``; one step = copy lengths and query offsets, one copy through
 ``cuda_ref.wrapper.StepInputs``, + replay, no plan; on a GPU also with that copy captured in the
 graph, ``StepInputs(in_graph=True)``, against one bare replay of the same graph), on a GPU the
-host-planned graph with its copies captured too (``DecodeWrapper(plan_in_graph=True)``: one step =
-``plan()``, which only packs the plan into pinned memory, + writing the lengths + one replay) and the
+host-planned graph with its copy captured too (``DecodeWrapper(plan_in_graph=True)``: one step =
+``plan()``, which packs the plan and the batch's lengths into pinned memory, + one replay, whose one
+copy carries both; the kernels read ``planned_seq_lens``) and the
 eager path (``run()``'s host time with its
 launches right after ``plan()`` and once more with the same plan, the steps that prepared a new launch
 and whether its first call reused a checked compiled kernel, and the Python side alone with the
@@ -187,9 +188,9 @@ class Rig:
 
 class Graphed:
     """A graph-stable wrapper captured at batch ``size``: device inputs refreshed in place each step.
-    ``in_graph``: the copies go into the graph (``DecodeWrapper(plan_in_graph=True)``'s ``copy_plan()``
-    and ``StepInputs(in_graph=True)`` for the lengths and offsets): a step is ``plan()`` (the planner,
-    then packing into pinned memory), writing the lengths, one replay."""
+    ``in_graph``: the copy goes into the graph (``DecodeWrapper(plan_in_graph=True)``'s ``copy_plan()``,
+    which copies the lengths and offsets with the plan: ``planned_seq_lens``): a step is ``plan()``
+    (the planner, then packing into pinned memory) and one replay."""
 
     def __init__(self, rig: Rig, size: int, use_graph: bool, in_graph: bool = False):
         self.rig, self.size = rig, size
@@ -210,12 +211,11 @@ class Graphed:
         # the capture sees the plan's fixed shapes
         lens = np.full(size, 1024, np.int64)
         self.w.plan(lens, q_lens=np.full(size, r))
-        if self.in_graph:   # the lengths and offsets as one buffer, its copy captured too
-            self.inputs = StepInputs(size, dev, in_graph=True)
-            self.seq, self.qsl = self.inputs.seq_lens, self.inputs.query_start_loc
-            self.qsl.copy_(self.qsl_host)   # the capture's offsets (its lengths are set below)
+        if self.in_graph:   # the lengths and offsets the wrapper copies with the plan
+            self.seq, self.qsl = self.w.planned_seq_lens, self.w.planned_query_start_loc
         if use_graph:
-            self.seq.copy_(torch.from_numpy(lens.astype(np.int32)))
+            if not self.in_graph:
+                self.seq.copy_(torch.from_numpy(lens.astype(np.int32)))
             for _ in range(2):   # compile and warm up outside the capture
                 self.run()
             torch.cuda.synchronize()
@@ -223,7 +223,6 @@ class Graphed:
             with torch.cuda.graph(self.graph):
                 if self.in_graph:
                     self.w.copy_plan()
-                    self.inputs.copy()
                 self.run()
             torch.cuda.synchronize()
 
@@ -231,13 +230,13 @@ class Graphed:
         return self.w.run(self.q, self.rig.k, self.rig.v, self.bt, self.seq, self.qsl)
 
     def step_in_graph(self, seq, ql) -> tuple[float, bool, float]:
-        """``in_graph``: ``plan()`` (made and packed; one C call when the wrapper refreshes its captured
-        plan), write the lengths, replay, sync: ``(plan() µs, refreshed in one call, end clock)``."""
+        """``in_graph``: ``plan()`` (made and packed with the batch's lengths; one C call when the
+        wrapper refreshes its captured plan), replay, sync: ``(plan() µs, refreshed in one call, end clock)``."""
         n = self.w.plan_refreshes
         t0 = time.perf_counter()
         self.w.plan(seq, q_lens=ql)
         t1 = time.perf_counter()
-        self.inputs.replay(self.graph, seq, self.qsl_host.numpy())
+        self.graph.replay()
         torch.cuda.synchronize()
         return (t1 - t0) * 1e6, self.w.plan_refreshes > n, time.perf_counter()
 
@@ -716,9 +715,10 @@ def fixed_table(res) -> list[str]:
         lines.append(f"| {r['batch']} | {p(r, 'dev_in_graph_step_us')} | {p(r, 'replay_wall_us')} | "
                      f"{p(r, 'dev_in_graph_over_replay_wall', 2)} | {fmt(a / k if a and k else None, 2)} |")
     lines += ["", "Host-planned graph with its copies captured in it (`DecodeWrapper(plan_in_graph=True)`: `plan()` "
-                  "makes the plan and packs it into pinned memory, one C call once the wrapper refreshes its captured "
-                  "plan; `copy_plan()` in the graph copies it; the lengths through `StepInputs(in_graph=True)`): a "
-                  "step is `plan()`, writing the lengths and one replay, p50:", "",
+                  "makes the plan and packs it with the batch's lengths and offsets into pinned memory, one C call "
+                  "once the wrapper refreshes its captured plan; `copy_plan()` in the graph copies both, and the "
+                  "kernels read the lengths from there, `planned_seq_lens`): a step is `plan()` and one replay, p50:",
+              "",
               "| B | plan() µs | steps planned in one C call | step µs | step / host-planned replayed kernel "
               "| step / its bare replay |",
               "|---:|---:|---:|---:|---:|---:|"]

@@ -308,6 +308,51 @@ def test_plan_in_graph_replays_each_steps_host_plan():
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("policy", ["auto", "size:16"])
+def test_plan_in_graph_copies_the_planned_lengths_with_the_plan(policy):
+    """``planned_seq_lens`` / ``planned_query_start_loc``: the last ``plan()``'s lengths and offsets,
+    packed after the plan and copied with it, so a graph captured over them replays each step's batch
+    after ``plan()`` alone (one copy a step; from the third plan on the C planner's one-call refresh,
+    where it is available): the bits of a wrapper planned for each step."""
+    inp = cases.random_inputs(23, [70, 0, 5, 33], q_lens=[1, 2, 1, 3], num_q_heads=8, num_kv_heads=2,
+                              head_dim=32, page_size=8, dtype="bfloat16")
+    x = to_torch(inp, DEVICE)
+    kw = dict(policy=policy, graph_stable=True, max_splits=8)
+    w = _wrapper(inp, plan_in_graph=True, **kw)
+    with pytest.raises(RuntimeError, match="call plan"):
+        w.planned_seq_lens
+    with pytest.raises(ValueError, match="plan_in_graph"):
+        _wrapper(inp, **kw).planned_seq_lens
+    qsl = np.asarray(inp.query_start_loc, np.int64)
+    w.plan(np.asarray(inp.seq_lens, np.int64), query_start_loc=qsl)
+
+    def step():
+        w.copy_plan()
+        return w.run(**dict(x, seq_lens=w.planned_seq_lens, query_start_loc=w.planned_query_start_loc),
+                     scale=inp.scale)
+
+    def want(lens):
+        fresh = dataclasses.replace(inp, seq_lens=np.asarray(lens, np.int64))
+        ref = _wrapper(inp, **kw)
+        ref.plan(fresh.seq_lens, query_start_loc=inp.query_start_loc)
+        return [_bits(t) for t in ref.run(**to_torch(fresh, DEVICE), scale=inp.scale)]
+
+    g, out, lse = _capture(step)
+    steps = ([1, 0, 3, 4], [69, 0, 8, 40], [2, 0, 1, 1], [60, 0, 5, 33], [0, 0, 0, 7])
+    for lens in steps:   # within each request's pages
+        w.plan(np.asarray(lens, np.int64), query_start_loc=qsl)
+        g.replay()
+        if DEVICE == "cpu":
+            out, lse = g.result
+        np.testing.assert_array_equal(w.planned_seq_lens.cpu().numpy(), lens)
+        np.testing.assert_array_equal(w.planned_query_start_loc.cpu().numpy(), qsl)
+        for a, b in zip(want(lens), [_bits(out), _bits(lse)]):
+            np.testing.assert_array_equal(a, b)
+    from splitkv_common import native
+    if native.load() is not None:
+        assert w.plan_refreshes >= len(steps) - 1
+
+
 def test_plan_in_graph_refuses_misuse():
     inp = cases.random_inputs(22, [30, 7], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8)
     with pytest.raises(ValueError, match="plan_in_graph: needs graph_stable"):

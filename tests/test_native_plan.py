@@ -246,6 +246,10 @@ def test_a_captured_plan_is_refreshed_in_one_call():
             np.testing.assert_array_equal(w._uploader._host[0][1][:packed.size], packed)
             host = host or w._uploader._host[0]
             assert w._uploader._host[0] is host and w._uploader.pending
+            tail = host[1][packed.size:]   # the batch's lengths and offsets, copied with the plan
+            at = (B + 3) & ~3
+            np.testing.assert_array_equal(tail[:B], seq)
+            np.testing.assert_array_equal(tail[at:at + B + 1], want.query_start_loc)
         # the full way: its errors, nothing written by the refresh first
         snapshot = host[1].copy()
         T, most = int(ql.sum()), w._refresh_sizes[2]

@@ -193,8 +193,9 @@ static inline int64_t packed_size(int64_t W, int64_t B, int64_t T) {
  * With five more arguments (packed, packed_prev, B, T, max_q_limit: the refresh of a captured plan)
  * the plan is also packed into `packed` (pack()'s layout; its item arrays only up to the larger of
  * this plan's valid items and `packed_prev`, the last pack's, beyond which the padding is there
- * already), and nothing is written unless the batch has B requests, T rows and at most max_q_limit
- * rows in one request.
+ * already), followed by the batch's seq_lens [B] and, from a 16-byte boundary, query_start_loc
+ * [B + 1]; nothing is written unless the batch has B requests, T rows and at most max_q_limit rows
+ * in one request.
  *
  * Returns None where the NumPy path must plan; else (W valid items, N items with padding, split
  * length, num_slots, B, T, the most query rows of one request, the largest item end, filled):
@@ -396,10 +397,13 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             }
             if (packed != Py_None) {   /* and into the device layout: the items up to the last pack's */
                 Py_buffer pv;
-                int32_t *out = out_buf(packed, &pv, packed_size(N, B, T), "packed");
+                int64_t at = packed_size(N, B, T), qat = at + ((B + 3) & ~3LL);
+                int32_t *out = out_buf(packed, &pv, qat + B + 1, "packed");
                 if (!out) goto done;
                 int64_t upto = packed_prev < 0 ? N : (packed_prev > W ? (packed_prev < N ? packed_prev : N) : W);
                 pack_arrays(out, req, N, N, upto, small, B, T);
+                for (int64_t b = 0; b < B; b++) out[at + b] = (int32_t)seq[b];   /* then the batch's lengths */
+                for (int64_t b = 0; b <= B; b++) out[qat + b] = (int32_t)qsl[b];
                 PyBuffer_Release(&pv);
             }
             filled = 1;

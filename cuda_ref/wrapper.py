@@ -230,7 +230,7 @@ class DecodeWrapper(PlannedWrapper):
         self._plan_sig = None      # the plan's (requests, rows)
         self._device_shape = None  # device_plan: (B, T, block-table columns) the device plan was made for
         self._num_pages = 0   # num_pages of the last run's cache (for check_errors' message)
-        self._refresh_sizes = None   # plan_in_graph with the C planner: (B, T, most rows, size) of the capture
+        self._refresh_with = None    # plan_in_graph with the C planner: _refresher()'s
         self.plan_refreshes = 0      # plan() calls made by _refresh (one C call each)
         if plan_in_graph and (not graph_stable or device_plan):
             raise ValueError("plan_in_graph: needs graph_stable=True and a host plan (device_plan=False): the "
@@ -256,7 +256,7 @@ class DecodeWrapper(PlannedWrapper):
         returned here stays valid until the second ``plan()`` after it, which writes into its buffer."""
         if self.device_plan:
             return None
-        if window_left is None and self._refresh_sizes is not None:
+        if window_left is None and self._refresh_with is not None:
             plan = self._refresh(seq_lens, q_lens, query_start_loc)
             if plan is not None:
                 return plan
@@ -293,31 +293,35 @@ class DecodeWrapper(PlannedWrapper):
         self._plan_pages = plan_pages
         self._plan_sig = (plan.batch_size, plan.num_rows)  # what check()'s cached part depends on in the plan
         if reuse is not None:  # graph-stable refresh: the shapes (hence the buffers) are those of the capture
-            self._refresh_sizes = self._refresh_bounds(plan)
+            self._refresh_with = self._refresher(plan)
             return
         d = self.dplan
         self._buffers_for(plan.num_rows, plan.num_slots, plan.batch_size * self.num_kv_heads * d.row_blocks)
 
-    def _refresh_bounds(self, plan: Plan):
-        """What :meth:`_refresh` needs of a graph-stable wrapper's plans, or None where it does not
-        apply: ``(B, T, the most query rows one request may have, the packed size)`` of the captured device plan, when
-        the plan copy is captured (``plan_in_graph``) and the C planner made ``plan``."""
-        if not self._uploader.in_graph or "_small" not in plan.__dict__ or self._native is None:
+    def _refresher(self, plan: Plan):
+        """What :meth:`_refresh` needs of a graph-stable wrapper's plans, fixed by the capture, or None
+        where it does not apply (the plan copy not captured, ``plan_in_graph=False``; a plan the C
+        planner did not make): the C planner's function and settings, the captured device plan's
+        ``B``, ``T`` and the most query rows one request may have for its tile, its packed size, the
+        pinned buffer the captured copy reads and the page size."""
+        if not self._uploader.in_graph or "_small" not in plan.__dict__ or not self._native:
             return None
-        d, group = self.dplan, self.num_q_heads // self.num_kv_heads
+        d, group, up = self.dplan, self.num_q_heads // self.num_kv_heads, self._uploader
         most = 1 if d.max_q_len == 1 else packed_limit(d.block_m * d.row_blocks, group)
-        return d.batch_size, d.num_rows, most, d.data.numel()
+        return (self._native._mod.plan, self._native._settings, d.batch_size, d.num_rows, most, d.data.numel(),
+                up._host[0][1], self.page_size, self._native.refill)
 
     def _refresh(self, seq_lens, q_lens, query_start_loc) -> "Plan | None":
         """``plan()`` of a captured host plan (``plan_in_graph``, the C planner): the plan made and
-        packed into the captured copy's pinned buffer in one call, into the buffers of the plan not
-        in use, once the last replay's copy has read the buffer. None (nothing written) where the
-        batch needs the full way: another size, more query rows a request than captured, a batch the
-        C planner hands back, host arrays it does not read (tensors, lists)."""
+        packed (with the batch's lengths) into the captured copy's pinned buffer in one call, into the
+        buffers of the plan not in use, once the last replay's copy has read the buffer. None (nothing
+        written) where the batch needs the full way: another size, more query rows a request than
+        captured, a batch the C planner hands back, host arrays it does not read (tensors, lists)."""
         spare, cur = self._spare, self._mine
         if spare is None or cur is None or type(seq_lens) is not np.ndarray:
             return None
-        small = spare.__dict__.get("_small")
+        d = spare.__dict__
+        small = d.get("_small")
         if small is None:
             return None
         if query_start_loc is not None:
@@ -330,22 +334,21 @@ class DecodeWrapper(PlannedWrapper):
         ev = up._events[0]
         if ev is not None and not ev.query():
             ev.synchronize()
-        nat = self._native
-        B, T, most, size = self._refresh_sizes
-        layout = up._layout[0]
-        r = nat._mod.plan(nat._settings, seq_lens, kind, q, spare.items, small, spare.num_valid_items, up._host[0][1],
-                          -1 if layout is None else layout[2], B, T, most)
+        plan_c, settings, B, T, most, size, packed, page, refill = self._refresh_with
+        layout = up._layout
+        r = plan_c(settings, seq_lens, kind, q, d["items"], small, d["num_valid_items"], packed,
+                   -1 if layout[0] is None else layout[0][2], B, T, most)
         if r is None or not r[8]:
             return None
         W, N, split, num_slots, _, _, max_q, max_end, _ = r
-        plan = nat.refill(spare, W, split, num_slots, max_q, max_end)
-        up._layout[0] = (N, size, W)
+        refill(spare, W, split, num_slots, max_q, max_end)
+        layout[0] = (N, size, W)
         up.pending, up.copied_in_capture = True, False
-        self._spare, self._mine, self._made = cur, plan, plan
-        self.host_plan = plan
-        self._plan_pages = -(-max_end // self.page_size)
+        self._spare, self._mine, self._made = cur, spare, spare
+        self.host_plan = spare
+        self._plan_pages = -(-max_end // page)
         self.plan_refreshes += 1
-        return plan
+        return spare
 
     def _buffers_for(self, T: int, num_slots: int, num_counters: int) -> None:
         """The output, partial and counter buffers for ``T`` rows and ``num_slots`` partial slots and

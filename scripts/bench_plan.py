@@ -13,7 +13,8 @@ graph-stable points the table also shows the memory floor: the time to allocate 
 work-item arrays alone (5 x ``B * Hkv * max_splits`` int32, request -1 and zeros), which any planner
 producing that plan pays, and the steady state of a graph-stable stream: ``make_plan(..., reuse=the
 previous plan)`` (the previous step's buffer rewritten where it changes; what the wrappers' ``plan()``
-does), column ``reuse µs``.
+does), column ``reuse µs``, and the C planner (``splitkv_common.native``, through ``NativePlanner.make``;
+graph-stable: into the previous call's plan), column ``C µs``, where it plans the point.
 
     python scripts/bench_plan.py --out plan_times.json
     python scripts/bench_plan.py --batch 1 64 --policy auto --seconds 0.5
@@ -45,7 +46,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from splitkv_common.devices import get_profile  # noqa: E402
-from splitkv_common.plan import make_plan  # noqa: E402
+from splitkv_common.plan import NativePlanner, PlanSpec, make_plan  # noqa: E402
 
 SHAPE = dict(num_kv_heads=8, num_q_heads=32, head_dim=128, page_size=16, device="h200")
 
@@ -140,6 +141,21 @@ def reusing(seq, kw):
     return step
 
 
+def native_call(seq, kw):
+    """The C planner's call for these settings (``NativePlanner.make``; graph-stable: into the previous
+    call's plan, as a wrapper's ``plan()`` makes it), or None where it does not plan them."""
+    spec = PlanSpec(kw["num_q_heads"], kw["num_kv_heads"], kw["head_dim"], kw["page_size"], policy=kw["policy"],
+                    device=kw["device"], graph_stable=kw["graph_stable"])
+    nat = NativePlanner.for_spec(spec)
+    if nat is None or nat.make(seq) is None:
+        return None
+    last = [nat.make(seq)]
+
+    def step():
+        last[0] = nat.make(seq, reuse=last[0] if kw["graph_stable"] else None)
+    return step
+
+
 def time_wrapper_plan(seq, profile: str, policy: str, graph_stable: bool, seconds: float):
     """The whole host side of an Ascend decode step: ``AscendDecodeWrapper.plan()`` (the planner, the
     tiling builder and the one upload, here into CPU tensors), bf16, SHAPE; None without torch."""
@@ -211,6 +227,8 @@ def main(argv=None):
                     kw = dict(SHAPE, policy=pol, graph_stable=gs)
                     new = time_call(lambda: make_plan(seq, **kw), args.seconds)
                     reuse = time_call(reusing(seq, kw), args.seconds) if gs else None
+                    c = native_call(seq, kw)
+                    c = time_call(c, args.seconds) if c is not None else None
                     b = time_call(lambda: base(seq, **kw), args.seconds) if base is not None else None
                     o = None
                     if old is not None and rep == 0:   # the old planner is slow and far apart: one sweep
@@ -219,7 +237,7 @@ def main(argv=None):
                     if args.ascend:
                         t1, t2 = time_tiling(seq, make_plan(seq, **kw), args.ascend, args.seconds)
                         t3 = time_wrapper_plan(seq, args.ascend, pol, gs, args.seconds)
-                    runs[(B, pol, gs)].append(dict(new=new, reuse=reuse, old=o, base=b, tiling=t1, builder=t2,
+                    runs[(B, pol, gs)].append(dict(new=new, reuse=reuse, c=c, old=o, base=b, tiling=t1, builder=t2,
                                                    wrapper=t3))
         print(f"sweep {rep + 1}/{args.repeat} done", file=sys.stderr, flush=True)
 
@@ -227,7 +245,8 @@ def main(argv=None):
         return statistics.median(x[key] for x in xs)
 
     rows = []
-    hdr = (f"{'B':>5} {'policy':>9} {'graph':>5} | {'new µs':>9} {'cpu µs':>9} {'pad floor':>9} {'reuse µs':>9} | "
+    hdr = (f"{'B':>5} {'policy':>9} {'graph':>5} | {'new µs':>9} {'cpu µs':>9} {'pad floor':>9} {'reuse µs':>9} "
+           f"{'C µs':>8} | "
            f"{'old µs':>10} {'speed-up':>8}" + (f" | {'base µs':>9} {'base cpu':>9}" if base else "")
            + (f" | {'tiling µs':>9} {'builder µs':>10} {'plan() µs':>9}" if args.ascend else ""))
     print(hdr)
@@ -239,7 +258,8 @@ def main(argv=None):
         row = dict(batch=B, policy=pol, graph_stable=gs, new_median_us=med(new, "median_us"),
                    new_cpu_median_us=med(new, "cpu_median_us"), new_sweeps=new, old=o,
                    padding_floor_median_us=med(floors[B], "median_us") if gs else None,
-                   reuse_median_us=med([r["reuse"] for r in sweeps], "median_us") if gs else None)
+                   reuse_median_us=med([r["reuse"] for r in sweeps], "median_us") if gs else None,
+                   c_median_us=med([r["c"] for r in sweeps], "median_us") if sweeps[0]["c"] else None)
         if base is not None:
             bs = [r["base"] for r in sweeps]
             row.update(base_median_us=med(bs, "median_us"), base_cpu_median_us=med(bs, "cpu_median_us"),
@@ -252,7 +272,8 @@ def main(argv=None):
         rows.append(row)
         pad = (f"{row['padding_floor_median_us']:>9.1f} {row['reuse_median_us']:>9.1f}" if gs
                else f"{'-':>9} {'-':>9}")
-        print(f"{B:>5} {pol:>9} {str(gs):>5} | {row['new_median_us']:>9.1f} {row['new_cpu_median_us']:>9.1f} {pad} | "
+        cc = f"{row['c_median_us']:>8.1f}" if row["c_median_us"] is not None else f"{'-':>8}"
+        print(f"{B:>5} {pol:>9} {str(gs):>5} | {row['new_median_us']:>9.1f} {row['new_cpu_median_us']:>9.1f} {pad} {cc} | "
               + (f"{o['median_us']:>10.1f} {o['median_us'] / row['new_median_us']:>7.0f}x" if o else
                  f"{'-':>10} {'-':>8}")
               + (f" | {row['base_median_us']:>9.1f} {row['base_cpu_median_us']:>9.1f}" if base else "")

@@ -1490,11 +1490,12 @@ class NativePlanner:
         refresh of a captured plan, whose plan of two steps before is spent: its arrays are rewritten
         anyway, so its object is too). Returns ``old``."""
         d = old.__dict__
-        d.update(num_valid_items=W, split_tokens=split, num_slots=num_slots, _max_q=max_q, _max_end=max_end)
+        d["num_valid_items"], d["split_tokens"], d["num_slots"], d["_max_q"], d["_max_end"] = \
+            W, split, num_slots, max_q, max_end
         if self._fixed is None:   # auto: the reason from the arrays, when asked
-            d.pop("reason", None)
-            d.pop("estimates_us", None)
-            d["_why"] = (_plan_reason, (self.spec, d["items"], d["_small"], W, old.batch_size, d["_kind"]))
+            if "reason" in d:
+                del d["reason"], d["estimates_us"]
+            d["_why"] = (_plan_reason, (self.spec, d["items"], d["_small"], W, d["num_splits"].shape[0], d["_kind"]))
         return old
 
 

@@ -252,7 +252,7 @@ def test_a_captured_plan_is_refreshed_in_one_call():
             np.testing.assert_array_equal(tail[at:at + B + 1], want.query_start_loc)
         # the full way: its errors, nothing written by the refresh first
         snapshot = host[1].copy()
-        T, most = int(ql.sum()), w._refresh_sizes[2]
+        T, most = int(ql.sum()), w._refresh_with[4]
         if rows is not None and T > most:   # the same rows, all in one request: more than the capture's tile
             more = np.zeros(B, np.int64)
             more[0] = T

@@ -31,6 +31,7 @@ typedef struct {
 } Settings;
 
 #define I32_LIMIT ((int64_t)1 << 31)
+#define SMALL_B 256   /* batches up to this many requests plan in stack scratch (8 KiB) */
 
 /* A 1-D C-contiguous integer buffer read as int64 values. */
 typedef struct {
@@ -233,7 +234,8 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 
     PyObject *result = NULL;
     IntIn sin = {0}, qin = {0};
-    int64_t *seq = NULL, *ql = NULL, *qsl = NULL, *nsp = NULL;
+    int64_t *seq = NULL, *ql = NULL, *qsl = NULL, *nsp = NULL, *heap = NULL;
+    int64_t small_scratch[4 * SMALL_B + 1];
     uint32_t *ord = NULL;
     Py_buffer items_v, small_v;
     int items_held = 0, small_held = 0;
@@ -241,9 +243,13 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (!int_in(args[1], &sin)) goto fallback;
     int64_t B = sin.n;
     if (B == 0 || B > s->max_batch || B * s->hkv > s->max_items_limit) goto fallback;
-    seq = malloc(sizeof(int64_t) * (size_t)B * 3 + 8);
-    qsl = malloc(sizeof(int64_t) * (size_t)(B + 1));
-    if (!seq || !qsl) { PyErr_NoMemory(); goto done; }
+    if (B <= SMALL_B) {   /* a decode batch: scratch on the stack (a cold malloc costs more than the plan) */
+        seq = small_scratch;
+    } else {
+        seq = heap = malloc(sizeof(int64_t) * (size_t)(4 * B + 1));
+        if (!heap) { PyErr_NoMemory(); goto done; }
+    }
+    qsl = seq + 3 * B;
     ql = seq + B;
     nsp = seq + 2 * B;
     int64_t longest = 0, lens_total = 0, zeros = 0;
@@ -420,8 +426,7 @@ done:
     if (small_held) PyBuffer_Release(&small_v);
     int_release(&sin);
     int_release(&qin);
-    free(seq);
-    free(qsl);
+    free(heap);
     free(ord);
     return result;
 }

@@ -188,18 +188,27 @@ class DecodeWrapper(PlannedWrapper):
             programs). A request with more is refused by ``run(validate=True)`` only.
         plan_in_graph: with ``graph_stable``, the plan's host-to-device copy goes into the graph:
             ``plan()`` only packs the plan into one pinned host buffer, and :meth:`copy_plan`, called
-            once inside the capture before the layers' ``run()``, copies it at every replay. A step
-            is then ``plan()`` and one replay, with no copy or event record of the wrapper's (the
-            next ``plan()`` queries the replay's copy event, and waits for it, before packing).
-            Eager ``run()`` copies a newly packed plan itself.
+            once inside the capture before the layers' ``run()``, copies it at every replay, with the
+            batch's lengths and offsets packed after it (:attr:`planned_seq_lens`,
+            :attr:`planned_query_start_loc`: pass them to ``run()`` in the capture). A step is then
+            ``plan()`` and one replay, with no copy or event record of the wrapper's (the next
+            ``plan()`` queries the replay's copy event, and waits for it, before packing); with the
+            C planner ``plan()`` is then one C call (:meth:`_refresh`). Eager ``run()`` copies a
+            newly packed plan itself.
 
     Graph replay with a host plan (``graph_stable=True``)::
 
         w.plan(lens, q_lens)                 # the capture's shapes
         with torch.cuda.graph(g):
-            w.copy_plan()                    # plan_in_graph only
             w.run(q, k_cache, v_cache, block_table, seq_lens, query_start_loc)
         w.plan(new_lens, q_lens); (copy new_lens into seq_lens); g.replay()   # each step
+
+    and with ``plan_in_graph=True`` (one copy a step, inside the graph)::
+
+        with torch.cuda.graph(g):
+            w.copy_plan()
+            w.run(q, k_cache, v_cache, block_table, w.planned_seq_lens, w.planned_query_start_loc)
+        w.plan(new_lens, q_lens); g.replay()                                  # each step
     """
 
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,

@@ -85,3 +85,19 @@ def test_scripts_that_need_torch_say_so_in_one_line(numpy_only_venv, script):
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "not installed" in lines[0], r.stderr
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on this machine")
+def test_installed_package_builds_the_c_planner(numpy_only_venv, tmp_path):
+    """The C source ships with the package and builds on first use (into SPLITKV_CACHE_DIR)."""
+    env = {"PATH": f"{numpy_only_venv / 'bin'}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"),
+           "SPLITKV_CACHE_DIR": str(tmp_path)}
+    code = ("from splitkv_common import native; from splitkv_common.plan import NativePlanner, PlanSpec; "
+            "import numpy as np; print(native.status()); "
+            "print(NativePlanner.for_spec(PlanSpec(32, 8, 128, 16)).make(np.array([100, 5000])).num_valid_items)")
+    r = subprocess.run([str(numpy_only_venv / "bin" / "python"), "-c", code], capture_output=True, text=True, env=env,
+                       timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    status, items = r.stdout.strip().splitlines()
+    assert status.startswith("loaded from " + str(tmp_path)), status
+    assert int(items) > 0

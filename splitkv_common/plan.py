@@ -1469,17 +1469,19 @@ class NativePlanner:
             return None
         W, N, split, num_slots, B, T, max_q, max_end, filled = r
         if not filled:
-            if items is None or items.shape[1] != N:
+            if items is None or items.shape[1] != N or not items.flags.writeable:
                 items, prev = np.empty((5, N), np.int32), -1
             small = np.empty(2 * B + 1 + 2 * T, np.int32)
             r = mod.plan(settings, seq_lens, kind, q, items, small, prev)
+            if r is None or not r[8]:
+                return None
         b1, b2 = 2 * B + 1, 2 * B + 1 + T
         fixed = self._fixed
         if fixed is not None:
             reason, est = fixed[1], fixed[2]
         else:   # auto: the NumPy planner says why when asked, of the batch the arrays hold
             reason, est = None, (_plan_reason, (self.spec, items, small, W, B, kind))
-        p = _new_plan(items, W, small[:B], small[B:b1], small[b1:b2], small[b2:], num_slots, self.spec.num_kv_heads,
+        p = _new_plan(items, W, small[:B], small[B:b1], small[b1:b2], small[b2:b2 + T], num_slots, self.spec.num_kv_heads,
                       self.spec.page_size, self._pol, split, self.spec.graph_stable, reason, est)
         d = p.__dict__
         d["_small"], d["_max_q"], d["_max_end"], d["_kind"] = small, max_q, max_end, kind

@@ -72,10 +72,13 @@ def case(draw):
         spec["max_work_items"] = draw(st.integers(0, 4000))
     dtype = draw(st.sampled_from([np.int64] * 4 + [np.int32] * 3 + [np.uint16, "list"]))
     rows = draw(st.sampled_from(["default", "q_lens", "qsl"]))
-    q = draw(st.lists(st.integers(0, 6), min_size=len(seq), max_size=len(seq)))
+    rows_of = st.lists(st.integers(0, 6), min_size=len(seq), max_size=len(seq))
     steps = draw(st.integers(1, 3))
     more = [draw(st.lists(lens, min_size=len(seq), max_size=len(seq))) for _ in range(steps - 1)]
-    return spec, [seq] + more, q, rows, dtype
+    qs = [draw(rows_of)]
+    for _ in range(steps - 1):   # the same query rows, or others (T changes: a reused plan's buffers do not fit)
+        qs.append(qs[-1] if draw(st.booleans()) else draw(rows_of))
+    return spec, [seq] + more, qs, rows, dtype
 
 
 def _as(x, dtype):
@@ -85,12 +88,12 @@ def _as(x, dtype):
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(c=case())
 def test_same_plans_as_the_numpy_planner(c):
-    kw, steps, q, rows, dtype = c
+    kw, steps, qs, rows, dtype = c
     spec = PlanSpec(**kw)
     nat = NativePlanner.for_spec(spec)
     assert nat is not None
     got = want = None
-    for seq in steps:   # graph-stable steps write into the last step's buffers, as a wrapper's do
+    for seq, q in zip(steps, qs):   # graph-stable steps write into the last step's buffers, as a wrapper's do
         qv = _as(q, dtype if dtype != np.uint16 else np.int32)
         q_lens = qv if rows == "q_lens" else None
         qsl = _as(np.concatenate([[0], np.cumsum(q)]), dtype if dtype != np.uint16 else np.int64) if rows == "qsl" else None
@@ -273,3 +276,14 @@ def test_a_captured_plan_is_refreshed_in_one_call():
             assert_same_plan(plan, want)
         assert w.plan_refreshes == n
     assert tried_rows == 2
+
+
+def test_a_read_only_plan_is_not_written_into():
+    spec = PlanSpec(32, 8, 128, 16, graph_stable=True)
+    nat = NativePlanner.for_spec(spec)
+    old = nat.make(np.array([100, 5000]))
+    old.items.flags.writeable = False
+    before = old.items.copy()
+    new = nat.make(np.array([300, 200]), reuse=old)
+    assert new.items is not old.items and np.array_equal(old.items, before)
+    assert_same_plan(new, spec.make(np.array([300, 200])))

@@ -341,8 +341,10 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     int64_t small_n = 2 * B + 1 + 2 * T;
     int filled = 0;
-    if (args[4] != Py_None && args[5] != Py_None) {
-        if (PyObject_GetBuffer(args[4], &items_v, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) goto done;
+    if (args[4] != Py_None && args[5] != Py_None
+            && PyObject_GetBuffer(args[4], &items_v, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0)
+        PyErr_Clear();   /* not a writable buffer (a read-only one): nothing written, the caller allocates */
+    else if (args[4] != Py_None && args[5] != Py_None) {
         items_held = 1;
         const char *f = items_v.format ? items_v.format : "B";
         if (*f == '<' || *f == '=' || *f == '@') f++;

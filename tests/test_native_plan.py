@@ -287,3 +287,16 @@ def test_a_read_only_plan_is_not_written_into():
     new = nat.make(np.array([300, 200]), reuse=old)
     assert new.items is not old.items and np.array_equal(old.items, before)
     assert_same_plan(new, spec.make(np.array([300, 200])))
+
+
+def test_a_refresh_into_a_short_buffer_writes_nothing():
+    """The captured copy's buffer too short for the plan and the lengths: an error, and the spare plan's
+    buffers untouched (checked before anything is written)."""
+    spec = PlanSpec(32, 8, 128, 16, graph_stable=True)
+    nat = NativePlanner.for_spec(spec)
+    old = nat.make(np.array([100, 5000]))
+    items, small = old.items.copy(), old._small.copy()
+    with pytest.raises(ValueError, match="packed"):
+        nat._mod.plan(nat._settings, np.array([300, 200]), 0, None, old.items, old._small, old.num_valid_items,
+                      np.zeros(16, np.int32), -1, 2, 2, 1)
+    assert np.array_equal(old.items, items) and np.array_equal(old._small, small)

@@ -237,8 +237,8 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     int64_t *seq = NULL, *ql = NULL, *qsl = NULL, *nsp = NULL, *heap = NULL;
     int64_t small_scratch[4 * SMALL_B + 1];
     uint32_t *ord = NULL;
-    Py_buffer items_v, small_v;
-    int items_held = 0, small_held = 0;
+    Py_buffer items_v, small_v, packed_v;
+    int items_held = 0, small_held = 0, packed_held = 0;
 
     if (!int_in(args[1], &sin)) goto fallback;
     int64_t B = sin.n;
@@ -362,6 +362,13 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             if (small_v.len / 4 < small_n) small = NULL;
         }
         if (packed != Py_None && (B != expect_b || T != expect_t || max_q > max_q_limit)) small = NULL;
+        int64_t at = packed_size(N, B, T), qat = at + ((B + 3) & ~3LL);
+        int32_t *out = NULL;
+        if (cols == N && small && packed != Py_None) {   /* checked before anything is written */
+            out = out_buf(packed, &packed_v, qat + B + 1, "packed");
+            if (!out) goto done;
+            packed_held = 1;
+        }
         if (cols == N && small) {
             int32_t *req = (int32_t *)items_v.buf, *head = req + N, *jsp = head + N, *ks = jsp + N, *ke = ks + N;
             /* the requests' order: the longest first in a plan the device runs in waves */
@@ -403,16 +410,11 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                     acc += nsp[b];
                 }
             }
-            if (packed != Py_None) {   /* and into the device layout: the items up to the last pack's */
-                Py_buffer pv;
-                int64_t at = packed_size(N, B, T), qat = at + ((B + 3) & ~3LL);
-                int32_t *out = out_buf(packed, &pv, qat + B + 1, "packed");
-                if (!out) goto done;
+            if (out) {   /* and into the device layout: the items up to the last pack's, then the lengths */
                 int64_t upto = packed_prev < 0 ? N : (packed_prev > W ? (packed_prev < N ? packed_prev : N) : W);
                 pack_arrays(out, req, N, N, upto, small, B, T);
-                for (int64_t b = 0; b < B; b++) out[at + b] = (int32_t)seq[b];   /* then the batch's lengths */
+                for (int64_t b = 0; b < B; b++) out[at + b] = (int32_t)seq[b];
                 for (int64_t b = 0; b <= B; b++) out[qat + b] = (int32_t)qsl[b];
-                PyBuffer_Release(&pv);
             }
             filled = 1;
         }
@@ -426,6 +428,7 @@ fallback:
 done:
     if (items_held) PyBuffer_Release(&items_v);
     if (small_held) PyBuffer_Release(&small_v);
+    if (packed_held) PyBuffer_Release(&packed_v);
     int_release(&sin);
     int_release(&qin);
     free(heap);

@@ -1432,6 +1432,10 @@ class NativePlanner:
         prof, pol, hq, cap = got
         if prof.cube_units or pol.kind not in ("auto", "fixed_size", "none"):
             return None
+        # shapes in the C planner's int64 range (its costs' products are checked per batch)
+        if not (hq <= _limits.MAX_KV_HEADS and 0 < f.head_dim <= 1 << 16 and 0 < f.kv_elem_bytes <= 16) or \
+                (f.max_work_items is not None and f.max_work_items < 0) or pol.value >= _I32_LIMIT:
+            return None
         kind = {"auto": 0, "fixed_size": 1, "none": 2}[pol.kind]
         min_split = prof.min_split_tokens if f.min_split_tokens is None else f.min_split_tokens
         settings = struct.pack(

@@ -300,3 +300,20 @@ def test_a_refresh_into_a_short_buffer_writes_nothing():
         nat._mod.plan(nat._settings, np.array([300, 200]), 0, None, old.items, old._small, old.num_valid_items,
                       np.zeros(16, np.int32), -1, 2, 2, 1)
     assert np.array_equal(old.items, items) and np.array_equal(old._small, small)
+
+
+def test_settings_and_costs_past_int64_are_the_numpy_planners():
+    """Settings the C planner's int64 arithmetic does not hold are never taken, and a batch whose cost
+    products pass int64 (Python's are exact) is handed back; the NumPy planner plans or refuses both."""
+    for kw in (dict(max_work_items=-1, graph_stable=True), dict(head_dim=1 << 17), dict(kv_elem_bytes=0),
+               dict(policy=f"size:{2**31}")):
+        args = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16)
+        args.update(kw)
+        assert NativePlanner.for_spec(PlanSpec(**args)) is None, kw
+    spec = PlanSpec(1024, 1024, 1 << 16, 16, kv_elem_bytes=16)
+    nat = NativePlanner.for_spec(spec)
+    seq = np.full(4, 2**31 - 1)
+    assert nat.make(seq) is None
+    assert spec.make(seq).num_valid_items > 0
+    assert nat.make(np.full(4, 2**20)) is not None   # the same settings with products in range
+    check_one(nat, spec, np.full(4, 2**20))

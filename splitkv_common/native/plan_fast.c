@@ -101,7 +101,8 @@ static inline int64_t div_by(int64_t x, Divisor d) {
 }
 
 /* The `auto` choice (splitkv_common.plan._auto_candidates, _candidate_stats, _auto_costs,
- * _cheapest) for lengths `seq`, query rows `ql` (NULL: one each), `T` rows in all. */
+ * _cheapest) for lengths `seq`, query rows `ql` (NULL: one each), `T` rows in all; -2 where a
+ * cost's integer product would pass int64 (Python's are exact: the NumPy path plans it). */
 static int64_t choose_auto(const Settings *s, const int64_t *seq, const int64_t *ql, int64_t B, int64_t T,
                            int64_t longest, int64_t lens_total, int64_t max_items) {
     int64_t cands[64], ncand = 0;
@@ -112,7 +113,10 @@ static int64_t choose_auto(const Settings *s, const int64_t *seq, const int64_t 
         c *= 2;
     }
     int64_t max_last = longest > 0 ? longest - 1 : 0;
-    double t_stream = (double)(lens_total * s->hkv * s->token_bytes) / s->bw;
+    int64_t bytes;   /* Python's products are exact: a product past int64 is the NumPy path's (-2) */
+    if (__builtin_mul_overflow(lens_total, s->hkv, &bytes) || __builtin_mul_overflow(bytes, s->token_bytes, &bytes))
+        return -2;
+    double t_stream = (double)bytes / s->bw;
     int64_t best_c = -1, best_w = 0, fit_c = -1;
     double best_t = 0.0, fit_t = 0.0;
     for (int64_t k = 0; k < ncand; k++) {
@@ -132,10 +136,12 @@ static int64_t choose_auto(const Settings *s, const int64_t *seq, const int64_t 
             most = max_last / cc + 1;
             lg = cc < longest ? cc : longest;
         }
-        int64_t w = ranges * s->hkv;
-        double x = (double)(lg * s->token_bytes) / s->unit_bw;
+        int64_t w = ranges * s->hkv, lg_bytes, merge;
+        if (__builtin_mul_overflow(lg, s->token_bytes, &lg_bytes) || __builtin_mul_overflow(rows, s->merge_bytes, &merge))
+            return -2;
+        double x = (double)lg_bytes / s->unit_bw;
         double t_attn = s->launch_us + (x > t_stream ? x : t_stream) + (double)ceil_div(w, s->slots) * s->per_wave_us;
-        double total = most > 1 ? t_attn + (s->launch_us + (double)(rows * s->merge_bytes) / s->bw) : t_attn + 0.0;
+        double total = most > 1 ? t_attn + (s->launch_us + (double)merge / s->bw) : t_attn + 0.0;
         if (best_c < 0 || total < best_t * 0.97) { best_c = cc; best_t = total; best_w = w; }
         /* the same choice among the candidates that fit a capacity (no split always does) */
         if (max_items >= 0 && w > max_items && fit_c >= 0) continue;
@@ -315,6 +321,7 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     /* the split length */
     int64_t split = s->policy == 1 ? s->split_value
                   : s->policy == 2 ? 0 : choose_auto(s, seq, qlp, B, T, longest, lens_total, max_items);
+    if (split < 0) goto fallback;   /* a cost past int64 */
     /* ranges per request */
     int64_t R = 0, most = 1;
     Divisor ds = divisor(split > 0 ? split : 1);

@@ -1464,9 +1464,7 @@ class NativePlanner:
             old = reuse.items
             if old is not None and old.dtype == np.int32 and old.flags.c_contiguous:
                 items, prev = old, reuse.num_valid_items
-                small = reuse.__dict__.get("_small")
-                if small is None:
-                    small = _NO_SMALL
+                small = reuse.__dict__.get("_small")   # None (a NumPy-made plan): the C planner says its size
         mod, settings = self._mod, self._settings
         r = mod.plan(settings, seq_lens, kind, q, items, small, prev)
         if r is None:
@@ -1504,9 +1502,6 @@ class NativePlanner:
             d["_why"] = (_plan_reason, (self.spec, d["items"], d["_small"], W, d["num_splits"].shape[0], d["_kind"]))
         return old
 
-
-
-_NO_SMALL = np.zeros(0, np.int32)   # a reused plan without a small buffer: the C planner says its size
 
 
 def _plan_reason(spec: "PlanSpec", items: np.ndarray, small: np.ndarray, W: int, B: int, kind: int):

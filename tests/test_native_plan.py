@@ -317,3 +317,15 @@ def test_settings_and_costs_past_int64_are_the_numpy_planners():
     assert spec.make(seq).num_valid_items > 0
     assert nat.make(np.full(4, 2**20)) is not None   # the same settings with products in range
     check_one(nat, spec, np.full(4, 2**20))
+
+
+def test_a_numpy_made_plan_is_reused_in_place():
+    """A graph-stable plan the NumPy planner made (a window step, say) as ``reuse``: its item buffer is
+    written in place, its padding kept right, the plan the NumPy planner's."""
+    spec = PlanSpec(32, 8, 128, 16, graph_stable=True)
+    nat = NativePlanner.for_spec(spec)
+    old = spec.make(np.array([9000, 7000, 50]))   # more valid items than the next plan: padding rewritten
+    assert "_small" not in old.__dict__
+    got = nat.make(np.array([300, 200, 0]), reuse=old)
+    assert got.items is old.items
+    assert_same_plan(got, spec.make(np.array([300, 200, 0])))

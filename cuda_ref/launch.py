@@ -115,9 +115,11 @@ def packed_limit(tile_rows: int, group: int, max_block_m: int = 64) -> int:
     """The most query rows a request may have for its packed rows to fit ``tile_rows`` (a captured
     plan's ``block_m * row_blocks``, :func:`packed_rows`), at least 1."""
     most = 1
-    while packed_rows(most + 1, group, max_block_m)[0] * packed_rows(most + 1, group, max_block_m)[1] <= tile_rows:
+    while True:
+        block_m, row_blocks = packed_rows(most + 1, group, max_block_m)
+        if block_m * row_blocks > tile_rows:
+            return most
         most += 1
-    return most
 
 
 def merge_chunk(block_d: int) -> int:
@@ -289,9 +291,7 @@ class PlanUploader:
         slice [n], numpy array)``."""
         k = self._next
         self._next = (k + 1) % self.ring
-        ev = self._events[k]
-        if ev is not None and not ev.query():
-            ev.synchronize()
+        self.wait_for_copy(k)
         buf = self._host[k]
         if buf is None or buf[0].numel() < n:
             t = torch.zeros(max(n, 2 * (buf[0].numel() if buf else 0)), dtype=torch.int32, pin_memory=self.cuda)
@@ -305,6 +305,20 @@ class PlanUploader:
                 self._host_slices[k].clear()
             sl = self._host_slices[k][n] = buf[0][:n]
         return k, sl, buf[1]
+
+    def wait_for_copy(self, k: int = 0) -> None:
+        """Until the last copy that read pinned buffer ``k`` has finished (its event queried first;
+        nothing to wait for off CUDA or before the first copy)."""
+        ev = self._events[k]
+        if ev is not None and not ev.query():
+            ev.synchronize()
+
+    def packed_in_place(self, num_items: int, size: int, valid_items: int) -> None:
+        """``in_graph``: a graph-stable plan of ``num_items`` items (``valid_items`` of them valid,
+        ``size`` packed entries) was written into the pinned buffer in place (the C planner's refresh,
+        after :meth:`wait_for_copy`): the next copy carries it."""
+        self._layout[0] = (num_items, size, valid_items)
+        self.pending, self.copied_in_capture = True, False
 
     def _device_slice(self, W: int, B: int, T: int, n: int, graph_stable: bool, extra: int = 0):
         """``(slice [n] of the device buffer, its array views)``, kept per sizes while the buffer is;
@@ -330,11 +344,17 @@ class PlanUploader:
         boundary, ``query_start_loc [B + 1]`` (copied with it: :meth:`inputs`)."""
         return ((batch_size + 3) & ~3) + batch_size + 1
 
+    @staticmethod
+    def _inputs_slices(num_entries: int, batch_size: int) -> tuple[slice, slice]:
+        """Where ``seq_lens`` and ``query_start_loc`` lie after a plan of ``num_entries`` packed entries."""
+        at = num_entries + ((batch_size + 3) & ~3)
+        return slice(num_entries, num_entries + batch_size), slice(at, at + batch_size + 1)
+
     def inputs(self, num_entries: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``in_graph``: the device views ``(seq_lens [B], query_start_loc [B + 1])`` (int32) that follow a
         plan of ``num_entries`` packed entries, copied with it."""
-        at = num_entries + ((batch_size + 3) & ~3)
-        return self._dev[num_entries:num_entries + batch_size], self._dev[at:at + batch_size + 1]
+        seq, qsl = self._inputs_slices(num_entries, batch_size)
+        return self._dev[seq], self._dev[qsl]
 
     def upload(self, plan: Plan, group: int, out: "DevicePlan | None" = None, max_block_m: int = 64,
                seq_lens: "np.ndarray | None" = None) -> DevicePlan:
@@ -379,9 +399,9 @@ class PlanUploader:
         t3 = clock()
         if self.in_graph:   # the copy is copy()'s: captured in the graph, or made by the next eager run
             if seq_lens is not None:
-                at = n + ((B + 3) & ~3)
-                host_np[n:n + B] = seq_lens
-                host_np[at:at + B + 1] = plan.query_start_loc
+                seq, qsl = self._inputs_slices(n, B)
+                host_np[seq] = seq_lens
+                host_np[qsl] = plan.query_start_loc
             self._packed, self.pending, self.copied_in_capture = (host_t, self._dev[:n + extra]), True, False
             t4 = clock()
         else:

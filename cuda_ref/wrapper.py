@@ -44,7 +44,7 @@ import os
 import numpy as np
 import torch
 
-from splitkv_common.plan import Plan, PlannedWrapper, PlanSpec
+from splitkv_common.plan import Plan, PlannedWrapper, PlanSpec, query_rows_arg
 from splitkv_common.torch_io import as_torch_dtype
 from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, host, normalize_window
 
@@ -333,26 +333,18 @@ class DecodeWrapper(PlannedWrapper):
         small = d.get("_small")
         if small is None:
             return None
-        if query_start_loc is not None:
-            kind, q = 2, query_start_loc
-        elif q_lens is not None:
-            kind, q = 1, q_lens
-        else:
-            kind, q = 0, None
+        kind, q = query_rows_arg(q_lens, query_start_loc)
         up = self._uploader
-        ev = up._events[0]
-        if ev is not None and not ev.query():
-            ev.synchronize()
+        up.wait_for_copy()
         plan_c, settings, B, T, most, size, packed, page, refill = self._refresh_with
-        layout = up._layout
+        last = up._layout[0]
         r = plan_c(settings, seq_lens, kind, q, d["items"], small, d["num_valid_items"], packed,
-                   -1 if layout[0] is None else layout[0][2], B, T, most)
+                   -1 if last is None else last[2], B, T, most)
         if r is None or not r[8]:
             return None
         W, N, split, num_slots, _, _, max_q, max_end, _ = r
         refill(spare, W, split, num_slots, max_q, max_end)
-        layout[0] = (N, size, W)
-        up.pending, up.copied_in_capture = True, False
+        up.packed_in_place(N, size, W)
         self._spare, self._mine, self._made = cur, spare, spare
         self.host_plan = spare
         self._plan_pages = -(-max_end // page)

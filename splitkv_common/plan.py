@@ -1452,12 +1452,7 @@ class NativePlanner:
     def make(self, seq_lens, q_lens=None, query_start_loc=None, reuse: "Plan | None" = None) -> "Plan | None":
         """The plan of ``seq_lens [B]`` (and ``q_lens [B]`` or ``query_start_loc [B + 1]``), or None
         where the NumPy planner must make it. ``reuse``: as :func:`make_plan`'s."""
-        if query_start_loc is not None:
-            kind, q = 2, query_start_loc
-        elif q_lens is not None:
-            kind, q = 1, q_lens
-        else:
-            kind, q = 0, None
+        kind, q = query_rows_arg(q_lens, query_start_loc)
         items = small = None
         prev = -1
         if reuse is not None and reuse.graph_stable and self.spec.graph_stable:
@@ -1502,6 +1497,16 @@ class NativePlanner:
             d["_why"] = (_plan_reason, (self.spec, d["items"], d["_small"], W, d["num_splits"].shape[0], d["_kind"]))
         return old
 
+
+
+def query_rows_arg(q_lens, query_start_loc) -> tuple:
+    """The C planner's ``(q_kind, q)`` for a batch's query rows: ``(2, query_start_loc)``, ``(1, q_lens)``
+    or ``(0, None)`` (one row each), ``query_start_loc`` first as :func:`make_plan` reads it."""
+    if query_start_loc is not None:
+        return 2, query_start_loc
+    if q_lens is not None:
+        return 1, q_lens
+    return 0, None
 
 
 def _plan_reason(spec: "PlanSpec", items: np.ndarray, small: np.ndarray, W: int, B: int, kind: int):

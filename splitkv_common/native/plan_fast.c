@@ -25,7 +25,8 @@ typedef struct {
     int64_t split_value;      /* fixed_size's tokens */
     int64_t min_split, cap, graph_stable;
     int64_t max_work_items;   /* -1: graph_capacity's default */
-    int64_t units, slots, order_above;
+    int64_t graph_floor;      /* the default capacity's floor: graph_capacity's items per unit x units */
+    int64_t slots, order_above;
     int64_t max_batch, max_query_rows, max_items_limit, max_partial_slots;
     double bw, unit_bw, launch_us, per_wave_us;
 } Settings;
@@ -313,7 +314,7 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         else {
             int64_t worst = B * s->hkv * cap;
             if (s->policy == 2 || s->policy == 0) {
-                int64_t want = 2 * B * s->hkv > 16 * s->units ? 2 * B * s->hkv : 16 * s->units;
+                int64_t want = 2 * B * s->hkv > s->graph_floor ? 2 * B * s->hkv : s->graph_floor;
                 max_items = worst < want ? worst : want;
             } else max_items = worst;
         }

@@ -71,7 +71,15 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     D 64): run 15 measured it best or level at every "many" point tried, three interleaved rounds
     each (D 128: B64 x 2k 129.5 against 131.7 µs, B64 x 4k 249.9 / 252.0, B128 x 1k 133.0 / 136.1,
     B128 x 2k 253.2 / 262.4; D 64: B64 x 4k 132.9 / 139.2, B128 x 1k 74.5 / 79.4; docs/perf-notes.md);
-    other head dims and dtypes were not measured and keep the batch-invariant choice."""
+    other head dims and dtypes were not measured and keep the batch-invariant choice.
+
+    At 16-bit D 128 the "many" choice is by waves instead (:func:`fullest_waves`): of the
+    configurations it may take (``auto``: 32 tokens with 2 or 4 warps and 5 stages, 64 tokens with 4
+    warps and 5 or 7 stages; batch-invariant plans: 64 tokens, 4 warps, 5 or 7 stages), the one whose
+    waves (the programs the H200 holds at once) the work items fill best: a wave of equal items takes
+    about as long whether it is full or not, so a plan of 640 items ran 1.3x faster with 5 programs
+    an SM (one wave) than with 4 (two), at every item length from 1k to 8k tokens (run 38). Up to
+    1,320 items, the range measured; beyond, the choice above."""
     d = max(16, 1 << (int(head_dim) - 1).bit_length())  # the next power of two
     key = "few" if 0 < num_items <= _FEW_ITEMS else "many"
     elem = min(max(kv_bytes, 2), 4)
@@ -80,12 +88,43 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     warps = 8 if elem == 4 else 4
     if key == "few":
         return KernelConfig(block_n=block_n, num_warps=warps, num_stages=5)
-    if not batch_invariant and d in (64, 128) and elem == 2:
-        return KernelConfig(block_n=32, num_warps=2, num_stages=5 if d == 128 else 7)
+    if d == 128 and elem == 2:
+        return KernelConfig(*fullest_waves(num_items, _STAGES_ONLY if batch_invariant else _BY_WAVES))
+    if not batch_invariant and d == 64 and elem == 2:
+        return KernelConfig(block_n=32, num_warps=2, num_stages=7)
     return KernelConfig(block_n=block_n, num_warps=warps, num_stages=7)
 
 
 _FEW_ITEMS = 2 * 132  # default_config's "few" work items: at most two per SM of the H200
+_SMS = 132
+# programs one H200 SM holds at once, per 16-bit D-128 stage-1 configuration (tokens a tile, warps,
+# stages), from the compiled kernels' registers and shared memory (n32w2s5 192 registers a thread x
+# 64 threads and 38 KB; n32w4s5 96 x 128, 38 KB; n64w4s5 148 x 128, 72 KB; n64w4s7 139 x 128, 105 KB)
+# and where each one's time steps up with the work items (run 38: n32w2s5 steps up past 4 x 132, where
+# its registers would allow 5)
+_SM_PROGRAMS = {(32, 2, 5): 4, (32, 4, 5): 5, (64, 4, 5): 3, (64, 4, 7): 2}
+_BY_WAVES = ((32, 2, 5), (32, 4, 5), (64, 4, 5), (64, 4, 7))
+_WAVES_UPTO = 2 * 5 * _SMS   # the item counts measured (run 38): two waves of the largest
+_STAGES_ONLY = ((64, 4, 7), (64, 4, 5))   # batch-invariant plans: the tile and the warps fixed
+
+
+@functools.lru_cache(maxsize=4096)
+def fullest_waves(num_items: int, candidates: tuple = _BY_WAVES) -> tuple:
+    """Of ``candidates`` (``(block_n, warps, stages)`` keys of ``_SM_PROGRAMS``), the configuration
+    whose waves ``num_items`` work items fill best: ``items / (waves x programs a wave)``, where the
+    programs a wave are ``_SM_PROGRAMS`` x 132 SMs; within 2 % of the best fill, the one with more
+    programs a wave (fewer waves). Measured at 256-1,280 items of 1k-8k tokens (run 38,
+    docs/perf-notes.md): within 2 % of the best of the four at all 28 points, where always taking
+    n32w2s5 lost up to 30 %. Outside that range (more than 1,320 items, or none: a count not known)
+    the first candidate, the choice before (many waves fill alike)."""
+    if not 0 < num_items <= _WAVES_UPTO:
+        return candidates[0]
+
+    def fill(c):
+        slots = _SM_PROGRAMS[c] * _SMS
+        return num_items / (-(-num_items // slots) * slots)
+    top = max(fill(c) for c in candidates)
+    return max((c for c in candidates if fill(c) >= top - 0.02), key=lambda c: _SM_PROGRAMS[c])
 
 
 @functools.lru_cache(maxsize=None)
@@ -602,18 +641,26 @@ def launch_sizes(q, block_table, seq_lens, query_start_loc, dplan: DevicePlan, o
             min(q.shape[0], merged), merged)
 
 
+def _config_class(num_items: int) -> tuple:
+    """What of a plan's work-item count :func:`default_config` reads: whether they are "few", and
+    the waves' choices (:func:`fullest_waves`) otherwise."""
+    if 0 < num_items <= _FEW_ITEMS:
+        return (True,)
+    return (False, fullest_waves(num_items), fullest_waves(num_items, _STAGES_ONLY))
+
+
 def plan_launch_key(dplan: DevicePlan, device) -> tuple:
     """What of a device plan decides :func:`prepare_decode`'s result besides stage 1's grid (which
     :meth:`DecodeLaunch.launch` takes from each call's plan): rows per item, graph stability, a
     device-made plan's split, several query rows, long items, and from the work-item count only
-    whether there are any, whether they are "few" (:func:`default_config`), whether they all fit on
+    whether there are any, the configuration it decides (:func:`default_config`), whether they all fit on
     the GPU at once (the merge's early launch) and whether anything is merged. Plans with equal
     keys, for tensors of one signature and partial buffers of one size, share a prepared launch."""
     n = dplan.num_items
     sms = _device_traits(device)[0]
     return (dplan.block_m, dplan.row_blocks, dplan.graph_stable, dplan.split_size,
             dplan.max_splits if dplan.split_size else 0, dplan.max_q_len != 1,
-            dplan.item_tokens >= LONG_ITEM_TOKENS, n > 0, 0 < (dplan.config_items or n) <= _FEW_ITEMS,
+            dplan.item_tokens >= LONG_ITEM_TOKENS, n > 0, _config_class(dplan.config_items or n),
             n * dplan.row_blocks <= 2 * sms,
             dplan.max_splits > 1 or dplan.graph_stable)
 

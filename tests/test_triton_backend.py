@@ -243,6 +243,38 @@ def test_default_config_keeps_tile_and_warps_for_batch_invariant_plans():
             assert (few.block_n, few.num_warps) == (many.block_n, many.num_warps)
 
 
+def test_default_config_fills_the_waves_at_d128():
+    """16-bit D 128, more than "few" items: the configuration whose waves (programs an H200 holds at
+    once: 4, 5, 3, 2 an SM for n32w2s5, n32w4s5, n64w4s5, n64w4s7) the items fill best, the one of more
+    programs within 2 %; batch-invariant plans choose only the stages; past 1,320 items (or an unknown
+    count) the choice before; other head dims and dtypes as before."""
+    from cuda_ref.launch import default_config
+
+    def cfg(n, invariant=False, d=128, kv_bytes=2):
+        return str(default_config(d, kv_bytes, n, invariant, 2048))
+
+    assert cfg(200) == cfg(200, True) == "n64w4s5"                          # few
+    assert [cfg(n) for n in (384, 512, 640, 768, 1024, 1280)] == \
+        ["n64w4s5", "n32w2s5", "n32w4s5", "n64w4s5", "n32w2s5", "n32w4s5"]  # 396, 528, 660, 792, 1056, 1320
+    assert [cfg(n, True) for n in (384, 512, 640, 768, 1024)] == ["n64w4s5", "n64w4s7", "n64w4s5", "n64w4s5", "n64w4s7"]
+    assert cfg(1321) == cfg(100_000) == cfg(0) == "n32w2s5" and cfg(1321, True) == cfg(0, True) == "n64w4s7"
+    assert cfg(640, d=64) == "n32w2s7" and cfg(640, True, d=64) == "n128w4s7"   # long items at D 64
+    assert cfg(640, kv_bytes=4) == "n32w8s7" and cfg(640, d=256) == "n32w4s7"
+
+
+def test_plans_whose_item_counts_choose_other_configurations_get_their_own_launch():
+    # the prepared launch is shared by plans of equal launch keys: the key holds the configuration
+    # the item count decides, so a plan of 640 items does not run with a 512-item plan's n32w2s5
+    from cuda_ref.launch import DevicePlan, plan_launch_key
+
+    def key(n, config_items=0):
+        return plan_launch_key(DevicePlan(torch.zeros(4, dtype=torch.int32), n, 4, 4, 8, 8, 16, 1, False,
+                                          config_items=config_items), torch.device("cpu"))
+
+    assert key(512) != key(640) != key(768) and key(600) == key(640) and key(100) == key(200)
+    assert key(2112, config_items=200) == key(200)
+
+
 def test_default_config_long_items_at_d64_take_128_token_tiles():
     """16 KiB of K per tile: 128 tokens at 16-bit D 64 where the plan's split length is at least 1024
     (measured faster there), 64 below and at every other head dim."""

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Stage-1 configurations against the work items' count and length (GPU): which one is fastest
+where, and what ``default_config`` chooses there.
+
+Per point (Hq 32 / Hkv 8 / D 128, bf16, page 16, shuffled pages): ``size:T`` plans of uniform
+requests of ``4 T`` tokens, so ``N`` work items of ``T`` tokens each (``B = N / 32``), each of the
+configurations run eagerly in a CUDA graph. The compiled kernels' registers and shared memory are
+listed after the table (the programs an SM holds at once follow from them). Timing: each replay
+after a read of a 512 MiB buffer (an L2 flush), CUDA events, two interleaved passes of ``--reps``,
+median. Outputs: ``wave_configs.json`` and ``wave_configs.md`` in ``--out``.
+
+    python scripts/bench_wave_configs.py --out OUT/waves
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+from splitkv_common.optional import require  # noqa: E402
+
+torch = require("torch", "scripts/bench_wave_configs.py")
+require("triton", "scripts/bench_wave_configs.py")
+
+from cuda_ref import kernels  # noqa: E402
+from cuda_ref.launch import KernelConfig, default_config  # noqa: E402
+from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
+from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
+
+HQ, HKV, D, PAGE, SPLITS = 32, 8, 128, 16, 4
+CONFIGS = (KernelConfig(32, 2, 5), KernelConfig(32, 4, 5), KernelConfig(64, 4, 5), KernelConfig(64, 4, 7))
+
+
+def point(N: int, T: int, reps: int, flush, sink) -> dict:
+    dev = flush.device
+    B = N // (HKV * SPLITS)
+    seq = np.full(B, SPLITS * T)
+    pages = SPLITS * T // PAGE
+    k = torch.randn((B * pages, PAGE, HKV, D), device=dev, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    bt = torch.randperm(B * pages, device=dev, dtype=torch.int32).reshape(B, pages)
+    q = torch.randn((B, HQ, D), device=dev, dtype=torch.bfloat16)
+    seq_d = torch.tensor(seq, dtype=torch.int32, device=dev)
+    qsl = torch.arange(B + 1, dtype=torch.int32, device=dev)
+    graphs, keep = {}, []
+    for c in CONFIGS:
+        w = DecodeWrapper(HQ, HKV, D, PAGE, dtype=torch.bfloat16, device=dev, policy=f"size:{T}", config=c)
+        if w.plan(seq).num_items != N:
+            raise RuntimeError(f"{N} items expected at B {B}")
+        for _ in range(2):   # compile and warm up outside the capture
+            w.run(q, k, v, bt, seq_d, qsl)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            w.run(q, k, v, bt, seq_d, qsl)
+        graphs[str(c)] = g
+        keep.append(w)
+    times = {n: [] for n in graphs}
+    for _ in range(2):   # interleaved passes
+        for n, g in graphs.items():
+            for _ in range(reps):
+                torch.sum(flush, dim=0, out=sink)
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                g.replay()
+                e1.record()
+                e1.synchronize()
+                times[n].append(e0.elapsed_time(e1) * 1e3)
+    row = dict(items=N, item_tokens=T, batch=B, us={n: round(statistics.median(x), 1) for n, x in times.items()})
+    best = min(row["us"], key=row["us"].get)
+    row["best"] = best
+    row["default_auto"] = str(default_config(D, 2, N, False, T))
+    row["default_batch_invariant"] = str(default_config(D, 2, N, True, T))
+    row["default_auto_over_best"] = round(row["us"][row["default_auto"]] / row["us"][best], 3)
+    return row
+
+
+def compiled_kernels() -> list:
+    """Warps, stages, registers a thread, spills and shared memory of each compiled stage-1 kernel."""
+    out = []
+    for cache in getattr(kernels.split_kv_kernel, "device_caches", {}).values():
+        for ck in cache[0].values():
+            md = ck.metadata
+            out.append(dict(num_warps=md.num_warps, num_stages=md.num_stages, registers=ck.n_regs,
+                            spills=ck.n_spills, shared_bytes=md.shared))
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--items", default="256,384,512,640,768,1024,1280", help="work-item counts (multiples of 32)")
+    ap.add_argument("--item-tokens", default="1024,2048,4096,8192")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--out", default="wave_configs_out")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("error: bench_wave_configs.py times CUDA graphs: no GPU here")
+    dev = torch.device("cuda")
+    flush = torch.ones(512 * 2**20 // 4, dtype=torch.float32, device=dev)
+    sink = torch.empty((), dtype=torch.float32, device=dev)
+    rows = []
+    for T in (int(x) for x in a.item_tokens.split(",")):
+        for N in (int(x) for x in a.items.split(",")):
+            rows.append(point(N, T, a.reps, flush, sink))
+            print(json.dumps(rows[-1]), flush=True)
+            torch.cuda.empty_cache()
+    res = dict(provenance=provenance(), rows=rows, kernels=compiled_kernels())
+    names = [str(c) for c in CONFIGS]
+    lines = ["# Stage-1 configurations by work items (GPU)", ""] + provenance_markdown(res["provenance"]) + [
+        "", "Replay µs (median, read flush) of `size:T` plans with N items of T tokens; `default`: what "
+        "`default_config` chooses for an `auto` plan of N items, and its time over the fastest.", "",
+        "| T | N | B | " + " | ".join(names) + " | fastest | default | default / fastest |",
+        "|---:|---:|---:|" + "---:|" * len(names) + "---|---|---:|"]
+    for r in rows:
+        lines.append(f"| {r['item_tokens']} | {r['items']} | {r['batch']} | "
+                     + " | ".join(str(r["us"][n]) for n in names)
+                     + f" | {r['best']} | {r['default_auto']} | {r['default_auto_over_best']} |")
+    lines += ["", "Compiled stage-1 kernels:", "", "| warps | stages | registers | spills | shared bytes |",
+              "|---:|---:|---:|---:|---:|"]
+    lines += [f"| {k['num_warps']} | {k['num_stages']} | {k['registers']} | {k['spills']} | {k['shared_bytes']} |"
+              for k in res["kernels"]]
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "wave_configs.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    text = "\n".join(lines)
+    with open(os.path.join(a.out, "wave_configs.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -42,8 +42,8 @@ from splitkv_common.devices import get_profile  # noqa: E402
 from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
-# B x L uniform, or "r<B>" ragged lengths drawn in [512, L): where the default capacity changes auto's
-# choice (B 3-24 at 16k-512k tokens) and where it changes only the padding
+# B x L uniform, or "r<B>" ragged lengths drawn in [512, L): where a capacity of 4 or 8 per unit changes
+# auto's choice (B 2-24 at 16k-512k tokens) and where it changes only the padding
 POINTS = "1x16384,16x8192,32x8192,3x65536,6x32768,12x16384,24x16384,16x131072,8x262144,2x524288," \
          "r16x131072,r12x32768,r8x32768,r24x16384,r32x8192"
 

@@ -849,20 +849,20 @@ def _order_items(prof: DeviceProfile) -> int:
 
 
 # A graph-stable plan's default capacity where the policy leaves the work items to the planner
-# (``auto`` on GPU profiles, ``none``): twice the batch's (request, KV head) pairs, at least 4 per
-# unit (528 on the H200), at most the worst case ``B x Hkv x max_splits``. Its grid is the capacity,
+# (``auto`` on GPU profiles, ``none``): twice the batch's (request, KV head) pairs, at least 8 per
+# unit (1,056 on the H200), at most the worst case ``B x Hkv x max_splits``. Its grid is the capacity,
 # and a capacity far above the items cost graph mode up to 32 % and the order's gain (run 21); the
-# whole plan is copied every step, 20 bytes an item (a 42 KB copy node cost 9 µs more than a 40-byte
-# one, run 33), and the cost model rates the choices that fit 4 per unit at most level with the
-# unconstrained ones (docs/perf-notes.md)
-_GRAPH_ITEMS_PER_UNIT = 4
+# whole plan is copied every step, 20 bytes an item (a 42 KB copy node cost 7 µs more than a 10 KB
+# one, run 33); 4 per unit took longer splits than measured best at 128k-256k tokens (1 % slower,
+# run 40), 8 per unit changes no uniform batch up to 128k tokens at B <= 16 (docs/perf-notes.md)
+_GRAPH_ITEMS_PER_UNIT = 8
 
 
 def graph_capacity(batch_size: int, num_kv_heads: int, max_splits: int, policy: SplitPolicy,
                    prof: DeviceProfile, max_work_items: int | None = None) -> int:
     """The work-item capacity of a graph-stable plan: ``max_work_items`` if given; by default
     ``B x Hkv x max_splits`` (what ``size:N`` and ``count:N`` may need), and for ``auto`` on a GPU
-    profile and ``none`` ``min(B x Hkv x max_splits, max(2 x B x Hkv, 4 x units))``: ``auto`` then
+    profile and ``none`` ``min(B x Hkv x max_splits, max(2 x B x Hkv, 8 x units))``: ``auto`` then
     chooses among the splits whose work items fit it (no split always does)."""
     if max_work_items is not None:
         return int(max_work_items)

@@ -849,20 +849,21 @@ def _order_items(prof: DeviceProfile) -> int:
 
 
 # A graph-stable plan's default capacity where the policy leaves the work items to the planner
-# (``auto`` on GPU profiles, ``none``): twice the batch's (request, KV head) pairs, at least 8 per
-# unit (1,056 on the H200), at most the worst case ``B x Hkv x max_splits``. Its grid is the capacity,
-# and a capacity far above the items cost graph mode up to 32 % and the order's gain (run 21); the
-# whole plan is copied every step, 20 bytes an item (a 42 KB copy node cost 7 µs more than a 10 KB
-# one, run 33); 4 per unit took longer splits than measured best at 128k-256k tokens (1 % slower,
-# run 40), 8 per unit changes no uniform batch up to 128k tokens at B <= 16 (docs/perf-notes.md)
-_GRAPH_ITEMS_PER_UNIT = 8
+# (``auto`` on GPU profiles, ``none``): twice the batch's (request, KV head) pairs, at least 4 per
+# unit (528 on the H200), at most the worst case ``B x Hkv x max_splits``. Its grid is the capacity:
+# each padding program costs a launch slot (B 32 x 8k, 256 valid items: 269 µs with 528, 284 with
+# 1,056, 290 with 2,112; run 41), and the whole plan is copied every step, 20 bytes an item (a 42 KB
+# copy node cost 7 µs more than a 10 KB one, run 33). Against 8 per unit it took longer splits at B
+# 8-16 x 128k-256k, 1-2 % slower there, and faster ones at B 3-24 x 16k-64k, 1-2 % faster (run 41;
+# docs/perf-notes.md)
+_GRAPH_ITEMS_PER_UNIT = 4
 
 
 def graph_capacity(batch_size: int, num_kv_heads: int, max_splits: int, policy: SplitPolicy,
                    prof: DeviceProfile, max_work_items: int | None = None) -> int:
     """The work-item capacity of a graph-stable plan: ``max_work_items`` if given; by default
     ``B x Hkv x max_splits`` (what ``size:N`` and ``count:N`` may need), and for ``auto`` on a GPU
-    profile and ``none`` ``min(B x Hkv x max_splits, max(2 x B x Hkv, 8 x units))``: ``auto`` then
+    profile and ``none`` ``min(B x Hkv x max_splits, max(2 x B x Hkv, 4 x units))``: ``auto`` then
     chooses among the splits whose work items fit it (no split always does)."""
     if max_work_items is not None:
         return int(max_work_items)

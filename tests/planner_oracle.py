@@ -86,7 +86,7 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
         graph_stable: fixed shapes for graph replay: ``max_splits`` slots per query row and
             ``max_work_items`` work items (padded with ``item_request = -1``).
         max_work_items: capacity of a graph-stable plan (default ``B * Hkv * max_splits``; for ``auto``
-            on a GPU profile and ``none`` ``min(that, max(2 * B * Hkv, 8 * units))``, which ``auto``'s
+            on a GPU profile and ``none`` ``min(that, max(2 * B * Hkv, 4 * units))``, which ``auto``'s
             choice then fits).
     """
     prof = get_profile(device)
@@ -122,12 +122,12 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
         raise ValueError(f"max_splits: must be positive, got {cap}")
     spans = [visible_range(int(s), int(q), window_left) for s, q in zip(seq, ql)]
     # a graph-stable plan's capacity; where the planner chooses the splits (auto on GPU profiles,
-    # none) by default twice the (request, KV head) pairs, at least 8 per unit, at most the worst case
+    # none) by default twice the (request, KV head) pairs, at least 4 per unit, at most the worst case
     capacity = None
     if graph_stable:
         capacity = B * num_kv_heads * cap if max_work_items is None else int(max_work_items)
         if max_work_items is None and (pol.kind == "none" or (pol.kind == "auto" and not prof.cube_units)):
-            capacity = min(capacity, max(2 * B * num_kv_heads, 8 * prof.units))
+            capacity = min(capacity, max(2 * B * num_kv_heads, 4 * prof.units))
     longest = max([hi - (lo // page_size) * page_size for lo, hi in spans], default=0)
     est = {}
 

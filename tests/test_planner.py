@@ -111,7 +111,7 @@ def test_plan_invariants_property(seq, page, hkv, qmax, window, pol, max_splits,
     if graph:   # the default capacity: the worst case, or where the planner picks the splits a bounded one
         prof, worst = get_profile(device), len(seq) * hkv * cap
         chooses = pol == "none" or (pol == "auto" and not prof.cube_units)
-        want = min(worst, max(2 * len(seq) * hkv, 8 * prof.units)) if chooses else worst
+        want = min(worst, max(2 * len(seq) * hkv, 4 * prof.units)) if chooses else worst
         assert plan.num_items == want and plan.num_slots == sum(q_lens) * cap
 
 

@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
 """Stage-1 configurations against the work items' count and length (GPU): which one is fastest
-where, and what ``default_config`` chooses there.
+where, and what ``default_config`` chooses there; and the default against the choice before it at
+serving-like batches.
 
 Per point (Hq 32 / Hkv 8 / D 128, bf16, page 16, shuffled pages): ``size:T`` plans of uniform
 requests of ``4 T`` tokens, so ``N`` work items of ``T`` tokens each (``B = N / 32``), each of the
 configurations run eagerly in a CUDA graph. The compiled kernels' registers and shared memory are
-listed after the table (the programs an SM holds at once follow from them). Timing: each replay
+listed after the table (the programs an SM holds at once follow from them).
+
+``--ab POLICY:BxL,...`` (``r`` before ``B``: lengths drawn in [512, L)): the default configuration
+against the one chosen before the choice by waves (``previous_config``: "few" items n64w4s5; more,
+``auto`` n32w2s5 and batch-invariant plans n64w4s7), the same plan, with the outputs compared.
+
+Timing: each replay
 after a read of a 512 MiB buffer (an L2 flush), CUDA events, two interleaved passes of ``--reps``,
 median. Outputs: ``wave_configs.json`` and ``wave_configs.md`` in ``--out``.
 
@@ -36,6 +43,10 @@ from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E
 
 HQ, HKV, D, PAGE, SPLITS = 32, 8, 128, 16, 4
 CONFIGS = (KernelConfig(32, 2, 5), KernelConfig(32, 4, 5), KernelConfig(64, 4, 5), KernelConfig(64, 4, 7))
+AB = ",".join([f"auto:{p}" for p in ("3x65536", "5x65536", "10x32768", "10x65536", "12x16384", "6x16384", "40x8192",
+                                      "96x2048", "160x2048", "16x16384", "64x2048", "128x1024", "r40x8192", "r96x4096",
+                                      "r160x2048", "r64x8192")]
+              + [f"size:4096:{p}" for p in ("12x16384", "20x16384", "24x16384", "16x16384")])
 
 
 def point(N: int, T: int, reps: int, flush, sink) -> dict:
@@ -54,31 +65,89 @@ def point(N: int, T: int, reps: int, flush, sink) -> dict:
         w = DecodeWrapper(HQ, HKV, D, PAGE, dtype=torch.bfloat16, device=dev, policy=f"size:{T}", config=c)
         if w.plan(seq).num_items != N:
             raise RuntimeError(f"{N} items expected at B {B}")
-        for _ in range(2):   # compile and warm up outside the capture
-            w.run(q, k, v, bt, seq_d, qsl)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            w.run(q, k, v, bt, seq_d, qsl)
-        graphs[str(c)] = g
+        graphs[str(c)] = graph_of(w, (q, k, v, bt, seq_d, qsl))[0]
         keep.append(w)
     times = {n: [] for n in graphs}
     for _ in range(2):   # interleaved passes
         for n, g in graphs.items():
-            for _ in range(reps):
-                torch.sum(flush, dim=0, out=sink)
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                g.replay()
-                e1.record()
-                e1.synchronize()
-                times[n].append(e0.elapsed_time(e1) * 1e3)
+            times[n] += replay_us(g, reps, flush, sink)
     row = dict(items=N, item_tokens=T, batch=B, us={n: round(statistics.median(x), 1) for n, x in times.items()})
     best = min(row["us"], key=row["us"].get)
     row["best"] = best
     row["default_auto"] = str(default_config(D, 2, N, False, T))
     row["default_batch_invariant"] = str(default_config(D, 2, N, True, T))
     row["default_auto_over_best"] = round(row["us"][row["default_auto"]] / row["us"][best], 3)
+    return row
+
+
+def previous_config(num_items: int, batch_invariant: bool) -> KernelConfig:
+    """``default_config`` at 16-bit D 128 before the choice by waves."""
+    if 0 < num_items <= 2 * 132:
+        return KernelConfig(64, 4, 5)
+    return KernelConfig(64, 4, 7) if batch_invariant else KernelConfig(32, 2, 5)
+
+
+def graph_of(w, args):
+    for _ in range(2):   # compile and warm up outside the capture
+        w.run(*args)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out, _ = w.run(*args)
+    return g, out
+
+
+def replay_us(g, reps, flush, sink) -> list:
+    xs = []
+    for _ in range(reps):
+        torch.sum(flush, dim=0, out=sink)
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        xs.append(e0.elapsed_time(e1) * 1e3)
+    return xs
+
+
+def ab_point(spec: str, reps: int, flush, sink) -> dict:
+    """The default configuration against :func:`previous_config` for ``POLICY:BxL``."""
+    policy, _, pt = spec.rpartition(":")
+    b, _, n = pt.partition("x")
+    ragged, B, L = b.startswith("r"), int(b.lstrip("r")), int(n)
+    dev = flush.device
+    seq = np.random.default_rng(B).integers(512, L, B) if ragged else np.full(B, L)
+    pages = -(-int(seq.max()) // PAGE)
+    k = torch.randn((B * pages, PAGE, HKV, D), device=dev, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    bt = torch.randperm(B * pages, device=dev, dtype=torch.int32).reshape(B, pages)
+    args = (torch.randn((B, HQ, D), device=dev, dtype=torch.bfloat16), k, v, bt,
+            torch.tensor(seq, dtype=torch.int32, device=dev), torch.arange(B + 1, dtype=torch.int32, device=dev))
+    row = dict(policy=policy, point=pt)
+    graphs, outs, keep = {}, {}, []
+    for name in ("default", "previous"):
+        w = DecodeWrapper(HQ, HKV, D, PAGE, dtype=torch.bfloat16, device=dev, policy=policy)
+        plan = w.plan(seq)
+        if name == "previous":
+            w = DecodeWrapper(HQ, HKV, D, PAGE, dtype=torch.bfloat16, device=dev, policy=policy,
+                              config=previous_config(plan.num_items, policy != "auto"))
+            w.plan(seq)
+        graphs[name], outs[name] = graph_of(w, args)
+        cx = w.last_launch.constexprs
+        row[name] = dict(config=f"n{cx['BLOCK_N']}w{cx['num_warps']}s{cx['num_stages']}")
+        row["items"] = int(plan.num_items)
+        keep.append(w)
+    times = {n: [] for n in graphs}
+    for _ in range(3):   # interleaved passes
+        for n, g in graphs.items():
+            times[n].append(replay_us(g, reps, flush, sink))
+    for n, passes in times.items():
+        row[n]["us"] = round(statistics.median(x for p in passes for x in p), 1)
+        row[n]["passes_us"] = [round(statistics.median(p), 1) for p in passes]
+    row["default_over_previous"] = round(row["default"]["us"] / row["previous"]["us"], 3)
+    a, c = outs["default"].float(), outs["previous"].float()
+    row["bits_equal"] = bool(torch.equal(outs["default"], outs["previous"]))
+    row["rel_diff"] = float((a - c).norm() / c.norm())
     return row
 
 
@@ -97,6 +166,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--items", default="256,384,512,640,768,1024,1280", help="work-item counts (multiples of 32)")
     ap.add_argument("--item-tokens", default="1024,2048,4096,8192")
+    ap.add_argument("--ab", default=AB, help="POLICY:BxL points of the default against the choice before; '' for none")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--out", default="wave_configs_out")
     a = ap.parse_args(argv)
@@ -111,7 +181,12 @@ def main(argv=None):
             rows.append(point(N, T, a.reps, flush, sink))
             print(json.dumps(rows[-1]), flush=True)
             torch.cuda.empty_cache()
-    res = dict(provenance=provenance(), rows=rows, kernels=compiled_kernels())
+    ab = []
+    for spec in filter(None, a.ab.split(",")):
+        ab.append(ab_point(spec, a.reps, flush, sink))
+        print(json.dumps(ab[-1]), flush=True)
+        torch.cuda.empty_cache()
+    res = dict(provenance=provenance(), rows=rows, ab=ab, kernels=compiled_kernels())
     names = [str(c) for c in CONFIGS]
     lines = ["# Stage-1 configurations by work items (GPU)", ""] + provenance_markdown(res["provenance"]) + [
         "", "Replay µs (median, read flush) of `size:T` plans with N items of T tokens; `default`: what "
@@ -122,6 +197,14 @@ def main(argv=None):
         lines.append(f"| {r['item_tokens']} | {r['items']} | {r['batch']} | "
                      + " | ".join(str(r["us"][n]) for n in names)
                      + f" | {r['best']} | {r['default_auto']} | {r['default_auto_over_best']} |")
+    if ab:
+        lines += ["", "The default against the configuration chosen before (`previous_config`), the same plan, "
+                  "three interleaved passes:", "",
+                  "| policy | point | items | default | µs | before | µs | default / before | bits equal | rel. diff |",
+                  "|---|---|---:|---|---:|---|---:|---:|---|---:|"]
+        lines += [f"| {r['policy']} | {r['point']} | {r['items']} | {r['default']['config']} | {r['default']['us']} | "
+                  f"{r['previous']['config']} | {r['previous']['us']} | {r['default_over_previous']} | {r['bits_equal']} | "
+                  f"{r['rel_diff']:.1e} |" for r in ab]
     lines += ["", "Compiled stage-1 kernels:", "", "| warps | stages | registers | spills | shared bytes |",
               "|---:|---:|---:|---:|---:|"]
     lines += [f"| {k['num_warps']} | {k['num_stages']} | {k['registers']} | {k['spills']} | {k['shared_bytes']} |"

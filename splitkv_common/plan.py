@@ -851,10 +851,10 @@ def _order_items(prof: DeviceProfile) -> int:
 # A graph-stable plan's default capacity where the policy leaves the work items to the planner
 # (``auto`` on GPU profiles, ``none``): twice the batch's (request, KV head) pairs, at least 4 per
 # unit (528 on the H200), at most the worst case ``B x Hkv x max_splits``. Its grid is the capacity:
-# each padding program costs a launch slot (B 32 x 8k, 256 valid items: 269 µs with 528, 284 with
+# each padding program costs a launch slot (B 32 x 8k, 256 valid items: 269 µs with 528, 273-284 with
 # 1,056, 290 with 2,112; run 41), and the whole plan is copied every step, 20 bytes an item (a 42 KB
-# copy node cost 7 µs more than a 10 KB one, run 33). Against 8 per unit it took longer splits at B
-# 8-16 x 128k-256k, 1-2 % slower there, and faster ones at B 3-24 x 16k-64k, 1-2 % faster (run 41;
+# copy node cost 7 µs more than a 10 KB one, run 33). Against 8 per unit, the longer splits it makes
+# auto take were 1-2 % faster at B 3-24 x 16k-64k and 1-2 % slower at B 8-16 x 128k-256k (run 41;
 # docs/perf-notes.md)
 _GRAPH_ITEMS_PER_UNIT = 4
 

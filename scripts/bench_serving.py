@@ -39,7 +39,9 @@ from ``--device-split``; one step = copy lengths and query offsets, one copy thr
 graph, ``StepInputs(in_graph=True)``, against one bare replay of the same graph), on a GPU the
 host-planned graph with its copy captured too (``DecodeWrapper(plan_in_graph=True)``: one step =
 ``plan()``, which packs the plan and the batch's lengths into pinned memory, + one replay, whose one
-copy carries both; the kernels read ``planned_seq_lens``) and the
+copy carries both; the kernels read ``planned_seq_lens``), also issued back to back (the same
+steps with no synchronize between them, each ``plan()`` made while the previous replay runs: wall
+time a step), and the
 eager path (``run()``'s host time with its
 launches right after ``plan()`` and once more with the same plan, the steps that prepared a new launch
 and whether its first call reused a checked compiled kernel, and the Python side alone with the

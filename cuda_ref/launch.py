@@ -641,9 +641,10 @@ def launch_sizes(q, block_table, seq_lens, query_start_loc, dplan: DevicePlan, o
             min(q.shape[0], merged), merged)
 
 
+@functools.lru_cache(maxsize=4096)
 def _config_class(num_items: int) -> tuple:
     """What of a plan's work-item count :func:`default_config` reads: whether they are "few", and
-    the waves' choices (:func:`fullest_waves`) otherwise."""
+    the waves' choices (:func:`fullest_waves`) otherwise (cached: read by every ``run()``)."""
     if 0 < num_items <= _FEW_ITEMS:
         return (True,)
     return (False, fullest_waves(num_items), fullest_waves(num_items, _STAGES_ONLY))

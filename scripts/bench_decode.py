@@ -102,6 +102,37 @@ class Timer:
         return float(np.median([a.elapsed_time(b) for a, b in ev]) * 1e3)
 
 
+def batch_lengths(point: str, seed) -> tuple:
+    """``"BxL"`` (every request ``L`` tokens) or ``"rBxL"`` (lengths drawn uniformly in [512, L) by
+    ``numpy.random.default_rng(seed)``): ``(B, L, ragged, lengths [B] int64)``."""
+    b, _, n = point.partition("x")
+    ragged, B, L = b.startswith("r"), int(b.lstrip("r")), int(n)
+    return B, L, ragged, np.random.default_rng(seed).integers(512, L, B) if ragged else np.full(B, L)
+
+
+def interleaved(timer: Timer, runs: dict, passes: int = 3) -> dict:
+    """``{name: [µs of each pass]}``: each of ``runs`` (name -> callable, e.g. a graph's replay from
+    :meth:`Timer.graph`) timed by ``timer`` in turn, ``passes`` times, so that a drift of the GPU's
+    or the host's speed falls on all of them alike."""
+    out = {n: [] for n in runs}
+    for _ in range(passes):
+        for n, fn in runs.items():
+            out[n].append(timer(fn, use_graph=False))
+    return out
+
+
+def save_outputs(out_dir: str, stem: str, res: dict, lines: list) -> str:
+    """``res`` as ``OUT_DIR/STEM.json`` and ``lines`` as ``OUT_DIR/STEM.md`` (the directory made if
+    missing); returns the Markdown text."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    text = "\n".join(lines)
+    with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
+        f.write(text + "\n")
+    return text
+
+
 def copy_ceiling(timer: Timer, nbytes: int = 2 << 30) -> float:
     """GB/s of a device-to-device copy, counting bytes read plus bytes written."""
     src = torch.randn(nbytes // 2, dtype=torch.bfloat16, device="cuda")

@@ -20,7 +20,6 @@ Medians of ``--reps`` after a warm-up; ``--out DIR`` gets ``step_parts.json`` an
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -37,6 +36,7 @@ torch = require("torch", "scripts/bench_step_parts.py")
 require("triton", "scripts/bench_step_parts.py")
 
 import bench_serving  # noqa: E402
+from bench_decode import save_outputs  # noqa: E402
 from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
 
 NODES = {   # variant -> its nodes before the work: ("copy", int32 entries) or ("event",)
@@ -141,14 +141,7 @@ def main(argv=None):
     for B, r in res["captured_step"].items():
         lines.append(f"| {B} | {r['step']} | {r['bare replay']} | {r['plan() + sync']} | {r['step / bare replay']} | "
                      f"{r['plans in one C call']} |")
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "step_parts.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    text = "\n".join(lines)
-    with open(os.path.join(a.out, "step_parts.md"), "w") as f:
-        f.write(text + "\n")
-    print(text)
-
+    print(save_outputs(a.out, "step_parts", res, lines))
 
 if __name__ == "__main__":
     main()

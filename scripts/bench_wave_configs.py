@@ -12,8 +12,8 @@ listed after the table (the programs an SM holds at once follow from them).
 against the one chosen before the choice by waves (``previous_config``: "few" items n64w4s5; more,
 ``auto`` n32w2s5 and batch-invariant plans n64w4s7), the same plan, with the outputs compared.
 
-Timing: each replay
-after a read of a 512 MiB buffer (an L2 flush), CUDA events, two interleaved passes of ``--reps``,
+Timing: ``bench_decode.Timer`` (a 10 ms warm-up, then ``--reps`` replays each after a read flush of
+the L2, CUDA events, median) in interleaved passes (two for the sweep, three for ``--ab``), and their
 median. Outputs: ``wave_configs.json`` and ``wave_configs.md`` in ``--out``.
 
     python scripts/bench_wave_configs.py --out OUT/waves
@@ -30,18 +30,20 @@ import sys
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 from splitkv_common.optional import require  # noqa: E402
 
 torch = require("torch", "scripts/bench_wave_configs.py")
 require("triton", "scripts/bench_wave_configs.py")
 
+from bench_decode import PAGE, Timer, batch_lengths, interleaved, make_point, save_outputs  # noqa: E402
 from cuda_ref import kernels  # noqa: E402
 from cuda_ref.launch import KernelConfig, default_config  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
 
-HQ, HKV, D, PAGE, SPLITS = 32, 8, 128, 16, 4
+HQ, HKV, D, SPLITS = 32, 8, 128, 4
 CONFIGS = (KernelConfig(32, 2, 5), KernelConfig(32, 4, 5), KernelConfig(64, 4, 5), KernelConfig(64, 4, 7))
 AB = ",".join([f"auto:{p}" for p in ("3x65536", "5x65536", "10x32768", "10x65536", "12x16384", "6x16384", "40x8192",
                                       "96x2048", "160x2048", "16x16384", "64x2048", "128x1024", "r40x8192", "r96x4096",
@@ -49,29 +51,19 @@ AB = ",".join([f"auto:{p}" for p in ("3x65536", "5x65536", "10x32768", "10x65536
               + [f"size:4096:{p}" for p in ("12x16384", "20x16384", "24x16384", "16x16384")])
 
 
-def point(N: int, T: int, reps: int, flush, sink) -> dict:
-    dev = flush.device
+def point(timer, N: int, T: int) -> dict:
     B = N // (HKV * SPLITS)
     seq = np.full(B, SPLITS * T)
-    pages = SPLITS * T // PAGE
-    k = torch.randn((B * pages, PAGE, HKV, D), device=dev, dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    bt = torch.randperm(B * pages, device=dev, dtype=torch.int32).reshape(B, pages)
-    q = torch.randn((B, HQ, D), device=dev, dtype=torch.bfloat16)
-    seq_d = torch.tensor(seq, dtype=torch.int32, device=dev)
-    qsl = torch.arange(B + 1, dtype=torch.int32, device=dev)
-    graphs, keep = {}, []
+    args = make_point(B, SPLITS * T, HQ, HKV, D, torch.bfloat16)
+    replays, keep = {}, []   # keep: the wrappers own the buffers their graphs write
     for c in CONFIGS:
-        w = DecodeWrapper(HQ, HKV, D, PAGE, dtype=torch.bfloat16, device=dev, policy=f"size:{T}", config=c)
+        w = DecodeWrapper(HQ, HKV, D, PAGE, dtype=torch.bfloat16, device="cuda", policy=f"size:{T}", config=c)
         if w.plan(seq).num_items != N:
             raise RuntimeError(f"{N} items expected at B {B}")
-        graphs[str(c)] = graph_of(w, (q, k, v, bt, seq_d, qsl))[0]
+        replays[str(c)] = timer.graph(lambda w=w: w.run(*args))
         keep.append(w)
-    times = {n: [] for n in graphs}
-    for _ in range(2):   # interleaved passes
-        for n, g in graphs.items():
-            times[n] += replay_us(g, reps, flush, sink)
-    row = dict(items=N, item_tokens=T, batch=B, us={n: round(statistics.median(x), 1) for n, x in times.items()})
+    passes = interleaved(timer, replays, passes=2)
+    row = dict(items=N, item_tokens=T, batch=B, us={n: round(statistics.median(x), 1) for n, x in passes.items()})
     best = min(row["us"], key=row["us"].get)
     row["best"] = best
     row["default_auto"] = str(default_config(D, 2, N, False, T))
@@ -87,63 +79,30 @@ def previous_config(num_items: int, batch_invariant: bool) -> KernelConfig:
     return KernelConfig(64, 4, 7) if batch_invariant else KernelConfig(32, 2, 5)
 
 
-def graph_of(w, args):
-    for _ in range(2):   # compile and warm up outside the capture
-        w.run(*args)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out, _ = w.run(*args)
-    return g, out
-
-
-def replay_us(g, reps, flush, sink) -> list:
-    xs = []
-    for _ in range(reps):
-        torch.sum(flush, dim=0, out=sink)
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        xs.append(e0.elapsed_time(e1) * 1e3)
-    return xs
-
-
-def ab_point(spec: str, reps: int, flush, sink) -> dict:
+def ab_point(timer, spec: str) -> dict:
     """The default configuration against :func:`previous_config` for ``POLICY:BxL``."""
     policy, _, pt = spec.rpartition(":")
-    b, _, n = pt.partition("x")
-    ragged, B, L = b.startswith("r"), int(b.lstrip("r")), int(n)
-    dev = flush.device
-    seq = np.random.default_rng(B).integers(512, L, B) if ragged else np.full(B, L)
-    pages = -(-int(seq.max()) // PAGE)
-    k = torch.randn((B * pages, PAGE, HKV, D), device=dev, dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    bt = torch.randperm(B * pages, device=dev, dtype=torch.int32).reshape(B, pages)
-    args = (torch.randn((B, HQ, D), device=dev, dtype=torch.bfloat16), k, v, bt,
-            torch.tensor(seq, dtype=torch.int32, device=dev), torch.arange(B + 1, dtype=torch.int32, device=dev))
+    B = int(pt.partition("x")[0].lstrip("r"))
+    _, _, _, seq = batch_lengths(pt, B)   # ragged lengths drawn with the batch size as the seed
+    q, k, v, bt, _ = make_point(B, -(-int(seq.max()) // PAGE) * PAGE, HQ, HKV, D, torch.bfloat16)
+    args = (q, k, v, bt, torch.tensor(seq, dtype=torch.int32, device="cuda"))
     row = dict(policy=policy, point=pt)
-    graphs, outs, keep = {}, {}, []
+    replays, outs, keep = {}, {}, []   # keep: the wrappers own the buffers their graphs write
+    config = None   # the default's
     for name in ("default", "previous"):
-        w = DecodeWrapper(HQ, HKV, D, PAGE, dtype=torch.bfloat16, device=dev, policy=policy)
+        w = DecodeWrapper(HQ, HKV, D, PAGE, dtype=torch.bfloat16, device="cuda", policy=policy, config=config)
         plan = w.plan(seq)
-        if name == "previous":
-            w = DecodeWrapper(HQ, HKV, D, PAGE, dtype=torch.bfloat16, device=dev, policy=policy,
-                              config=previous_config(plan.num_items, policy != "auto"))
-            w.plan(seq)
-        graphs[name], outs[name] = graph_of(w, args)
+        got = []   # run() returns the wrapper's own output buffer, which the replays write
+        replays[name] = timer.graph(lambda w=w, got=got: got.append(w.run(*args)[0]))
+        outs[name] = got[-1]
         cx = w.last_launch.constexprs
         row[name] = dict(config=f"n{cx['BLOCK_N']}w{cx['num_warps']}s{cx['num_stages']}")
         row["items"] = int(plan.num_items)
         keep.append(w)
-    times = {n: [] for n in graphs}
-    for _ in range(3):   # interleaved passes
-        for n, g in graphs.items():
-            times[n].append(replay_us(g, reps, flush, sink))
-    for n, passes in times.items():
-        row[n]["us"] = round(statistics.median(x for p in passes for x in p), 1)
-        row[n]["passes_us"] = [round(statistics.median(p), 1) for p in passes]
+        config = previous_config(plan.num_items, policy != "auto")
+    for n, passes in interleaved(timer, replays).items():
+        row[n]["us"] = round(statistics.median(passes), 1)
+        row[n]["passes_us"] = [round(x, 1) for x in passes]
     row["default_over_previous"] = round(row["default"]["us"] / row["previous"]["us"], 3)
     a, c = outs["default"].float(), outs["previous"].float()
     row["bits_equal"] = bool(torch.equal(outs["default"], outs["previous"]))
@@ -172,25 +131,23 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("error: bench_wave_configs.py times CUDA graphs: no GPU here")
-    dev = torch.device("cuda")
-    flush = torch.ones(512 * 2**20 // 4, dtype=torch.float32, device=dev)
-    sink = torch.empty((), dtype=torch.float32, device=dev)
+    timer = Timer(iters=a.reps)
     rows = []
     for T in (int(x) for x in a.item_tokens.split(",")):
         for N in (int(x) for x in a.items.split(",")):
-            rows.append(point(N, T, a.reps, flush, sink))
+            rows.append(point(timer, N, T))
             print(json.dumps(rows[-1]), flush=True)
             torch.cuda.empty_cache()
     ab = []
     for spec in filter(None, a.ab.split(",")):
-        ab.append(ab_point(spec, a.reps, flush, sink))
+        ab.append(ab_point(timer, spec))
         print(json.dumps(ab[-1]), flush=True)
         torch.cuda.empty_cache()
     res = dict(provenance=provenance(), rows=rows, ab=ab, kernels=compiled_kernels())
     names = [str(c) for c in CONFIGS]
     lines = ["# Stage-1 configurations by work items (GPU)", ""] + provenance_markdown(res["provenance"]) + [
-        "", "Replay µs (median, read flush) of `size:T` plans with N items of T tokens; `default`: what "
-        "`default_config` chooses for an `auto` plan of N items, and its time over the fastest.", "",
+        "", "Replay µs (median of two interleaved passes, read flush) of `size:T` plans with N items of T tokens; "
+        "`default`: what `default_config` chooses for an `auto` plan of N items, and its time over the fastest.", "",
         "| T | N | B | " + " | ".join(names) + " | fastest | default | default / fastest |",
         "|---:|---:|---:|" + "---:|" * len(names) + "---|---|---:|"]
     for r in rows:
@@ -209,14 +166,7 @@ def main(argv=None):
               "|---:|---:|---:|---:|---:|"]
     lines += [f"| {k['num_warps']} | {k['num_stages']} | {k['registers']} | {k['spills']} | {k['shared_bytes']} |"
               for k in res["kernels"]]
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "wave_configs.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    text = "\n".join(lines)
-    with open(os.path.join(a.out, "wave_configs.md"), "w") as f:
-        f.write(text + "\n")
-    print(text)
-
+    print(save_outputs(a.out, "wave_configs", res, lines))
 
 if __name__ == "__main__":
     main()

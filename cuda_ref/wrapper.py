@@ -342,12 +342,11 @@ class DecodeWrapper(PlannedWrapper):
                    -1 if last is None else last[2], B, T, most)
         if r is None or not r[8]:
             return None
-        W, N, split, num_slots, _, _, max_q, max_end, _ = r
-        refill(spare, W, split, num_slots, max_q, max_end)
-        up.packed_in_place(N, size, W)
+        refill(spare, r, kind)
+        up.packed_in_place(r[1], size, r[0])
         self._spare, self._mine, self._made = cur, spare, spare
         self.host_plan = spare
-        self._plan_pages = -(-max_end // page)
+        self._plan_pages = -(-r[7] // page)   # r: (W, N, split, slots, B, T, max_q, max_end, filled)
         self.plan_refreshes += 1
         return spare
 

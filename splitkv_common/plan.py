@@ -1488,17 +1488,19 @@ class NativePlanner:
         d["_small"], d["_max_q"], d["_max_end"], d["_kind"] = small, max_q, max_end, kind
         return p
 
-    def refill(self, old: "Plan", W: int, split: int, num_slots: int, max_q: int, max_end: int) -> "Plan":
+    def refill(self, old: "Plan", made: tuple, kind: int) -> "Plan":
         """``old`` (a plan made here) as the plan that ``plan`` has just written into its buffers (the
         refresh of a captured plan, whose plan of two steps before is spent: its arrays are rewritten
-        anyway, so its object is too). Returns ``old``."""
+        anyway, so its object is too); ``made``: that call's result, ``kind``: its query-rows kind
+        (:func:`query_rows_arg`). Returns ``old``."""
+        W, _, split, num_slots, B, _, max_q, max_end, _ = made
         d = old.__dict__
-        d["num_valid_items"], d["split_tokens"], d["num_slots"], d["_max_q"], d["_max_end"] = \
-            W, split, num_slots, max_q, max_end
+        d["num_valid_items"], d["split_tokens"], d["num_slots"], d["_max_q"], d["_max_end"], d["_kind"] = \
+            W, split, num_slots, max_q, max_end, kind
         if self._fixed is None:   # auto: the reason from the arrays, when asked
             if "reason" in d:
                 del d["reason"], d["estimates_us"]
-            d["_why"] = (_plan_reason, (self.spec, d["items"], d["_small"], W, d["num_splits"].shape[0], d["_kind"]))
+            d["_why"] = (_plan_reason, (self.spec, d["items"], d["_small"], W, B, kind))
         return old
 
 

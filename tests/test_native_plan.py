@@ -329,3 +329,46 @@ def test_a_numpy_made_plan_is_reused_in_place():
     got = nat.make(np.array([300, 200, 0]), reuse=old)
     assert got.items is old.items
     assert_same_plan(got, spec.make(np.array([300, 200, 0])))
+
+
+def test_numpy_arrays_and_other_buffers_plan_alike():
+    """The module reads NumPy arrays through their fields (NumPy's C API, where its headers were
+    found when it was built) and any other object through the buffer protocol: the same lengths as a
+    NumPy array, a memoryview of one and an ``array.array`` give the same plan, written into NumPy
+    arrays or memoryviews of them alike; what one way refuses (other byte orders, unsigned or
+    non-contiguous entries, a read-only plan buffer) the other refuses too."""
+    import array
+
+    mod = native.load()
+    if native._numpy_include() is not None:
+        assert mod.NUMPY_API == 1   # the fast read is the one tested against the buffer protocol here
+    spec = PlanSpec(32, 8, 128, 16, graph_stable=True)
+    nat = NativePlanner.for_spec(spec)
+    seq = np.array([100, 5000, 0, 2049], np.int64)
+    ql = np.array([1, 2, 1, 3], np.int32)
+    ways = {"numpy": lambda a: a, "memoryview": memoryview,
+            "array.array": lambda a: array.array("q" if a.itemsize == 8 else "i", a.tolist())}
+    first = mod.plan(nat._settings, seq, 1, ql, None, None, -1)
+    assert first is not None and first[8] is False
+    W, N, _, _, B, T = first[:6]
+    results = []
+    for name, way in ways.items():
+        for out_way in (lambda a: a, memoryview):
+            items, small = np.full((5, N), 7, np.int32), np.full(2 * B + 1 + 2 * T, 7, np.int32)
+            r = mod.plan(nat._settings, way(seq), 1, way(ql), out_way(items), out_way(small), -1)
+            assert r is not None and r[8] is True, name
+            results.append((r, items, small))
+    for r, items, small in results[1:]:
+        assert r == results[0][0]
+        np.testing.assert_array_equal(items, results[0][1])
+        np.testing.assert_array_equal(small, results[0][2])
+    assert_same_plan(nat.make(seq, q_lens=ql), spec.make(seq, ql))
+    refused = [seq.astype(">i8"), seq.astype(np.uint32), np.repeat(seq, 2)[::2], seq.astype(np.float64)]
+    for bad in refused:
+        for way in (lambda a: a, memoryview):
+            assert mod.plan(nat._settings, way(bad), 0, None, None, None, -1) is None, bad.dtype
+    items, small = np.zeros((5, N), np.int32), np.zeros(2 * B + 1 + 2 * T, np.int32)
+    items.flags.writeable = False
+    for way in (lambda a: a, memoryview):
+        r = mod.plan(nat._settings, seq, 1, ql, way(items), small, -1)
+        assert r is not None and r[8] is False and not items.any()

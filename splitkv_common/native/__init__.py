@@ -7,8 +7,10 @@ into the device layout in another (:class:`splitkv_common.plan.NativePlanner` an
 ``cuda_ref.launch.DevicePlan.pack_into`` use them). Everything else, and every error, stays with the
 NumPy planner, which is also the oracle the C code is tested against (``tests/test_native_plan.py``).
 
-The module is compiled like Triton's own launchers: ``$CC`` (default ``cc``) with Python's headers,
-into ``$SPLITKV_CACHE_DIR`` (default ``~/.cache/splitkv``), once per source and Python version.
+The module is compiled like Triton's own launchers: ``$CC`` (default ``cc``) with Python's headers
+and, where found, NumPy's (NumPy arrays are then read through their fields, not NumPy's buffer
+export, which with cold caches cost more than the plan), into ``$SPLITKV_CACHE_DIR`` (default
+``~/.cache/splitkv``), once per source, NumPy and Python version.
 ``SPLITKV_NATIVE=0`` turns it off; without a compiler or headers the NumPy planner plans
 everything (:func:`status` says why).
 """
@@ -28,7 +30,7 @@ from pathlib import Path
 
 _SOURCE = Path(__file__).with_name("plan_fast.c")
 _NAME = "_splitkv_plan"
-_FLAGS = ["-O2", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-std=c11"]
+_FLAGS = ["-O2", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-std=c11", "-Werror=incompatible-pointer-types"]
 
 _module = None
 _status = "not loaded yet"
@@ -39,8 +41,33 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SPLITKV_CACHE_DIR") or Path.home() / ".cache" / "splitkv")
 
 
+def _numpy_include() -> "str | None":
+    """NumPy's C headers (the module then reads arrays through NumPy's C API), or None (through the
+    buffer protocol only)."""
+    try:
+        import numpy
+        include = numpy.get_include()
+    except Exception:   # noqa: BLE001 - no headers: the buffer protocol serves
+        return None
+    return include if Path(include, "numpy", "arrayobject.h").exists() else None
+
+
+def _compile_args() -> list:
+    """The compiler's arguments besides the source and output: the flags, Python's headers and,
+    where found, NumPy's."""
+    args = [*_FLAGS, f"-I{sysconfig.get_paths()['include']}"]
+    np_include = _numpy_include()
+    if np_include is not None:
+        args += ["-DSPLITKV_NUMPY", f"-I{np_include}"]
+    return args
+
+
 def _target() -> Path:
-    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS).encode() + sys.version.encode()).hexdigest()[:16]
+    """The built module's path: one per source, compiler arguments (NumPy's header path among them,
+    hence its version's install) and Python version."""
+    import numpy
+    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_compile_args()).encode() + sys.version.encode()
+                         + numpy.__version__.encode()).hexdigest()[:16]
     return cache_dir() / f"{_NAME}-{key}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
 
 
@@ -55,7 +82,7 @@ def _build(target: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=target.suffix, dir=target.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *_FLAGS, f"-I{include}", str(_SOURCE), "-o", tmp], capture_output=True, text=True)
+        proc = subprocess.run([cc, *_compile_args(), str(_SOURCE), "-o", tmp], capture_output=True, text=True)
         if proc.returncode:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
         os.replace(tmp, target)   # atomic: a concurrent build leaves one complete file

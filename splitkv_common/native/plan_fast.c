@@ -16,6 +16,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef SPLITKV_NUMPY
+/* NumPy arrays are read through their object's fields (the C API), not the buffer protocol: NumPy's
+ * buffer export runs enough code that, with cold caches between two decode steps, it was most of a
+ * plan's host time (five buffers a refresh). Built with NumPy's headers where they are found. */
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+static int numpy_api = 0;   /* import_array() succeeded */
+#endif
 
 /* The wrapper's settings, packed once by NativePlanner (struct.pack "=18q4d"): every field an
  * int64 or a double, in this order. */
@@ -34,52 +42,87 @@ typedef struct {
 #define I32_LIMIT ((int64_t)1 << 31)
 #define SMALL_B 256   /* batches up to this many requests plan in stack scratch (8 KiB) */
 
-/* A 1-D C-contiguous integer buffer read as int64 values. */
+/* A C-contiguous integer array: a NumPy array's own fields, or any other object's exported buffer
+ * (`held`: released by buf_release). */
 typedef struct {
     Py_buffer view;
     int held;
+    void *buf;
+    Py_ssize_t itemsize, len;   /* bytes an entry, bytes in all */
+    int ndim, is_int;           /* is_int: signed integer entries in native byte order */
+    Py_ssize_t shape[2];        /* the first two dimensions (1 where there are fewer) */
+} Buf;
+
+/* 1: `obj` read into `b` (check is_int, itemsize and the shape); 0: not a C-contiguous buffer (or
+ * not a writable one, with `writable`), the Python error cleared. */
+static int buf_get(PyObject *obj, Buf *b, int writable) {
+    b->held = 0;
+#ifdef SPLITKV_NUMPY
+    if (numpy_api && PyArray_CheckExact(obj)) {
+        PyArrayObject *a = (PyArrayObject *)obj;
+        int t = PyArray_TYPE(a);
+        if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a) || (writable && !PyArray_ISWRITEABLE(a)))
+            return 0;
+        b->buf = PyArray_DATA(a);
+        b->itemsize = PyArray_ITEMSIZE(a);
+        b->len = PyArray_NBYTES(a);
+        b->ndim = PyArray_NDIM(a);
+        b->is_int = PyTypeNum_ISSIGNED(t) && PyArray_ISNOTSWAPPED(a);
+        b->shape[0] = b->ndim > 0 ? PyArray_DIM(a, 0) : 1;
+        b->shape[1] = b->ndim > 1 ? PyArray_DIM(a, 1) : 1;
+        return 1;
+    }
+#endif
+    if (PyObject_GetBuffer(obj, &b->view, (writable ? PyBUF_WRITABLE : 0) | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    b->held = 1;
+    const char *f = b->view.format ? b->view.format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    b->buf = b->view.buf;
+    b->itemsize = b->view.itemsize;
+    b->len = b->view.len;
+    b->ndim = b->view.ndim;
+    b->is_int = f[0] != '\0' && f[1] == '\0' && (*f == 'i' || *f == 'l' || *f == 'q');
+    b->shape[0] = b->ndim > 0 ? b->view.shape[0] : 1;
+    b->shape[1] = b->ndim > 1 ? b->view.shape[1] : 1;
+    return 1;
+}
+
+static void buf_release(Buf *b) {
+    if (b->held) PyBuffer_Release(&b->view);
+    b->held = 0;
+}
+
+/* A 1-D int32 / int64 array read as int64 values. */
+typedef struct {
+    Buf b;
     int wide;   /* 8-byte entries, else 4 */
     Py_ssize_t n;
 } IntIn;
 
 static int int_in(PyObject *obj, IntIn *in) {
-    /* 1: ok; 0: not a plain int32 / int64 1-D contiguous buffer (the NumPy path plans it). */
-    in->held = 0;
-    if (PyObject_GetBuffer(obj, &in->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) {
-        PyErr_Clear();
-        return 0;
-    }
-    in->held = 1;
-    const char *f = in->view.format ? in->view.format : "B";
-    if (*f == '<' || *f == '=' || *f == '@') f++;
-    if (in->view.ndim != 1 || f[1] != '\0') return 0;
-    if (in->view.itemsize == 8 && (*f == 'q' || *f == 'l')) in->wide = 1;
-    else if (in->view.itemsize == 4 && (*f == 'i' || (*f == 'l' && sizeof(long) == 4))) in->wide = 0;
-    else return 0;
-    in->n = in->view.shape[0];
+    /* 1: ok; 0: not a plain int32 / int64 1-D contiguous array (the NumPy path plans it). */
+    if (!buf_get(obj, &in->b, 0)) return 0;
+    if (in->b.ndim != 1 || !in->b.is_int || (in->b.itemsize != 8 && in->b.itemsize != 4)) return 0;
+    in->wide = in->b.itemsize == 8;
+    in->n = in->b.shape[0];
     return 1;
 }
 
-static void int_release(IntIn *in) {
-    if (in->held) PyBuffer_Release(&in->view);
-    in->held = 0;
-}
-
 static inline int64_t at(const IntIn *in, Py_ssize_t i) {
-    return in->wide ? ((const int64_t *)in->view.buf)[i] : (int64_t)((const int32_t *)in->view.buf)[i];
+    return in->wide ? ((const int64_t *)in->b.buf)[i] : (int64_t)((const int32_t *)in->b.buf)[i];
 }
 
-/* A writable C-contiguous int32 buffer of at least `need` entries (NULL if not). */
-static int32_t *out_buf(PyObject *obj, Py_buffer *view, Py_ssize_t need, const char *name) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) return NULL;
-    const char *f = view->format ? view->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@') f++;
-    if (view->itemsize != 4 || !(*f == 'i' || (*f == 'l' && sizeof(long) == 4)) || view->len / 4 < need) {
-        PyBuffer_Release(view);
+/* A writable C-contiguous int32 array of at least `need` entries (NULL, with a ValueError, if not). */
+static int32_t *out_buf(PyObject *obj, Buf *b, Py_ssize_t need, const char *name) {
+    if (!buf_get(obj, b, 1) || b->itemsize != 4 || !b->is_int || b->len / 4 < need) {
+        buf_release(b);
         PyErr_Format(PyExc_ValueError, "%s: must be a writable int32 buffer of at least %zd entries", name, need);
         return NULL;
     }
-    return (int32_t *)view->buf;
+    return (int32_t *)b->buf;
 }
 
 static inline int64_t floor_div(int64_t a, int64_t b) {   /* Python's // for b > 0 */
@@ -240,12 +283,11 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (PyErr_Occurred()) return NULL;
 
     PyObject *result = NULL;
-    IntIn sin = {0}, qin = {0};
+    IntIn sin = {.b = {.held = 0}}, qin = {.b = {.held = 0}};
     int64_t *seq = NULL, *ql = NULL, *qsl = NULL, *nsp = NULL, *heap = NULL;
     int64_t small_scratch[4 * SMALL_B + 1];
     uint32_t *ord = NULL;
-    Py_buffer items_v, small_v, packed_v;
-    int items_held = 0, small_held = 0, packed_held = 0;
+    Buf items_v = {0}, small_v = {0}, packed_v = {0};
 
     if (!int_in(args[1], &sin)) goto fallback;
     int64_t B = sin.n;
@@ -349,15 +391,10 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     int64_t small_n = 2 * B + 1 + 2 * T;
     int filled = 0;
-    if (args[4] != Py_None && args[5] != Py_None
-            && PyObject_GetBuffer(args[4], &items_v, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0)
-        PyErr_Clear();   /* not a writable buffer (a read-only one): nothing written, the caller allocates */
-    else if (args[4] != Py_None && args[5] != Py_None) {
-        items_held = 1;
-        const char *f = items_v.format ? items_v.format : "B";
-        if (*f == '<' || *f == '=' || *f == '@') f++;
-        if (items_v.itemsize != 4 || !(*f == 'i' || (*f == 'l' && sizeof(long) == 4)) || items_v.ndim != 2
-                || items_v.shape[0] != 5) {
+    if (args[4] != Py_None && args[5] != Py_None && !buf_get(args[4], &items_v, 1)) {
+        /* not a writable buffer (a read-only one): nothing written, the caller allocates */
+    } else if (args[4] != Py_None && args[5] != Py_None) {
+        if (items_v.itemsize != 4 || !items_v.is_int || items_v.ndim != 2 || items_v.shape[0] != 5) {
             PyErr_SetString(PyExc_ValueError, "items: must be a writable C-contiguous int32 [5, N] buffer");
             goto done;
         }
@@ -366,7 +403,6 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         if (cols == N) {
             small = out_buf(args[5], &small_v, 0, "small");
             if (!small) goto done;
-            small_held = 1;
             if (small_v.len / 4 < small_n) small = NULL;
         }
         if (packed != Py_None && (B != expect_b || T != expect_t || max_q > max_q_limit)) small = NULL;
@@ -375,7 +411,6 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         if (cols == N && small && packed != Py_None) {   /* checked before anything is written */
             out = out_buf(packed, &packed_v, qat + B + 1, "packed");
             if (!out) goto done;
-            packed_held = 1;
         }
         if (cols == N && small) {
             int32_t *req = (int32_t *)items_v.buf, *head = req + N, *jsp = head + N, *ks = jsp + N, *ke = ks + N;
@@ -434,11 +469,11 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 fallback:
     if (!PyErr_Occurred()) { Py_INCREF(Py_None); result = Py_None; }
 done:
-    if (items_held) PyBuffer_Release(&items_v);
-    if (small_held) PyBuffer_Release(&small_v);
-    if (packed_held) PyBuffer_Release(&packed_v);
-    int_release(&sin);
-    int_release(&qin);
+    buf_release(&items_v);
+    buf_release(&small_v);
+    buf_release(&packed_v);
+    buf_release(&sin.b);
+    buf_release(&qin.b);
     free(heap);
     free(ord);
     return result;
@@ -461,27 +496,26 @@ static PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_ValueError, "pack: sizes must be >= 0 and upto <= W");
         return NULL;
     }
-    Py_buffer iv, sv, ov;
-    if (PyObject_GetBuffer(args[0], &iv, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) return NULL;
-    if (iv.itemsize != 4 || iv.ndim != 2 || iv.shape[0] != 5 || iv.shape[1] < W) {
-        PyBuffer_Release(&iv);
+    Buf iv = {0}, sv = {0}, ov = {0};
+    PyObject *ret = NULL;
+    if (!buf_get(args[0], &iv, 0) || iv.itemsize != 4 || iv.ndim != 2 || iv.shape[0] != 5 || iv.shape[1] < W) {
         PyErr_SetString(PyExc_ValueError, "items: must be a C-contiguous int32 [5, >= W] buffer");
-        return NULL;
+        goto out;
     }
-    if (PyObject_GetBuffer(args[3], &sv, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) { PyBuffer_Release(&iv); return NULL; }
     long long total = packed_size(W, B, T);
-    if (sv.itemsize != 4 || sv.len / 4 < 2 * B + 1 + 2 * T) {
-        PyBuffer_Release(&iv); PyBuffer_Release(&sv);
+    if (!buf_get(args[3], &sv, 0) || sv.itemsize != 4 || sv.len / 4 < 2 * B + 1 + 2 * T) {
         PyErr_SetString(PyExc_ValueError, "small: must be an int32 buffer of 2B + 1 + 2T entries");
-        return NULL;
+        goto out;
     }
     int32_t *out = out_buf(args[6], &ov, total, "out");
-    if (!out) { PyBuffer_Release(&iv); PyBuffer_Release(&sv); return NULL; }
+    if (!out) goto out;
     pack_arrays(out, iv.buf, iv.shape[1], W, upto >= 0 ? upto : W, sv.buf, B, T);
-    PyBuffer_Release(&iv);
-    PyBuffer_Release(&sv);
-    PyBuffer_Release(&ov);
-    return PyLong_FromLongLong(total);
+    ret = PyLong_FromLongLong(total);
+out:
+    buf_release(&iv);
+    buf_release(&sv);
+    buf_release(&ov);
+    return ret;
 }
 
 static PyMethodDef methods[] = {
@@ -493,7 +527,22 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_splitkv_plan", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__splitkv_plan(void) {
+#ifdef SPLITKV_NUMPY
+    numpy_api = _import_array() >= 0;   /* without it, every array goes through the buffer protocol */
+    if (!numpy_api) PyErr_Clear();
+#endif
     PyObject *m = PyModule_Create(&module);
+#ifdef SPLITKV_NUMPY
+    if (m && PyModule_AddIntConstant(m, "NUMPY_API", numpy_api) != 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#else
+    if (m && PyModule_AddIntConstant(m, "NUMPY_API", 0) != 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
     if (m && PyModule_AddIntConstant(m, "SETTINGS_BYTES", (long)sizeof(Settings)) != 0) {
         Py_DECREF(m);
         return NULL;

@@ -8,6 +8,8 @@ path does, or makes the same plan: every array (dtype, shape, values), every sca
 and the ``estimates_us``. Its device packing equals :meth:`DevicePlan.pack_into`'s.
 """
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -372,3 +374,26 @@ def test_numpy_arrays_and_other_buffers_plan_alike():
     for way in (lambda a: a, memoryview):
         r = mod.plan(nat._settings, seq, 1, ql, way(items), small, -1)
         assert r is not None and r[8] is False and not items.any()
+
+
+def test_the_ab_script_runs_on_the_cpu(tmp_path):
+    """``scripts/bench_plan_native_ab.py`` builds another source (here this one) beside the module and
+    times both in one wrapper's refresh: its JSON holds both modules' ``plan()`` at each batch size."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "scripts" / "bench_plan_native_ab.py"), "--old-source",
+                        str(root / "splitkv_common" / "native" / "plan_fast.c"), "--batches", "1,3", "--steps", "6",
+                        "--warmup", "2", "--evict-mb", "1", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads((tmp_path / "plan_native_ab.json").read_text())
+    assert [row["batch"] for row in res["rows"]] == [1, 3]
+    for row in res["rows"]:
+        assert row["other"]["plan_us"] > 0 and row["this tree"]["plan_us"] > 0
+    assert "| 3 |" in (tmp_path / "plan_native_ab.md").read_text()

@@ -78,8 +78,8 @@ def test_parity_numpy_and_all_backends(numpy_only_venv):
 
 
 @pytest.mark.parametrize("script", ["bench_decode.py", "bench_ragged.py", "bench_eager_ab.py", "bench_step_parts.py",
-                                    "bench_graph_capacity.py", "bench_wave_configs.py", "h200_check.py",
-                                    "h200_perf_check.py", "h200_compile_check.py", "npu_graph_check.py"])
+                                    "bench_graph_capacity.py", "bench_wave_configs.py", "bench_plan_native_ab.py",
+                                    "h200_check.py", "h200_perf_check.py", "h200_compile_check.py", "npu_graph_check.py"])
 def test_scripts_that_need_torch_say_so_in_one_line(numpy_only_venv, script):
     r = subprocess.run([str(numpy_only_venv / "bin" / "python"), str(ROOT / "scripts" / script), "--help"],
                        capture_output=True, text=True, timeout=300)

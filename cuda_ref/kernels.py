@@ -25,7 +25,8 @@ inlines into the kernel: the same PTX instructions as the kernel written in one 
   program is last), and resets its counter to zero, leaving the counters ready for the next launch
   or graph replay.
 
-* :func:`merge_kernel` (stage 2): one program per (output row, head); merges the row's partial
+* :func:`merge_kernel` (stage 2): one program per (output row, head, 64 columns of the head dim:
+  ``cuda_ref.launch.merge_d_parts``); merges the row's partial
   states with the exact rule of ``splitkv_common.merge`` (``m = max lse``, ``w = exp(lse - m)``,
   ``out = sum w o / sum w``, ``lse = m + log sum w``), up to ``CHUNK`` splits per round trip to
   memory. ``lse = +inf`` on input is read as empty. Rows with a single split are skipped when
@@ -664,16 +665,22 @@ def merge_kernel(
     slot_step, NUM_SLOTS, SEQ_LENS, QUERY_START, BATCH, SPLIT_SIZE, MAX_SPLITS, SEARCH_STEPS,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SKIP_SINGLE: tl.constexpr,
     CHUNK: tl.constexpr = 16, WAIT_PRIMARY: tl.constexpr = False, DEVICE_PLAN: tl.constexpr = False,
+    D_PARTS: tl.constexpr = 1,
 ):
     """Row ``t``, head ``h`` merges slots ``row_slot[t] + j * slot_step`` for ``j < row_ns[t]``; one
-    program per (row, head), ``CHUNK`` splits loaded at a time. With ``WAIT_PRIMARY`` (a
-    programmatic dependent launch after stage 1) it reads the plan, then waits until stage 1 has
-    finished and its writes are visible. ``DEVICE_PLAN`` (a plan made on the device): ``ROW_NS`` is
-    not read; the row's split count is ``ceil(seq_len / SPLIT_SIZE)`` of its request
-    (:func:`_device_row_splits`)."""
+    program per (row, head) and part of the head dim (``D_PARTS`` parts of ``BLOCK_D / D_PARTS``
+    columns, the grid's third axis; every part reads the slots' lse, the first stores the row's),
+    ``CHUNK`` splits loaded at a time. With ``WAIT_PRIMARY`` (a programmatic dependent launch after
+    stage 1) it reads the plan, then waits until stage 1 has finished and its writes are visible.
+    ``DEVICE_PLAN`` (a plan made on the device): ``ROW_NS`` is not read; the row's split count is
+    ``ceil(seq_len / SPLIT_SIZE)`` of its request (:func:`_device_row_splits`)."""
     t = tl.program_id(0)
     h = tl.program_id(1)
-    offs_d = tl.arange(0, BLOCK_D)
+    if D_PARTS > 1:
+        part = tl.program_id(2)
+    else:
+        part = 0
+    offs_d = part * (BLOCK_D // D_PARTS) + tl.arange(0, BLOCK_D // D_PARTS)
     d_ok = offs_d < HEAD_DIM
     # the row's plan entries come from the host, not from stage 1: read them before the wait
     if DEVICE_PLAN:
@@ -689,4 +696,7 @@ def merge_kernel(
                         stride_ps, stride_ph, stride_ls, stride_lh, CHUNK, False)
     t64 = t.to(tl.int64)
     tl.store(OUT + t64 * stride_ot + h * stride_oh + offs_d, o.to(OUT.dtype.element_ty), mask=d_ok)
-    tl.store(OUT_LSE + t64 * stride_lot + h * stride_loh, lse)
+    if D_PARTS > 1:
+        tl.store(OUT_LSE + t64 * stride_lot + h * stride_loh, lse, mask=part == 0)
+    else:
+        tl.store(OUT_LSE + t64 * stride_lot + h * stride_loh, lse)

@@ -161,12 +161,27 @@ def packed_limit(tile_rows: int, group: int, max_block_m: int = 64) -> int:
         most += 1
 
 
-def merge_chunk(block_d: int) -> int:
-    """Slots the merge loads as one ``[CHUNK, BLOCK_D]`` float32 tile: 4K elements (128 registers a
-    thread for the merge's one warp), at most 32 (the ``auto`` plan's most splits at batch 1), so
-    such a row is merged after one round trip to memory. Depends on the head dim alone: a row's
-    result does not depend on the rest of the batch."""
-    return max(1, min(32, 4096 // block_d))
+MERGE_COLUMNS = 64   # head-dim columns one program of the separate merge takes
+
+
+def merge_d_parts(block_d: int) -> int:
+    """Programs of the separate merge per (row, head), each merging ``MERGE_COLUMNS`` columns of the
+    head dim (``block_d`` a power of two; one program below that). Depends on the head dim alone (a
+    row's result does not depend on the rest of the batch). At batch 1 the merge is a tenth to a
+    fifth of the call and its one warp per (row, head) loads the row's whole ``[CHUNK, D]`` tile:
+    halving the tile (two programs at D 128, four at D 256) measured 0.4-1.1 µs faster at B1 x 2k-16k
+    (B1 x 2k 13.4 -> 12.3-12.9 µs), 3.3 µs at B1 x 32k D 256 (33.2 -> 29.9), level at B1 x 1k / 64k,
+    B16 x 8k and D 64; 32 columns a program was level or slower (run 48, docs/perf-notes.md)."""
+    return max(1, block_d // MERGE_COLUMNS)
+
+
+def merge_chunk(columns: int) -> int:
+    """Slots the merge loads as one ``[CHUNK, columns]`` float32 tile (``columns``: the head-dim
+    columns one program merges, ``BLOCK_D`` or its part, :func:`merge_d_parts`): at most 4K elements
+    (128 registers a thread for the merge's one warp) and 32 slots, so a row of up to 32 splits is
+    merged after one round trip to memory. Depends on the head dim alone: a row's result does not
+    depend on the rest of the batch."""
+    return max(1, min(32, 4096 // columns))
 
 
 @dataclass
@@ -729,9 +744,10 @@ def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, 
                  skip_single: bool = False, num_warps: int = 1, pdl: bool = False, device_plan=None) -> None:
     """Merge kernel: row ``t`` of ``out [T, H, D]`` / ``lse [T, H]`` from slots
     ``row_slot_start[t] + j * slot_step``, ``j < row_num_splits[t]``, of ``part_o [S, H, D]`` /
-    ``part_lse [S, H]``, one program per (row, head). With ``skip_single`` rows of one split are
-    left as they are. ``pdl``: the launch follows the previous kernel on the stream by programmatic
-    dependent launch (the kernel waits for it before reading the partial states). Slots outside
+    ``part_lse [S, H]``, one program per (row, head, part of the head dim: :func:`merge_d_parts`).
+    With ``skip_single`` rows of one split are left as they are. ``pdl``: the launch follows the
+    previous kernel on the stream by programmatic dependent launch (the kernel waits for it before
+    reading the partial states). Slots outside
     ``part_o`` / ``part_lse`` are read as empty, whatever the plan says.
 
     ``device_plan = (seq_lens, query_start_loc, batch, split_size, max_splits)``: a plan made on the
@@ -804,11 +820,13 @@ def prepare_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *,
     if T == 0 or H == 0:
         return None
     block_d = 1 << (D - 1).bit_length()
+    parts = merge_d_parts(block_d)
     extra = dict(launch_pdl=True) if pdl else {}
     strides = (part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
                out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
                slot_step, min(part_o.shape[0], part_lse.shape[0]))
     tail = (batch, split_size, max_splits, _search_steps(batch))
-    constexprs = dict(HEAD_DIM=D, BLOCK_D=block_d, SKIP_SINGLE=skip_single, CHUNK=merge_chunk(block_d),
-                      WAIT_PRIMARY=pdl, DEVICE_PLAN=device_plan is not None, num_warps=num_warps, **extra)
-    return MergeLaunch((T, H), strides, tail, constexprs, fast_path)
+    constexprs = dict(HEAD_DIM=D, BLOCK_D=block_d, SKIP_SINGLE=skip_single, CHUNK=merge_chunk(block_d // parts),
+                      WAIT_PRIMARY=pdl, DEVICE_PLAN=device_plan is not None, D_PARTS=parts, num_warps=num_warps,
+                      **extra)
+    return MergeLaunch((T, H, parts), strides, tail, constexprs, fast_path)

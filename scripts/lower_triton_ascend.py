@@ -94,7 +94,7 @@ class Variant:
                     + (" win" if c["HAS_WINDOW"] else "")
                     + ((" per-channel" if c.get("SCALE_PER_CHANNEL") else " per-head") if c["KV_INT8"] else ""))
         if self.kernel == "merge_kernel":
-            return f"merge D{c['HEAD_DIM']} {self.q_dtype} chunk{c['CHUNK']}"
+            return f"merge D{c['HEAD_DIM']} {self.q_dtype} chunk{c['CHUNK']} parts{c.get('D_PARTS', 1)}"
         return f"{self.kernel} {c}"
 
 
@@ -174,10 +174,14 @@ def sweep_variants() -> list[Variant]:
 
 def merge_variants(quick: bool = False) -> list[Variant]:
     out = []
-    # cuda_ref.launch.launch_merge: one program per (row, head), CHUNK = cuda_ref.launch.merge_chunk
+    # cuda_ref.launch.prepare_merge: one program per (row, head, part of the head dim), D_PARTS =
+    # cuda_ref.launch.merge_d_parts (64 columns a program), CHUNK = cuda_ref.launch.merge_chunk of the
+    # columns (written out: that module needs torch, which this venv has not)
     for d, qd in itertools.product((128,) if quick else _npu_tables().CHECKED_HEAD_DIMS, Q_DTYPES):
-        c = dict(HEAD_DIM=d, BLOCK_D=_next_pow2(d), SKIP_SINGLE=True, CHUNK=max(1, min(32, 4096 // _next_pow2(d))),
-                 WAIT_PRIMARY=False)
+        block_d = _next_pow2(d)
+        parts = max(1, block_d // 64)
+        c = dict(HEAD_DIM=d, BLOCK_D=block_d, SKIP_SINGLE=True, CHUNK=max(1, min(32, 4096 // (block_d // parts))),
+                 WAIT_PRIMARY=False, D_PARTS=parts)
         out.append(Variant("merge_kernel", c, qd, qd))
     return out
 

@@ -235,6 +235,30 @@ def test_fused_and_separate_merge_agree_bitwise():
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+def test_the_separate_merge_splits_the_head_dim(monkeypatch):
+    """``launch.merge_d_parts``: 64 head-dim columns a merge program (two at D 128, four at D 256, one
+    at D 64 and below), a function of the head dim alone; the parts give the one program's result
+    (bit for bit here: the interpreter's sums do not depend on the tile), and match the reference."""
+    from cuda_ref import launch
+    assert [launch.merge_d_parts(b) for b in (16, 32, 64, 128, 256)] == [1, 1, 1, 2, 4]
+    for d, parts in ((128, 2), (256, 4)):
+        inp = cases.random_inputs(5, [300, 45, 0, 129], q_lens=[1, 2, 1, 1], num_q_heads=4, num_kv_heads=2,
+                                  head_dim=d, dtype="float32")
+        plan = inp.plan("size:32")
+        x = to_torch(inp, DEVICE)
+        got = {}
+        for p in (parts, 1):
+            monkeypatch.setattr(launch, "merge_d_parts", lambda block_d, p=p: p)
+            w = DecodeWrapper(4, 2, d, inp.k_cache.shape[1], dtype="float32", device=DEVICE)
+            w.set_plan(plan)
+            out, lse = w.run(**x, scale=inp.scale)
+            assert w.last_launch.merge.grid[2] == p
+            got[p] = (out.cpu().numpy().copy(), lse.cpu().numpy().copy())
+        for a, b in zip(got[parts], got[1]):
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+        assert _judge(inp, *got[parts]).passed
+
+
 def test_default_config_keeps_tile_and_warps_for_batch_invariant_plans():
     from cuda_ref.launch import default_config
     for d, kv_bytes in ((64, 2), (128, 2), (256, 2), (128, 4), (96, 4)):

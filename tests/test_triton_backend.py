@@ -238,7 +238,8 @@ def test_fused_and_separate_merge_agree_bitwise():
 def test_the_separate_merge_splits_the_head_dim(monkeypatch):
     """``launch.merge_d_parts``: 64 head-dim columns a merge program (two at D 128, four at D 256, one
     at D 64 and below), a function of the head dim alone; the parts give the one program's result
-    (bit for bit here: the interpreter's sums do not depend on the tile), and match the reference."""
+    (bit for bit in the interpreter, whose sums do not depend on the tile; to float32 rounding on a
+    GPU, where the tile decides the order of the sums), and match the reference."""
     from cuda_ref import launch
     assert [launch.merge_d_parts(b) for b in (16, 32, 64, 128, 256)] == [1, 1, 1, 2, 4]
     for d, parts in ((128, 2), (256, 4)):
@@ -255,7 +256,10 @@ def test_the_separate_merge_splits_the_head_dim(monkeypatch):
             assert w.last_launch.merge.grid[2] == p
             got[p] = (out.cpu().numpy().copy(), lse.cpu().numpy().copy())
         for a, b in zip(got[parts], got[1]):
-            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+            if cuda_ref.INTERPRET:
+                np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+            else:
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
         assert _judge(inp, *got[parts]).passed
 
 

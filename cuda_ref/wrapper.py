@@ -340,13 +340,13 @@ class DecodeWrapper(PlannedWrapper):
         last = up._layout[0]
         r = plan_c(settings, seq_lens, kind, q, d["items"], small, d["num_valid_items"], packed,
                    -1 if last is None else last[2], B, T, most)
-        if r is None or not r[8]:
+        if r is None or not r[8]:   # r: (W, N, split, slots, B, T, max_q, max_end, filled)
             return None
         refill(spare, r, kind)
         up.packed_in_place(r[1], size, r[0])
         self._spare, self._mine, self._made = cur, spare, spare
         self.host_plan = spare
-        self._plan_pages = -(-r[7] // page)   # r: (W, N, split, slots, B, T, max_q, max_end, filled)
+        self._plan_pages = -(-r[7] // page)
         self.plan_refreshes += 1
         return spare
 

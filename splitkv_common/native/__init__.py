@@ -9,7 +9,7 @@ NumPy planner, which is also the oracle the C code is tested against (``tests/te
 
 The module is compiled like Triton's own launchers: ``$CC`` (default ``cc``) with Python's headers
 and, where found, NumPy's (NumPy arrays are then read through their fields, not NumPy's buffer
-export, which with cold caches cost more than the plan), into ``$SPLITKV_CACHE_DIR`` (default
+export, which with cold caches costs a few µs a plan), into ``$SPLITKV_CACHE_DIR`` (default
 ``~/.cache/splitkv``), once per source, NumPy and Python version.
 ``SPLITKV_NATIVE=0`` turns it off; without a compiler or headers the NumPy planner plans
 everything (:func:`status` says why).
@@ -30,7 +30,8 @@ from pathlib import Path
 
 _SOURCE = Path(__file__).with_name("plan_fast.c")
 _NAME = "_splitkv_plan"
-_FLAGS = ["-O2", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-std=c11", "-Werror=incompatible-pointer-types"]
+_FLAGS = ["-O2", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-std=c11",
+          "-Werror=incompatible-pointer-types"]
 
 _module = None
 _status = "not loaded yet"

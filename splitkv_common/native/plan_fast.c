@@ -18,8 +18,9 @@
 #include <string.h>
 #ifdef SPLITKV_NUMPY
 /* NumPy arrays are read through their object's fields (the C API), not the buffer protocol: NumPy's
- * buffer export runs enough code that, with cold caches between two decode steps, it was most of a
- * plan's host time (five buffers a refresh). Built with NumPy's headers where they are found. */
+ * buffer export runs enough code that, with cold caches between two decode steps, it cost about a
+ * tenth of a captured plan's refresh (five buffers; docs/benchmarks.md, runs 44-47). Built with
+ * NumPy's headers where they are found. */
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 static int numpy_api = 0;   /* import_array() succeeded */

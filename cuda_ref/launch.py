@@ -219,6 +219,7 @@ class DevicePlan:
     # the buffer was made for; its padding returns at once), not its capacity; 0: num_items
     config_items: int = 0
     _views: "dict | None" = field(default=None, repr=False, compare=False)
+    _stage1_views: "tuple | None" = field(default=None, repr=False, compare=False)
 
     @staticmethod
     def lengths(num_items: int, batch_size: int, num_rows: int) -> list[int]:
@@ -275,6 +276,13 @@ class DevicePlan:
             else:
                 self._views = self.views_of(self.data, self.num_items, self.batch_size, self.num_rows)
         return self._views[name]
+
+    def stage1_views(self) -> tuple:
+        """A host plan's arrays in stage 1's argument order (``_FIELDS`` but ``row_num_splits``): views
+        made once per plan buffer, so a repeated launch builds no tuple of them."""
+        if self._stage1_views is None:
+            self._stage1_views = tuple(self.view(f) for f in _FIELDS[:7])
+        return self._stage1_views
 
     @classmethod
     def from_plan(cls, plan: Plan, group: int, device, out: "DevicePlan | None" = None,
@@ -607,12 +615,10 @@ class DecodeLaunch:
         """Stage 1's tensor arguments, in the kernel's order (absent ones replaced by ``seq_lens``)."""
         dummy = seq_lens
         if dplan.split_size:
-            items = (dummy,) * 6
+            items = (dummy,) * 6 + (dplan.view("row_slot_start"),)
         else:
-            v = dplan.view
-            items = (v("item_request"), v("item_kv_head"), v("item_split"), v("item_kv_start"),
-                     v("item_kv_end"), v("num_splits"))
-        return (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *items, dplan.view("row_slot_start"),
+            items = dplan.stage1_views()
+        return (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *items,
                 part_o, part_lse, out, lse, counters if self.fuse_merge else dummy,
                 errors if errors is not None else dummy,
                 k_scale if k_scale is not None else dummy, v_scale if v_scale is not None else dummy,

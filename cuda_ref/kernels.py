@@ -113,7 +113,6 @@ def split_kv_kernel(
     LAUNCH_DEPENDENTS: tl.constexpr = False, MULTI_ROW_BLOCKS: tl.constexpr = True,
     BOUNDS: tl.constexpr = True, COUNT_ERRORS: tl.constexpr = False, MIXED_TILES: tl.constexpr = True,
     DEVICE_PLAN: tl.constexpr = False, PADDED: tl.constexpr = False,
-    POLL_SIGNAL: tl.constexpr = False, MERGE_PARTS: tl.constexpr = 1,
 ):
     """Stage 1, one program per (work item, block of packed query rows), in named steps: load the
     work item, load its packed query rows and int8 scales, walk the KV range (:func:`_kv_loop`),
@@ -128,11 +127,7 @@ def split_kv_kernel(
     table's columns x ``PAGE``); query rows outside ``[0, NUM_ROWS)`` and partial slots outside
     ``[0, NUM_SLOTS)`` are masked; a page id outside ``[0, NUM_PAGES)`` masks its tokens (they
     count as absent) and, with ``COUNT_ERRORS``, is reported in ``ERRORS`` (int32 ``[4]``:
-    programs that met one, then the first reporter's request, logical page and page id).
-
-    ``POLL_SIGNAL`` (with a separate merge that polls, :func:`merge_kernel`'s ``POLL``): after its
-    partial state is stored, each program counts itself in ``COUNTERS`` once per packed row and part
-    of the head dim (``MERGE_PARTS``) it wrote (:func:`_signal_rows`)."""
+    programs that met one, then the first reporter's request, logical page and page id)."""
     if LAUNCH_DEPENDENTS:  # let the merge launch now: it waits for this grid in gdc_wait
         gdc_launch_dependents()
     item = tl.program_id(0)
@@ -194,8 +189,6 @@ def split_kv_kernel(
     else:
         _store_partial(PART_O, PART_LSE, ROW_SLOT, o, lse, t, hq, split, offs_d, row_ok, out_mask,
                        stride_ps, stride_ph, stride_ls, stride_lh, NUM_SLOTS, BOUNDS)
-        if POLL_SIGNAL:
-            _signal_rows(COUNTERS, t, hq, row_ok, NUM_KV_HEADS * GROUP, MERGE_PARTS)
         if FUSE_MERGE:
             if q_len > 0:  # not for padding items (nor requests without query rows)
                 _merge_if_last(PART_O, PART_LSE, OUT, OUT_LSE, ROW_SLOT, COUNTERS, b, h, mblock, r0, q_len, n_split,
@@ -570,18 +563,6 @@ def _store_partial(PART_O, PART_LSE, ROW_SLOT, o, lse, t, hq, split, offs_d, row
 
 
 @triton.jit
-def _signal_rows(COUNTERS, t, hq, row_ok, num_heads, PARTS: tl.constexpr):
-    """After a split's partial stores: add 1 to the counter ``(t * num_heads + hq) * PARTS + p`` of each
-    of the block's rows (``row_ok``) and each part ``p`` of the head dim, with release semantics after
-    a barrier, so that a merge program that reads its counter with acquire semantics and sees every
-    split counted also sees their partial states."""
-    tl.debug_barrier()
-    base = (t.to(tl.int64) * num_heads + hq) * PARTS
-    for p in tl.static_range(PARTS):
-        tl.atomic_add(COUNTERS + base + p, 1, mask=row_ok, sem="release", scope="gpu")
-
-
-@triton.jit
 def _merge_if_last(PART_O, PART_LSE, OUT, OUT_LSE, ROW_SLOT, COUNTERS, b, h, mblock, r0, q_len, n_split,
                    offs_d, d_ok, NUM_KV_HEADS, NUM_ROWS, NUM_SLOTS, stride_ps, stride_ph, stride_ls, stride_lh,
                    stride_ot, stride_oh, stride_lot, stride_loh,
@@ -678,13 +659,13 @@ def _device_row_splits(SEQ_LENS, QUERY_START, t, BATCH, SPLIT_SIZE, MAX_SPLITS, 
 
 @triton.jit(do_not_specialize=MERGE_DO_NOT_SPECIALIZE)
 def merge_kernel(
-    PART_O, PART_LSE, OUT, OUT_LSE, ROW_SLOT, ROW_NS, COUNTERS,
+    PART_O, PART_LSE, OUT, OUT_LSE, ROW_SLOT, ROW_NS,
     stride_ps, stride_ph, stride_ls, stride_lh,
     stride_ot, stride_oh, stride_lot, stride_loh,
     slot_step, NUM_SLOTS, SEQ_LENS, QUERY_START, BATCH, SPLIT_SIZE, MAX_SPLITS, SEARCH_STEPS,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SKIP_SINGLE: tl.constexpr,
     CHUNK: tl.constexpr = 16, WAIT_PRIMARY: tl.constexpr = False, DEVICE_PLAN: tl.constexpr = False,
-    D_PARTS: tl.constexpr = 1, POLL: tl.constexpr = False, POLL_LIMIT: tl.constexpr = 65536,
+    D_PARTS: tl.constexpr = 1,
 ):
     """Row ``t``, head ``h`` merges slots ``row_slot[t] + j * slot_step`` for ``j < row_ns[t]``; one
     program per (row, head) and part of the head dim (``D_PARTS`` parts of ``BLOCK_D / D_PARTS``
@@ -692,16 +673,7 @@ def merge_kernel(
     ``CHUNK`` splits loaded at a time. With ``WAIT_PRIMARY`` (a programmatic dependent launch after
     stage 1) it reads the plan, then waits until stage 1 has finished and its writes are visible.
     ``DEVICE_PLAN`` (a plan made on the device): ``ROW_NS`` is not read; the row's split count is
-    ``ceil(seq_len / SPLIT_SIZE)`` of its request (:func:`_device_row_splits`).
-
-    ``POLL`` (stage 1 run with ``POLL_SIGNAL``): the program reads its own counter in ``COUNTERS``
-    (int32, one per (row, head, part), zero between launches) until it has counted the row's ``n``
-    splits, at most ``POLL_LIMIT`` times, and merges then, before the rest of stage 1 has finished; a
-    count that is not ``n`` by then (values the plan was not made for) falls back to waiting for stage
-    1. After its stores it waits for stage 1 to finish (``WAIT_PRIMARY``), when no count can come any
-    more, and sets its counter to zero; so does a program of a row it skips (its counter may have
-    been counted by offsets the plan was not made for). With ``WAIT_PRIMARY`` off, stage 1 has
-    finished before the merge starts (stream order) and the count is read once."""
+    ``ceil(seq_len / SPLIT_SIZE)`` of its request (:func:`_device_row_splits`)."""
     t = tl.program_id(0)
     h = tl.program_id(1)
     if D_PARTS > 1:
@@ -715,44 +687,16 @@ def merge_kernel(
         n = _device_row_splits(SEQ_LENS, QUERY_START, t, BATCH, SPLIT_SIZE, MAX_SPLITS, SEARCH_STEPS)
     else:
         n = tl.load(ROW_NS + t)
-    t64 = t.to(tl.int64)
-    if POLL:
-        counter = COUNTERS + (t64 * tl.num_programs(1) + h) * D_PARTS + part
     if SKIP_SINGLE and n == 1:  # stage 1 wrote this row directly
-        if POLL:
-            if WAIT_PRIMARY:
-                gdc_wait()
-            tl.store(counter, 0)
         return
     first = tl.load(ROW_SLOT + t).to(tl.int64)
-    if POLL:
-        seen = _poll_count(counter, n, POLL_LIMIT, WAIT_PRIMARY)
-        if WAIT_PRIMARY:
-            if seen != n:
-                gdc_wait()
-    elif WAIT_PRIMARY:
+    if WAIT_PRIMARY:
         gdc_wait()
     o, lse = _merge_row(PART_O, PART_LSE, first, slot_step, n, h, offs_d, d_ok, NUM_SLOTS,
-                        stride_ps, stride_ph, stride_ls, stride_lh, CHUNK, POLL)
+                        stride_ps, stride_ph, stride_ls, stride_lh, CHUNK, False)
+    t64 = t.to(tl.int64)
     tl.store(OUT + t64 * stride_ot + h * stride_oh + offs_d, o.to(OUT.dtype.element_ty), mask=d_ok)
     if D_PARTS > 1:
         tl.store(OUT_LSE + t64 * stride_lot + h * stride_loh, lse, mask=part == 0)
     else:
         tl.store(OUT_LSE + t64 * stride_lot + h * stride_loh, lse)
-    if POLL:
-        if WAIT_PRIMARY:
-            gdc_wait()
-        tl.store(counter, 0)
-
-
-@triton.jit
-def _poll_count(counter, n, LIMIT: tl.constexpr, REPEAT: tl.constexpr):
-    """The count at ``counter`` (read with acquire semantics) once it is at least ``n``, or after
-    ``LIMIT`` reads; with ``REPEAT`` off, read once."""
-    seen = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-    if REPEAT:
-        k = 0
-        while (seen < n) & (k < LIMIT):
-            seen = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-            k += 1
-    return seen

@@ -34,18 +34,15 @@ class KernelConfig:
     """Tile and launch shape of stage 1: ``block_n`` KV tokens per tile, warps, software-pipeline
     stages (``num_stages`` >= 2 turns the tile loads into asynchronous copies that many tiles ahead);
     ``merge_warps``: warps of the separate merge (one warp reduces a row's ``[CHUNK, D]`` tile with
-    shuffles alone, no shared memory or barriers); ``merge_poll``: each merge program starts on its
-    row as soon as stage 1 has counted the row's splits in per-(row, head, part) counters, instead of
-    after all of stage 1 (``kernels.merge_kernel``'s ``POLL``). Why these defaults: docs/perf-notes.md."""
+    shuffles alone, no shared memory or barriers). Why these defaults: docs/perf-notes.md."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
     merge_warps: int = 1
-    merge_poll: bool = False
 
     def __str__(self):
-        return f"n{self.block_n}w{self.num_warps}s{self.num_stages}" + ("p" if self.merge_poll else "")
+        return f"n{self.block_n}w{self.num_warps}s{self.num_stages}"
 
 
 # a plan's split length from which 16-bit D-64 tiles hold 128 tokens (default_config)
@@ -572,11 +569,6 @@ class DecodeLaunch:
     stage1: "FastLaunch | None" = field(default=None, repr=False, compare=False)
     kinds: "tuple | None" = field(default=None, repr=False, compare=False)  # its tensors' dtypes, devices (adopt)
 
-    @property
-    def counted(self) -> bool:
-        """Stage 1 counts its splits in ``counters`` (the fused merge, or a merge that polls)."""
-        return self.fuse_merge or self.constexprs.get("POLL_SIGNAL", False)
-
     def __post_init__(self):
         if self.grid is not None and self.stage1 is None:
             self.stage1 = FastLaunch(kernels.split_kv_kernel, self.grid, (None,) * _STAGE1_TENSORS + self.scalars,
@@ -627,7 +619,7 @@ class DecodeLaunch:
         else:
             items = dplan.stage1_views()
         return (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *items,
-                part_o, part_lse, out, lse, counters if self.counted else dummy,
+                part_o, part_lse, out, lse, counters if self.fuse_merge else dummy,
                 errors if errors is not None else dummy,
                 k_scale if k_scale is not None else dummy, v_scale if v_scale is not None else dummy,
                 k_offset if k_offset is not None else dummy, v_offset if v_offset is not None else dummy)
@@ -652,8 +644,7 @@ class DecodeLaunch:
                                       part_o, part_lse, counters, k_scale, v_scale, k_offset, v_offset, errors))
         if self.merge is not None:
             ns = seq_lens if dplan.split_size else dplan.view("row_num_splits")
-            self.merge.launch(part_o, part_lse, out, lse, dplan.view("row_slot_start"), ns, seq_lens, query_start_loc,
-                              counters if self.merge.constexprs["POLL"] else ns)
+            self.merge.launch(part_o, part_lse, out, lse, dplan.view("row_slot_start"), ns, seq_lens, query_start_loc)
 
 
 _STAGE1_TENSORS = 23  # tensor arguments of kernels.split_kv_kernel (DecodeLaunch.tensors)
@@ -723,11 +714,6 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
         raise ValueError(f"counters: {counters.numel()} entries, the fused merge needs {batch * Hkv * dplan.row_blocks}")
     win = 0 if window_left is None else min(int(window_left), 1 << 30)  # wider than any position: no window
     with_merge = merge and not fuse_merge and (dplan.max_splits > 1 or dplan.graph_stable) and T > 0
-    parts = merge_d_parts(block_d)
-    poll = with_merge and cfg.merge_poll
-    if poll and (counters is None or counters.numel() < sizes[2] * Hq * parts):
-        raise ValueError(f"counters: {0 if counters is None else counters.numel()} entries, the polling merge "
-                         f"needs {sizes[2] * Hq * parts} (rows x heads x {parts} parts)")
     sms, can_pdl = _device_traits(q.device)
     pdl = with_merge and not interpret and (can_pdl if pdl is None else bool(pdl))
     grid = (dplan.num_items, dplan.row_blocks) if (dplan.num_items and T) else None
@@ -750,13 +736,12 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
         LAUNCH_DEPENDENTS=pdl and dplan.num_items * dplan.row_blocks <= 2 * sms,
         MULTI_ROW_BLOCKS=dplan.row_blocks > 1, BOUNDS=_KERNEL_BOUNDS, COUNT_ERRORS=errors is not None,
         MIXED_TILES=dplan.max_q_len != 1, DEVICE_PLAN=dplan.split_size > 0,
-        PADDED=dplan.graph_stable and not dplan.split_size, POLL_SIGNAL=poll, MERGE_PARTS=parts if poll else 1,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        PADDED=dplan.graph_stable and not dplan.split_size, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     merge_prep = None
     if with_merge:
         ns = seq_lens if dplan.split_size else dplan.view("row_num_splits")
         merge_prep = prepare_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), ns, skip_single=True,
-                                   num_warps=cfg.merge_warps, pdl=pdl, fast_path=fast_path, poll=poll,
+                                   num_warps=cfg.merge_warps, pdl=pdl, fast_path=fast_path,
                                    device_plan=(batch, dplan.split_size, dplan.max_splits) if dplan.split_size else None)
     return DecodeLaunch(grid, scalars, constexprs, fuse_merge, merge_prep, fast_path, sizes)
 
@@ -799,15 +784,12 @@ class MergeLaunch:
     def __post_init__(self):
         if self.call is None:
             n = len(self.strides)
-            positional = (None,) * 7 + self.strides + (None, None) + self.tail
-            self.call = FastLaunch(kernels.merge_kernel, self.grid, positional, (0, 1, 2, 3, 4, 5, 6, 7 + n, 8 + n),
+            positional = (None,) * 6 + self.strides + (None, None) + self.tail
+            self.call = FastLaunch(kernels.merge_kernel, self.grid, positional, (0, 1, 2, 3, 4, 5, 6 + n, 7 + n),
                                    self.constexprs, enabled=self.fast_path)
 
-    def launch(self, part_o, part_lse, out, lse, row_slot_start, row_num_splits, seq_lens, query_start_loc,
-               counters=None):
-        """``counters``: the polling merge's (``POLL``); any int32 tensor otherwise."""
-        self.call(part_o, part_lse, out, lse, row_slot_start, row_num_splits,
-                  row_num_splits if counters is None else counters, seq_lens, query_start_loc)
+    def launch(self, part_o, part_lse, out, lse, row_slot_start, row_num_splits, seq_lens, query_start_loc):
+        self.call(part_o, part_lse, out, lse, row_slot_start, row_num_splits, seq_lens, query_start_loc)
 
     def resize(self, rows: int, batch: int) -> None:
         """Merge ``rows`` rows (the grid); a device-made plan's merge also ``batch`` requests (its
@@ -831,11 +813,9 @@ def _search_steps(batch: int) -> int:
 
 def prepare_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,
                   skip_single: bool = False, num_warps: int = 1, pdl: bool = False,
-                  device_plan=None, fast_path: bool = True, poll: bool = False) -> "MergeLaunch | None":
+                  device_plan=None, fast_path: bool = True) -> "MergeLaunch | None":
     """:func:`launch_merge` without the launch (None: nothing to merge); ``device_plan = (batch,
-    split_size, max_splits)``; ``fast_path`` as :func:`prepare_decode`'s; ``poll``: after a stage 1
-    that counts its splits (``KernelConfig.merge_poll``), each program starts when its row's are
-    counted (its launch then takes the counters)."""
+    split_size, max_splits)``; ``fast_path`` as :func:`prepare_decode`'s."""
     if device_plan is not None:
         batch, split_size, max_splits = device_plan
         T = min(out.shape[0], lse.shape[0], row_slot_start.shape[0])
@@ -853,7 +833,6 @@ def prepare_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *,
                slot_step, min(part_o.shape[0], part_lse.shape[0]))
     tail = (batch, split_size, max_splits, _search_steps(batch))
     constexprs = dict(HEAD_DIM=D, BLOCK_D=block_d, SKIP_SINGLE=skip_single, CHUNK=merge_chunk(block_d // parts),
-                      WAIT_PRIMARY=pdl, DEVICE_PLAN=device_plan is not None, D_PARTS=parts, POLL=poll,
-                      num_warps=num_warps,
+                      WAIT_PRIMARY=pdl, DEVICE_PLAN=device_plan is not None, D_PARTS=parts, num_warps=num_warps,
                       **extra)
     return MergeLaunch((T, H, parts), strides, tail, constexprs, fast_path)

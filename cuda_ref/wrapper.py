@@ -51,7 +51,7 @@ from splitkv_common.validation import check_decode_args, check_gqa, check_wrappe
 from . import INTERPRET
 from .checks import SignatureCache, any_batch_key, check_launch, check_plan, check_scalars, tensor_signature
 from .checks import plan_pages as plan_page_count
-from .launch import DevicePlan, KernelConfig, PlanUploader, merge_d_parts, packed_limit, plan_launch_key, prepare_decode
+from .launch import DevicePlan, KernelConfig, PlanUploader, packed_limit, plan_launch_key, prepare_decode
 
 class StepInputs:
     """A decode step's per-step device inputs, ``seq_lens`` int32 ``[B]`` and ``query_start_loc``
@@ -360,8 +360,6 @@ class DecodeWrapper(PlannedWrapper):
         if "errors" not in self._buffers:  # allocated once: a captured graph keeps its address
             self._buffers["errors"] = torch.zeros(4, dtype=torch.int32, device=self.device)
         Hq, D = self.num_q_heads, self.head_dim
-        # the fused merge counts per (request, KV head, row block), a polling merge per (row, head, part)
-        num_counters = max(num_counters, T * Hq * merge_d_parts(1 << max(D - 1, 0).bit_length()))
         need = {
             "out": ((T, Hq, D), self.dtype), "lse": ((T, Hq), torch.float32),
             "part_o": ((max(num_slots, 1), Hq, D), torch.float32),
@@ -393,8 +391,7 @@ class DecodeWrapper(PlannedWrapper):
             return 0 if d is None else d.num_slots * self.num_q_heads * (self.head_dim + 1) * 4
         if self.host_plan is None:
             return 0
-        polls = (self.config or KernelConfig).merge_poll
-        extra = self._buffers["counters"].numel() * 4 if self._fused() or polls else 0
+        extra = self._buffers["counters"].numel() * 4 if self._fused() else 0
         return self.host_plan.workspace_bytes(self.num_q_heads, self.head_dim) + extra
 
     # -- device side ---------------------------------------------------------------------------

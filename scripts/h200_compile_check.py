@@ -41,8 +41,7 @@ ALIGNED_INTS = ("stride_qt", "stride_qh", "stride_kp", "stride_kt", "stride_kh",
 BASE = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=64, KV_INT8=False,
             HAS_OFFSET=False, SOFT_CAP=False, HAS_WINDOW=False, DOT_IEEE=False, UPCAST=False,
             FUSE_MERGE=False, SCALE_PER_CHANNEL=False, MERGE_CHUNK=32,
-            MULTI_ROW_BLOCKS=False, BOUNDS=True, COUNT_ERRORS=True, MIXED_TILES=False, DEVICE_PLAN=False,
-            LAUNCH_DEPENDENTS=False, PADDED=False, POLL_SIGNAL=False, MERGE_PARTS=1)
+            MULTI_ROW_BLOCKS=False, BOUNDS=True, COUNT_ERRORS=True, MIXED_TILES=False, DEVICE_PLAN=False)
 
 
 def variants():
@@ -52,8 +51,6 @@ def variants():
         v.append((f"bf16 D128 M16 n{bn}w{nw}s{ns}", "bf16", "bf16", dict(BASE, BLOCK_N=bn), nw, ns))
     v.append(("bf16 D128 M16 fused n64w4s5", "bf16", "bf16", dict(BASE, FUSE_MERGE=True), 4, 5))
     v.append(("bf16 D128 M16 PDL trigger n64w4s5", "bf16", "bf16", dict(BASE, LAUNCH_DEPENDENTS=True), 4, 5))
-    v.append(("bf16 D128 M16 PDL + poll signal n64w4s5", "bf16", "bf16",
-              dict(BASE, LAUNCH_DEPENDENTS=True, POLL_SIGNAL=True, MERGE_PARTS=2), 4, 5))
     v.append(("bf16 D128 M16 device plan n64w4s7", "bf16", "bf16", dict(BASE, DEVICE_PLAN=True), 4, 7))
     v.append(("bf16 D128 M16 graph-stable padded n64w4s7", "bf16", "bf16", dict(BASE, PADDED=True), 4, 7))
     v.append(("bf16 D128 M16 device plan fused n64w4s5", "bf16", "bf16", dict(BASE, DEVICE_PLAN=True,
@@ -139,19 +136,15 @@ def main(argv=None):
             bad.append(name)
     m = K.merge_kernel
     mp = {"PART_O": "*fp32", "PART_LSE": "*fp32", "OUT": "*bf16", "OUT_LSE": "*fp32", "ROW_SLOT": "*i32",
-          "ROW_NS": "*i32", "COUNTERS": "*i32", "SEQ_LENS": "*i32", "QUERY_START": "*i32"}
-    for d, chunk, pdl, dev, poll in ((128, 32, False, False, False), (128, 32, True, False, False),
-                                     (256, 16, True, False, False), (128, 32, True, True, False),
-                                     (128, 32, True, False, True)):
-        parts = max(1, d // 64)  # cuda_ref.launch.merge_d_parts
-        mc = dict(HEAD_DIM=d, BLOCK_D=d, SKIP_SINGLE=True, CHUNK=chunk, WAIT_PRIMARY=pdl, DEVICE_PLAN=dev,
-                  D_PARTS=parts, POLL=poll)
+          "ROW_NS": "*i32", "SEQ_LENS": "*i32", "QUERY_START": "*i32"}
+    for d, chunk, pdl, dev in ((128, 32, False, False), (128, 32, True, False), (256, 16, True, False),
+                               (128, 32, True, True)):
+        mc = dict(HEAD_DIM=d, BLOCK_D=d, SKIP_SINGLE=True, CHUNK=chunk, WAIT_PRIMARY=pdl, DEVICE_PLAN=dev)
         sg = {n: ("constexpr" if n in mc else mp.get(n, "i32")) for n in m.arg_names}
         mk = triton.compile(ASTSource(m, sg, constexprs=dict(mc)), target=TARGET,
                             options={"num_warps": 1, "launch_pdl": pdl})  # KernelConfig.merge_warps
         regs, st, ld = ptxas_report(mk.asm["ptx"])
-        name = (f"merge D{d} chunk{chunk} parts{parts} w1{' PDL' if pdl else ''}{' device plan' if dev else ''}"
-                f"{' poll' if poll else ''}")
+        name = f"merge D{d} chunk{chunk} w1{' PDL' if pdl else ''}{' device plan' if dev else ''}"
         print(f"{name:40s} {'-':>12s} {'-':>8s} {mk.metadata.shared / 1024:8.1f} {regs:5d} {st:6d}/{ld:<5d}")
         if pdl and "griddepcontrol.wait" not in mk.asm["ptx"]:
             bad.append(name + " (no griddepcontrol.wait)")

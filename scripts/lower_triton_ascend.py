@@ -210,7 +210,7 @@ def split_kv_signature(v: Variant) -> dict:
 def merge_signature(v: Variant) -> dict:
     q = v.q_dtype
     sig = {"PART_O": "*fp32", "PART_LSE": "*fp32", "OUT": f"*{q}", "OUT_LSE": "*fp32", "ROW_SLOT": "*i32",
-           "ROW_NS": "*i32", "COUNTERS": "*i32", "SEQ_LENS": "*i32", "QUERY_START": "*i32"}
+           "ROW_NS": "*i32", "SEQ_LENS": "*i32", "QUERY_START": "*i32"}
     for s in ("stride_ps", "stride_ph", "stride_ls", "stride_lh", "stride_ot", "stride_oh", "stride_lot",
               "stride_loh", "slot_step", "NUM_SLOTS", "BATCH", "SPLIT_SIZE", "MAX_SPLITS", "SEARCH_STEPS"):
         sig[s] = "i32"

@@ -196,8 +196,7 @@ def test_merge_values_match_what_triton_binds_with_tensors_between_scalars(gpu_f
     fake = _FakeJIT(kernels.merge_kernel)
     fl = fast_launch.FastLaunch(fake, m.grid, m.call.positional, m.call.tensor_slots, m.constexprs)
     q, k, v, bt, seq_lens, qsl, dp, out, lse, part_o, part_lse = call[:11]
-    ns = dp.view("row_num_splits")
-    tensors = (part_o, part_lse, out, lse, dp.view("row_slot_start"), ns, ns, seq_lens, qsl)  # ns: no counters
+    tensors = (part_o, part_lse, out, lse, dp.view("row_slot_start"), dp.view("row_num_splits"), seq_lens, qsl)
     expected = _check_against_triton(fake, fl, tensors)
     names = [p.name for p in fake.params]
     assert expected[names.index("SEQ_LENS")] is seq_lens and expected[names.index("NUM_SLOTS")] == part_o.shape[0]
@@ -262,7 +261,7 @@ def test_the_first_call_check_falls_back_with_a_reason(gpu_free, monkeypatch, wh
 def test_bound_values_names_a_parameter_without_value():
     fake = _FakeJIT(kernels.merge_kernel)
     with pytest.raises(ValueError, match="HEAD_DIM"):
-        fast_launch.bound_values(fake.params, (None,) * 23, {})
+        fast_launch.bound_values(fake.params, (None,) * 22, {})
     assert np.all([p.name for p in fake.params][:2] == ["PART_O", "PART_LSE"])
 
 
@@ -390,8 +389,8 @@ def test_the_specialization_key_is_never_coarser_than_triton(gpu_free, kernel):
         prep, call = _decode_launch()
         m = prep.merge.call
         q, k, v, bt, seq_lens, qsl, dp, out, lse, part_o, part_lse = call[:11]
-        ns = dp.view("row_num_splits")
-        args = list(m.arguments((part_o, part_lse, out, lse, dp.view("row_slot_start"), ns, ns, seq_lens, qsl)))
+        args = list(m.arguments((part_o, part_lse, out, lse, dp.view("row_slot_start"), dp.view("row_num_splits"),
+                                 seq_lens, qsl)))
         slots, kw = m.tensor_slots, m.kwargs
     opts = dict(kw, debug=knobs.runtime.debug, instrumentation_mode=knobs.compilation.instrumentation_mode)
     dns = set(getattr(kernels, "STAGE1_DO_NOT_SPECIALIZE" if kernel == "split_kv_kernel" else

@@ -46,13 +46,12 @@ def test_small_catalog_passes(case):
 FUSED_CASES = cases.catalog(("small",), "seed,policy,mask,empty,multi-query,int8,gqa/5-1")
 
 
-@pytest.mark.parametrize("variant", ["fused", "fused-n16", "separate-n32", "separate-poll"])
+@pytest.mark.parametrize("variant", ["fused", "fused-n16", "separate-n32"])
 @pytest.mark.parametrize("case", FUSED_CASES, ids=[c.name for c in FUSED_CASES])
 def test_kernel_variants_pass(case, variant):
     kw = {"fused": dict(fuse_merge=True),
           "fused-n16": dict(fuse_merge=True, config=KernelConfig(16, 4, 1)),
-          "separate-n32": dict(fuse_merge=False, config=KernelConfig(32, 4, 2)),
-          "separate-poll": dict(fuse_merge=False, config=KernelConfig(32, 4, 2, merge_poll=True))}[variant]
+          "separate-n32": dict(fuse_merge=False, config=KernelConfig(32, 4, 2))}[variant]
     be = Backend("triton-" + variant, lambda i, p: tb.run(i, p, **kw), tb._unavailable, tb._unsupported, "h200")
     res = run_case(be, case)
     assert res.status == "pass", res.message
@@ -262,64 +261,6 @@ def test_the_separate_merge_splits_the_head_dim(monkeypatch):
             else:
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
         assert _judge(inp, *got[parts]).passed
-
-
-def test_polling_merge_counts_each_split_once_and_leaves_its_counters_at_zero():
-    """``KernelConfig.merge_poll``: stage 1 counts every split it stored in the counter of each (row,
-    head, part of the head dim) it wrote; the merge reads its count (here, after stage 1: the
-    interpreter has no early launch), merges, and sets its counter to zero, also where a stale count
-    was left (offsets the plan was not made for) and on rows of one split; the outputs are those of
-    the merge that waits, bit for bit."""
-    from cuda_ref import launch
-    for d in (64, 128):
-        inp = cases.random_inputs(7, [300, 45, 0, 129, 16], q_lens=[1, 2, 1, 3, 1], num_q_heads=4, num_kv_heads=2,
-                                  head_dim=d, dtype="bfloat16")
-        plan = inp.plan("size:32")
-        x = to_torch(inp, DEVICE)
-        parts = launch.merge_d_parts(d)
-        got = {}
-        for poll in (False, True):
-            w = DecodeWrapper(4, 2, d, inp.k_cache.shape[1], dtype="bfloat16", device=DEVICE,
-                              config=KernelConfig(32, 4, 2, merge_poll=poll))
-            w.set_plan(plan)
-            counters = w._buffers["counters"]
-            assert counters.numel() >= plan.num_rows * 4 * parts
-            counters.fill_(7)  # stale counts: the polling merge must leave every one it owns at zero
-            out, lse = w.run(**x, scale=inp.scale)
-            got[poll] = (out.float().cpu().numpy().copy(), lse.cpu().numpy().copy())
-            if poll:
-                assert w.last_launch.counted and w.last_launch.merge.constexprs["POLL"]
-                assert (counters[:plan.num_rows * 4 * parts] == 0).all()
-                # stage 1 alone: one count per split of each merged row, none for rows of one split
-                prep = w.last_launch
-                b = w._buffers
-                prep.stage1(*prep.tensors(x["q"], x["k_cache"], x["v_cache"], x["block_table"], x["seq_lens"],
-                                          x["query_start_loc"], w.dplan, b["out"], b["lse"], b["part_o"],
-                                          b["part_lse"], counters, errors=b["errors"]))
-                ns = np.asarray(plan.row_num_splits)
-                want = np.repeat(np.where(ns > 1, ns, 0), 4 * parts)
-                np.testing.assert_array_equal(counters[:plan.num_rows * 4 * parts].cpu().numpy(), want)
-                counters.zero_()
-            else:
-                assert not w.last_launch.counted and (counters == 7).all()  # untouched without polling
-        for a, b in zip(got[True], got[False]):
-            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
-        assert _judge(inp, *got[True]).passed
-
-
-def test_polling_merge_refuses_too_few_counters():
-    from cuda_ref.launch import prepare_decode
-    inp = cases.random_inputs(8, [300, 45], num_q_heads=4, num_kv_heads=2, head_dim=64, dtype="bfloat16")
-    plan = inp.plan("size:32")
-    x = to_torch(inp, DEVICE)
-    w = DecodeWrapper(4, 2, 64, inp.k_cache.shape[1], dtype="bfloat16", device=DEVICE)
-    w.set_plan(plan)
-    b = w._buffers
-    few = b["counters"][:plan.num_rows * 4 - 1]
-    with pytest.raises(ValueError, match="counters: .* the polling merge needs"):
-        prepare_decode(x["q"], x["k_cache"], x["v_cache"], x["block_table"], x["seq_lens"], x["query_start_loc"],
-                       w.dplan, b["out"], b["lse"], b["part_o"], b["part_lse"], few, scale=inp.scale,
-                       config=KernelConfig(32, 4, 2, merge_poll=True), interpret=cuda_ref.INTERPRET)
 
 
 def test_default_config_keeps_tile_and_warps_for_batch_invariant_plans():

@@ -161,11 +161,6 @@ def split_kv_kernel(
     hq = h * GROUP + g
     d_ok = offs_d < HEAD_DIM
     q = _load_q(Q, t, hq, offs_d, row_ok, d_ok, stride_qt, stride_qh, KV_INT8, DOT_IEEE, UPCAST)
-    if MIXED_TILES:  # several query rows a request: each row's first partial slot, after the KV loop
-        slot0 = r0
-    else:  # one query row a request (row r0): its first partial slot, loaded with q, so that the
-        # partial stores after the KV loop do not wait one more round trip to memory for it
-        slot0 = _first_slot(ROW_SLOT, r0, q_len, n_split, NUM_ROWS, BOUNDS)
     q_pos = seq_len - q_len + i  # logical position of each query row: it sees p <= q_pos
     k_sc, v_sc, k_of, v_of = _load_kv_scales(K_SCALE, V_SCALE, K_OFFSET, V_OFFSET, h, stride_sh, offs_d, d_ok,
                                              KV_INT8, HAS_OFFSET, SCALE_PER_CHANNEL)
@@ -192,8 +187,8 @@ def split_kv_kernel(
         _store_final(OUT, OUT_LSE, o, lse, t, hq, offs_d, row_ok, out_mask, stride_ot, stride_oh, stride_lot,
                      stride_loh)
     else:
-        _store_partial(PART_O, PART_LSE, ROW_SLOT, slot0, o, lse, t, hq, split, offs_d, row_ok, out_mask,
-                       stride_ps, stride_ph, stride_ls, stride_lh, NUM_SLOTS, BOUNDS, not MIXED_TILES)
+        _store_partial(PART_O, PART_LSE, ROW_SLOT, o, lse, t, hq, split, offs_d, row_ok, out_mask,
+                       stride_ps, stride_ph, stride_ls, stride_lh, NUM_SLOTS, BOUNDS)
         if FUSE_MERGE:
             if q_len > 0:  # not for padding items (nor requests without query rows)
                 _merge_if_last(PART_O, PART_LSE, OUT, OUT_LSE, ROW_SLOT, COUNTERS, b, h, mblock, r0, q_len, n_split,
@@ -555,31 +550,16 @@ def _store_final(OUT, OUT_LSE, o, lse, t, hq, offs_d, row_ok, out_mask, stride_o
 
 
 @triton.jit
-def _store_partial(PART_O, PART_LSE, ROW_SLOT, slot0, o, lse, t, hq, split, offs_d, row_ok, out_mask,
-                   stride_ps, stride_ph, stride_ls, stride_lh, NUM_SLOTS, BOUNDS: tl.constexpr,
-                   ONE_ROW: tl.constexpr):
+def _store_partial(PART_O, PART_LSE, ROW_SLOT, o, lse, t, hq, split, offs_d, row_ok, out_mask,
+                   stride_ps, stride_ph, stride_ls, stride_lh, NUM_SLOTS, BOUNDS: tl.constexpr):
     """One split of several: the float32 state to partial slot ``row_slot_start[t] + split`` (with
-    ``BOUNDS``, only if that slot is in ``[0, NUM_SLOTS)``). ``ONE_ROW``: the block's only query row's
-    ``row_slot_start`` was loaded before the KV loop (``slot0``, a scalar); otherwise loaded here."""
-    if ONE_ROW:
-        slot_id = (slot0 + t * 0).to(tl.int64) + split
-    else:
-        slot_id = tl.load(ROW_SLOT + t, mask=row_ok, other=0).to(tl.int64) + split
+    ``BOUNDS``, only if that slot is in ``[0, NUM_SLOTS)``)."""
+    slot_id = tl.load(ROW_SLOT + t, mask=row_ok, other=0).to(tl.int64) + split
     if BOUNDS:
         row_ok = row_ok & ((slot_id >= 0) & (slot_id < NUM_SLOTS))
         out_mask = out_mask & row_ok[:, None]
     tl.store(PART_O + slot_id[:, None] * stride_ps + hq[:, None] * stride_ph + offs_d[None, :], o, mask=out_mask)
     tl.store(PART_LSE + slot_id * stride_ls + hq * stride_lh, lse, mask=row_ok)
-
-
-@triton.jit
-def _first_slot(ROW_SLOT, r0, q_len, n_split, NUM_ROWS, BOUNDS: tl.constexpr):
-    """``row_slot_start[r0]`` where row ``r0`` exists and has several splits to store (0 elsewhere, not
-    loaded): a scalar, one register across the KV loop."""
-    need = (q_len > 0) & (n_split > 1)
-    if BOUNDS:
-        need = need & ((r0 >= 0) & (r0 < NUM_ROWS))
-    return tl.load(ROW_SLOT + r0, mask=need, other=0)
 
 
 @triton.jit

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""This tree's Triton kernels against another version of ``cuda_ref/kernels.py``, side by side in one
+process on a CUDA GPU: the before / after of a kernel change.
+
+Two runs of a benchmark one after the other differ by 1-2 % on the same code, as much as many kernel
+changes move; here both versions are captured in CUDA graphs in one process and timed in interleaved
+passes, so a drift falls on both alike. Per point (bf16, page 16, shuffled pages; ``--points`` as
+``bench_decode.py``'s) and per policy (``--policies``, default ``auto``): the whole call (stage 1 and
+the separate merge) and stage 1 alone, of each version (``launch.kernels`` set to the version while
+its wrapper prepares and captures its launch; the other file must take this tree's launch
+arguments), and cuDNN / flash SDPA on a contiguous copy. Timing: ``bench_decode.Timer`` (a 10 ms
+warm-up, ``--iters`` replays each after a read flush of the L2, median) in ``--passes`` interleaved
+passes; the table gives each variant's fastest pass, the JSON all. Checked per point: each version's
+output against SDPA's math backend and whether the two versions' outputs are bitwise equal.
+
+Writes ``kernels_ab.json`` (with provenance) and ``kernels_ab.md`` to ``--out``.
+
+    git show REV:cuda_ref/kernels.py > OLD.py
+    python scripts/bench_kernels_ab.py --old OLD.py --out OUT [--points B1x2k,B16x1k] [--policies auto,size:512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, ".."))
+from splitkv_common.optional import require  # noqa: E402
+
+torch = require("torch", "scripts/bench_kernels_ab.py")
+require("triton", "scripts/bench_kernels_ab.py")
+
+from bench_decode import (PAGE, Timer, contiguous_kv, interleaved, make_point, parse_points,  # noqa: E402
+                          save_outputs, sdpa_peers)
+from cuda_ref import launch  # noqa: E402
+from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
+from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
+
+POINTS = "B1x1k,B1x2k,B1x4k,B1x16k,B1x128k,B4x1k,B16x1k,B16x4k,B16x8k,B64x2k,B128x1k,B1x16k@64/8,B4x1k@32/32," \
+         "B1x32k@16/2/256,B16x4k@32/8/64"
+
+
+def load_kernels(path: str):
+    """The kernels module of ``path`` (another version of ``cuda_ref/kernels.py``)."""
+    spec = importlib.util.spec_from_file_location("cuda_ref_kernels_old", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def name_of(B, ctx, hq, hkv, D) -> str:
+    s = f"B{B}x{ctx // 1024}k"
+    return s if (hq, hkv, D) == (32, 8, 128) else s + (f"@{hq}/{hkv}" if D == 128 else f"@{hq}/{hkv}/{D}")
+
+
+def point(timer, versions: dict, B, ctx, hq, hkv, D, policy, passes) -> dict:
+    q, k, v, bt, seq = make_point(B, ctx, hq, hkv, D, torch.bfloat16)
+    qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
+    kc, vc = contiguous_kv(k, bt, B, ctx), contiguous_kv(v, bt, B, ctx)
+    sub = min(B, 4)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q[:sub, :, None].float(), kc[:sub].float(), vc[:sub].float(), enable_gqa=True)[:, :, 0]
+    replays, keep, outs, err = {}, [], {}, {}
+    saved = launch.kernels
+    try:
+        for vname, mod in versions.items():
+            launch.kernels = mod   # the launches prepared (and captured) now launch this version
+            for stage1_only in (False, True):
+                w = DecodeWrapper(hq, hkv, D, PAGE, dtype=torch.bfloat16, device="cuda", policy=policy)
+                plan = w.plan(seq.cpu().numpy())
+                w.merge = not stage1_only
+                fn = (lambda w=w: w.run(q, k, v, bt, seq, qsl))
+                name = vname + (" stage 1" if stage1_only else "")
+                out, _ = fn()
+                torch.cuda.synchronize()
+                if not stage1_only:
+                    outs[vname] = out.clone()
+                    err[vname] = float((out[:sub].float() - ref).norm() / ref.norm())
+                replays[name] = timer.graph(fn)
+                keep.append(w)
+    finally:
+        launch.kernels = saved
+    times = interleaved(timer, replays, passes=passes)
+    peers = {n.replace("sdpa_", ""): t for n, t in sdpa_peers(timer, q, kc, vc).items()
+             if not n.endswith("_error") and t is not None}
+    a, b = outs["new"], outs["old"]
+    row = dict(point=name_of(B, ctx, hq, hkv, D), policy=policy, B=B, ctx=ctx, hq=hq, hkv=hkv, D=D,
+               items=int(keep[0].dplan.num_items), splits=int(plan.max_splits),
+               passes={n: [round(x, 2) for x in t] for n, t in times.items()},
+               us={n: round(min(t), 2) for n, t in times.items()}, peers=peers, err=err,
+               bitwise_equal=bool(torch.equal(a.view(torch.int16), b.view(torch.int16))))
+    del q, k, v, bt, seq, kc, vc, replays, keep
+    torch.cuda.empty_cache()
+    return row
+
+
+def table(res) -> list:
+    lines = provenance_markdown(res["provenance"]) + [
+        f"{res['gpu']}, torch {res['torch']}, triton {res['triton']}, {res['date']}; old kernels: `{res['old']}`; "
+        f"{res['passes']} interleaved passes of {res['iters']} replays after a read flush (fastest pass; all in "
+        "the JSON)", "",
+        "| point | policy | items | old µs | new µs | new / old | old stage 1 µs | new stage 1 µs | best peer µs | "
+        "best peer / new | bitwise | err (new) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for r in res["points"]:
+        u = r["us"]
+        peer = min(r["peers"].values(), default=float("nan"))
+        lines.append(f"| {r['point']} | {r['policy']} | {r['items']} | {u['old']:.2f} | {u['new']:.2f} | "
+                     f"{u['new'] / u['old']:.3f} | {u['old stage 1']:.2f} | {u['new stage 1']:.2f} | {peer:.2f} | "
+                     f"{peer / u['new']:.2f} | {r['bitwise_equal']} | {r['err']['new']:.1e} |")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--old", required=True, metavar="FILE", help="another version of cuda_ref/kernels.py")
+    ap.add_argument("--out", default="bench_out")
+    ap.add_argument("--points", default=POINTS)
+    ap.add_argument("--policies", default="auto")
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=30)
+    a = ap.parse_args(argv)
+    import triton
+    versions = {"new": launch.kernels, "old": load_kernels(a.old)}
+    timer = Timer(a.iters)
+    res = dict(provenance=provenance(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+               triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               old=os.path.basename(a.old), passes=a.passes, iters=a.iters, points=[])
+    for B, ctx, hq, hkv, D, _ in parse_points(a.points):
+        for policy in a.policies.split(","):
+            name = f"{name_of(B, ctx, hq, hkv, D)} {policy}"
+            try:
+                res["points"].append(point(timer, versions, B, ctx, hq, hkv, D, policy, a.passes))
+                print(name, res["points"][-1]["us"], flush=True)
+            except Exception as e:  # noqa: BLE001 - a failing point is a result
+                res.setdefault("errors", {})[name] = f"{type(e).__name__}: {str(e)[:300]}"
+                print(name, res["errors"][name], flush=True)
+    print(save_outputs(a.out, "kernels_ab", res, table(res)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -137,14 +137,16 @@ def main(argv=None):
     m = K.merge_kernel
     mp = {"PART_O": "*fp32", "PART_LSE": "*fp32", "OUT": "*bf16", "OUT_LSE": "*fp32", "ROW_SLOT": "*i32",
           "ROW_NS": "*i32", "SEQ_LENS": "*i32", "QUERY_START": "*i32"}
-    for d, chunk, pdl, dev in ((128, 32, False, False), (128, 32, True, False), (256, 16, True, False),
+    for d, chunk, pdl, dev in ((128, 32, False, False), (128, 32, True, False), (256, 32, True, False),
                                (128, 32, True, True)):
-        mc = dict(HEAD_DIM=d, BLOCK_D=d, SKIP_SINGLE=True, CHUNK=chunk, WAIT_PRIMARY=pdl, DEVICE_PLAN=dev)
+        parts = max(1, d // 64)  # cuda_ref.launch.merge_d_parts (64 columns a program)
+        mc = dict(HEAD_DIM=d, BLOCK_D=d, SKIP_SINGLE=True, CHUNK=chunk, WAIT_PRIMARY=pdl, DEVICE_PLAN=dev,
+                  D_PARTS=parts)
         sg = {n: ("constexpr" if n in mc else mp.get(n, "i32")) for n in m.arg_names}
         mk = triton.compile(ASTSource(m, sg, constexprs=dict(mc)), target=TARGET,
                             options={"num_warps": 1, "launch_pdl": pdl})  # KernelConfig.merge_warps
         regs, st, ld = ptxas_report(mk.asm["ptx"])
-        name = f"merge D{d} chunk{chunk} w1{' PDL' if pdl else ''}{' device plan' if dev else ''}"
+        name = f"merge D{d} chunk{chunk} parts{parts} w1{' PDL' if pdl else ''}{' device plan' if dev else ''}"
         print(f"{name:40s} {'-':>12s} {'-':>8s} {mk.metadata.shared / 1024:8.1f} {regs:5d} {st:6d}/{ld:<5d}")
         if pdl and "griddepcontrol.wait" not in mk.asm["ptx"]:
             bad.append(name + " (no griddepcontrol.wait)")

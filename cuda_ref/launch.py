@@ -278,8 +278,8 @@ class DevicePlan:
         return self._views[name]
 
     def stage1_views(self) -> tuple:
-        """A host plan's arrays in stage 1's argument order (``_FIELDS`` but ``row_num_splits``): views
-        made once per plan buffer, so a repeated launch builds no tuple of them."""
+        """A host plan's arrays in stage 1's argument order (the first seven ``_FIELDS``, all but
+        ``row_num_splits``), made once per plan buffer: a repeated launch builds no tuple of them."""
         if self._stage1_views is None:
             self._stage1_views = tuple(self.view(f) for f in _FIELDS[:7])
         return self._stage1_views

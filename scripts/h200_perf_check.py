@@ -65,11 +65,16 @@ from cuda_ref.launch import KernelConfig, default_config  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
 
-POINTS = {"B1x1k": (1, 1024), "B1x2k": (1, 2048), "B16x1k": (16, 1024), "B1x4k": (1, 4096), "B1x16k": (1, 16384), "B1x64k": (1, 65536), "B1x128k": (1, 131072),
+POINTS = {"B1x1k": (1, 1024), "B1x2k": (1, 2048), "B16x1k": (16, 1024), "B4x1k": (4, 1024), "B16x2k": (16, 2048),
+          "B16x4k": (16, 4096), "B32x1k": (32, 1024), "B1x4k": (1, 4096), "B1x16k": (1, 16384), "B1x64k": (1, 65536), "B1x128k": (1, 131072),
           "B16x8k": (16, 8192), "B64x2k": (64, 2048), "B128x1k": (128, 1024)}
 GRID = [KernelConfig(64, 4, 3), KernelConfig(64, 4, 5), KernelConfig(64, 4, 7), KernelConfig(32, 4, 5),
         KernelConfig(32, 4, 7), KernelConfig(64, 8, 5), KernelConfig(64, 8, 7), KernelConfig(128, 8, 5),
         KernelConfig(32, 4, 4), KernelConfig(32, 2, 5), KernelConfig(16, 4, 7)]
+
+NO_SPLIT_GRID = [KernelConfig(64, 4, 7), KernelConfig(64, 8, 7), KernelConfig(128, 8, 5), KernelConfig(128, 4, 4),
+                 KernelConfig(32, 4, 7), KernelConfig(128, 8, 3), KernelConfig(128, 8, 4), KernelConfig(128, 8, 6),
+                 KernelConfig(128, 4, 5), KernelConfig(64, 8, 5)]
 
 
 def make_runner(q, k, v, bt, seq, policy="auto", config=None, fuse=None, merge=True, pdl=None, merge_warps=None):
@@ -111,6 +116,8 @@ def variants(ctx, B):
     else:
         for s in (ctx // 2, ctx // 4):
             v[f"size:{s}"] = dict(policy=f"size:{s}")
+        for cfg in NO_SPLIT_GRID:   # one item per (request, KV head): no merge, one program an SM or so
+            v[f"no split {cfg}"] = dict(policy="none", config=cfg)
     for cfg in GRID:
         v[str(cfg)] = dict(config=cfg)
     return v

@@ -49,6 +49,13 @@ class KernelConfig:
 LONG_ITEM_TOKENS = 1024
 
 
+def lone_item(head_dim: int, kv_bytes: int, num_items: int, batch_invariant: bool, item_tokens: int) -> bool:
+    """A plan :func:`default_config` runs one work item an SM with deeper tiles: not batch-invariant
+    (``auto``), 16-bit D 128, at most one item an SM, the longest at least ``LONG_ITEM_TOKENS``."""
+    return (not batch_invariant and int(head_dim) == 128 and kv_bytes == 2 and 0 < num_items <= _SMS
+            and item_tokens >= LONG_ITEM_TOKENS)
+
+
 def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invariant: bool = True,
                    item_tokens: int = 0) -> KernelConfig:
     """Stage-1 configuration by head dim, KV element size and the plan (chosen from H200
@@ -63,6 +70,12 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     Triton's pipeliner keeps the page ids two stages ahead of the K / V copies: ``num_stages`` 5
     gives two K / V buffers in shared memory (one tile in flight while the other is computed), 7
     gives three. Plans of at most two work items per SM ("few") take 5.
+
+    An ``auto`` plan (not ``batch_invariant``) of at most one item an SM whose longest item has
+    ``LONG_ITEM_TOKENS`` or more, at 16-bit D 128 (:func:`lone_item`): 128-token tiles, 8 warps, 6
+    stages, two to three 64 KiB K / V stages in flight for the SM's one program (run 55: unsplit B 16
+    plans 1.4-4.5 % faster than two splits and the merge under the defaults; the planner's h200
+    profile costs them so, ``DeviceProfile.lone_*``).
 
     Plans of more items ("many"): with ``batch_invariant`` (fixed split size or no split, whose
     results must not depend on the rest of the batch) only ``num_stages`` changes, to 7: the tile
@@ -83,6 +96,8 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     d = max(16, 1 << (int(head_dim) - 1).bit_length())  # the next power of two
     key = "few" if 0 < num_items <= _FEW_ITEMS else "many"
     elem = min(max(kv_bytes, 2), 4)
+    if lone_item(head_dim, kv_bytes, num_items, batch_invariant, item_tokens):
+        return KernelConfig(*_LONE)
     longest = 128 if (d == 64 and elem == 2 and item_tokens >= LONG_ITEM_TOKENS) else 64
     block_n = max(16, min(longest, (16 * 1024) // (d * elem)))
     warps = 8 if elem == 4 else 4
@@ -97,6 +112,20 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
 
 _FEW_ITEMS = 2 * 132  # default_config's "few" work items: at most two per SM of the H200
 _SMS = 132
+# one item an SM (an `auto` plan of at most _SMS items, the longest at least LONG_ITEM_TOKENS, 16-bit
+# D 128): 128-token tiles, 8 warps, 6 stages (run 55: B16 x 1k-8k unsplit 25.5 / 40.6 / 70.1 / 128.4 µs
+# against 26.4 / 41.3 / 71.1 / 130.5 for two splits and the merge; the planner's h200 profile costs
+# such plans with this configuration's per-item bandwidth, DeviceProfile.lone_*)
+_LONE = (128, 8, 6)
+
+
+def plan_item_tokens(plan: Plan) -> int:
+    """:attr:`DevicePlan.item_tokens` of ``plan``: its split length; for an ``auto`` plan that does
+    not split (and is not graph-stable, whose launch the capture fixes) of at most one work item an
+    SM, its longest item, which decides :func:`default_config`'s one-item-an-SM configuration."""
+    if plan.split_tokens or plan.graph_stable or plan.policy.kind != "auto" or not 0 < plan.num_items <= _SMS:
+        return plan.split_tokens
+    return int((plan.item_kv_end - plan.item_kv_start).max())
 # programs one H200 SM holds at once, per 16-bit D-128 stage-1 configuration (tokens a tile, warps,
 # stages), from the compiled kernels' registers and shared memory (n32w2s5 192 registers a thread x
 # 64 threads and 38 KB; n32w4s5 96 x 128, 38 KB; n64w4s5 148 x 128, 72 KB; n64w4s7 139 x 128, 105 KB)
@@ -480,7 +509,7 @@ class PlanUploader:
         if out is not None:
             return out
         return DevicePlan(dst, W, B, T, plan.num_slots, plan.max_splits, block_m, row_blocks, plan.graph_stable,
-                          max_q_len=max_q, item_tokens=plan.split_tokens,
+                          max_q_len=max_q, item_tokens=plan_item_tokens(plan),
                           config_items=plan.num_valid_items if plan.graph_stable else 0, _views=views)
 
 
@@ -683,6 +712,8 @@ def plan_launch_key(dplan: DevicePlan, device) -> tuple:
     return (dplan.block_m, dplan.row_blocks, dplan.graph_stable, dplan.split_size,
             dplan.max_splits if dplan.split_size else 0, dplan.max_q_len != 1,
             dplan.item_tokens >= LONG_ITEM_TOKENS, n > 0, _config_class(dplan.config_items or n),
+            # long items, one an SM: default_config's lone_item
+            dplan.item_tokens >= LONG_ITEM_TOKENS and 0 < (dplan.config_items or n) <= _SMS,
             n * dplan.row_blocks <= 2 * sms,
             dplan.max_splits > 1 or dplan.graph_stable)
 

@@ -591,20 +591,24 @@ def npu_auto(prof: DeviceProfile, active: int, longest: int, *, num_kv_heads: in
 
 
 def _auto_costs(prof: DeviceProfile, hq: int, cands: list, stats, lens_total: int, num_kv_heads: int,
-                head_dim: int, kv_elem_bytes: int) -> list:
+                head_dim: int, kv_elem_bytes: int, lone: bool = True) -> list:
     """The cost model (``docs/planner.md``) of every candidate (``stats``: :func:`_candidate_stats`'s
     lists, ``lens_total``: the tokens read): ``(split, work items, attention µs, merge µs or None
-    when the candidate does not split)`` each, every term computed as the loop planner did, bit for bit."""
+    when the candidate does not split)`` each, every term computed as the loop planner did, bit for bit.
+    ``lone``: candidates of one item a unit may take the profile's ``lone_*`` bandwidth (not for
+    graph-stable plans)."""
     ranges, rows, most, longest = stats
     token_bytes = head_dim * 2 * kv_elem_bytes
     bw, unit_bw = prof.bandwidth_gbps * 1e3, prof.unit_bandwidth_gbps * 1e3
+    lone_bw = (prof.lone_unit_bandwidth_gbps * 1e3 if lone and token_bytes == prof.lone_token_bytes else 0.0)
     launch, per_wave, slots = prof.launch_us, prof.item_overhead_us, prof.units * prof.items_per_unit
     t_stream = lens_total * num_kv_heads * token_bytes / bw   # the same tokens whatever the split
     merge_bytes = 2 * hq * (head_dim + 1) * 4                  # per partial row (o and lse, written and read)
     out = []
     for c, r, pr, m, lg in zip(cands, ranges, rows, most, longest):
         w = r * num_kv_heads
-        t_attn = launch + max(t_stream, lg * token_bytes / unit_bw) + -(-w // slots) * per_wave
+        ubw = lone_bw if (lone_bw and w <= prof.units and lg >= prof.lone_min_tokens) else unit_bw
+        t_attn = launch + max(t_stream, lg * token_bytes / ubw) + -(-w // slots) * per_wave
         out.append((c, w, t_attn, launch + pr * merge_bytes / bw if m > 1 else None))
     return out
 
@@ -616,8 +620,10 @@ def _auto_model(prof: DeviceProfile, B: int, hq: int, cands: list, stats, lens_t
     graph-stable plan's capacity), the same choice among the candidates that fit (no split always
     does), so a plan that fits is the plan made without a capacity. Returns the split length, None
     and ``(function, args)`` that make the reason and the estimates when a reader asks for them
-    (:meth:`Plan.__getattr__`; formatting them costs more than choosing)."""
-    costs = _auto_costs(prof, hq, cands, stats, lens_total, num_kv_heads, head_dim, kv_elem_bytes)
+    (:meth:`Plan.__getattr__`; formatting them costs more than choosing). ``max_items`` is given for
+    graph-stable plans only, which do not take the profile's one-item-a-unit bandwidth."""
+    costs = _auto_costs(prof, hq, cands, stats, lens_total, num_kv_heads, head_dim, kv_elem_bytes,
+                        max_items is None)
     best_c, best_w = _cheapest(costs, None)
     if max_items is not None and best_w > max_items:
         best_c, _ = _cheapest(costs, max_items)
@@ -1409,7 +1415,7 @@ class NativePlanner:
     made by the NumPy planner when first read, and a graph-stable ``reuse`` plan's buffers written in
     place as :func:`make_plan` writes them."""
 
-    _FORMAT = "=18q4d"
+    _FORMAT = "=20q5d"
 
     def __init__(self, spec: "PlanSpec", mod, settings: bytes, pol: SplitPolicy, fixed):
         self.spec, self._mod, self._settings, self._pol, self._fixed = spec, mod, settings, pol, fixed
@@ -1447,8 +1453,12 @@ class NativePlanner:
             -1 if f.max_work_items is None else f.max_work_items, _GRAPH_ITEMS_PER_UNIT * prof.units,
             prof.units * prof.items_per_unit,
             _order_items(prof), _limits.MAX_BATCH, _limits.MAX_QUERY_ROWS, _limits.MAX_WORK_ITEMS,
-            _limits.MAX_PARTIAL_SLOTS, prof.bandwidth_gbps * 1e3, prof.unit_bandwidth_gbps * 1e3, prof.launch_us,
-            prof.item_overhead_us)
+            _limits.MAX_PARTIAL_SLOTS, prof.units, prof.lone_min_tokens,
+            prof.bandwidth_gbps * 1e3, prof.unit_bandwidth_gbps * 1e3, prof.launch_us, prof.item_overhead_us,
+            # one item a unit (DeviceProfile.lone_*): not for graph-stable plans (_auto_model)
+            prof.lone_unit_bandwidth_gbps * 1e3 if (not f.graph_stable and prof.lone_unit_bandwidth_gbps
+                                                    and f.head_dim * 2 * f.kv_elem_bytes == prof.lone_token_bytes)
+            else 0.0)
         if len(settings) != mod.SETTINGS_BYTES:
             return None
         return cls(spec, mod, settings, pol, _fixed_choice(pol, f.page))

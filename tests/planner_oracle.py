@@ -43,8 +43,10 @@ def _ranges(lo: int, hi: int, split: int, page: int) -> list[tuple[int, int]]:
 
 
 def _estimate_us(spans, q_lens, split: int, *, num_kv_heads: int, num_q_heads: int, head_dim: int,
-                 kv_elem_bytes: int, page: int, prof: DeviceProfile) -> tuple[float, float, int]:
-    """Cost model: (attention µs, merge µs, work items) for a uniform split length (0: none)."""
+                 kv_elem_bytes: int, page: int, prof: DeviceProfile, lone: bool = True) -> tuple[float, float, int]:
+    """Cost model: (attention µs, merge µs, work items) for a uniform split length (0: none). At most
+    one item a unit, the longest of at least ``prof.lone_min_tokens`` tokens of ``prof.lone_token_bytes``
+    bytes: the item's bandwidth is ``prof.lone_unit_bandwidth_gbps`` where set (``lone``: not graph-stable)."""
     items_bytes = []
     partial_rows = 0
     for (lo, hi), ql in zip(spans, q_lens):
@@ -54,8 +56,12 @@ def _estimate_us(spans, q_lens, split: int, *, num_kv_heads: int, num_q_heads: i
     total = sum(items_bytes)
     w = len(items_bytes)
     waves = math.ceil(w / (prof.units * prof.items_per_unit))
-    t_attn = (prof.launch_us + max(total / (prof.bandwidth_gbps * 1e3),
-                                   max(items_bytes) / (prof.unit_bandwidth_gbps * 1e3))
+    token_bytes = head_dim * 2 * kv_elem_bytes
+    unit_gbps = prof.unit_bandwidth_gbps
+    if (lone and prof.lone_unit_bandwidth_gbps and token_bytes == prof.lone_token_bytes and w <= prof.units
+            and max(items_bytes) >= prof.lone_min_tokens * token_bytes):
+        unit_gbps = prof.lone_unit_bandwidth_gbps
+    t_attn = (prof.launch_us + max(total / (prof.bandwidth_gbps * 1e3), max(items_bytes) / (unit_gbps * 1e3))
               + waves * prof.item_overhead_us)
     multi = any(len(_ranges(lo, hi, split, page)) > 1 for lo, hi in spans)
     t_merge = 0.0
@@ -150,7 +156,7 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
                                       kv_elem_bytes=kv_elem_bytes, page=page_size, min_split=min_split, cap=cap)
     else:
         kw = dict(num_kv_heads=num_kv_heads, num_q_heads=hq, head_dim=head_dim, kv_elem_bytes=kv_elem_bytes,
-                  page=page_size, prof=prof)
+                  page=page_size, prof=prof, lone=not graph_stable)
         cands = [0]
         s = _round_up(max(min_split, page_size), page_size)
         while s < longest:

@@ -281,6 +281,28 @@ def test_auto_decides_from_the_device_profile():
     assert "h200" not in npu.reason
 
 
+def test_auto_runs_one_long_item_a_unit_unsplit_on_the_h200():
+    """``DeviceProfile.lone_*``: at 128 (request, KV head) pairs of 1k-8k tokens (B 16, Hkv 8) the
+    H200's unsplit plan, whose one item an SM the launch streams with deeper tiles (run 55), is
+    cheaper than two splits and the merge; not for graph-stable plans (their launch keeps the
+    capture's configuration), other token sizes (not measured) or more items than units."""
+    prof = get_profile("h200")
+    for n in (1024, 2048, 8192):
+        p = _auto([n] * 16, "h200")
+        assert p.split_tokens == 0 and p.num_items == 128
+        est = p.estimates_us[0]["attention_us"]   # the lone bandwidth: the item's bytes at 32 GB/s
+        lone = prof.launch_us + max(n * 512 / (prof.lone_unit_bandwidth_gbps * 1e3),
+                                    16 * 8 * n * 512 / (prof.bandwidth_gbps * 1e3)) + prof.item_overhead_us
+        assert est == round(lone, 3)
+        assert _auto([n] * 16, "h200", graph_stable=True).split_tokens > 0
+    assert make_plan([1024] * 16, num_kv_heads=8, num_q_heads=32, head_dim=64, page_size=16,
+                     device="h200").split_tokens > 0                          # 256 bytes a token
+    assert make_plan([1024] * 17, num_kv_heads=8, num_q_heads=32, head_dim=128, page_size=16,
+                     device="h200").estimates_us[0]["attention_us"] > 30     # 136 items: the usual per-item cost
+    assert _auto([16384], "h200").split_tokens == 512                        # batch 1 as before
+    assert get_profile("910b2").lone_unit_bandwidth_gbps == 0
+
+
 def test_auto_leaves_short_histories_alone():
     p = _auto([100, 100], "h200")   # splits of 64 tokens would not pay for their merge here
     assert p.split_tokens == 0 and "too short" in p.reason

@@ -46,12 +46,14 @@ def test_small_catalog_passes(case):
 FUSED_CASES = cases.catalog(("small",), "seed,policy,mask,empty,multi-query,int8,gqa/5-1")
 
 
-@pytest.mark.parametrize("variant", ["fused", "fused-n16", "separate-n32"])
+@pytest.mark.parametrize("variant", ["fused", "fused-n16", "separate-n32", "separate-n128w8s6"])
 @pytest.mark.parametrize("case", FUSED_CASES, ids=[c.name for c in FUSED_CASES])
 def test_kernel_variants_pass(case, variant):
     kw = {"fused": dict(fuse_merge=True),
           "fused-n16": dict(fuse_merge=True, config=KernelConfig(16, 4, 1)),
-          "separate-n32": dict(fuse_merge=False, config=KernelConfig(32, 4, 2))}[variant]
+          "separate-n32": dict(fuse_merge=False, config=KernelConfig(32, 4, 2)),
+          # one long item an SM (launch.lone_item)
+          "separate-n128w8s6": dict(fuse_merge=False, config=KernelConfig(128, 8, 6))}[variant]
     be = Backend("triton-" + variant, lambda i, p: tb.run(i, p, **kw), tb._unavailable, tb._unsupported, "h200")
     res = run_case(be, case)
     assert res.status == "pass", res.message
@@ -290,6 +292,36 @@ def test_default_config_fills_the_waves_at_d128():
     assert cfg(1321) == cfg(100_000) == cfg(0) == "n32w2s5" and cfg(1321, True) == cfg(0, True) == "n64w4s7"
     assert cfg(640, d=64) == "n32w2s7" and cfg(640, True, d=64) == "n128w4s7"   # long items at D 64
     assert cfg(640, kv_bytes=4) == "n32w8s7" and cfg(640, d=256) == "n32w4s7"
+
+
+def test_default_config_runs_one_long_item_an_sm_with_deeper_tiles():
+    """``launch.lone_item``: an ``auto`` plan at 16-bit D 128 of at most one item an SM, the longest
+    of 1,024 tokens or more, takes 128-token tiles, 8 warps and 6 stages (run 55); its longest item
+    is :attr:`DevicePlan.item_tokens` (``plan_item_tokens``); batch-invariant plans, more items,
+    shorter items, other head dims and dtypes do not; plans on either side get their own launch."""
+    from cuda_ref.launch import DevicePlan, default_config, plan_item_tokens, plan_launch_key
+    from splitkv_common.plan import make_plan
+    assert str(default_config(128, 2, 128, False, 1024)) == str(default_config(128, 2, 132, False, 8192)) == "n128w8s6"
+    for args in ((128, 2, 128, True, 1024), (128, 2, 133, False, 1024), (128, 2, 128, False, 1023),
+                 (64, 2, 128, False, 4096), (128, 4, 128, False, 4096), (128, 2, 0, False, 4096)):
+        assert str(default_config(*args)) != "n128w8s6", args
+
+    def plan(seq, **kw):
+        return make_plan(np.array(seq), num_kv_heads=8, num_q_heads=32, head_dim=128, page_size=16, device="h200",
+                         **kw)
+
+    unsplit = plan([1024] * 15 + [1100])
+    assert unsplit.split_tokens == 0 and plan_item_tokens(unsplit) == 1100
+    assert plan_item_tokens(plan([1024] * 16, policy="none")) == 0
+    stable = plan([1024] * 16, graph_stable=True)
+    assert plan_item_tokens(stable) == stable.split_tokens > 0
+    one = plan([16384])
+    assert plan_item_tokens(one) == one.split_tokens == 512
+
+    def key(n, tokens):
+        return plan_launch_key(DevicePlan(torch.zeros(1, dtype=torch.int32), n, 16, 16, 16, 1, 16, 1, False,
+                                          item_tokens=tokens), torch.device("cpu"))
+    assert key(128, 1024) != key(128, 512) and key(128, 1024) != key(133, 1024)
 
 
 def test_plans_whose_item_counts_choose_other_configurations_get_their_own_launch():

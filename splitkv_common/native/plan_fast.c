@@ -26,7 +26,7 @@
 static int numpy_api = 0;   /* import_array() succeeded */
 #endif
 
-/* The wrapper's settings, packed once by NativePlanner (struct.pack "=18q4d"): every field an
+/* The wrapper's settings, packed once by NativePlanner (struct.pack "=20q5d"): every field an
  * int64 or a double, in this order. */
 typedef struct {
     int64_t hkv, page, hq, token_bytes, merge_bytes;
@@ -37,7 +37,10 @@ typedef struct {
     int64_t graph_floor;      /* the default capacity's floor: graph_capacity's items per unit x units */
     int64_t slots, order_above;
     int64_t max_batch, max_query_rows, max_items_limit, max_partial_slots;
+    int64_t units;            /* the profile's units */
+    int64_t lone_min_tokens;  /* a candidate of at most `units` items, the longest at least this long, */
     double bw, unit_bw, launch_us, per_wave_us;
+    double lone_unit_bw;      /* ... takes this per-item bandwidth (0: never; the profile's lone_*) */
 } Settings;
 
 #define I32_LIMIT ((int64_t)1 << 31)
@@ -184,7 +187,9 @@ static int64_t choose_auto(const Settings *s, const int64_t *seq, const int64_t 
         int64_t w = ranges * s->hkv, lg_bytes, merge;
         if (__builtin_mul_overflow(lg, s->token_bytes, &lg_bytes) || __builtin_mul_overflow(rows, s->merge_bytes, &merge))
             return -2;
-        double x = (double)lg_bytes / s->unit_bw;
+        double ubw = (s->lone_unit_bw > 0.0 && w <= s->units && lg >= s->lone_min_tokens) ? s->lone_unit_bw
+                                                                                          : s->unit_bw;
+        double x = (double)lg_bytes / ubw;
         double t_attn = s->launch_us + (x > t_stream ? x : t_stream) + (double)ceil_div(w, s->slots) * s->per_wave_us;
         double total = most > 1 ? t_attn + (s->launch_us + (double)merge / s->bw) : t_attn + 0.0;
         if (best_c < 0 || total < best_t * 0.97) { best_c = cc; best_t = total; best_w = w; }

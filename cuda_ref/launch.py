@@ -126,6 +126,8 @@ def plan_item_tokens(plan: Plan) -> int:
     if plan.split_tokens or plan.graph_stable or plan.policy.kind != "auto" or not 0 < plan.num_items <= _SMS:
         return plan.split_tokens
     return int((plan.item_kv_end - plan.item_kv_start).max())
+
+
 # programs one H200 SM holds at once, per 16-bit D-128 stage-1 configuration (tokens a tile, warps,
 # stages), from the compiled kernels' registers and shared memory (n32w2s5 192 registers a thread x
 # 64 threads and 38 KB; n32w4s5 96 x 128, 38 KB; n64w4s5 148 x 128, 72 KB; n64w4s7 139 x 128, 105 KB)
@@ -243,7 +245,7 @@ class DevicePlan:
     graph_stable: bool
     max_q_len: int = 0  # query rows of the longest request; 0: unknown (the kernel then handles several)
     split_size: int = 0
-    item_tokens: int = 0  # the plan's split length (default_config's tile at D 64); 0: unknown
+    item_tokens: int = 0  # the plan's split length, or an unsplit auto plan's longest item (plan_item_tokens)
     # the work items default_config chooses for: a graph-stable plan's valid items (those of the plan
     # the buffer was made for; its padding returns at once), not its capacity; 0: num_items
     config_items: int = 0

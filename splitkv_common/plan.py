@@ -660,8 +660,8 @@ def _auto_reason(split: int, est: dict, par: int, prof: DeviceProfile) -> str:
                 f"{prof.units} units; splitting would add merge and per-split cost "
                 f"(no split est. {none_t:.1f} µs)")
     if split == 0:
-        return (f"auto on {prof.name}: {par} (request, KV head) items for {prof.units} units, but the "
-                f"history is too short for splitting to pay for its merge and per-split cost "
+        return (f"auto on {prof.name}: {par} (request, KV head) items for {prof.units} units, but "
+                f"splitting would not pay for its merge and per-split cost at these lengths "
                 f"(no split est. {none_t:.1f} µs)")
     e = est[split]
     return (f"auto on {prof.name}: only {par} (request, KV head) items for {prof.units} units; "

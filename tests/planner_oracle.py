@@ -196,8 +196,8 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
                           f"{prof.units} units; splitting would add merge and per-split cost "
                           f"(no split est. {none_t:.1f} µs)")
             elif split == 0:
-                reason = (f"auto on {prof.name}: {par} (request, KV head) items for {prof.units} units, but the "
-                          f"history is too short for splitting to pay for its merge and per-split cost "
+                reason = (f"auto on {prof.name}: {par} (request, KV head) items for {prof.units} units, but "
+                          f"splitting would not pay for its merge and per-split cost at these lengths "
                           f"(no split est. {none_t:.1f} µs)")
             else:
                 e = est[split]

@@ -22,7 +22,6 @@ Writes ``kernels_ab.json`` (with provenance) and ``kernels_ab.md`` to ``--out``.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import time
@@ -37,6 +36,7 @@ require("triton", "scripts/bench_kernels_ab.py")
 
 from bench_decode import (PAGE, Timer, contiguous_kv, interleaved, make_point, parse_points,  # noqa: E402
                           save_outputs, sdpa_peers)
+from h200_perf_check import load_kernels  # noqa: E402
 from cuda_ref import launch  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
@@ -45,20 +45,7 @@ POINTS = "B1x1k,B1x2k,B1x4k,B1x16k,B1x128k,B4x1k,B16x1k,B16x4k,B16x8k,B64x2k,B12
          "B1x32k@16/2/256,B16x4k@32/8/64"
 
 
-def load_kernels(path: str):
-    """The kernels module of ``path`` (another version of ``cuda_ref/kernels.py``)."""
-    spec = importlib.util.spec_from_file_location("cuda_ref_kernels_old", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def name_of(B, ctx, hq, hkv, D) -> str:
-    s = f"B{B}x{ctx // 1024}k"
-    return s if (hq, hkv, D) == (32, 8, 128) else s + (f"@{hq}/{hkv}" if D == 128 else f"@{hq}/{hkv}/{D}")
-
-
-def point(timer, versions: dict, B, ctx, hq, hkv, D, policy, passes) -> dict:
+def point(timer, versions: dict, name: str, B, ctx, hq, hkv, D, policy, passes) -> dict:
     q, k, v, bt, seq = make_point(B, ctx, hq, hkv, D, torch.bfloat16)
     qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
     kc, vc = contiguous_kv(k, bt, B, ctx), contiguous_kv(v, bt, B, ctx)
@@ -89,7 +76,7 @@ def point(timer, versions: dict, B, ctx, hq, hkv, D, policy, passes) -> dict:
     peers = {n.replace("sdpa_", ""): t for n, t in sdpa_peers(timer, q, kc, vc).items()
              if not n.endswith("_error") and t is not None}
     a, b = outs["new"], outs["old"]
-    row = dict(point=name_of(B, ctx, hq, hkv, D), policy=policy, B=B, ctx=ctx, hq=hq, hkv=hkv, D=D,
+    row = dict(point=name, policy=policy, B=B, ctx=ctx, hq=hq, hkv=hkv, D=D,
                items=int(keep[0].dplan.num_items), splits=int(plan.max_splits),
                passes={n: [round(x, 2) for x in t] for n, t in times.items()},
                us={n: round(min(t), 2) for n, t in times.items()}, peers=peers, err=err,
@@ -131,11 +118,11 @@ def main(argv=None) -> int:
     res = dict(provenance=provenance(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                old=os.path.basename(a.old), passes=a.passes, iters=a.iters, points=[])
-    for B, ctx, hq, hkv, D, _ in parse_points(a.points):
+    for text, (B, ctx, hq, hkv, D, _) in zip(a.points.split(","), parse_points(a.points)):
         for policy in a.policies.split(","):
-            name = f"{name_of(B, ctx, hq, hkv, D)} {policy}"
+            name = f"{text.strip()} {policy}"
             try:
-                res["points"].append(point(timer, versions, B, ctx, hq, hkv, D, policy, a.passes))
+                res["points"].append(point(timer, versions, text.strip(), B, ctx, hq, hkv, D, policy, a.passes))
                 print(name, res["points"][-1]["us"], flush=True)
             except Exception as e:  # noqa: BLE001 - a failing point is a result
                 res.setdefault("errors", {})[name] = f"{type(e).__name__}: {str(e)[:300]}"

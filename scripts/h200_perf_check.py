@@ -123,14 +123,19 @@ def variants(ctx, B):
     return v
 
 
-def use_kernels_from(path: str) -> None:
-    """Launch the kernels of ``path`` (a version of ``cuda_ref/kernels.py``) from here on."""
+def load_kernels(path: str):
+    """The module of ``path`` (another version of ``cuda_ref/kernels.py``)."""
     import importlib.util
-    from cuda_ref import launch
     spec = importlib.util.spec_from_file_location("cuda_ref_kernels_alt", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    launch.kernels = mod
+    return mod
+
+
+def use_kernels_from(path: str) -> None:
+    """Launch the kernels of ``path`` (a version of ``cuda_ref/kernels.py``) from here on."""
+    from cuda_ref import launch
+    launch.kernels = load_kernels(path)
 
 
 def measure_point(name, timers, ceiling, only=None):

@@ -590,6 +590,14 @@ def npu_auto(prof: DeviceProfile, active: int, longest: int, *, num_kv_heads: in
                   f"{none_t:.1f} µs unsplit"), est
 
 
+def _lone_bandwidth(prof: DeviceProfile, token_bytes: int, lone: bool) -> float:
+    """The per-item bandwidth (bytes / µs) of a candidate of one item a unit (``DeviceProfile.lone_*``)
+    at ``token_bytes`` K + V bytes a token, 0.0 where the profile has none for them or ``lone`` is off
+    (graph-stable plans); the NumPy planner's and the C planner's (its settings) alike."""
+    gbps = prof.lone_unit_bandwidth_gbps
+    return gbps * 1e3 if lone and gbps > 0 and token_bytes == prof.lone_token_bytes else 0.0
+
+
 def _auto_costs(prof: DeviceProfile, hq: int, cands: list, stats, lens_total: int, num_kv_heads: int,
                 head_dim: int, kv_elem_bytes: int, lone: bool = True) -> list:
     """The cost model (``docs/planner.md``) of every candidate (``stats``: :func:`_candidate_stats`'s
@@ -600,7 +608,7 @@ def _auto_costs(prof: DeviceProfile, hq: int, cands: list, stats, lens_total: in
     ranges, rows, most, longest = stats
     token_bytes = head_dim * 2 * kv_elem_bytes
     bw, unit_bw = prof.bandwidth_gbps * 1e3, prof.unit_bandwidth_gbps * 1e3
-    lone_bw = (prof.lone_unit_bandwidth_gbps * 1e3 if lone and token_bytes == prof.lone_token_bytes else 0.0)
+    lone_bw = _lone_bandwidth(prof, token_bytes, lone)
     launch, per_wave, slots = prof.launch_us, prof.item_overhead_us, prof.units * prof.items_per_unit
     t_stream = lens_total * num_kv_heads * token_bytes / bw   # the same tokens whatever the split
     merge_bytes = 2 * hq * (head_dim + 1) * 4                  # per partial row (o and lse, written and read)
@@ -1455,10 +1463,7 @@ class NativePlanner:
             _order_items(prof), _limits.MAX_BATCH, _limits.MAX_QUERY_ROWS, _limits.MAX_WORK_ITEMS,
             _limits.MAX_PARTIAL_SLOTS, prof.units, prof.lone_min_tokens,
             prof.bandwidth_gbps * 1e3, prof.unit_bandwidth_gbps * 1e3, prof.launch_us, prof.item_overhead_us,
-            # one item a unit (DeviceProfile.lone_*): not for graph-stable plans (_auto_model)
-            prof.lone_unit_bandwidth_gbps * 1e3 if (not f.graph_stable and prof.lone_unit_bandwidth_gbps
-                                                    and f.head_dim * 2 * f.kv_elem_bytes == prof.lone_token_bytes)
-            else 0.0)
+            _lone_bandwidth(prof, f.head_dim * 2 * f.kv_elem_bytes, not f.graph_stable))
         if len(settings) != mod.SETTINGS_BYTES:
             return None
         return cls(spec, mod, settings, pol, _fixed_choice(pol, f.page))

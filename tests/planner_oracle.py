@@ -58,7 +58,7 @@ def _estimate_us(spans, q_lens, split: int, *, num_kv_heads: int, num_q_heads: i
     waves = math.ceil(w / (prof.units * prof.items_per_unit))
     token_bytes = head_dim * 2 * kv_elem_bytes
     unit_gbps = prof.unit_bandwidth_gbps
-    if (lone and prof.lone_unit_bandwidth_gbps and token_bytes == prof.lone_token_bytes and w <= prof.units
+    if (lone and prof.lone_unit_bandwidth_gbps > 0 and token_bytes == prof.lone_token_bytes and w <= prof.units
             and max(items_bytes) >= prof.lone_min_tokens * token_bytes):
         unit_gbps = prof.lone_unit_bandwidth_gbps
     t_attn = (prof.launch_us + max(total / (prof.bandwidth_gbps * 1e3), max(items_bytes) / (unit_gbps * 1e3))

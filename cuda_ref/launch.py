@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from splitkv_common import native as _native
+from splitkv_common.devices import PROFILES
 from splitkv_common.plan import Plan
 
 from . import kernels
@@ -51,9 +52,12 @@ LONG_ITEM_TOKENS = 1024
 
 def lone_item(head_dim: int, kv_bytes: int, num_items: int, batch_invariant: bool, item_tokens: int) -> bool:
     """A plan :func:`default_config` runs one work item an SM with deeper tiles: not batch-invariant
-    (``auto``), 16-bit D 128, at most one item an SM, the longest at least ``LONG_ITEM_TOKENS``."""
-    return (not batch_invariant and int(head_dim) == 128 and kv_bytes == 2 and 0 < num_items <= _SMS
-            and item_tokens >= LONG_ITEM_TOKENS)
+    (``auto``), at the h200 profile's one-item-a-unit figures, by which the planner costs such plans
+    (``DeviceProfile.lone_*``: 16-bit D 128, at most one item an SM, the longest at least 1,024
+    tokens). ``kv_bytes`` as :func:`default_config` takes it (int8 passed as 4: never)."""
+    p = _H200
+    return (not batch_invariant and int(head_dim) == p.lone_head_dim and kv_bytes == p.lone_kv_bytes
+            and 0 < num_items <= p.units and item_tokens >= p.lone_min_tokens)
 
 
 def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invariant: bool = True,
@@ -112,6 +116,7 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
 
 _FEW_ITEMS = 2 * 132  # default_config's "few" work items: at most two per SM of the H200
 _SMS = 132
+_H200 = PROFILES["h200"]   # the planner's profile of these kernels (lone_item)
 # one item an SM (an `auto` plan of at most _SMS items, the longest at least LONG_ITEM_TOKENS, 16-bit
 # D 128): 128-token tiles, 8 warps, 6 stages (run 55: B16 x 1k-8k unsplit 25.5 / 40.6 / 70.1 / 128.4 µs
 # against 26.4 / 41.3 / 71.1 / 130.5 for two splits and the merge; the planner's h200 profile costs

@@ -27,11 +27,12 @@ class DeviceProfile:
         max_splits: the most splits ``auto`` gives one request.
         ub_bytes: on-chip buffer per unit for tiling checks (Ascend Unified Buffer), or 0.
         note: where the figures come from.
-        lone_unit_bandwidth_gbps / lone_min_tokens / lone_token_bytes: one item a unit. A plan of
-            at most ``units`` work items, the longest at least ``lone_min_tokens`` tokens, at
-            ``lone_token_bytes`` K + V bytes a token, that is not graph-stable, is streamed by the
-            backend with a configuration of deeper tiles (``cuda_ref.launch.default_config``), whose
-            one item pulls ``lone_unit_bandwidth_gbps`` alone; 0: no such configuration.
+        lone_unit_bandwidth_gbps / lone_min_tokens / lone_head_dim / lone_kv_bytes: one item a
+            unit. A plan of at most ``units`` work items, the longest at least ``lone_min_tokens``
+            tokens, at head dim ``lone_head_dim`` and ``lone_kv_bytes`` bytes a KV element, that is
+            not graph-stable, is streamed by the backend with a configuration of deeper tiles
+            (``cuda_ref.launch.lone_item``, which reads these fields), whose one item pulls
+            ``lone_unit_bandwidth_gbps`` alone; 0: no such configuration.
     """
 
     name: str
@@ -51,14 +52,15 @@ class DeviceProfile:
     cube_units: int = 0
     lone_unit_bandwidth_gbps: float = 0.0
     lone_min_tokens: int = 0
-    lone_token_bytes: int = 0
+    lone_head_dim: int = 0
+    lone_kv_bytes: int = 0
 
 
 PROFILES: dict[str, DeviceProfile] = {
     "h200": DeviceProfile(
         name="h200", units=132, items_per_unit=2, bandwidth_gbps=4270.0, unit_bandwidth_gbps=20.0,
         item_overhead_us=6.0, launch_us=3.0, min_split_tokens=64, max_splits=64,
-        lone_unit_bandwidth_gbps=32.0, lone_min_tokens=1024, lone_token_bytes=512,
+        lone_unit_bandwidth_gbps=32.0, lone_min_tokens=1024, lone_head_dim=128, lone_kv_bytes=2,
         note="NVIDIA H200 SXM: 132 SMs; copy ceiling 4.27 TB/s measured; per-item bandwidth and per-wave "
              "cost fitted to the Triton kernels' split sweeps; splits down to 64 tokens at short contexts "
              "(run 16: B1 x 1k 12.0 against 14.5 us with 256; docs/perf-notes.md); one item an SM of 16-bit "

@@ -590,12 +590,13 @@ def npu_auto(prof: DeviceProfile, active: int, longest: int, *, num_kv_heads: in
                   f"{none_t:.1f} µs unsplit"), est
 
 
-def _lone_bandwidth(prof: DeviceProfile, token_bytes: int, lone: bool) -> float:
+def _lone_bandwidth(prof: DeviceProfile, head_dim: int, kv_elem_bytes: int, lone: bool) -> float:
     """The per-item bandwidth (bytes / µs) of a candidate of one item a unit (``DeviceProfile.lone_*``)
-    at ``token_bytes`` K + V bytes a token, 0.0 where the profile has none for them or ``lone`` is off
+    at this head dim and KV element size, 0.0 where the profile has none for them or ``lone`` is off
     (graph-stable plans); the NumPy planner's and the C planner's (its settings) alike."""
     gbps = prof.lone_unit_bandwidth_gbps
-    return gbps * 1e3 if lone and gbps > 0 and token_bytes == prof.lone_token_bytes else 0.0
+    fits = head_dim == prof.lone_head_dim and kv_elem_bytes == prof.lone_kv_bytes
+    return gbps * 1e3 if lone and gbps > 0 and fits else 0.0
 
 
 def _auto_costs(prof: DeviceProfile, hq: int, cands: list, stats, lens_total: int, num_kv_heads: int,
@@ -608,7 +609,7 @@ def _auto_costs(prof: DeviceProfile, hq: int, cands: list, stats, lens_total: in
     ranges, rows, most, longest = stats
     token_bytes = head_dim * 2 * kv_elem_bytes
     bw, unit_bw = prof.bandwidth_gbps * 1e3, prof.unit_bandwidth_gbps * 1e3
-    lone_bw = _lone_bandwidth(prof, token_bytes, lone)
+    lone_bw = _lone_bandwidth(prof, head_dim, kv_elem_bytes, lone)
     launch, per_wave, slots = prof.launch_us, prof.item_overhead_us, prof.units * prof.items_per_unit
     t_stream = lens_total * num_kv_heads * token_bytes / bw   # the same tokens whatever the split
     merge_bytes = 2 * hq * (head_dim + 1) * 4                  # per partial row (o and lse, written and read)
@@ -1463,7 +1464,7 @@ class NativePlanner:
             _order_items(prof), _limits.MAX_BATCH, _limits.MAX_QUERY_ROWS, _limits.MAX_WORK_ITEMS,
             _limits.MAX_PARTIAL_SLOTS, prof.units, prof.lone_min_tokens,
             prof.bandwidth_gbps * 1e3, prof.unit_bandwidth_gbps * 1e3, prof.launch_us, prof.item_overhead_us,
-            _lone_bandwidth(prof, f.head_dim * 2 * f.kv_elem_bytes, not f.graph_stable))
+            _lone_bandwidth(prof, f.head_dim, f.kv_elem_bytes, not f.graph_stable))
         if len(settings) != mod.SETTINGS_BYTES:
             return None
         return cls(spec, mod, settings, pol, _fixed_choice(pol, f.page))

@@ -45,8 +45,9 @@ def _ranges(lo: int, hi: int, split: int, page: int) -> list[tuple[int, int]]:
 def _estimate_us(spans, q_lens, split: int, *, num_kv_heads: int, num_q_heads: int, head_dim: int,
                  kv_elem_bytes: int, page: int, prof: DeviceProfile, lone: bool = True) -> tuple[float, float, int]:
     """Cost model: (attention µs, merge µs, work items) for a uniform split length (0: none). At most
-    one item a unit, the longest of at least ``prof.lone_min_tokens`` tokens of ``prof.lone_token_bytes``
-    bytes: the item's bandwidth is ``prof.lone_unit_bandwidth_gbps`` where set (``lone``: not graph-stable)."""
+    one item a unit, the longest of at least ``prof.lone_min_tokens`` tokens, at ``prof.lone_head_dim`` and
+    ``prof.lone_kv_bytes``: the item's bandwidth is ``prof.lone_unit_bandwidth_gbps`` where set (``lone``:
+    not graph-stable)."""
     items_bytes = []
     partial_rows = 0
     for (lo, hi), ql in zip(spans, q_lens):
@@ -58,7 +59,8 @@ def _estimate_us(spans, q_lens, split: int, *, num_kv_heads: int, num_q_heads: i
     waves = math.ceil(w / (prof.units * prof.items_per_unit))
     token_bytes = head_dim * 2 * kv_elem_bytes
     unit_gbps = prof.unit_bandwidth_gbps
-    if (lone and prof.lone_unit_bandwidth_gbps > 0 and token_bytes == prof.lone_token_bytes and w <= prof.units
+    if (lone and prof.lone_unit_bandwidth_gbps > 0 and head_dim == prof.lone_head_dim
+            and kv_elem_bytes == prof.lone_kv_bytes and w <= prof.units
             and max(items_bytes) >= prof.lone_min_tokens * token_bytes):
         unit_gbps = prof.lone_unit_bandwidth_gbps
     t_attn = (prof.launch_us + max(total / (prof.bandwidth_gbps * 1e3), max(items_bytes) / (unit_gbps * 1e3))

@@ -324,6 +324,25 @@ def test_default_config_runs_one_long_item_an_sm_with_deeper_tiles():
     assert key(128, 1024) != key(128, 512) and key(128, 1024) != key(133, 1024)
 
 
+def test_the_planner_costs_one_item_an_sm_where_the_launch_takes_its_configuration():
+    """``DeviceProfile.lone_*`` is read by the planner and by ``launch.lone_item`` alike: at B 16 x 1k
+    (128 items) the unsplit candidate gets the one-item bandwidth exactly where the launch would give
+    the plan the deeper tiles (16-bit D 128), not at other shapes of the same bytes a token (D 256
+    int8, D 64 float32)."""
+    from cuda_ref.launch import lone_item
+    from splitkv_common.devices import get_profile
+    from splitkv_common.plan import make_plan
+    prof = get_profile("h200")
+    for d, elem in ((128, 2), (256, 1), (64, 4), (128, 1), (128, 4)):
+        est = make_plan(np.full(16, 1024), num_kv_heads=8, num_q_heads=32, head_dim=d, kv_elem_bytes=elem,
+                        page_size=16, device="h200").estimates_us[0]["attention_us"]
+        tb = d * 2 * elem
+        lone = prof.launch_us + max(1024 * tb / (prof.lone_unit_bandwidth_gbps * 1e3),
+                                    128 * 1024 * tb / (prof.bandwidth_gbps * 1e3)) + prof.item_overhead_us
+        launch_bytes = 4 if elem != 2 else 2   # default_config's kv_bytes: int8 and float32 as 4
+        assert (est == round(lone, 3)) == lone_item(d, launch_bytes, 128, False, 1024) == ((d, elem) == (128, 2))
+
+
 def test_plans_whose_item_counts_choose_other_configurations_get_their_own_launch():
     # the prepared launch is shared by plans of equal launch keys: the key holds the configuration
     # the item count decides, so a plan of 640 items does not run with a 512-item plan's n32w2s5

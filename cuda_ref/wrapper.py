@@ -79,7 +79,8 @@ class StepInputs:
             w.run(q, k_cache, v_cache, block_table, inputs.seq_lens, inputs.query_start_loc)
         inputs.replay(g, lens, qsl)                   # each step: write lens and qsl, replay
 
-    ``replay`` waits for the previous replay before it rewrites the buffer (its copy reads it)."""
+    ``replay`` waits for the previous replay's copy before it rewrites the buffer: the captured copy
+    records an event at each replay, so a step records nothing on the host."""
 
     def __init__(self, batch_size: int, device, ring: int = 2, in_graph: bool = False):
         if int(batch_size) < 0:
@@ -117,15 +118,16 @@ class StepInputs:
         if not self.in_graph:
             raise ValueError("in_graph: copy() is for a StepInputs(in_graph=True); use update()")
         self._dev.copy_(self._host[0][0], non_blocking=self.cuda)
+        self._record(0)
 
     def replay(self, graph, seq_lens, query_start_loc) -> None:
         """``in_graph``: write this step's ``seq_lens [B]`` and ``query_start_loc [B + 1]`` into the
-        pinned buffer (after the previous replay, which read it, has finished), then ``graph.replay()``."""
+        pinned buffer (after the previous replay's copy, which read it, has finished: the event that
+        copy records), then ``graph.replay()``."""
         if not self.in_graph:
             raise ValueError("in_graph: replay() is for a StepInputs(in_graph=True); use update()")
         self._write(seq_lens, query_start_loc)
         graph.replay()
-        self._record(0)
 
     def _write(self, seq_lens, query_start_loc) -> int:
         """Write the host arrays into the next ring slot once its last copy has finished; the slot."""
@@ -147,10 +149,12 @@ class StepInputs:
         return k
 
     def _record(self, k: int) -> None:
-        """An event after the work that reads ring slot ``k`` (CUDA only; made once per slot)."""
+        """An event after the copy that reads ring slot ``k`` (CUDA only; made once per slot,
+        ``external`` so that a record inside a capture becomes a node of the graph: each replay
+        records it, and the host records nothing per step)."""
         if self.cuda:
             if self._events[k] is None:
-                self._events[k] = torch.cuda.Event()
+                self._events[k] = torch.cuda.Event(external=True)
             self._events[k].record()
 
 

@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Probe: stage 1 with Hopper's bulk tensor copies (TMA), one copy per KV page, against our stage 1.
+
+A measurement, not a backend: before building page-granular tensor copies into ``cuda_ref/kernels.py``
+(docs/perf-notes.md, "Next steps"), this asks whether they move the KV faster at the points that
+trail the peers. The probe kernel covers the one case those points share: one query row per request,
+16-bit K / V in the NHD page layout ``[P, PAGE, Hkv, D]`` (contiguous), no window, no soft cap, a
+fixed split length, and no bounds reporting (a tensor copy fills coordinates outside the cache
+with zeros, so an out-of-range page id reads zeros; the probe does not report it).
+
+Each program takes one (request, KV head, split): the GQA group's query rows padded to 16, then per
+iteration ``PPI`` pages, each page's K and V one tensor copy ``[PAGE, D]`` from a descriptor over
+the cache seen as ``[P * PAGE, Hkv * D]`` (a page's rows for one head are one box: ``PAGE`` rows of
+``D`` elements, ``Hkv * D`` apart). Scores of the ``PPI`` pages share one online-softmax step.
+Output: the split's partial state (normalised rows and base-2 lse), as our stage 1 writes it.
+
+On a GPU: each variant checked against SDPA's math backend (partial states merged on the host,
+``torch.logsumexp``), then timed as ``bench_decode.py`` times (graph replay after a read flush,
+median), beside our stage 1 alone (``DecodeWrapper`` with the merge off) with the same split::
+
+    python scripts/h200_tma_probe.py --out DIR [--points B1x16k:512,B16x1k:1024]
+
+On the CPU (``TRITON_INTERPRET=1``, small case): ``--check`` runs the correctness check only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from splitkv_common.optional import require  # noqa: E402
+
+torch = require("torch", "scripts/h200_tma_probe.py")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def tma_stage1(Q, k_desc, v_desc, BT, SEQ, PART_O, PART_LSE, qk_scale, NSPLIT, stride_qb, stride_qh, stride_bt,
+               SPLIT: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+               BLOCK_M: tl.constexpr, PPI: tl.constexpr, UPCAST: tl.constexpr):
+    """Program ``(split, KV head, request)`` flattened: the partial state of one split. ``UPCAST``:
+    16-bit values to float32 after each load (the CPU interpreter's dot needs it)."""
+    pid = tl.program_id(0)
+    split = pid % NSPLIT
+    bh = pid // NSPLIT
+    h = bh % HKV
+    b = bh // HKV
+    seq = tl.load(SEQ + b)
+    start = split * SPLIT
+    end = tl.minimum(start + SPLIT, seq)
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < G
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + b * stride_qb + (h * G + rows)[:, None] * stride_qh + offs_d[None, :], mask=row_ok[:, None],
+                other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    bt_row = BT + b.to(tl.int64) * stride_bt
+    c0 = start // PAGE
+    c_end = (end + PAGE - 1) // PAGE
+    offs_p = tl.arange(0, PAGE)
+    for c in range(c0, c_end, PPI):
+        if PPI == 1:
+            pg = tl.load(bt_row + c)
+            k = k_desc.load([pg * PAGE, h * D])
+            v = v_desc.load([pg * PAGE, h * D])
+            if UPCAST:
+                k, v = k.to(tl.float32), v.to(tl.float32)
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.where((c * PAGE + offs_p)[None, :] < end, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_ref)
+            p = tl.exp2(s - m_ref[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        else:  # PPI == 2: two pages a softmax step
+            pg0 = tl.load(bt_row + c)
+            pg1 = tl.load(bt_row + c + 1, mask=c + 1 < c_end, other=0)
+            k0 = k_desc.load([pg0 * PAGE, h * D])
+            v0 = v_desc.load([pg0 * PAGE, h * D])
+            if UPCAST:
+                k0, v0 = k0.to(tl.float32), v0.to(tl.float32)
+            k1 = k_desc.load([pg1 * PAGE, h * D])
+            v1 = v_desc.load([pg1 * PAGE, h * D])
+            if UPCAST:
+                k1, v1 = k1.to(tl.float32), v1.to(tl.float32)
+            s0 = tl.dot(q, tl.trans(k0)) * qk_scale
+            s1 = tl.dot(q, tl.trans(k1)) * qk_scale
+            s0 = tl.where((c * PAGE + offs_p)[None, :] < end, s0, float("-inf"))
+            s1 = tl.where(((c + 1) * PAGE + offs_p)[None, :] < end, s1, float("-inf"))
+            m_new = tl.maximum(m_i, tl.maximum(tl.max(s0, 1), tl.max(s1, 1)))
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_ref)
+            p0 = tl.exp2(s0 - m_ref[:, None])
+            p1 = tl.exp2(s1 - m_ref[:, None])
+            l_i = l_i * alpha + tl.sum(p0, 1) + tl.sum(p1, 1)
+            acc = acc * alpha[:, None] + tl.dot(p0.to(v0.dtype), v0)
+            acc = acc + tl.dot(p1.to(v1.dtype), v1)
+            m_i = m_new
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+    slot = (b * HKV * G + h * G + rows) * NSPLIT + split   # [request, head, split] partial slots
+    tl.store(PART_O + slot.to(tl.int64)[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
+    tl.store(PART_LSE + slot, lse, mask=row_ok)
+
+
+def probe_runner(q, k, v, bt, seq, split: int, ppi: int = 1, num_warps: int = 4, num_stages: int = 3):
+    """``(run, nsplit)``: ``run()`` launches the probe into buffers made here, returns ``(part_o, part_lse)``
+    ``[B, Hq, nsplit, D]`` float32 and ``[B, Hq, nsplit]`` (base-2 lse)."""
+    P, PAGE, hkv, D = k.shape
+    B, hq, _ = q.shape
+    G = hq // hkv
+    nsplit = -(-bt.shape[1] * PAGE // split)
+    k2, v2 = k.view(P * PAGE, hkv * D), v.view(P * PAGE, hkv * D)
+    kd = TensorDescriptor.from_tensor(k2, [PAGE, D])
+    vd = TensorDescriptor.from_tensor(v2, [PAGE, D])
+    part_o = torch.empty(B, hq, nsplit, D, dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(B, hq, nsplit, dtype=torch.float32, device=q.device)
+    scale = LOG2E / math.sqrt(D)
+    grid = (B * hkv * nsplit,)
+
+    def run():
+        tma_stage1[grid](q, kd, vd, bt, seq, part_o, part_lse, scale, nsplit, q.stride(0), q.stride(1), bt.stride(0),
+                         SPLIT=split, HKV=hkv, G=G, D=D, PAGE=PAGE, BLOCK_M=max(16, triton.next_power_of_2(G)),
+                         PPI=ppi, UPCAST=not q.is_cuda, num_warps=num_warps, num_stages=num_stages)
+        return part_o, part_lse
+    return run, nsplit
+
+
+def merged(part_o, part_lse):
+    """The exact merge of the partial states on the host side (float32): ``[B, Hq, D]``."""
+    lse = part_lse / LOG2E   # natural log
+    w = torch.softmax(torch.nan_to_num(lse, neginf=-1e30), dim=-1)
+    return (w[..., None] * part_o).sum(-2)
+
+
+def reference(q, k, v, bt, seq):
+    """SDPA math over each request's history, ``[B, Hq, D]`` float32."""
+    P, PAGE, hkv, D = k.shape
+    B, hq, _ = q.shape
+    outs = []
+    for b in range(B):
+        n = int(seq[b])
+        pages = bt[b, : -(-n // PAGE)].long()
+        kk = k[pages].reshape(-1, hkv, D)[:n].float().transpose(0, 1)   # [Hkv, n, D]
+        vv = v[pages].reshape(-1, hkv, D)[:n].float().transpose(0, 1)
+        kk = kk.repeat_interleave(hq // hkv, 0)
+        vv = vv.repeat_interleave(hq // hkv, 0)
+        s = (q[b].float()[:, None, :] @ kk.transpose(1, 2))[:, 0] / math.sqrt(D)   # [Hq, n]
+        outs.append(torch.einsum("hn,hnd->hd", torch.softmax(s, -1), vv))
+    return torch.stack(outs)
+
+
+def check(device: str, B=3, ctx=200, hq=8, hkv=2, D=64, PAGE=16, split=64, ppi=1) -> float:
+    g = torch.Generator(device=device).manual_seed(0)
+    pages_per = -(-ctx // PAGE)
+    P = B * pages_per
+    k = torch.randn((P, PAGE, hkv, D), generator=g, device=device).to(torch.bfloat16)
+    v = torch.randn((P, PAGE, hkv, D), generator=g, device=device).to(torch.bfloat16)
+    bt = torch.randperm(P, generator=g, device=device).to(torch.int32).view(B, pages_per)
+    q = torch.randn((B, hq, D), generator=g, device=device).to(torch.bfloat16)
+    seq = torch.tensor([ctx - 7 * i for i in range(B)], dtype=torch.int32, device=device)
+    run, _ = probe_runner(q, k, v, bt, seq, split, ppi)
+    got = merged(*run())
+    ref = reference(q, k, v, bt, seq)
+    return float((got - ref).norm() / ref.norm())
+
+
+POINTS = {"B1x2k": (1, 2048, 128), "B1x16k": (1, 16384, 512), "B1x16k/256": (1, 16384, 256),
+          "B16x1k": (16, 1024, 1024), "B16x1k/512": (16, 1024, 512), "B16x8k": (16, 8192, 8192),
+          "B64x2k": (64, 2048, 2048), "B4x1k": (4, 1024, 1024)}   # name -> (B, context, split length)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="tma_probe_out")
+    ap.add_argument("--points", default=",".join(POINTS))
+    ap.add_argument("--check", action="store_true", help="correctness only (small case; the CPU interpreter)")
+    args = ap.parse_args(argv)
+    if args.check or not torch.cuda.is_available():
+        for ppi in (1, 2):
+            err = check("cuda" if torch.cuda.is_available() else "cpu", ppi=ppi)
+            print(f"PPI {ppi}: relative error against SDPA math {err:.2e}")
+            assert err < 1e-2, err
+        return 0
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    from bench_decode import Timer, make_point, kv_bytes
+    from h200_perf_check import make_runner
+    from splitkv_common.provenance import provenance
+    os.makedirs(args.out, exist_ok=True)
+    timer = Timer(iters=40, flush="read")
+    res = dict(provenance=provenance(), points={})
+    for name in args.points.split(","):
+        B, ctx, split = POINTS[name]
+        q, k, v, bt, seq = make_point(B, ctx, 32, 8, 128, torch.bfloat16)
+        ref = reference(q, k, v, bt, seq)
+        row = {}
+        ours, _, _ = make_runner(q, k, v, bt, seq, policy=f"size:{split}", merge=False)
+        row["ours stage 1 alone"] = timer(ours)
+        ours_full, _, _ = make_runner(q, k, v, bt, seq, policy=f"size:{split}")
+        row["ours with merge"] = timer(ours_full)
+        for ppi in (1, 2):
+            for nw, ns in ((4, 3), (4, 5), (4, 8), (8, 5)):
+                key = f"tma ppi{ppi} w{nw} s{ns}"
+                try:
+                    run, _ = probe_runner(q, k, v, bt, seq, split, ppi, nw, ns)
+                    err = float((merged(*run()) - ref).norm() / ref.norm())
+                    row[key] = timer(run)
+                    row[key + " err"] = err
+                except Exception as e:   # a configuration that does not compile: recorded
+                    row[key] = f"{type(e).__name__}: {str(e)[:200]}"
+        row["kv GB"] = kv_bytes(B, ctx, 8, 128, "bf16") / 1e9
+        res["points"][name] = row
+        print(name, json.dumps(row, indent=1), flush=True)
+    with open(os.path.join(args.out, "tma_probe.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,7 +11,8 @@ with zeros, so an out-of-range page id reads zeros; the probe does not report it
 Each program takes one (request, KV head, split): the GQA group's query rows padded to 16, then per
 iteration ``PPI`` pages, each page's K and V one tensor copy ``[PAGE, D]`` from a descriptor over
 the cache seen as ``[P * PAGE, Hkv * D]`` (a page's rows for one head are one box: ``PAGE`` rows of
-``D`` elements, ``Hkv * D`` apart). Scores of the ``PPI`` pages share one online-softmax step.
+``D`` elements, ``Hkv * D`` apart). Scores of the ``PPI`` pages (1, 2 or 4) share one online-softmax step; each page's two dots
+are their own (no tile is assembled from the pages).
 Output: the split's partial state (normalised rows and base-2 lse), as our stage 1 writes it.
 
 On a GPU: each variant checked against SDPA's math backend (partial states merged on the host,
@@ -44,6 +45,21 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _page(q, k_desc, v_desc, bt_row, col, c_end, h, end, qk_scale, PAGE: tl.constexpr, D: tl.constexpr,
+          UPCAST: tl.constexpr):
+    """Block-table column ``col``'s page: K and V each one tensor copy ``[PAGE, D]``; returns the
+    scores ``[BLOCK_M, PAGE]`` (base 2, -inf from ``end`` on) and V."""
+    pg = tl.load(bt_row + col, mask=col < c_end, other=0)
+    k = k_desc.load([pg * PAGE, h * D])
+    v = v_desc.load([pg * PAGE, h * D])
+    if UPCAST:
+        k, v = k.to(tl.float32), v.to(tl.float32)
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    s = tl.where((col * PAGE + tl.arange(0, PAGE))[None, :] < end, s, float("-inf"))
+    return s, v
+
+
+@triton.jit
 def tma_stage1(Q, k_desc, v_desc, BT, SEQ, PART_O, PART_LSE, qk_scale, NSPLIT, stride_qb, stride_qh, stride_bt,
                SPLIT: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                BLOCK_M: tl.constexpr, PPI: tl.constexpr, UPCAST: tl.constexpr):
@@ -70,47 +86,33 @@ def tma_stage1(Q, k_desc, v_desc, BT, SEQ, PART_O, PART_LSE, qk_scale, NSPLIT, s
     bt_row = BT + b.to(tl.int64) * stride_bt
     c0 = start // PAGE
     c_end = (end + PAGE - 1) // PAGE
-    offs_p = tl.arange(0, PAGE)
     for c in range(c0, c_end, PPI):
-        if PPI == 1:
-            pg = tl.load(bt_row + c)
-            k = k_desc.load([pg * PAGE, h * D])
-            v = v_desc.load([pg * PAGE, h * D])
-            if UPCAST:
-                k, v = k.to(tl.float32), v.to(tl.float32)
-            s = tl.dot(q, tl.trans(k)) * qk_scale
-            s = tl.where((c * PAGE + offs_p)[None, :] < end, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_ref)
-            p = tl.exp2(s - m_ref[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
-        else:  # PPI == 2: two pages a softmax step
-            pg0 = tl.load(bt_row + c)
-            pg1 = tl.load(bt_row + c + 1, mask=c + 1 < c_end, other=0)
-            k0 = k_desc.load([pg0 * PAGE, h * D])
-            v0 = v_desc.load([pg0 * PAGE, h * D])
-            if UPCAST:
-                k0, v0 = k0.to(tl.float32), v0.to(tl.float32)
-            k1 = k_desc.load([pg1 * PAGE, h * D])
-            v1 = v_desc.load([pg1 * PAGE, h * D])
-            if UPCAST:
-                k1, v1 = k1.to(tl.float32), v1.to(tl.float32)
-            s0 = tl.dot(q, tl.trans(k0)) * qk_scale
-            s1 = tl.dot(q, tl.trans(k1)) * qk_scale
-            s0 = tl.where((c * PAGE + offs_p)[None, :] < end, s0, float("-inf"))
-            s1 = tl.where(((c + 1) * PAGE + offs_p)[None, :] < end, s1, float("-inf"))
-            m_new = tl.maximum(m_i, tl.maximum(tl.max(s0, 1), tl.max(s1, 1)))
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_ref)
-            p0 = tl.exp2(s0 - m_ref[:, None])
+        s0, v0 = _page(q, k_desc, v_desc, bt_row, c, c_end, h, end, qk_scale, PAGE, D, UPCAST)
+        mx = tl.max(s0, 1)
+        if PPI >= 2:
+            s1, v1 = _page(q, k_desc, v_desc, bt_row, c + 1, c_end, h, end, qk_scale, PAGE, D, UPCAST)
+            mx = tl.maximum(mx, tl.max(s1, 1))
+        if PPI >= 4:
+            s2, v2 = _page(q, k_desc, v_desc, bt_row, c + 2, c_end, h, end, qk_scale, PAGE, D, UPCAST)
+            s3, v3 = _page(q, k_desc, v_desc, bt_row, c + 3, c_end, h, end, qk_scale, PAGE, D, UPCAST)
+            mx = tl.maximum(mx, tl.maximum(tl.max(s2, 1), tl.max(s3, 1)))
+        m_new = tl.maximum(m_i, mx)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_ref)
+        p0 = tl.exp2(s0 - m_ref[:, None])
+        l_i = l_i * alpha + tl.sum(p0, 1)
+        acc = acc * alpha[:, None] + tl.dot(p0.to(v0.dtype), v0)
+        if PPI >= 2:
             p1 = tl.exp2(s1 - m_ref[:, None])
-            l_i = l_i * alpha + tl.sum(p0, 1) + tl.sum(p1, 1)
-            acc = acc * alpha[:, None] + tl.dot(p0.to(v0.dtype), v0)
-            acc = acc + tl.dot(p1.to(v1.dtype), v1)
-            m_i = m_new
+            l_i += tl.sum(p1, 1)
+            acc += tl.dot(p1.to(v1.dtype), v1)
+        if PPI >= 4:
+            p2 = tl.exp2(s2 - m_ref[:, None])
+            p3 = tl.exp2(s3 - m_ref[:, None])
+            l_i += tl.sum(p2, 1) + tl.sum(p3, 1)
+            acc += tl.dot(p2.to(v2.dtype), v2)
+            acc += tl.dot(p3.to(v3.dtype), v3)
+        m_i = m_new
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
     lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
@@ -181,9 +183,11 @@ def check(device: str, B=3, ctx=200, hq=8, hkv=2, D=64, PAGE=16, split=64, ppi=1
     return float((got - ref).norm() / ref.norm())
 
 
-POINTS = {"B1x2k": (1, 2048, 128), "B1x16k": (1, 16384, 512), "B1x16k/256": (1, 16384, 256),
-          "B16x1k": (16, 1024, 1024), "B16x1k/512": (16, 1024, 512), "B16x8k": (16, 8192, 8192),
-          "B64x2k": (64, 2048, 2048), "B4x1k": (4, 1024, 1024)}   # name -> (B, context, split length)
+POINTS = {"B1x2k": (1, 2048, 128), "B1x2k/64": (1, 2048, 64), "B1x16k": (1, 16384, 512),
+          "B1x16k/256": (1, 16384, 256), "B1x16k/128": (1, 16384, 128), "B16x1k": (16, 1024, 1024),
+          "B16x1k/512": (16, 1024, 512), "B16x1k/256": (16, 1024, 256), "B16x8k": (16, 8192, 8192),
+          "B16x8k/1024": (16, 8192, 1024), "B64x2k": (64, 2048, 2048), "B4x1k": (4, 1024, 1024),
+          "B4x1k/256": (4, 1024, 256)}   # name -> (B, context, split length)
 
 
 def main(argv=None):
@@ -193,7 +197,7 @@ def main(argv=None):
     ap.add_argument("--check", action="store_true", help="correctness only (small case; the CPU interpreter)")
     args = ap.parse_args(argv)
     if args.check or not torch.cuda.is_available():
-        for ppi in (1, 2):
+        for ppi in (1, 2, 4):
             err = check("cuda" if torch.cuda.is_available() else "cpu", ppi=ppi)
             print(f"PPI {ppi}: relative error against SDPA math {err:.2e}")
             assert err < 1e-2, err
@@ -214,8 +218,11 @@ def main(argv=None):
         row["ours stage 1 alone"] = timer(ours)
         ours_full, _, _ = make_runner(q, k, v, bt, seq, policy=f"size:{split}")
         row["ours with merge"] = timer(ours_full)
-        for ppi in (1, 2):
-            for nw, ns in ((4, 3), (4, 5), (4, 8), (8, 5)):
+        ours_auto, plan, _ = make_runner(q, k, v, bt, seq)
+        row["ours auto"] = timer(ours_auto)
+        row["ours auto split"] = int(plan.split_tokens)
+        for ppi in (2, 4):
+            for nw, ns in ((4, 4), (4, 6), (2, 4), (2, 6)):
                 key = f"tma ppi{ppi} w{nw} s{ns}"
                 try:
                     run, _ = probe_runner(q, k, v, bt, seq, split, ppi, nw, ns)

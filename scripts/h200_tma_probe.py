@@ -15,11 +15,11 @@ the cache seen as ``[P * PAGE, Hkv * D]`` (a page's rows for one head are one bo
 are their own (no tile is assembled from the pages).
 Output: the split's partial state (normalised rows and base-2 lse), as our stage 1 writes it.
 
-On a GPU: each variant checked against SDPA's math backend (partial states merged on the host,
-``torch.logsumexp``), then timed as ``bench_decode.py`` times (graph replay after a read flush,
+On a GPU: each variant checked against softmax attention in float32 (partial states merged on the host
+by a softmax over their lse), then timed as ``bench_decode.py`` times (graph replay after a read flush,
 median), beside our stage 1 alone (``DecodeWrapper`` with the merge off) with the same split::
 
-    python scripts/h200_tma_probe.py --out DIR [--points B1x16k:512,B16x1k:1024]
+    python scripts/h200_tma_probe.py --out DIR [--points B1x16k/256,B16x1k]   # name: B, context, split (POINTS)
 
 On the CPU (``TRITON_INTERPRET=1``, small case): ``--check`` runs the correctness check only.
 """
@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from splitkv_common.optional import require  # noqa: E402
 
 torch = require("torch", "scripts/h200_tma_probe.py")
+import cuda_ref  # noqa: E402,F401  (without a GPU: Triton's interpreter, set before the kernels below)
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
@@ -152,7 +153,7 @@ def merged(part_o, part_lse):
 
 
 def reference(q, k, v, bt, seq):
-    """SDPA math over each request's history, ``[B, Hq, D]`` float32."""
+    """Softmax attention over each request's history in float32 (plain torch), ``[B, Hq, D]``."""
     P, PAGE, hkv, D = k.shape
     B, hq, _ = q.shape
     outs = []
@@ -199,7 +200,7 @@ def main(argv=None):
     if args.check or not torch.cuda.is_available():
         for ppi in (1, 2, 4):
             err = check("cuda" if torch.cuda.is_available() else "cpu", ppi=ppi)
-            print(f"PPI {ppi}: relative error against SDPA math {err:.2e}")
+            print(f"PPI {ppi}: relative error against float32 attention {err:.2e}")
             assert err < 1e-2, err
         return 0
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))

@@ -166,7 +166,7 @@ def split_kv_kernel(
                                              KV_INT8, HAS_OFFSET, SCALE_PER_CHANNEL)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)  # per column; summed over the row after the loop
+    l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     bt_row = BLOCK_TABLE + b.to(tl.int64) * stride_bt
     k_base = K + h.to(tl.int64) * stride_kh
@@ -178,7 +178,6 @@ def split_kv_kernel(
                                       NUM_PAGES, stride_kp, stride_kt, stride_vp, stride_vt, seq_len, q_len,
                                       PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW, DOT_IEEE, UPCAST,
                                       BOUNDS, MIXED_TILES)
-    l_i = tl.sum(l_i, 1)
     if COUNT_ERRORS:
         _report_bad_page(ERRORS, bt_row, b, bad_col)
 
@@ -298,9 +297,7 @@ def _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, s
              SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr,
              BOUNDS: tl.constexpr, MIXED_TILES: tl.constexpr):
     """The online softmax over KV positions ``[start, end)`` in tiles of ``BLOCK_N``: returns the
-    updated ``(m_i, l_i, acc)`` (base-2 running max, sum of weights per tile column ``[BLOCK_M, BLOCK_N]``:
-    the row's sum is taken once after the loop, so a tile reduces across the row only for its max,
-    weighted sum of V rows) and the
+    updated ``(m_i, l_i, acc)`` (base-2 running max, sum of weights, weighted sum of V rows) and the
     first logical page (block-table column) whose page id was outside ``[0, NUM_PAGES)``
     (``INT32_MAX`` if none; such tokens are masked like positions past the end).
 
@@ -487,14 +484,14 @@ def _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, hi_ok, end, col_end, bt_ro
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_ref)
     p = tl.exp2(s - m_ref[:, None])
-    l_i = l_i * alpha[:, None] + p
+    l_i = l_i * alpha + tl.sum(p, 1)
     v = _dequant(v_raw, v_sc, v_of, KV_INT8, HAS_OFFSET, UPCAST)
     if MIXED:  # V a row cannot see must be 0, not NaN; a non-finite V a row sees poisons it
         v_fin = (v - v) == 0.0
         v = tl.where(v_fin, v, 0.0)
         v_bad = tl.max(tl.where(v_fin, 0, 1), 1)
         seen_bad = tl.max(tl.where(visible, v_bad[None, :], 0), 1)
-        l_i = l_i + tl.where(seen_bad > 0, float("nan"), 0.0)[:, None]
+        l_i = l_i + tl.where(seen_bad > 0, float("nan"), 0.0)
     if DOT_IEEE:
         pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
     else:

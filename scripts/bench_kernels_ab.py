@@ -62,13 +62,13 @@ def point(timer, versions: dict, name: str, B, ctx, hq, hkv, D, policy, passes) 
                 plan = w.plan(seq.cpu().numpy())
                 w.merge = not stage1_only
                 fn = (lambda w=w: w.run(q, k, v, bt, seq, qsl))
-                name = vname + (" stage 1" if stage1_only else "")
+                label = vname + (" stage 1" if stage1_only else "")
                 out, _ = fn()
                 torch.cuda.synchronize()
                 if not stage1_only:
                     outs[vname] = out.clone()
                     err[vname] = float((out[:sub].float() - ref).norm() / ref.norm())
-                replays[name] = timer.graph(fn)
+                replays[label] = timer.graph(fn)
                 keep.append(w)
     finally:
         launch.kernels = saved

@@ -166,10 +166,7 @@ def split_kv_kernel(
                                              KV_INT8, HAS_OFFSET, SCALE_PER_CHANNEL)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    if MIXED_TILES:
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-    else:  # one query row a request: the sum of weights per tile column, summed over the row after the loop
-        l_i = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     bt_row = BLOCK_TABLE + b.to(tl.int64) * stride_bt
     k_base = K + h.to(tl.int64) * stride_kh
@@ -181,8 +178,6 @@ def split_kv_kernel(
                                       NUM_PAGES, stride_kp, stride_kt, stride_vp, stride_vt, seq_len, q_len,
                                       PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW, DOT_IEEE, UPCAST,
                                       BOUNDS, MIXED_TILES)
-    if not MIXED_TILES:
-        l_i = tl.sum(l_i, 1)
     if COUNT_ERRORS:
         _report_bad_page(ERRORS, bt_row, b, bad_col)
 
@@ -304,10 +299,7 @@ def _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, s
     """The online softmax over KV positions ``[start, end)`` in tiles of ``BLOCK_N``: returns the
     updated ``(m_i, l_i, acc)`` (base-2 running max, sum of weights, weighted sum of V rows) and the
     first logical page (block-table column) whose page id was outside ``[0, NUM_PAGES)``
-    (``INT32_MAX`` if none; such tokens are masked like positions past the end). ``l_i`` is
-    ``[BLOCK_M]``, or ``[BLOCK_M, BLOCK_N]`` (one-row kernels, ``MIXED_TILES`` False): a sum per tile
-    column, which the caller sums over the row once after the loop, so that a tile's only reduction
-    across warps is its max (run 60: 1-2 % faster with one or two programs an SM).
+    (``INT32_MAX`` if none; such tokens are masked like positions past the end).
 
     Tiles start on page boundaries (the first one at ``start`` rounded down; positions before
     ``start`` are masked), so a tile of ``BLOCK_N`` tokens spans ``BLOCK_N / PAGE`` whole pages, or
@@ -492,10 +484,7 @@ def _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, hi_ok, end, col_end, bt_ro
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_ref)
     p = tl.exp2(s - m_ref[:, None])
-    if len(l_i.shape) == 2:  # per tile column: the tile's only reduction across the row is its max
-        l_i = l_i * alpha[:, None] + p
-    else:
-        l_i = l_i * alpha + tl.sum(p, 1)
+    l_i = l_i * alpha + tl.sum(p, 1)
     v = _dequant(v_raw, v_sc, v_of, KV_INT8, HAS_OFFSET, UPCAST)
     if MIXED:  # V a row cannot see must be 0, not NaN; a non-finite V a row sees poisons it
         v_fin = (v - v) == 0.0

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
+from script_module import load_script
 
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench_decode.py"
-
 
 def _module():
-    spec = importlib.util.spec_from_file_location("bench_decode_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench_decode")
 
 
 def test_points_default_heads_and_given_ones():

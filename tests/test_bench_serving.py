@@ -1,7 +1,6 @@
 """``scripts/bench_serving.py``: the smoke run on the CPU (host parts only) writes the report it
 promises, and the trace keeps to its rules."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -9,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from script_module import load_script
 
 pytest.importorskip("torch")
 pytest.importorskip("triton")
@@ -20,10 +20,7 @@ QUANTITIES = ("make_plan_us", "upload_us", "plan_us", "copy_us", "replay_us", "s
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("bench_serving", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench_serving")
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ where torch_npu or CANN is absent. Nothing here times anything real."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,19 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "npu_bench.py"
 SHELL = ROOT / "scripts" / "npu_bench.sh"
 
 
 @pytest.fixture(scope="module")
 def nb():
-    spec = importlib.util.spec_from_file_location("npu_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["npu_bench"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("npu_bench", register=True)
 
 
 class FakeClock:

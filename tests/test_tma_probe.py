@@ -4,25 +4,13 @@ softmax step), so its H200 timings are of a correct kernel."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
+from script_module import load_script
 
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "h200_tma_probe.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("h200_tma_probe_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("ppi", [1, 2, 4])
 def test_probe_matches_float32_attention(ppi):
     import torch
-    assert _module().check("cuda" if torch.cuda.is_available() else "cpu", ppi=ppi) < 1e-2
+    assert load_script("h200_tma_probe").check("cuda" if torch.cuda.is_available() else "cpu", ppi=ppi) < 1e-2

@@ -6,20 +6,13 @@ tokens that differ beyond the logprob bound; a run with routed steps and equal t
 graph mode is handed to vLLM explicitly. What is not: the script inside a real vLLM Ascend.
 """
 
-import importlib.util
-import pathlib
-
 import pytest
-
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "vllm_ascend_e2e.py"
+from script_module import load_script
 
 
 @pytest.fixture
 def e2e():
-    spec = importlib.util.spec_from_file_location("vllm_ascend_e2e", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("vllm_ascend_e2e")
 
 
 def run_result(routed=0, captures=0, refreshes=0, workers=1, tokens=(1, 2, 3), logprobs=(-0.1, -0.2, -0.3)):

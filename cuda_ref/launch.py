@@ -57,7 +57,7 @@ def lone_item(head_dim: int, kv_bytes: int, num_items: int, batch_invariant: boo
     tokens). ``kv_bytes`` as :func:`default_config` takes it (int8 passed as 4: never)."""
     p = _H200
     return (not batch_invariant and int(head_dim) == p.lone_head_dim and kv_bytes == p.lone_kv_bytes
-            and 0 < num_items <= p.units and item_tokens >= p.lone_min_tokens)
+            and 0 < num_items <= _SMS and item_tokens >= p.lone_min_tokens)
 
 
 def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invariant: bool = True,
@@ -76,7 +76,7 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     gives three. Plans of at most two work items per SM ("few") take 5.
 
     An ``auto`` plan (not ``batch_invariant``) of at most one item an SM whose longest item has
-    ``LONG_ITEM_TOKENS`` or more, at 16-bit D 128 (:func:`lone_item`): 128-token tiles, 8 warps, 6
+    the h200 profile's ``lone_min_tokens`` (1,024) or more, at 16-bit D 128 (:func:`lone_item`): 128-token tiles, 8 warps, 6
     stages, two to three 64 KiB K / V stages in flight for the SM's one program (run 55: unsplit B 16
     plans 1.4-4.5 % faster than two splits and the merge under the defaults; the planner's h200
     profile costs them so, ``DeviceProfile.lone_*``).
@@ -114,10 +114,10 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     return KernelConfig(block_n=block_n, num_warps=warps, num_stages=7)
 
 
-_FEW_ITEMS = 2 * 132  # default_config's "few" work items: at most two per SM of the H200
-_SMS = 132
 _H200 = PROFILES["h200"]   # the planner's profile of these kernels (lone_item)
-# one item an SM (an `auto` plan of at most _SMS items, the longest at least LONG_ITEM_TOKENS, 16-bit
+_SMS = _H200.units
+_FEW_ITEMS = 2 * _SMS  # default_config's "few" work items: at most two per SM of the H200
+# one item an SM (an `auto` plan of at most _SMS items, the longest at least lone_min_tokens, 16-bit
 # D 128): 128-token tiles, 8 warps, 6 stages (run 55: B16 x 1k-8k unsplit 25.5 / 40.6 / 70.1 / 128.4 µs
 # against 26.4 / 41.3 / 71.1 / 130.5 for two splits and the merge; the planner's h200 profile costs
 # such plans with this configuration's per-item bandwidth, DeviceProfile.lone_*)
@@ -720,7 +720,7 @@ def plan_launch_key(dplan: DevicePlan, device) -> tuple:
             dplan.max_splits if dplan.split_size else 0, dplan.max_q_len != 1,
             dplan.item_tokens >= LONG_ITEM_TOKENS, n > 0, _config_class(dplan.config_items or n),
             # long items, one an SM: default_config's lone_item
-            dplan.item_tokens >= LONG_ITEM_TOKENS and 0 < (dplan.config_items or n) <= _SMS,
+            dplan.item_tokens >= _H200.lone_min_tokens and 0 < (dplan.config_items or n) <= _SMS,
             n * dplan.row_blocks <= 2 * sms,
             dplan.max_splits > 1 or dplan.graph_stable)
 

@@ -15,8 +15,8 @@ the cache seen as ``[P * PAGE, Hkv * D]`` (a page's rows for one head are one bo
 are their own (no tile is assembled from the pages).
 Output: the split's partial state (normalised rows and base-2 lse), as our stage 1 writes it.
 
-On a GPU: each variant checked against softmax attention in float32 (partial states merged on the host
-by a softmax over their lse), then timed as ``bench_decode.py`` times (graph replay after a read flush,
+On a GPU: each variant checked against SDPA's math backend on a contiguous copy (the partial states
+merged on the host by ``splitkv_common.merge.merge_states``), then timed as ``bench_decode.py`` times (graph replay after a read flush,
 median), beside our stage 1 alone (``DecodeWrapper`` with the merge off) with the same split::
 
     python scripts/h200_tma_probe.py --out DIR [--points B1x16k/256,B16x1k]   # name: B, context, split (POINTS)
@@ -38,9 +38,15 @@ from splitkv_common.optional import require  # noqa: E402
 
 torch = require("torch", "scripts/h200_tma_probe.py")
 import cuda_ref  # noqa: E402,F401  (without a GPU: Triton's interpreter, set before the kernels below)
+import numpy as np  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+from splitkv_common.merge import merge_states  # noqa: E402
+from splitkv_common.parity.cases import random_inputs  # noqa: E402
+from splitkv_common.reference import dense_attention  # noqa: E402
+from splitkv_common.torch_io import to_torch  # noqa: E402
 
 LOG2E = 1.4426950408889634
 
@@ -145,43 +151,24 @@ def probe_runner(q, k, v, bt, seq, split: int, ppi: int = 1, num_warps: int = 4,
     return run, nsplit
 
 
-def merged(part_o, part_lse):
-    """The exact merge of the partial states on the host side (float32): ``[B, Hq, D]``."""
-    lse = part_lse / LOG2E   # natural log
-    w = torch.softmax(torch.nan_to_num(lse, neginf=-1e30), dim=-1)
-    return (w[..., None] * part_o).sum(-2)
+def merged(part_o, part_lse) -> np.ndarray:
+    """The probe's partial states merged exactly on the host (:func:`splitkv_common.merge.merge_states`,
+    the lse from base 2 to natural): float32 ``[B, Hq, D]``."""
+    return merge_states(part_o.float().cpu().numpy(), part_lse.cpu().numpy() / LOG2E, axis=2)[0]
 
 
-def reference(q, k, v, bt, seq):
-    """Softmax attention over each request's history in float32 (plain torch), ``[B, Hq, D]``."""
-    P, PAGE, hkv, D = k.shape
-    B, hq, _ = q.shape
-    outs = []
-    for b in range(B):
-        n = int(seq[b])
-        pages = bt[b, : -(-n // PAGE)].long()
-        kk = k[pages].reshape(-1, hkv, D)[:n].float().transpose(0, 1)   # [Hkv, n, D]
-        vv = v[pages].reshape(-1, hkv, D)[:n].float().transpose(0, 1)
-        kk = kk.repeat_interleave(hq // hkv, 0)
-        vv = vv.repeat_interleave(hq // hkv, 0)
-        s = (q[b].float()[:, None, :] @ kk.transpose(1, 2))[:, 0] / math.sqrt(D)   # [Hq, n]
-        outs.append(torch.einsum("hn,hnd->hd", torch.softmax(s, -1), vv))
-    return torch.stack(outs)
+def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
 
-def check(device: str, B=3, ctx=200, hq=8, hkv=2, D=64, PAGE=16, split=64, ppi=1) -> float:
-    g = torch.Generator(device=device).manual_seed(0)
-    pages_per = -(-ctx // PAGE)
-    P = B * pages_per
-    k = torch.randn((P, PAGE, hkv, D), generator=g, device=device).to(torch.bfloat16)
-    v = torch.randn((P, PAGE, hkv, D), generator=g, device=device).to(torch.bfloat16)
-    bt = torch.randperm(P, generator=g, device=device).to(torch.int32).view(B, pages_per)
-    q = torch.randn((B, hq, D), generator=g, device=device).to(torch.bfloat16)
-    seq = torch.tensor([ctx - 7 * i for i in range(B)], dtype=torch.int32, device=device)
-    run, _ = probe_runner(q, k, v, bt, seq, split, ppi)
-    got = merged(*run())
-    ref = reference(q, k, v, bt, seq)
-    return float((got - ref).norm() / ref.norm())
+def check(device: str, ppi: int = 1) -> float:
+    """Relative error of the probe against the NumPy reference (:func:`splitkv_common.reference.dense_attention`)
+    on a small ragged batch with shuffled pages and partial last pages (bf16, Hq 8 / Hkv 2, D 64, split 64)."""
+    inp = random_inputs(0, [200, 193, 186], num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=16,
+                        dtype="bfloat16")
+    x = to_torch(inp, device)
+    run, _ = probe_runner(x["q"], x["k_cache"], x["v_cache"], x["block_table"], x["seq_lens"], 64, ppi)
+    return rel_err(merged(*run()), dense_attention(inp)[0])
 
 
 POINTS = {"B1x2k": (1, 2048, 128), "B1x2k/64": (1, 2048, 64), "B1x16k": (1, 16384, 512),
@@ -200,11 +187,11 @@ def main(argv=None):
     if args.check or not torch.cuda.is_available():
         for ppi in (1, 2, 4):
             err = check("cuda" if torch.cuda.is_available() else "cpu", ppi=ppi)
-            print(f"PPI {ppi}: relative error against float32 attention {err:.2e}")
+            print(f"PPI {ppi}: relative error against the NumPy reference {err:.2e}")
             assert err < 1e-2, err
         return 0
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-    from bench_decode import Timer, make_point, kv_bytes
+    from bench_decode import Timer, contiguous_kv, kv_bytes, make_point
     from h200_perf_check import make_runner
     from splitkv_common.provenance import provenance
     os.makedirs(args.out, exist_ok=True)
@@ -213,7 +200,9 @@ def main(argv=None):
     for name in args.points.split(","):
         B, ctx, split = POINTS[name]
         q, k, v, bt, seq = make_point(B, ctx, 32, 8, 128, torch.bfloat16)
-        ref = reference(q, k, v, bt, seq)
+        kc, vc = contiguous_kv(k, bt, B, ctx), contiguous_kv(v, bt, B, ctx)   # SDPA math on a contiguous copy
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, None].float(), kc.float(), vc.float(), enable_gqa=True)[:, :, 0].cpu().numpy()
         row = {}
         ours, _, _ = make_runner(q, k, v, bt, seq, policy=f"size:{split}", merge=False)
         row["ours stage 1 alone"] = timer(ours)
@@ -227,7 +216,7 @@ def main(argv=None):
                 key = f"tma ppi{ppi} w{nw} s{ns}"
                 try:
                     run, _ = probe_runner(q, k, v, bt, seq, split, ppi, nw, ns)
-                    err = float((merged(*run()) - ref).norm() / ref.norm())
+                    err = rel_err(merged(*run()), ref)
                     row[key] = timer(run)
                     row[key + " err"] = err
                 except Exception as e:   # a configuration that does not compile: recorded

@@ -250,6 +250,9 @@ class DevicePlan:
     graph_stable: bool
     max_q_len: int = 0  # query rows of the longest request; 0: unknown (the kernel then handles several)
     split_size: int = 0
+    # a host plan whose work items the kernels derive from their index (PlanSpec.index_split): (S, n);
+    # the items' arrays are uploaded all the same, the merge reads its row arrays
+    index_split: tuple = ()
     item_tokens: int = 0  # the plan's split length, or an unsplit auto plan's longest item (plan_item_tokens)
     # the work items default_config chooses for: a graph-stable plan's valid items (those of the plan
     # the buffer was made for; its padding returns at once), not its capacity; 0: num_items
@@ -722,7 +725,7 @@ def plan_launch_key(dplan: DevicePlan, device) -> tuple:
             # long items, one an SM: default_config's lone_item
             dplan.item_tokens >= _H200.lone_min_tokens and 0 < (dplan.config_items or n) <= _SMS,
             n * dplan.row_blocks <= 2 * sms,
-            dplan.max_splits > 1 or dplan.graph_stable)
+            dplan.max_splits > 1 or dplan.graph_stable, dplan.index_split)
 
 
 def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan,
@@ -755,6 +758,8 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
     sms, can_pdl = _device_traits(q.device)
     pdl = with_merge and not interpret and (can_pdl if pdl is None else bool(pdl))
     grid = (dplan.num_items, dplan.row_blocks) if (dplan.num_items and T) else None
+    derive = (dplan.split_size, dplan.max_splits) if dplan.split_size else (
+        dplan.index_split if not fuse_merge else ())
     scalars = (
         float(scale), float(soft_cap if soft_cap is not None else 1.0), win,
         q.stride(0), q.stride(1),
@@ -764,8 +769,9 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
         part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
         sh, Hkv, k_cache.shape[0], kv_cap, num_rows, num_slots, batch,
-        # a device-made plan's split length and splits per request; constants otherwise (no respecialization)
-        *((dplan.split_size, dplan.max_splits) if dplan.split_size else (1, 1)))
+        # a device-made plan's split length and splits per request (or a host plan's whose items the
+        # kernel derives from its index); constants otherwise (no respecialization)
+        *(derive or (1, 1)))
     constexprs = dict(
         GROUP=group, PAGE=page, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=dplan.block_m, BLOCK_N=cfg.block_n,
         KV_INT8=kv_int8, HAS_OFFSET=k_offset is not None, SOFT_CAP=soft_cap is not None,
@@ -773,7 +779,7 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
         SCALE_PER_CHANNEL=per_channel, MERGE_CHUNK=merge_chunk(block_d),
         LAUNCH_DEPENDENTS=pdl and dplan.num_items * dplan.row_blocks <= 2 * sms,
         MULTI_ROW_BLOCKS=dplan.row_blocks > 1, BOUNDS=_KERNEL_BOUNDS, COUNT_ERRORS=errors is not None,
-        MIXED_TILES=dplan.max_q_len != 1, DEVICE_PLAN=dplan.split_size > 0,
+        MIXED_TILES=dplan.max_q_len != 1, DEVICE_PLAN=bool(derive),
         PADDED=dplan.graph_stable and not dplan.split_size, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     merge_prep = None
     if with_merge:

@@ -124,10 +124,15 @@ class StepInputs:
         """``in_graph``: write this step's ``seq_lens [B]`` and ``query_start_loc [B + 1]`` into the
         pinned buffer (after the previous replay's copy, which read it, has finished: the event that
         copy records), then ``graph.replay()``."""
-        if not self.in_graph:
-            raise ValueError("in_graph: replay() is for a StepInputs(in_graph=True); use update()")
-        self._write(seq_lens, query_start_loc)
+        self.write(seq_lens, query_start_loc)
         graph.replay()
+
+    def write(self, seq_lens, query_start_loc) -> None:
+        """``in_graph``: :meth:`replay` without the replay (the write a serving loop makes of its
+        batch's lengths and offsets for any attention backend; the graph's copy reads it)."""
+        if not self.in_graph:
+            raise ValueError("in_graph: replay() and write() are for a StepInputs(in_graph=True); use update()")
+        self._write(seq_lens, query_start_loc)
 
     def _write(self, seq_lens, query_start_loc) -> int:
         """Write the host arrays into the next ring slot once its last copy has finished; the slot."""
@@ -232,6 +237,10 @@ class DecodeWrapper(PlannedWrapper):
         self.fuse_merge, self.config = fuse_merge, config
         self.merge = True  # False leaves the merge launch out (benchmarks time stage 1 alone)
         self.pdl: bool | None = None  # merge by programmatic dependent launch; None: where available
+        # plan(): stage 1 derives the work items of a plan from its own index where they are those of
+        # the device-plan formula (PlanSpec.index_split: one dependent load fewer before the first KV
+        # tile, the same arithmetic); False launches every plan from its arrays (for measuring)
+        self.index_items = True
         self.host_plan: Plan | None = None
         self.dplan: DevicePlan | None = None
         self._buffers: dict[str, torch.Tensor] = {}
@@ -278,6 +287,8 @@ class DecodeWrapper(PlannedWrapper):
                               None if query_start_loc is None else host(query_start_loc), window_left)
         # made by the shared planner: valid by construction (tests/test_planner*.py), not checked again
         self._set_plan(plan, False, seq_lens)
+        if self.index_items and window_left is None and not plan.graph_stable:
+            self.dplan.index_split = self.spec.index_split(plan)
         return plan
 
     def set_plan(self, plan: Plan, *, validate: bool = True) -> None:

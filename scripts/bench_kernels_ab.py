@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""This tree's Triton kernels against another version of ``cuda_ref/kernels.py``, side by side in one
-process on a CUDA GPU: the before / after of a kernel change.
+"""This tree's Triton kernels against another version of ``cuda_ref/kernels.py`` (or against this tree
+with a wrapper attribute set, ``--old-attr``), side by side in one process on a CUDA GPU: the before /
+after of a kernel change.
 
 Two runs of a benchmark one after the other differ by 1-2 % on the same code, as much as many kernel
 changes move; here both versions are captured in CUDA graphs in one process and timed in interleaved
@@ -17,11 +18,13 @@ Writes ``kernels_ab.json`` (with provenance) and ``kernels_ab.md`` to ``--out``.
 
     git show REV:cuda_ref/kernels.py > OLD.py
     python scripts/bench_kernels_ab.py --old OLD.py --out OUT [--points B1x2k,B16x1k] [--policies auto,size:512]
+    python scripts/bench_kernels_ab.py --old-attr index_items=False --out OUT   # "old": the attribute set
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import sys
 import time
@@ -55,10 +58,12 @@ def point(timer, versions: dict, name: str, B, ctx, hq, hkv, D, policy, passes) 
     replays, keep, outs, err = {}, [], {}, {}
     saved = launch.kernels
     try:
-        for vname, mod in versions.items():
+        for vname, (mod, attrs) in versions.items():
             launch.kernels = mod   # the launches prepared (and captured) now launch this version
             for stage1_only in (False, True):
                 w = DecodeWrapper(hq, hkv, D, PAGE, dtype=torch.bfloat16, device="cuda", policy=policy)
+                for attr, value in attrs.items():
+                    setattr(w, attr, value)
                 plan = w.plan(seq.cpu().numpy())
                 w.merge = not stage1_only
                 fn = (lambda w=w: w.run(q, k, v, bt, seq, qsl))
@@ -105,7 +110,10 @@ def table(res) -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--old", required=True, metavar="FILE", help="another version of cuda_ref/kernels.py")
+    old = ap.add_mutually_exclusive_group(required=True)
+    old.add_argument("--old", metavar="FILE", help="another version of cuda_ref/kernels.py")
+    old.add_argument("--old-attr", metavar="NAME=VALUE", action="append",
+                     help="'old' is this tree with this DecodeWrapper attribute set (a Python literal)")
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--points", default=POINTS)
     ap.add_argument("--policies", default="auto")
@@ -113,11 +121,12 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=30)
     a = ap.parse_args(argv)
     import triton
-    versions = {"new": launch.kernels, "old": load_kernels(a.old)}
+    attrs = {n: ast.literal_eval(v) for n, v in (x.split("=", 1) for x in a.old_attr or [])}
+    versions = {"new": (launch.kernels, {}), "old": (load_kernels(a.old) if a.old else launch.kernels, attrs)}
     timer = Timer(a.iters)
     res = dict(provenance=provenance(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               old=os.path.basename(a.old), passes=a.passes, iters=a.iters, points=[])
+               old=os.path.basename(a.old) if a.old else "this tree, " + ", ".join(a.old_attr), passes=a.passes, iters=a.iters, points=[])
     for text, (B, ctx, hq, hkv, D, _) in zip(a.points.split(","), parse_points(a.points)):
         for policy in a.policies.split(","):
             name = f"{text.strip()} {policy}"

@@ -301,12 +301,14 @@ class DeviceGraphed:
     def run(self):
         return self.w.run(self.q, self.rig.k, self.rig.v, self.bt, self.seq, self.qsl)
 
-    def step_in_graph(self, seq, qsl) -> float:
-        """``in_graph``: write this step's lengths and offsets, replay (the copy inside), sync: the
-        host clock at the end."""
-        self.inputs.replay(self.graph, seq, qsl)
+    def step_in_graph(self, seq, qsl) -> tuple[float, float]:
+        """``in_graph``: write this step's lengths and offsets, replay (the copy inside), sync
+        (``StepInputs.replay``, in its two parts): the host clocks after the write and at the end."""
+        self.inputs.write(seq, qsl)
+        t1 = time.perf_counter()
+        self.graph.replay()
         torch.cuda.synchronize()
-        return time.perf_counter()
+        return t1, time.perf_counter()
 
     def step(self, seq, qsl) -> tuple[float, float | None, float]:
         """Copy this step's lengths and query offsets (one copy: :class:`StepInputs`), replay: ``(copy µs,
@@ -540,7 +542,8 @@ def eager_run(rig: Rig, w, B: int, seq, ql, on_gpu) -> tuple[float, float | None
 FIXED_QUANTITIES = ("make_plan_us", "upload_us", "plan_us", "copy_us", "replay_us", "step_us", "step_over_kernel",
                     "dev_copy_us", "dev_replay_us", "dev_step_us", "dev_step_over_kernel", "dev_step_over_host_replay",
                     "eager_run_us", "eager_kernel_us", "eager_again_us", "dev_in_graph_step_us", "replay_wall_us",
-                    "dev_in_graph_over_replay_wall", "hig_plan_us", "hig_step_us",
+                    "dev_in_graph_over_replay_wall", "dev_in_graph_write_us", "dev_in_graph_replay_us",
+                    "dev_in_graph_replay_over_bare", "hig_plan_us", "hig_step_us",
                     "hig_step_over_kernel", "hig_step_over_replay_wall")
 # the upload's parts (PlanUploader.last_parts) and the rest of set_plan() ("other": the plan's page count,
 # the wrapper's bookkeeping)
@@ -594,7 +597,8 @@ def run_fixed(args, device, on_gpu):
             rec["dev_step_over_kernel"] = rec["dev_step_us"] / dreplay if dreplay else None
             rec["dev_step_over_host_replay"] = rec["dev_step_us"] / replay_us if replay_us else None
             # the same with the copy captured in the graph, and a bare replay (the floor of any step)
-            rec.update(dev_in_graph_step_us=None, replay_wall_us=None, dev_in_graph_over_replay_wall=None)
+            rec.update(dev_in_graph_step_us=None, replay_wall_us=None, dev_in_graph_over_replay_wall=None,
+                       dev_in_graph_write_us=None, dev_in_graph_replay_us=None, dev_in_graph_replay_over_bare=None)
             # (the step and its bare replay in turn first, by step: the one timed second finds the
             # graph's host-side state warm, so a fixed order would favour the bare replay)
             bare_first = i % 2 == 1
@@ -603,10 +607,15 @@ def run_fixed(args, device, on_gpu):
                     rec["replay_wall_us"] = replay_wall_us(dgi.graph)
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                rec["dev_in_graph_step_us"] = (dgi.step_in_graph(seq, qsl) - t0) * 1e6
+                t1, t2 = dgi.step_in_graph(seq, qsl)
+                rec["dev_in_graph_step_us"] = (t2 - t0) * 1e6
+                # the write of the lengths and offsets (what a serving loop writes for any backend) and
+                # the replay after it, against the bare replay
+                rec["dev_in_graph_write_us"], rec["dev_in_graph_replay_us"] = (t1 - t0) * 1e6, (t2 - t1) * 1e6
                 if not bare_first:
                     rec["replay_wall_us"] = replay_wall_us(dgi.graph)
                 rec["dev_in_graph_over_replay_wall"] = rec["dev_in_graph_step_us"] / rec["replay_wall_us"]
+                rec["dev_in_graph_replay_over_bare"] = rec["dev_in_graph_replay_us"] / rec["replay_wall_us"]
             # the host-planned graph with its copies captured (plan_in_graph): plan() packs, one replay
             rec.update(hig_plan_us=None, hig_refreshed=None, hig_step_us=None, hig_step_over_kernel=None,
                        hig_step_over_replay_wall=None)
@@ -719,7 +728,8 @@ def run_points(args, device, on_gpu):
 
 def summarize_keys(recs, k):
     xs = [r[k] for r in recs if r.get(k) is not None]
-    return dict(p50=pct(xs, 50), p99=pct(xs, 99), mean=float(np.mean(xs)) if xs else None, n=len(xs))
+    return dict(p25=pct(xs, 25), p50=pct(xs, 50), p75=pct(xs, 75), p99=pct(xs, 99),
+                mean=float(np.mean(xs)) if xs else None, n=len(xs))
 
 
 # --- reports ------------------------------------------------------------------------------------
@@ -741,11 +751,15 @@ def fixed_table(res) -> list[str]:
                   "(wall time to the end of a sync, inputs unchanged; the step and the bare replay timed first in "
                   "turn, step by step), p50:", "",
               "| B | step µs (copy in the graph) | bare replay µs (wall) | step / bare replay | step / host-planned "
-              "replayed kernel |", "|---:|---:|---:|---:|---:|"]
+              "replayed kernel | step's write of the lengths µs | step's replay µs | step's replay / bare replay "
+              "| bare replay p25-p75 µs |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         a, k = r["dev_in_graph_step_us"]["p50"], r["replay_us"]["p50"]
+        bare = r["replay_wall_us"]
         lines.append(f"| {r['batch']} | {p(r, 'dev_in_graph_step_us')} | {p(r, 'replay_wall_us')} | "
-                     f"{p(r, 'dev_in_graph_over_replay_wall', 2)} | {fmt(a / k if a and k else None, 2)} |")
+                     f"{p(r, 'dev_in_graph_over_replay_wall', 2)} | {fmt(a / k if a and k else None, 2)} | "
+                     f"{p(r, 'dev_in_graph_write_us')} | {p(r, 'dev_in_graph_replay_us')} | "
+                     f"{p(r, 'dev_in_graph_replay_over_bare', 2)} | {fmt(bare.get('p25'))}-{fmt(bare.get('p75'))} |")
     lines += ["", "Host-planned graph with its copies captured in it (`DecodeWrapper(plan_in_graph=True)`: `plan()` "
                   "makes the plan and packs it with the batch's lengths and offsets into pinned memory, one C call "
                   "once the wrapper refreshes its captured plan; `copy_plan()` in the graph copies both, and the "

@@ -1397,6 +1397,29 @@ class PlanSpec:
         if q.shape[0] != plan.num_rows:
             raise ValueError(f"plan: made for {plan.num_rows} query rows, q has {q.shape[0]}")
 
+    def index_split(self, plan: Plan) -> tuple:
+        """``(S, n)`` where ``plan`` (made by :meth:`make` without a window) holds exactly the work
+        items a kernel can derive from its own index, as for a plan made on the device: item ``i`` of
+        ``B x Hkv x n`` is request ``i // (Hkv n)``, KV head ``(i // n) % Hkv``, split ``j = i % n``
+        over ``[j S, min((j + 1) S, seq_len))``, ``n`` splits for every request; else ``()``. That is
+        a plan of one request (its items are in that order whatever the policy; ``S`` the second
+        split's start; ``2**31 - 1`` when ``n`` is 1), and an unsplit plan whose requests
+        are in batch order (at most :func:`_order_items` items: a larger one may put its longest
+        requests first). Graph-stable plans (padded, and their capture fixes the kernel) give ``()``."""
+        W, B, hkv = plan.num_valid_items, plan.batch_size, self.num_kv_heads
+        if plan.graph_stable or B == 0 or W != plan.num_items:
+            return ()
+        if B == 1:
+            n = W // hkv
+        elif W == B * hkv and W <= _order_items(get_profile(self.device)):
+            n = 1
+        else:
+            return ()
+        if n == 1:   # past every length (int32; with one split the kernel forms no sum that overflows)
+            return (2**31 - 1, 1)
+        S = int(plan.item_kv_start[1])
+        return (S, n) if S > 0 and int(plan.item_kv_start[0]) == 0 else ()
+
     def make(self, seq_lens, q_lens=None, query_start_loc=None, window_left: int | None = None,
              reuse: Plan | None = None) -> Plan:
         """Plan a batch: ``seq_lens [B]`` and optional ``q_lens [B]`` / ``query_start_loc [B + 1]``

@@ -1398,27 +1398,20 @@ class PlanSpec:
             raise ValueError(f"plan: made for {plan.num_rows} query rows, q has {q.shape[0]}")
 
     def index_split(self, plan: Plan) -> tuple:
-        """``(S, n)`` where ``plan`` (made by :meth:`make` without a window) holds exactly the work
-        items a kernel can derive from its own index, as for a plan made on the device: item ``i`` of
-        ``B x Hkv x n`` is request ``i // (Hkv n)``, KV head ``(i // n) % Hkv``, split ``j = i % n``
-        over ``[j S, min((j + 1) S, seq_len))``, ``n`` splits for every request; else ``()``. That is
-        a plan of one request (its items are in that order whatever the policy; ``S`` the second
-        split's start; ``2**31 - 1`` when ``n`` is 1), and an unsplit plan whose requests
+        """``(S, 1)`` where ``plan`` (made by :meth:`make` without a window) holds exactly the work
+        items a kernel can derive from its own index, as for a plan made on the device (item ``i`` of
+        ``B x Hkv`` is request ``i // Hkv``, KV head ``i % Hkv``, the range ``[0, seq_len)``; ``S`` any
+        split length past every length: ``2**31 - 1``), else ``()``: an unsplit plan whose requests
         are in batch order (at most :func:`_order_items` items: a larger one may put its longest
-        requests first). Graph-stable plans (padded, and their capture fixes the kernel) give ``()``."""
+        requests first), such as every one-item-an-SM plan. Split plans give ``()`` too, though one
+        request's are in that order: run 65 measured their derived items 1-4 % slower at B 1
+        (docs/perf-notes.md). Graph-stable plans (padded, and their capture fixes the kernel) give ``()``."""
         W, B, hkv = plan.num_valid_items, plan.batch_size, self.num_kv_heads
-        if plan.graph_stable or B == 0 or W != plan.num_items:
+        if plan.graph_stable or B == 0 or W != plan.num_items or W != B * hkv:
             return ()
-        if B == 1:
-            n = W // hkv
-        elif W == B * hkv and W <= _order_items(get_profile(self.device)):
-            n = 1
-        else:
+        if B > 1 and W > _order_items(get_profile(self.device)):
             return ()
-        if n == 1:   # past every length (int32; with one split the kernel forms no sum that overflows)
-            return (2**31 - 1, 1)
-        S = int(plan.item_kv_start[1])
-        return (S, n) if S > 0 and int(plan.item_kv_start[0]) == 0 else ()
+        return (2**31 - 1, 1)   # past every length (int32; with one split the kernel forms no sum that overflows)
 
     def make(self, seq_lens, q_lens=None, query_start_loc=None, window_left: int | None = None,
              reuse: Plan | None = None) -> Plan:

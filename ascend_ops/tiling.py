@@ -656,9 +656,13 @@ class TilingBuilder:
         words = self._words
         hi = max(plan.num_valid_items, self._valid) if reuse else W
         items = words[:5 * W].reshape(W, 5)
-        for k, f in enumerate((plan.item_request, plan.item_kv_head, plan.item_split, plan.item_kv_start,
-                               plan.item_kv_end)):
-            items[:hi, k] = f[:hi]
+        buf = plan.items   # the planner's [5, W] buffer of the five arrays: one transposing copy
+        if buf is not None and buf.shape == (5, W):
+            items[:hi] = buf[:, :hi].T
+        else:
+            for k, f in enumerate((plan.item_request, plan.item_kv_head, plan.item_split, plan.item_kv_start,
+                                   plan.item_kv_end)):
+                items[:hi, k] = f[:hi]
         self._valid = plan.num_valid_items
         rest = [plan.query_start_loc, seq, plan.row_slot_start, plan.row_num_splits]
         if core_range is not None:

@@ -97,10 +97,14 @@ class AscendDecodeWrapper(PlannedWrapper):
         self.host_plan: Plan | None = None
         self.tiling: dict | None = None
         self._buffers: dict[str, torch.Tensor] = {}
+        self._stores: dict[str, torch.Tensor] = {}   # what the buffers are views of (_views_for)
+        self._views: dict = {}        # the buffers' views by sizes (_views_for)
+        self._sizes = None            # the sizes of the buffers in use
         self._builder = None   # the TilingBuilder of the current settings
         self._builder_key = None   # (attention constants, block-table width) it was made for
         self._staging: "torch.Tensor | None" = None   # pinned host copy of the meta buffer (NPU only)
         self._staging_event = None
+        self._staging_np = None       # (NumPy view, tensor) of the host side of the meta copy
         self._attn: tuple = (None, None, None)  # (scale, soft_cap, window_left) of the tiling
         self._pages: tuple | None = None  # (max_pages, num_pages) of the tiling
         self.kernel_reason = ""  # why the split stage of the current tiling serves the batch, in words
@@ -183,35 +187,54 @@ class AscendDecodeWrapper(PlannedWrapper):
             raise ValueError(f"plan: the launch changed ({tl.launches(self.tiling)} -> {tl.launches(t)}) under a "
                              f"graph-stable plan ({self.kernel_reason}); a captured graph keeps its kernel")
         # the tiling then the plan words in one int32 buffer ("meta"; the words from a 32-byte boundary),
-        # seen by the kernels as two tensors
-        need = {
-            "meta": (_TILING_WORDS + words.size, torch.int32),
-            "workspace": (max(int(t["workspaceBytes"]) // 4, 1), torch.float32),
-        }
-        for name, (n, dt) in need.items():
-            buf = self._buffers.get(name)
-            if buf is None or buf.numel() != n:
-                if buf is not None and self.graph_stable:
-                    what = "plan" if name == "meta" else name
-                    raise ValueError(f"plan: buffer {what} changed size ({buf.numel()} -> {n}) under a "
-                                     "graph-stable plan; give max_work_items / max_splits that bound every batch")
-                self._buffers[name] = torch.zeros(n, dtype=dt, device=self.device)
-                if name == "meta":
-                    meta = self._buffers["meta"]
-                    self._buffers["tiling"] = meta[:tl.TILING_BYTES // 4].view(torch.uint8)
-                    self._buffers["plan"] = meta[_TILING_WORDS:]
+        # seen by the kernels as two tensors; the workspace; the outputs
+        sizes = (_TILING_WORDS + words.size, max(int(t["workspaceBytes"]) // 4, 1), p.num_rows)
+        if sizes != self._sizes:
+            if self.graph_stable and self._sizes is not None:
+                self._graph_stable_sizes(sizes)
+            self._buffers.update(self._views_for(sizes))
+            self._sizes = sizes
         self._upload_meta(tiling_bytes, words)
-        T = p.num_rows
-        for name, shape, dt in (("out", (T, self.num_q_heads, self.head_dim), self.dtype),
-                                ("lse", (T, self.num_q_heads), torch.float32)):
-            buf = self._buffers.get(name)
-            if buf is None or tuple(buf.shape) != shape:
-                if buf is not None and self.graph_stable:
-                    raise ValueError(f"plan: {name} changed shape ({tuple(buf.shape)} -> {shape}) under a "
-                                     "graph-stable plan; a captured graph needs the same query rows every step")
-                self._buffers[name] = torch.empty(shape, dtype=dt, device=self.device)
         self.tiling = t
         self._stale = False
+
+    def _graph_stable_sizes(self, sizes: tuple) -> None:
+        """Raise ``ValueError`` naming the buffer whose size ``sizes`` changes under a graph-stable plan."""
+        for what, old, new in zip(("plan", "workspace", "out"), self._sizes, sizes):
+            if old != new and what == "out":
+                raise ValueError(f"plan: out changed shape ({old} -> {new} rows) under a graph-stable plan; a "
+                                 "captured graph needs the same query rows every step")
+            if old != new:
+                raise ValueError(f"plan: buffer {what} changed size ({old} -> {new}) under a graph-stable plan; "
+                                 "give max_work_items / max_splits that bound every batch")
+
+    def _views_for(self, sizes: tuple) -> dict:
+        """The buffers of ``sizes = (meta words, workspace floats, query rows)``: views of stores that grow
+        by half when too small, so that plans of other sizes (an eager batch changing every step)
+        allocate nothing once they are large enough; the views kept per sizes (at most 16)."""
+        from . import tiling as tl
+
+        hit = self._views.get(sizes)
+        if hit is not None:
+            return hit
+        n_meta, n_ws, T = sizes
+        Hq, D = self.num_q_heads, self.head_dim
+        grown = False
+        for name, n, rest, dt in (("meta", n_meta, (), torch.int32), ("workspace", n_ws, (), torch.float32),
+                                  ("out", T, (Hq, D), self.dtype), ("lse", T, (Hq,), torch.float32)):
+            store = self._stores.get(name)
+            if store is None or store.shape[0] < n:
+                rows = n if store is None else max(n, store.shape[0] + store.shape[0] // 2)
+                self._stores[name] = torch.zeros((rows,) + rest, dtype=dt, device=self.device)
+                grown = True
+        if grown or len(self._views) >= 16:
+            self._views.clear()
+        st = self._stores
+        meta = st["meta"][:n_meta]
+        hit = self._views[sizes] = dict(meta=meta, tiling=meta[:tl.TILING_BYTES // 4].view(torch.uint8),
+                                        plan=meta[_TILING_WORDS:], workspace=st["workspace"][:n_ws],
+                                        out=st["out"][:T], lse=st["lse"][:T])
+        return hit
 
     def _upload_meta(self, tiling_bytes: bytes, words: np.ndarray) -> None:
         """The tiling bytes and the plan words into the device's ``meta`` buffer: one copy, ordered on
@@ -222,18 +245,23 @@ class AscendDecodeWrapper(PlannedWrapper):
         bytes the copy has not read yet. On the CPU they are written in place; on other devices (test
         backends) through a host buffer and a plain copy."""
         dst = self._buffers["meta"]
+        n = dst.numel()
         npu = self.device.type != "cpu" and torch_npu_imported()
-        stage = dst if self.device.type == "cpu" else self._staging
-        if stage is None or stage.shape != dst.shape:
-            stage = self._staging = torch.empty(dst.shape, dtype=torch.int32, pin_memory=npu)
+        # the host side: the meta store itself on the CPU, else a pinned buffer as large as it; its
+        # NumPy view made once
+        store = self._stores["meta"] if self.device.type == "cpu" else self._staging
+        if store is None or store.numel() < self._stores["meta"].numel():
+            store = self._staging = torch.empty(self._stores["meta"].numel(), dtype=torch.int32, pin_memory=npu)
+        if self._staging_np is None or self._staging_np[1] is not store:
+            self._staging_np = (store.numpy(), store)
         if npu and self._staging_event is not None:
             self._staging_event.synchronize()  # the previous copy from the staging buffer is done
-        a = stage.numpy()
+        a = self._staging_np[0]
         a[:_TILING_WORDS].view(np.uint8)[:len(tiling_bytes)] = np.frombuffer(tiling_bytes, np.uint8)
-        a[_TILING_WORDS:] = words
-        if stage is dst:
+        a[_TILING_WORDS:n] = words
+        if self.device.type == "cpu":
             return
-        dst.copy_(stage, non_blocking=npu)
+        dst.copy_(store[:n], non_blocking=npu)
         if npu:
             if self._staging_event is None:   # made once, re-recorded after each copy
                 self._staging_event = torch.npu.Event()

@@ -1430,17 +1430,18 @@ class PlanSpec:
 class NativePlanner:
     """:func:`make_plan` for one :class:`PlanSpec` through the C fast path (:mod:`splitkv_common.native`):
     the plans the NumPy planner makes, bit for bit, in one call, for the common decode case (no
-    window; ``auto`` on a GPU profile, ``size:N`` or ``none``; 1-D int32 / int64 host arrays within
-    the limits). :meth:`make` returns None for anything else, and the caller plans with NumPy (which
-    reports every error). :meth:`for_spec` is None where the C module is unavailable or the settings
-    never qualify (``count:N``, Ascend profiles, scalars the NumPy fast path would not take).
+    window; ``auto`` (the cost model on a GPU profile, :func:`npu_auto` on an Ascend one), ``size:N``
+    or ``none``; 1-D int32 / int64 host arrays within the limits). :meth:`make` returns None for
+    anything else, and the caller plans with NumPy (which reports every error). :meth:`for_spec` is
+    None where the C module is unavailable or the settings never qualify (``count:N``, scalars the
+    NumPy fast path would not take).
 
     A plan made here has the layout :func:`make_plan` gives (``items``, the ``[5, N]`` work-item
     buffer; the four small arrays are views of one int32 buffer), its ``reason`` and ``estimates_us``
     made by the NumPy planner when first read, and a graph-stable ``reuse`` plan's buffers written in
     place as :func:`make_plan` writes them."""
 
-    _FORMAT = "=20q5d"
+    _FORMAT = "=20q5d2qd"
 
     def __init__(self, spec: "PlanSpec", mod, settings: bytes, pol: SplitPolicy, fixed):
         self.spec, self._mod, self._settings, self._pol, self._fixed = spec, mod, settings, pol, fixed
@@ -1464,14 +1465,15 @@ class NativePlanner:
         if got is None:
             return None
         prof, pol, hq, cap = got
-        if prof.cube_units or pol.kind not in ("auto", "fixed_size", "none"):
+        if pol.kind not in ("auto", "fixed_size", "none"):
             return None
         # shapes in the C planner's int64 range (its costs' products are checked per batch)
         if not (hq <= _limits.MAX_KV_HEADS and 0 < f.head_dim <= 1 << 16 and 0 < f.kv_elem_bytes <= 16) or \
                 (f.max_work_items is not None and f.max_work_items < 0) or pol.value >= _I32_LIMIT:
             return None
-        kind = {"auto": 0, "fixed_size": 1, "none": 2}[pol.kind]
+        kind = {"auto": 3 if prof.cube_units else 0, "fixed_size": 1, "none": 2}[pol.kind]   # 3: npu_auto
         min_split = prof.min_split_tokens if f.min_split_tokens is None else f.min_split_tokens
+        cores = prof.cube_units or prof.units
         settings = struct.pack(
             cls._FORMAT, f.hkv, f.page, hq, f.head_dim * 2 * f.kv_elem_bytes, 2 * hq * (f.head_dim + 1) * 4,
             kind, pol.value if kind == 1 else 0, min_split, cap, int(f.graph_stable),
@@ -1480,7 +1482,9 @@ class NativePlanner:
             _order_items(prof), _limits.MAX_BATCH, _limits.MAX_QUERY_ROWS, _limits.MAX_WORK_ITEMS,
             _limits.MAX_PARTIAL_SLOTS, prof.units, prof.lone_min_tokens,
             prof.bandwidth_gbps * 1e3, prof.unit_bandwidth_gbps * 1e3, prof.launch_us, prof.item_overhead_us,
-            _lone_bandwidth(prof, f.head_dim, f.kv_elem_bytes, not f.graph_stable))
+            _lone_bandwidth(prof, f.head_dim, f.kv_elem_bytes, not f.graph_stable),
+            # npu_auto's cores, the combine's bytes a (request, split) and one core's bandwidth
+            cores, hq * (f.head_dim + 8) * 4 * 2, prof.bandwidth_gbps * 1e3 / cores)
         if len(settings) != mod.SETTINGS_BYTES:
             return None
         return cls(spec, mod, settings, pol, _fixed_choice(pol, f.page))

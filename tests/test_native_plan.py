@@ -62,10 +62,10 @@ def case(draw):
     seq = draw(st.lists(lens, min_size=min_n, max_size=n))
     hkv = draw(st.sampled_from([1, 2, 8]))
     pol = draw(st.one_of(st.sampled_from(["auto"] * 6 + ["none"]), st.integers(1, 40).map(lambda k: f"size:{k * page}")))
-    gpu = [name for name, p in sorted(PROFILES.items()) if not p.cube_units]   # the profiles it plans for
+    profiles = sorted(PROFILES)   # GPU profiles (the cost model) and Ascend ones (npu_auto)
     spec = dict(num_q_heads=hkv * draw(st.sampled_from([1, 4])), num_kv_heads=hkv,
                 head_dim=draw(st.sampled_from([64, 128])), page_size=page, kv_elem_bytes=draw(st.sampled_from([1, 2])),
-                policy=pol, device=draw(st.sampled_from(gpu)), graph_stable=draw(st.booleans()))
+                policy=pol, device=draw(st.sampled_from(profiles)), graph_stable=draw(st.booleans()))
     if draw(st.booleans()):
         spec["min_split_tokens"] = draw(st.sampled_from([0, 1, page, 64, 256, 1000]))
     if draw(st.booleans()):
@@ -108,10 +108,11 @@ def test_same_plans_as_the_numpy_planner(c):
 @pytest.mark.parametrize("B", [1, 16, 64, 256, 1024])
 @pytest.mark.parametrize("policy", ["auto", "size:512", "none"])
 @pytest.mark.parametrize("graph_stable", [False, True])
-def test_same_plans_at_serving_shapes(B, policy, graph_stable):
+@pytest.mark.parametrize("device", ["h200", "910b2", "910b4"])
+def test_same_plans_at_serving_shapes(B, policy, graph_stable, device):
     """The serving benchmark's shapes (longest requests first above 528 items), a stream of steps."""
     rng = np.random.default_rng(B)
-    spec = PlanSpec(32, 8, 128, 16, policy=policy, graph_stable=graph_stable)
+    spec = PlanSpec(32, 8, 128, 16, policy=policy, graph_stable=graph_stable, device=device)
     nat = NativePlanner.for_spec(spec)
     got = want = None
     for step in range(4):
@@ -136,7 +137,7 @@ def test_hands_back_what_the_numpy_fast_path_does_not_plan():
     assert nat.make(np.array([5, 6]), query_start_loc=np.array([0, 2, 1])) is None
     assert nat.make(np.array([5, 6]), q_lens=np.array([1])) is None
     assert NativePlanner.for_spec(PlanSpec(32, 8, 128, 16, policy="count:4")) is None
-    assert NativePlanner.for_spec(PlanSpec(32, 8, 128, 16, device="910b2")) is None
+    assert NativePlanner.for_spec(PlanSpec(32, 8, 128, 16, policy="count:4", device="910b2")) is None
 
 
 def test_auto_reason_is_the_numpy_planners():
@@ -148,6 +149,18 @@ def test_auto_reason_is_the_numpy_planners():
     want = spec.make(np.array([16000]))
     assert got.reason == want.reason and "splits of" in got.reason
     assert got.estimates_us == want.estimates_us
+
+
+@pytest.mark.parametrize("lens", [[16000], [300], [40000, 5, 0], [0, 0], [129] * 3])
+def test_npu_auto_reason_is_the_numpy_planners(lens):
+    """``auto`` on an Ascend profile (the NPU rule in C): the same split and, when read, the NumPy
+    planner's reason and estimates."""
+    spec = PlanSpec(32, 8, 128, 16, device="910b4")
+    got = NativePlanner.for_spec(spec).make(np.array(lens, np.int64))
+    want = spec.make(np.array(lens))
+    assert got is not None
+    assert_same_plan(got, want)
+    assert got.reason == want.reason and got.reason.startswith("auto on 910b4")
 
 
 def test_packs_as_the_device_plan_does():

@@ -26,11 +26,11 @@
 static int numpy_api = 0;   /* import_array() succeeded */
 #endif
 
-/* The wrapper's settings, packed once by NativePlanner (struct.pack "=20q5d"): every field an
+/* The wrapper's settings, packed once by NativePlanner (struct.pack "=22q6d"): every field an
  * int64 or a double, in this order. */
 typedef struct {
     int64_t hkv, page, hq, token_bytes, merge_bytes;
-    int64_t policy;           /* 0 auto, 1 fixed_size, 2 none */
+    int64_t policy;           /* 0 auto, 1 fixed_size, 2 none, 3 auto on an Ascend profile (the NPU rule) */
     int64_t split_value;      /* fixed_size's tokens */
     int64_t min_split, cap, graph_stable;
     int64_t max_work_items;   /* -1: graph_capacity's default */
@@ -41,6 +41,9 @@ typedef struct {
     int64_t lone_min_tokens;  /* a candidate of at most `units` items, the longest at least this long, */
     double bw, unit_bw, launch_us, per_wave_us;
     double lone_unit_bw;      /* ... takes this per-item bandwidth (0: never; the profile's lone_*) */
+    int64_t npu_cores;        /* the NPU rule (policy 3): the profile's cube cores, */
+    int64_t npu_merge_bytes;  /* Hq x (D + 8) x 8, the combine's bytes a (request, split) */
+    double npu_core_bw;       /* and one core's share of the bandwidth (bytes / µs) */
 } Settings;
 
 #define I32_LIMIT ((int64_t)1 << 31)
@@ -199,6 +202,36 @@ static int64_t choose_auto(const Settings *s, const int64_t *seq, const int64_t 
     }
     if (max_items >= 0 && best_w > max_items) return fit_c;
     return best_c;
+}
+
+/* `auto` on an Ascend profile (splitkv_common.plan.npu_auto): the split length for `active` requests
+ * that see a token, the longest `longest` tokens; -2 where a product would pass int64. */
+static int64_t choose_npu(const Settings *s, int64_t active, int64_t longest) {
+    int64_t items = active * s->hkv;
+    if (items == 0) return 0;
+    int64_t most = longest / (s->min_split > s->page ? s->min_split : s->page);
+    if (most > s->cap) most = s->cap;
+    if (most < 1) most = 1;
+    int64_t best = -1;
+    double best_t = 0.0;
+    for (int64_t want = 1; want <= most; want++) {
+        int64_t length = want == 1 ? 0 : round_up(ceil_div(longest, want), s->page);
+        int64_t count = want == 1 ? 1 : ceil_div(longest, length);
+        if (count != want) continue;   /* page rounding gave another count */
+        int64_t work, merge;
+        if (__builtin_mul_overflow(items, count, &work)) return -2;
+        int64_t per_core = ceil_div(work, s->npu_cores);
+        double t_attn = s->launch_us + (double)per_core * ((double)longest / (double)count * (double)s->token_bytes /
+                                                           s->npu_core_bw + s->per_wave_us);
+        double t_merge = 0.0;
+        if (count != 1) {
+            if (__builtin_mul_overflow(active, count, &merge) || __builtin_mul_overflow(merge, s->npu_merge_bytes, &merge))
+                return -2;
+            t_merge = (double)merge / s->bw;
+        }
+        if (best < 0 || t_attn + t_merge < best_t * 0.97) { best = length; best_t = t_attn + t_merge; }
+    }
+    return best;
 }
 
 /* The requests' order, longest first, ties in batch order (a stable sort, as NumPy's and Python's):
@@ -369,7 +402,9 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     /* the split length */
     int64_t split = s->policy == 1 ? s->split_value
-                  : s->policy == 2 ? 0 : choose_auto(s, seq, qlp, B, T, longest, lens_total, max_items);
+                  : s->policy == 2 ? 0
+                  : s->policy == 3 ? choose_npu(s, B - zeros, longest)
+                  : choose_auto(s, seq, qlp, B, T, longest, lens_total, max_items);
     if (split < 0) goto fallback;   /* a cost past int64 */
     /* ranges per request */
     int64_t R = 0, most = 1;

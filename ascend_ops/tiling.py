@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from splitkv_common import native as _native
 from splitkv_common.devices import get_profile
 from splitkv_common.plan import Plan, make_plan
 
@@ -613,31 +614,33 @@ class TilingBuilder:
         Hq, D = self.settings["num_q_heads"], self.settings["head_dim"]
         block_dim = self.settings["block_dim"]
         lse_off, ws = workspace_bytes(plan.num_slots, Hq, D)
-        core_range = None
+        balanced = 0   # AI cores the mixed kernel's items are balanced over (balance_items), 0: none
         scratch_off = ws
         if st["kernelKind"] == 1:
             if block_dim is None:
                 cores = self._prof.cube_units or self._prof.units
                 block_dim = cores if all_cores else max(1, min(cores, plan.num_valid_items))
-            core_range = balance_items(plan, int(block_dim))
+            balanced = int(block_dim)
             scratch_off = _ru(ws, 512)
             ws = scratch_off + int(block_dim) * st["scratchCoreBytes"]
         if ws >= 2 ** 31:
             raise ValueError(f"workspace: {ws} bytes does not fit the tiling's int32 workspaceBytes")
         if block_dim is None:
             block_dim = self._prof.units if all_cores else max(1, min(self._prof.units, max(plan.num_valid_items, T)))
-        words, offs = self._words_of(plan, seq_lens, core_range)
+        words, offs = self._words_of(plan, seq_lens, balanced)
         t.update(blockDim=int(block_dim), batch=int(B), numRows=int(T), numPages=int(num_pages),
                  numItems=int(B * key[0] * max_splits) if S else int(W),
                  numSlots=int(plan.num_slots), lseOffsetBytes=lse_off, workspaceBytes=ws, scratchOffsetBytes=scratch_off,
                  combineBlockDim=int(max(1, min(self._prof.units, T * hkv))), **offs)
         return t, pack_tiling(t), words
 
-    def _words_of(self, plan: Plan, seq_lens, core_range) -> tuple[np.ndarray, dict]:
-        """:func:`plan_words` into the builder's buffer."""
+    def _words_of(self, plan: Plan, seq_lens, cores: int) -> tuple[np.ndarray, dict]:
+        """:func:`plan_words` into the builder's buffer, with ``cores`` > 0 the items balanced over that
+        many AI cores (:func:`balance_items`): in one call of the C planner's module where it is built
+        and the plan has its ``[5, W]`` item buffer, else with NumPy (the same words)."""
         B, T, W = plan.batch_size, plan.num_rows, plan.num_items
         seq = np.asarray(seq_lens).reshape(-1)
-        nc = 0 if core_range is None else core_range.shape[0]
+        nc = cores + 1 if cores else 0
         sizes = (5 * W, B + 1, seq.shape[0], T, T, nc)
         offs, at = {}, 0
         for name, n in zip(("itemsOffset", "qslOffset", "seqLensOffset", "rowSlotOffset", "rowNumOffset",
@@ -655,18 +658,23 @@ class TilingBuilder:
             self._valid = W
         words = self._words
         hi = max(plan.num_valid_items, self._valid) if reuse else W
+        self._valid = plan.num_valid_items
+        buf, mod = plan.items, _native.load()
+        if mod is not None and buf is not None and buf.shape == (5, W) and buf.dtype == np.int32 and \
+                buf.flags.c_contiguous and mod.ascend_words(
+                    buf, plan.num_valid_items, hi, plan.query_start_loc, seq, plan.row_slot_start, plan.row_num_splits,
+                    cores, MIX_ITEM_OVERHEAD_TOKENS, words) is not None:
+            return words, offs
         items = words[:5 * W].reshape(W, 5)
-        buf = plan.items   # the planner's [5, W] buffer of the five arrays: one transposing copy
-        if buf is not None and buf.shape == (5, W):
+        if buf is not None and buf.shape == (5, W):   # the planner's buffer: one transposing copy
             items[:hi] = buf[:, :hi].T
         else:
             for k, f in enumerate((plan.item_request, plan.item_kv_head, plan.item_split, plan.item_kv_start,
                                    plan.item_kv_end)):
                 items[:hi, k] = f[:hi]
-        self._valid = plan.num_valid_items
         rest = [plan.query_start_loc, seq, plan.row_slot_start, plan.row_num_splits]
-        if core_range is not None:
-            rest.append(core_range)
+        if cores:
+            rest.append(balance_items(plan, cores))
         at = 5 * W
         for a in rest:
             words[at:at + a.shape[0]] = a

@@ -559,9 +559,97 @@ out:
     return ret;
 }
 
+/* An item's weight as balance_items computes it in NumPy: int32 arithmetic (wrapping), 0 for padding. */
+static inline int64_t item_weight(int32_t req, int32_t ks, int32_t ke, int64_t overhead) {
+    int32_t len = (int32_t)((uint32_t)ke - (uint32_t)ks);
+    return req >= 0 ? (int64_t)(int32_t)((uint32_t)(len > 0 ? len : 0) + (uint32_t)overhead) : 0;
+}
+
+/* Item i's first AI core under ascend_ops.tiling.balance_items: `bounds` [cores + 1] from the valid
+ * items' ranges and requests (NumPy's int64 arithmetic; 0 where a product would pass int64, and the
+ * caller balances with NumPy). */
+static int balance(const int32_t *req, const int32_t *ks, const int32_t *ke, int64_t nv, int64_t num_items,
+                   int64_t cores, int64_t overhead, int32_t *bounds) {
+    memset(bounds, 0, sizeof(int32_t) * (size_t)(cores + 1));
+    bounds[cores] = (int32_t)num_items;
+    if (nv == 0) return 1;
+    int64_t total = 0;
+    for (int64_t i = 0; i < nv; i++) {
+        int64_t w = item_weight(req[i], ks[i], ke[i], overhead);
+        if (__builtin_add_overflow(total, w, &total)) return 0;
+    }
+    if (total <= 0) return 1;
+    int64_t step, at, c = 0, k = 1;   /* the first item whose doubled midpoint x cores reaches 2 total k */
+    if (__builtin_mul_overflow(total, 2, &step) || __builtin_mul_overflow(step, cores, &at)) return 0;
+    for (int64_t i = 0; i < nv && k < cores; i++) {
+        int64_t w = item_weight(req[i], ks[i], ke[i], overhead), mid;
+        c += w;
+        if (__builtin_mul_overflow(2 * c - w, cores, &mid)) return 0;
+        while (k < cores && mid >= step * k) bounds[k++] = (int32_t)i;
+    }
+    while (k < cores) bounds[k++] = (int32_t)nv;
+    return 1;
+}
+
+/* ascend_words(items, nv, hi, qsl, seq, row_slot, row_num, cores, overhead, out): an Ascend plan's
+ * words (ascend_ops.tiling.plan_words' layout) into the int32 buffer `out`: the items [W, 5] (from
+ * `items` [5, W], only the first `hi`: `out` holds the rest), query_start_loc, seq_lens, row_slot_start,
+ * row_num_splits, then with `cores` > 0 each AI core's first item (balance_items, `overhead` tokens an
+ * item). Returns the words written, or None where the NumPy path must write them (a product past
+ * int64). */
+static PyObject *ascend_words(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "ascend_words: 10 arguments");
+        return NULL;
+    }
+    long long nv = PyLong_AsLongLong(args[1]), hi = PyLong_AsLongLong(args[2]);
+    long long cores = PyLong_AsLongLong(args[7]), overhead = PyLong_AsLongLong(args[8]);
+    if (PyErr_Occurred()) return NULL;
+    Buf iv = {0}, ov = {0};
+    IntIn in[4] = {{.b = {.held = 0}}, {.b = {.held = 0}}, {.b = {.held = 0}}, {.b = {.held = 0}}};
+    PyObject *ret = NULL;
+    if (!buf_get(args[0], &iv, 0) || iv.itemsize != 4 || !iv.is_int || iv.ndim != 2 || iv.shape[0] != 5) {
+        PyErr_SetString(PyExc_ValueError, "items: must be a C-contiguous int32 [5, W] buffer");
+        goto out;
+    }
+    int64_t W = iv.shape[1];
+    if (nv < 0 || nv > W || hi < 0 || hi > W || cores < 0 || cores >= I32_LIMIT || overhead < 0) {
+        PyErr_SetString(PyExc_ValueError, "ascend_words: need 0 <= nv, hi <= W and cores, overhead >= 0");
+        goto out;
+    }
+    int64_t total = 5 * W + (cores ? cores + 1 : 0);
+    for (int k = 0; k < 4; k++) {
+        if (!int_in(args[3 + k], &in[k])) {
+            PyErr_SetString(PyExc_ValueError, "ascend_words: the plan's arrays must be 1-D int32 / int64 arrays");
+            goto out;
+        }
+        total += in[k].n;
+    }
+    int32_t *o = out_buf(args[9], &ov, total, "out");
+    if (!o) goto out;
+    const int32_t *f = (const int32_t *)iv.buf;
+    if (cores && !balance(f, f + 3 * W, f + 4 * W, nv, W, cores, overhead, o + total - (cores + 1))) {
+        Py_INCREF(Py_None);
+        ret = Py_None;
+        goto out;
+    }
+    for (int64_t i = 0; i < hi; i++)
+        for (int c = 0; c < 5; c++) o[5 * i + c] = f[c * W + i];
+    int32_t *p = o + 5 * W;
+    for (int k = 0; k < 4; k++)
+        for (Py_ssize_t i = 0; i < in[k].n; i++) *p++ = (int32_t)at(&in[k], i);
+    ret = PyLong_FromLongLong(total);
+out:
+    buf_release(&iv);
+    buf_release(&ov);
+    for (int k = 0; k < 4; k++) buf_release(&in[k].b);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
     {"plan", (PyCFunction)(void (*)(void))plan, METH_FASTCALL, "The common-case plan (see the file's comment)."},
     {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL, "A plan's device arrays into one int32 buffer."},
+    {"ascend_words", (PyCFunction)(void (*)(void))ascend_words, METH_FASTCALL, "An Ascend plan's words (balanced)."},
     {NULL, NULL, 0, NULL},
 };
 

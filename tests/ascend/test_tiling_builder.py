@@ -119,3 +119,50 @@ def test_builder_refuses_what_build_buffers_refuses_in_device_split_mode():
     with pytest.raises(ValueError) as got:
         builder.build(plan, too_long, 100_000)
     assert str(got.value) == str(want.value) and "device_split_tokens * max_splits" in str(got.value)
+
+
+def _words_both_ways(builder_settings, plan, seq, monkeypatch):
+    """The builder's words through the C module and through NumPy (the module hidden)."""
+    got = tl.TilingBuilder(**builder_settings).build(plan, seq, 100_000)
+    with monkeypatch.context() as m:
+        m.setattr(tl._native, "load", lambda: None)
+        want = tl.TilingBuilder(**builder_settings).build(plan, seq, 100_000)
+    return got, want
+
+
+@pytest.mark.skipif(tl._native.load() is None, reason="the C planner's module is not built here")
+@pytest.mark.parametrize("seed", range(6))
+def test_words_and_core_balance_in_c_are_numpys(seed, monkeypatch):
+    """``ascend_words`` (the C module) writes the words and balances the items over the AI cores as
+    ``plan_words`` and ``balance_items`` do in NumPy: ragged lengths, empty requests, graph-stable
+    padding, multi-query rows, one request longer than the rest."""
+    rng = np.random.default_rng(seed)
+    B = int(rng.integers(1, 40))
+    seq = rng.integers(0, 20000, B)
+    seq[rng.random(B) < 0.2] = 0
+    if seed % 2:
+        seq[0] = 200_000
+    q_lens = rng.integers(1, 4, B)
+    for graph_stable in (False, True):
+        plan = make_plan(seq, num_kv_heads=8, page_size=16, q_lens=q_lens, policy="auto", device="910b2",
+                         num_q_heads=32, head_dim=128, graph_stable=graph_stable)
+        got, want = _words_both_ways(_settings("auto", max_pages=200_000 // 16 + 1), plan, seq, monkeypatch)
+        assert got[0] == want[0] and got[1] == want[1]
+        np.testing.assert_array_equal(got[2], want[2])
+        if got[0]["kernelKind"] == 1:   # the mixed kernel: its core ranges are balance_items'
+            at, n = got[0]["coreRangeOffset"], got[0]["blockDim"] + 1
+            np.testing.assert_array_equal(got[2][at:at + n], tl.balance_items(plan, got[0]["blockDim"]))
+
+
+@pytest.mark.skipif(tl._native.load() is None, reason="the C planner's module is not built here")
+def test_c_balance_hands_back_a_sum_past_int64():
+    """Weights whose doubled sum times the cores passes int64 are left to NumPy (None, nothing
+    claimed): 2**20 items of 2**31 - 65 tokens over 4,096 cores."""
+    mod = tl._native.load()
+    W = 1 << 20
+    items = np.zeros((5, W), np.int32)
+    items[4] = 2**31 - 65   # with the 64-token overhead: 2**31 - 1, the most an int32 weight holds
+    q = np.zeros(2, np.int32)
+    out = np.zeros(5 * W + 2 + 1 + 1 + 1 + 4097, np.int32)
+    assert mod.ascend_words(items, W, W, q, np.array([5]), q[:1], q[:1], 4096, 64, out) is None
+    assert mod.ascend_words(items, W, W, q, np.array([5]), q[:1], q[:1], 0, 64, out) == 5 * W + 5

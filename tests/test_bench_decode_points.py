@@ -1,4 +1,5 @@
-"""``scripts/bench_decode.py --points``: the point list a targeted run times (CPU: parsing only)."""
+"""``scripts/bench_decode.py --points``: the point list a targeted run times, and ``bench_config_grid.py
+--configs`` (CPU: parsing only)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,15 @@ def test_auto_with_another_shortest_split_gets_its_own_table():
         gpu="GPU", sms=132, torch="t", triton="tr", cuda="c", cudnn=1, date="d", iters=20, flush="read")))
     assert "| min split 256 µs (split) |" in md
     assert "| 1 | 1024 | 32/8 | 128 | 12.0 (64) | 14.5 (256) | 10.9 |" in md
+
+
+def test_config_grid_reads_its_configurations():
+    """``scripts/bench_config_grid.py --configs``: BLOCK_N/WARPS/STAGES items, refused with the item named."""
+    g = load_script("bench_config_grid")
+    got = g.parse_configs("64/4/5, 128/8/6")
+    assert [(c.block_n, c.num_warps, c.num_stages) for c in got] == [(64, 4, 5), (128, 8, 6)]
+    assert [g.name_of(c) for c in got] == ["n64w4s5", "n128w8s6"]
+    assert len(g.parse_configs(g.CONFIGS)) == 11
+    for bad in ("64/4", "64/4/x", "64-4-5"):
+        with pytest.raises(ValueError, match="is not BLOCK_N/WARPS/STAGES"):
+            g.parse_configs(bad)

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Stage-1 configurations at points of any shape, side by side in one process on a CUDA GPU: which
+tile, warps and pipeline depth is fastest for a point's plan, against what ``default_config`` takes.
+
+Per point (``bench_decode.py``'s syntax, e.g. ``B1x16k@32/8/64``; bf16, page 16, shuffled pages) and
+policy (``--policies``, default ``auto``): the plan once, then the whole call (stage 1 and the merge)
+with the default configuration and with each of ``--configs`` (``BLOCK_N/WARPS/STAGES``), each captured
+in a CUDA graph; cuDNN / flash SDPA on a contiguous copy for reference. Timing: ``bench_decode.Timer``
+(``--iters`` replays each after a read flush of the L2, median) in ``--passes`` interleaved passes; the
+table gives each variant's fastest pass, the JSON all. Each variant's output is checked against SDPA's
+math backend (a configuration that fails to compile, e.g. out of shared memory, is reported as such).
+
+Writes ``config_grid.json`` (with provenance) and ``config_grid.md`` to ``--out``.
+
+    python scripts/bench_config_grid.py --points B1x16k@32/8/64,B16x4k@32/8/64 --out OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, ".."))
+from splitkv_common.optional import require  # noqa: E402
+
+torch = require("torch", "scripts/bench_config_grid.py")
+require("triton", "scripts/bench_config_grid.py")
+
+from bench_decode import (PAGE, Timer, contiguous_kv, interleaved, make_point, parse_points,  # noqa: E402
+                          save_outputs, sdpa_peers)
+from cuda_ref.launch import KernelConfig  # noqa: E402
+from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
+from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
+
+CONFIGS = "32/2/5,32/2/7,64/2/5,64/2/7,64/4/5,64/4/7,64/8/5,128/4/4,128/4/5,128/8/5,128/8/6"
+
+
+def parse_configs(text: str) -> list[KernelConfig]:
+    """``"64/4/5,128/8/6"`` -> KernelConfigs (tokens a tile / warps / stages). Raises ``ValueError``."""
+    out = []
+    for item in text.split(","):
+        parts = item.strip().split("/")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"--configs: {item!r} is not BLOCK_N/WARPS/STAGES")
+        out.append(KernelConfig(*map(int, parts)))
+    return out
+
+
+def name_of(c: KernelConfig) -> str:
+    return f"n{c.block_n}w{c.num_warps}s{c.num_stages}"
+
+
+def point(timer, text, B, ctx, hq, hkv, D, policy, configs, passes) -> dict:
+    q, k, v, bt, seq = make_point(B, ctx, hq, hkv, D, torch.bfloat16)
+    qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
+    kc, vc = contiguous_kv(k, bt, B, ctx), contiguous_kv(v, bt, B, ctx)
+    sub = min(B, 4)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q[:sub, :, None].float(), kc[:sub].float(), vc[:sub].float(), enable_gqa=True)[:, :, 0]
+    replays, keep, err, default = {}, [], {}, None
+    for c in [None] + configs:
+        label = "default" if c is None else name_of(c)
+        try:
+            w = DecodeWrapper(hq, hkv, D, PAGE, dtype=torch.bfloat16, device="cuda", policy=policy, config=c)
+            plan = w.plan(seq.cpu().numpy())
+            fn = (lambda w=w: w.run(q, k, v, bt, seq, qsl))
+            out, _ = fn()
+            torch.cuda.synchronize()
+            if c is None:
+                cx = w.last_launch.constexprs
+                default = f"n{cx['BLOCK_N']}w{cx['num_warps']}s{cx['num_stages']}"
+            err[label] = float((out[:sub].float() - ref).norm() / ref.norm())
+            replays[label] = timer.graph(fn)
+            keep.append(w)
+        except Exception as e:  # noqa: BLE001 - a configuration that does not compile is a result
+            err[label] = f"{type(e).__name__}: {str(e)[:120]}"
+    times = interleaved(timer, replays, passes=passes)
+    peers = {n.replace("sdpa_", ""): t for n, t in sdpa_peers(timer, q, kc, vc).items()
+             if not n.endswith("_error") and t is not None}
+    row = dict(point=text, policy=policy, B=B, ctx=ctx, hq=hq, hkv=hkv, D=D, items=int(plan.num_items),
+               split=int(plan.split_tokens), default=default,
+               passes={n: [round(x, 2) for x in t] for n, t in times.items()},
+               us={n: round(min(t), 2) for n, t in times.items()}, peers=peers, err=err)
+    del q, k, v, bt, seq, kc, vc, replays, keep
+    torch.cuda.empty_cache()
+    return row
+
+
+def table(res) -> list:
+    lines = provenance_markdown(res["provenance"]) + [
+        f"{res['gpu']}, torch {res['torch']}, triton {res['triton']}, {res['date']}; {res['passes']} interleaved "
+        f"passes of {res['iters']} replays after a read flush (fastest pass; all in the JSON)", "",
+        "| point | policy | items | split | default | default µs | fastest | fastest µs | fastest / default | "
+        "best peer µs | others (µs) |", "|---|---|---:|---:|---|---:|---|---:|---:|---:|---|"]
+    for r in res["points"]:
+        u = r["us"]
+        best = min(u, key=u.get)
+        peer = min(r["peers"].values(), default=float("nan"))
+        others = ", ".join(f"{n} {t:.1f}" for n, t in sorted(u.items(), key=lambda kv: kv[1]) if n != "default")
+        bad = [n for n, e in r["err"].items() if isinstance(e, str) or e > 1e-2]
+        lines.append(f"| {r['point']} | {r['policy']} | {r['items']} | {r['split']} | {r['default']} | {u['default']:.2f} "
+                     f"| {best} | {u[best]:.2f} | {u[best] / u['default']:.3f} | {peer:.2f} | {others}"
+                     + (f"; failed: {', '.join(bad)}" if bad else "") + " |")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--points", required=True)
+    ap.add_argument("--policies", default="auto")
+    ap.add_argument("--configs", default=CONFIGS, help="BLOCK_N/WARPS/STAGES,...")
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--out", default="bench_out")
+    a = ap.parse_args(argv)
+    import triton
+    configs = parse_configs(a.configs)
+    timer = Timer(a.iters)
+    res = dict(provenance=provenance(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+               triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               passes=a.passes, iters=a.iters, points=[])
+    for text, (B, ctx, hq, hkv, D, _) in zip(a.points.split(","), parse_points(a.points)):
+        for policy in a.policies.split(","):
+            try:
+                res["points"].append(point(timer, text.strip(), B, ctx, hq, hkv, D, policy, configs, a.passes))
+                print(text, policy, res["points"][-1]["us"], flush=True)
+            except Exception as e:  # noqa: BLE001 - a failing point is a result
+                res.setdefault("errors", {})[f"{text} {policy}"] = f"{type(e).__name__}: {str(e)[:300]}"
+    print(save_outputs(a.out, "config_grid", res, table(res)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

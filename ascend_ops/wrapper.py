@@ -201,12 +201,13 @@ class AscendDecodeWrapper(PlannedWrapper):
     def _graph_stable_sizes(self, sizes: tuple) -> None:
         """Raise ``ValueError`` naming the buffer whose size ``sizes`` changes under a graph-stable plan."""
         for what, old, new in zip(("plan", "workspace", "out"), self._sizes, sizes):
-            if old != new and what == "out":
+            if old == new:
+                continue
+            if what == "out":
                 raise ValueError(f"plan: out changed shape ({old} -> {new} rows) under a graph-stable plan; a "
                                  "captured graph needs the same query rows every step")
-            if old != new:
-                raise ValueError(f"plan: buffer {what} changed size ({old} -> {new}) under a graph-stable plan; "
-                                 "give max_work_items / max_splits that bound every batch")
+            raise ValueError(f"plan: buffer {what} changed size ({old} -> {new}) under a graph-stable plan; "
+                             "give max_work_items / max_splits that bound every batch")
 
     def _views_for(self, sizes: tuple) -> dict:
         """The buffers of ``sizes = (meta words, workspace floats, query rows)``: views of stores that grow

@@ -113,7 +113,6 @@ def split_kv_kernel(
     LAUNCH_DEPENDENTS: tl.constexpr = False, MULTI_ROW_BLOCKS: tl.constexpr = True,
     BOUNDS: tl.constexpr = True, COUNT_ERRORS: tl.constexpr = False, MIXED_TILES: tl.constexpr = True,
     DEVICE_PLAN: tl.constexpr = False, PADDED: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False, PREFETCH_LINES: tl.constexpr = 1, LINE_ELEMS: tl.constexpr = 64,
 ):
     """Stage 1, one program per (work item, block of packed query rows), in named steps: load the
     work item, load its packed query rows and int8 scales, walk the KV range (:func:`_kv_loop`),
@@ -136,11 +135,6 @@ def split_kv_kernel(
     if DEVICE_PLAN:  # no plan arrays: the item from its index (a plan made on the device)
         b, h, split, start, end, seq_len, r0, q_len, n_split = _device_work_item(
             SEQ_LENS, QUERY_START, item, NUM_KV_HEADS, KV_CAP, BATCH, SPLIT_SIZE, MAX_SPLITS)
-        if PREFETCH:  # every program a real item (a host plan's, derived): its first tile's lines, early
-            _prefetch_tile(BLOCK_TABLE + b.to(tl.int64) * stride_bt, (start // PAGE) * PAGE,
-                           K + h.to(tl.int64) * stride_kh, V + h.to(tl.int64) * stride_vh, KV_CAP // PAGE, NUM_PAGES,
-                           stride_kp, stride_kt, stride_vp, stride_vt, PAGE, BLOCK_N, HEAD_DIM, PREFETCH_LINES,
-                           LINE_ELEMS)
         if q_len == 0:  # padding (the grid covers the block table's capacity): nothing to read or write
             return
     else:
@@ -263,33 +257,6 @@ def _device_work_item(SEQ_LENS, QUERY_START, item, NUM_KV_HEADS, KV_CAP, BATCH, 
     r0 = tl.load(QUERY_START + b, mask=valid, other=0)
     q_len = tl.where(valid, tl.load(QUERY_START + b + 1, mask=valid, other=0) - r0, 0)
     return b, h, split, start, end, seq_len, r0, q_len, n_split
-
-
-@triton.jit
-def _l2_prefetch(ptrs):
-    """PTX ``prefetch.global.L2`` of the line of each pointer (a hint: no register waits for it)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs.to(tl.int64)],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_tile(bt_row, n0, k_base, v_base, BT_COLS, NUM_PAGES, stride_kp, stride_kt, stride_vp, stride_vt,
-                   PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, LINES: tl.constexpr,
-                   LINE_ELEMS: tl.constexpr):
-    """L2 prefetches of the K and V lines of the tile at ``n0`` (on a page boundary, ``BLOCK_N % PAGE
-    == 0``; ``LINES`` lines of ``LINE_ELEMS`` elements a token row), from its page ids loaded with no
-    mask from the request's length: the block table's ``BT_COLS`` columns bound them, an id outside
-    ``[0, NUM_PAGES)`` prefetches page 0. The loop's own loads of that tile wait for the length (its
-    bounds); these leave at once, so the tile is on its way to L2 one round trip earlier. Nothing is
-    read into registers but the page ids."""
-    NP: tl.constexpr = BLOCK_N // PAGE
-    cols = n0 // PAGE + tl.arange(0, NP)
-    page = tl.load(bt_row + cols, mask=cols < BT_COLS, other=0)
-    page = _expand(tl.where((page >= 0) & (page < NUM_PAGES), page, 0), NP, PAGE).to(tl.int64)
-    slot = (tl.arange(0, BLOCK_N) % PAGE).to(tl.int64)
-    line = tl.minimum(tl.arange(0, LINES) * LINE_ELEMS, HEAD_DIM - 1)[None, :]
-    _l2_prefetch(k_base + (page * stride_kp + slot * stride_kt)[:, None] + line)
-    _l2_prefetch(v_base + (page * stride_vp + slot * stride_vt)[:, None] + line)
 
 
 @triton.jit

@@ -733,13 +733,10 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
                    k_scale=None, v_scale=None, k_offset=None, v_offset=None, config: KernelConfig | None = None,
                    fuse_merge: bool = False, interpret: bool = False, merge: bool = True,
                    batch_invariant: bool = True, pdl: bool | None = None, errors=None,
-                   fast_path: bool = True, prefetch: bool = True) -> DecodeLaunch:
+                   fast_path: bool = True) -> DecodeLaunch:
     """:func:`launch_decode`'s host work without the launches (see there for the arguments).
     ``fast_path``: the launches may take :mod:`cuda_ref.fast_launch` after their first call (for a
-    caller that keeps the :class:`DecodeLaunch`); False: Triton's normal launch each call.
-    ``prefetch``: a host plan whose items stage 1 derives from its index (``DevicePlan.index_split``)
-    prefetches each program's first tile into L2 before its request's length arrives (on CUDA, tiles of
-    whole pages; ``kernels._prefetch_tile``); False: never (for measuring)."""
+    caller that keeps the :class:`DecodeLaunch`); False: Triton's normal launch each call."""
     T, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
     group = Hq // Hkv
@@ -783,12 +780,7 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
         LAUNCH_DEPENDENTS=pdl and dplan.num_items * dplan.row_blocks <= 2 * sms,
         MULTI_ROW_BLOCKS=dplan.row_blocks > 1, BOUNDS=_KERNEL_BOUNDS, COUNT_ERRORS=errors is not None,
         MIXED_TILES=dplan.max_q_len != 1, DEVICE_PLAN=bool(derive),
-        PADDED=dplan.graph_stable and not dplan.split_size, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        PREFETCH=bool(prefetch and derive and not dplan.split_size and q.device.type == "cuda" and not interpret
-                      and cfg.block_n % page == 0),
-        # a token row's 128-byte lines (a power of two of them) and the elements of one
-        PREFETCH_LINES=1 << max(0, -(-D * k_cache.element_size() // 128) - 1).bit_length(),
-        LINE_ELEMS=128 // k_cache.element_size())
+        PADDED=dplan.graph_stable and not dplan.split_size, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     merge_prep = None
     if with_merge:
         ns = seq_lens if dplan.split_size else dplan.view("row_num_splits")

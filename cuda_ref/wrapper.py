@@ -241,9 +241,6 @@ class DecodeWrapper(PlannedWrapper):
         # the device-plan formula (PlanSpec.index_split: one dependent load fewer before the first KV
         # tile, the same arithmetic); False launches every plan from its arrays (for measuring)
         self.index_items = True
-        # such plans' programs prefetch their first tile into L2 before the request's length arrives
-        # (prepare_decode's prefetch); False: not (for measuring)
-        self.prefetch = True
         self.host_plan: Plan | None = None
         self.dplan: DevicePlan | None = None
         self._buffers: dict[str, torch.Tensor] = {}
@@ -441,7 +438,7 @@ class DecodeWrapper(PlannedWrapper):
         dp = self.dplan
         # one prepared launch for every plan of this batch whose sizes decide nothing but the grid
         lkey = None if key is None else (key, plan_launch_key(dp, self.device), b["part_o"].shape[0], self.config,
-                                         self.fuse_merge, self.merge, self.pdl, self.prefetch)
+                                         self.fuse_merge, self.merge, self.pdl)
         prep = self._launches.get(lkey) if lkey is not None else None
         wide = None
         if prep is None and lkey is not None:   # a batch of other sizes: the launch of its signature without them
@@ -456,8 +453,7 @@ class DecodeWrapper(PlannedWrapper):
                 soft_cap=soft_cap, window_left=normalize_window(window_left), k_scale=k_scale, v_scale=v_scale,
                 k_offset=k_offset, v_offset=v_offset, config=self.config, fuse_merge=self._fused(),
                 interpret=INTERPRET, merge=self.merge, batch_invariant=self.device_plan
-                or self.host_plan.policy.kind in ("fixed_size", "none"), pdl=self.pdl, errors=b["errors"],
-                prefetch=self.prefetch)
+                or self.host_plan.policy.kind in ("fixed_size", "none"), pdl=self.pdl, errors=b["errors"])
             if lkey is not None:
                 # the previous launch's launchers fit where its tensors had these dtypes and devices
                 # (shapes and strides, which the kernels take as arguments, are compared by adopt)

@@ -41,8 +41,7 @@ ALIGNED_INTS = ("stride_qt", "stride_qh", "stride_kp", "stride_kt", "stride_kh",
 BASE = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=64, KV_INT8=False,
             HAS_OFFSET=False, SOFT_CAP=False, HAS_WINDOW=False, DOT_IEEE=False, UPCAST=False,
             FUSE_MERGE=False, SCALE_PER_CHANNEL=False, MERGE_CHUNK=32,
-            MULTI_ROW_BLOCKS=False, BOUNDS=True, COUNT_ERRORS=True, MIXED_TILES=False, DEVICE_PLAN=False,
-            PREFETCH=False, PREFETCH_LINES=1, LINE_ELEMS=64)
+            MULTI_ROW_BLOCKS=False, BOUNDS=True, COUNT_ERRORS=True, MIXED_TILES=False, DEVICE_PLAN=False)
 
 
 def variants():
@@ -55,10 +54,6 @@ def variants():
     v.append(("bf16 D128 M16 PDL trigger n64w4s5", "bf16", "bf16", dict(BASE, LAUNCH_DEPENDENTS=True), 4, 5))
     v.append(("bf16 D128 M16 device plan n64w4s7", "bf16", "bf16", dict(BASE, DEVICE_PLAN=True), 4, 7))
     v.append(("bf16 D128 M16 graph-stable padded n64w4s7", "bf16", "bf16", dict(BASE, PADDED=True), 4, 7))
-    v.append(("bf16 D128 M16 index items n128w8s6 (lone item)", "bf16", "bf16",
-              dict(BASE, BLOCK_N=128, DEVICE_PLAN=True), 8, 6))
-    v.append(("bf16 D128 M16 index items, first tile prefetched n128w8s6", "bf16", "bf16",
-              dict(BASE, BLOCK_N=128, DEVICE_PLAN=True, PREFETCH=True, PREFETCH_LINES=2, LINE_ELEMS=64), 8, 6))
     v.append(("bf16 D128 M16 device plan fused n64w4s5", "bf16", "bf16", dict(BASE, DEVICE_PLAN=True,
                                                                             FUSE_MERGE=True), 4, 5))
     v.append(("bf16 D128 M64 (multi-query) n64w4s5", "bf16", "bf16", dict(BASE, BLOCK_M=64, MULTI_ROW_BLOCKS=True,

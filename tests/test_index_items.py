@@ -104,15 +104,3 @@ def test_index_items_give_the_same_bits(policy, lens, q_lens):
         res[on] = (_bits(out), _bits(lse))
     np.testing.assert_array_equal(res[True][0], res[False][0])
     np.testing.assert_array_equal(res[True][1], res[False][1])
-
-
-def test_first_tile_prefetch_is_for_cuda_only():
-    """The first tile's L2 prefetch (inline PTX) is never compiled for the interpreter (nor for
-    another device); the line layout it would take is a token row's 128-byte lines."""
-    inp = cases.random_inputs(3, [70, 5], num_q_heads=8, num_kv_heads=2, head_dim=32, page_size=8, dtype="bfloat16")
-    w = DecodeWrapper(8, 2, 32, 8, dtype=inp.dtype, device=DEVICE, policy="none")
-    w.plan(inp.seq_lens)
-    w.run(**to_torch(inp, DEVICE), scale=inp.scale)
-    c = w.last_launch.constexprs
-    assert c["DEVICE_PLAN"] and c["PREFETCH"] is (not cuda_ref.INTERPRET and c["BLOCK_N"] % 8 == 0)
-    assert (c["PREFETCH_LINES"], c["LINE_ELEMS"]) == (1, 64)   # 32 bf16 values: one line

@@ -69,9 +69,11 @@ def _page(q, k_desc, v_desc, bt_row, col, c_end, h, end, qk_scale, PAGE: tl.cons
 @triton.jit
 def tma_stage1(Q, k_desc, v_desc, BT, SEQ, PART_O, PART_LSE, qk_scale, NSPLIT, stride_qb, stride_qh, stride_bt,
                SPLIT: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-               BLOCK_M: tl.constexpr, PPI: tl.constexpr, UPCAST: tl.constexpr):
+               BLOCK_M: tl.constexpr, PPI: tl.constexpr, UPCAST: tl.constexpr, WS: tl.constexpr = False):
     """Program ``(split, KV head, request)`` flattened: the partial state of one split. ``UPCAST``:
-    16-bit values to float32 after each load (the CPU interpreter's dot needs it)."""
+    16-bit values to float32 after each load (the CPU interpreter's dot needs it). ``WS``: the KV loop
+    warp-specialized by Triton (``tl.range(..., warp_specialize=True)``: copies issued by a producer
+    warp group ahead of the math)."""
     pid = tl.program_id(0)
     split = pid % NSPLIT
     bh = pid // NSPLIT
@@ -93,7 +95,7 @@ def tma_stage1(Q, k_desc, v_desc, BT, SEQ, PART_O, PART_LSE, qk_scale, NSPLIT, s
     bt_row = BT + b.to(tl.int64) * stride_bt
     c0 = start // PAGE
     c_end = (end + PAGE - 1) // PAGE
-    for c in range(c0, c_end, PPI):
+    for c in tl.range(c0, c_end, PPI, warp_specialize=WS):
         s0, v0 = _page(q, k_desc, v_desc, bt_row, c, c_end, h, end, qk_scale, PAGE, D, UPCAST)
         mx = tl.max(s0, 1)
         if PPI >= 2:
@@ -128,7 +130,8 @@ def tma_stage1(Q, k_desc, v_desc, BT, SEQ, PART_O, PART_LSE, qk_scale, NSPLIT, s
     tl.store(PART_LSE + slot, lse, mask=row_ok)
 
 
-def probe_runner(q, k, v, bt, seq, split: int, ppi: int = 1, num_warps: int = 4, num_stages: int = 3):
+def probe_runner(q, k, v, bt, seq, split: int, ppi: int = 1, num_warps: int = 4, num_stages: int = 3,
+                 ws: bool = False):
     """``(run, nsplit)``: ``run()`` launches the probe into buffers made here, returns ``(part_o, part_lse)``
     ``[B, Hq, nsplit, D]`` float32 and ``[B, Hq, nsplit]`` (base-2 lse)."""
     P, PAGE, hkv, D = k.shape
@@ -146,7 +149,7 @@ def probe_runner(q, k, v, bt, seq, split: int, ppi: int = 1, num_warps: int = 4,
     def run():
         tma_stage1[grid](q, kd, vd, bt, seq, part_o, part_lse, scale, nsplit, q.stride(0), q.stride(1), bt.stride(0),
                          SPLIT=split, HKV=hkv, G=G, D=D, PAGE=PAGE, BLOCK_M=max(16, triton.next_power_of_2(G)),
-                         PPI=ppi, UPCAST=not q.is_cuda, num_warps=num_warps, num_stages=num_stages)
+                         PPI=ppi, UPCAST=not q.is_cuda, WS=ws, num_warps=num_warps, num_stages=num_stages)
         return part_o, part_lse
     return run, nsplit
 
@@ -161,16 +164,19 @@ def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
 
-def check(device: str, ppi: int = 1) -> float:
+def check(device: str, ppi: int = 1, ws: bool = False) -> float:
     """Relative error of the probe against the NumPy reference (:func:`splitkv_common.reference.dense_attention`)
     on a small ragged batch with shuffled pages and partial last pages (bf16, Hq 8 / Hkv 2, D 64, split 64)."""
     inp = random_inputs(0, [200, 193, 186], num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=16,
                         dtype="bfloat16")
     x = to_torch(inp, device)
-    run, _ = probe_runner(x["q"], x["k_cache"], x["v_cache"], x["block_table"], x["seq_lens"], 64, ppi)
+    run, _ = probe_runner(x["q"], x["k_cache"], x["v_cache"], x["block_table"], x["seq_lens"], 64, ppi, ws=ws)
     return rel_err(merged(*run()), dense_attention(inp)[0])
 
 
+# (pages an iteration, warps, stages, warp-specialized loop)
+PROBE_VARIANTS = [(ppi, nw, ns, False) for ppi in (2, 4) for nw, ns in ((4, 4), (4, 6), (2, 4), (2, 6))] + \
+    [(ppi, nw, ns, True) for ppi in (2, 4) for nw, ns in ((4, 3), (4, 4), (8, 3))]
 POINTS = {"B1x2k": (1, 2048, 128), "B1x2k/64": (1, 2048, 64), "B1x16k": (1, 16384, 512),
           "B1x16k/256": (1, 16384, 256), "B1x16k/128": (1, 16384, 128), "B16x1k": (16, 1024, 1024),
           "B16x1k/512": (16, 1024, 512), "B16x1k/256": (16, 1024, 256), "B16x8k": (16, 8192, 8192),
@@ -186,9 +192,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.check or not torch.cuda.is_available():
         for ppi in (1, 2, 4):
-            err = check("cuda" if torch.cuda.is_available() else "cpu", ppi=ppi)
-            print(f"PPI {ppi}: relative error against the NumPy reference {err:.2e}")
-            assert err < 1e-2, err
+            for ws in (False, True):
+                err = check("cuda" if torch.cuda.is_available() else "cpu", ppi=ppi, ws=ws)
+                print(f"PPI {ppi}{' warp-specialized' if ws else ''}: relative error against the NumPy reference "
+                      f"{err:.2e}")
+                assert err < 1e-2, err
         return 0
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     from bench_decode import Timer, contiguous_kv, kv_bytes, make_point
@@ -211,16 +219,15 @@ def main(argv=None):
         ours_auto, plan, _ = make_runner(q, k, v, bt, seq)
         row["ours auto"] = timer(ours_auto)
         row["ours auto split"] = int(plan.split_tokens)
-        for ppi in (2, 4):
-            for nw, ns in ((4, 4), (4, 6), (2, 4), (2, 6)):
-                key = f"tma ppi{ppi} w{nw} s{ns}"
-                try:
-                    run, _ = probe_runner(q, k, v, bt, seq, split, ppi, nw, ns)
-                    err = rel_err(merged(*run()), ref)
-                    row[key] = timer(run)
-                    row[key + " err"] = err
-                except Exception as e:   # a configuration that does not compile: recorded
-                    row[key] = f"{type(e).__name__}: {str(e)[:200]}"
+        for ppi, nw, ns, ws in PROBE_VARIANTS:
+            key = f"tma ppi{ppi} w{nw} s{ns}" + (" ws" if ws else "")
+            try:
+                run, _ = probe_runner(q, k, v, bt, seq, split, ppi, nw, ns, ws)
+                err = rel_err(merged(*run()), ref)
+                row[key] = timer(run)
+                row[key + " err"] = err
+            except Exception as e:   # a configuration that does not compile: recorded
+                row[key] = f"{type(e).__name__}: {str(e)[:200]}"
         row["kv GB"] = kv_bytes(B, ctx, 8, 128, "bf16") / 1e9
         res["points"][name] = row
         print(name, json.dumps(row, indent=1), flush=True)

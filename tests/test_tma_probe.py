@@ -10,7 +10,8 @@ from script_module import load_script
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+@pytest.mark.parametrize("ws", [False, True])
 @pytest.mark.parametrize("ppi", [1, 2, 4])
-def test_probe_matches_float32_attention(ppi):
+def test_probe_matches_float32_attention(ppi, ws):
     import torch
-    assert load_script("h200_tma_probe").check("cuda" if torch.cuda.is_available() else "cpu", ppi=ppi) < 1e-2
+    assert load_script("h200_tma_probe").check("cuda" if torch.cuda.is_available() else "cpu", ppi=ppi, ws=ws) < 1e-2

@@ -1,10 +1,11 @@
 """The planner's C fast path (``plan_fast.c``), built on first use with the system C compiler.
 
 A decode step plans its batch on the host, and in serving that plan sits between the steps' kernels.
-For the common case (no window; ``auto`` on a GPU profile, ``size:N`` or ``none``; inputs within the
-limits) ``plan_fast.c`` makes the NumPy planner's plans bit for bit in one call, and packs a plan
-into the device layout in another (:class:`splitkv_common.plan.NativePlanner` and
-``cuda_ref.launch.DevicePlan.pack_into`` use them). Everything else, and every error, stays with the
+For the common case (no window; ``auto`` on a GPU or an Ascend profile, ``size:N`` or ``none``; inputs
+within the limits) ``plan_fast.c`` makes the NumPy planner's plans bit for bit in one call, packs a
+plan into the device layout in another (:class:`splitkv_common.plan.NativePlanner` and
+``cuda_ref.launch.DevicePlan.pack_into`` use them), and writes an Ascend plan's words with the AI
+cores' balance in a third (``ascend_ops.tiling.TilingBuilder``). Everything else, and every error, stays with the
 NumPy planner, which is also the oracle the C code is tested against (``tests/test_native_plan.py``).
 
 The module is compiled like Triton's own launchers: ``$CC`` (default ``cc``) with Python's headers

@@ -1,7 +1,8 @@
 /* The planner's common decode case in C: the plans of splitkv_common.plan._plan_fast, bit for bit.
  *
- * The common case is a batch without a sliding window under `auto` (a GPU profile), `size:N` or
- * `none`, every input within the limits (splitkv_common/validation.py). For it, plan() makes the
+ * The common case is a batch without a sliding window under `auto` (the cost model on a GPU profile,
+ * the NPU rule on an Ascend one), `size:N` or `none`, every input within the limits
+ * (splitkv_common/validation.py). For it, plan() makes the
  * same work items, split counts and partial slots as the NumPy planner, in the same order, and the
  * same `auto` choice: every cost is the same IEEE double expression evaluated in the same order
  * (built with -ffp-contract=off, so no fused multiply-add changes a rounding). Anything else makes
@@ -9,7 +10,8 @@
  * only for arguments of the wrong type. tests/test_native_plan.py holds it to the NumPy planner.
  *
  * Python side: splitkv_common/native/__init__.py (build, load, the settings struct) and
- * splitkv_common/plan.py (NativePlanner: the Plan object over the arrays written here).
+ * splitkv_common/plan.py (NativePlanner: the Plan object over the arrays written here). ascend_words()
+ * writes an Ascend plan's words for ascend_ops.tiling.TilingBuilder (tests/ascend/test_tiling_builder.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

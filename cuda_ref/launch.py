@@ -250,9 +250,9 @@ class DevicePlan:
     graph_stable: bool
     max_q_len: int = 0  # query rows of the longest request; 0: unknown (the kernel then handles several)
     split_size: int = 0
-    # a host plan whose work items the kernels derive from their index (PlanSpec.index_split): (S, n);
-    # the items' arrays are uploaded all the same, the merge reads its row arrays
-    index_split: tuple = ()
+    # an unsplit host plan whose work items stage 1 derives from its index (PlanSpec.items_from_index);
+    # the items' arrays are uploaded all the same
+    index_items: bool = False
     item_tokens: int = 0  # the plan's split length, or an unsplit auto plan's longest item (plan_item_tokens)
     # the work items default_config chooses for: a graph-stable plan's valid items (those of the plan
     # the buffer was made for; its padding returns at once), not its capacity; 0: num_items
@@ -725,7 +725,7 @@ def plan_launch_key(dplan: DevicePlan, device) -> tuple:
             # long items, one an SM: default_config's lone_item
             dplan.item_tokens >= _H200.lone_min_tokens and 0 < (dplan.config_items or n) <= _SMS,
             n * dplan.row_blocks <= 2 * sms,
-            dplan.max_splits > 1 or dplan.graph_stable, dplan.index_split)
+            dplan.max_splits > 1 or dplan.graph_stable, dplan.index_items)
 
 
 def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan,
@@ -758,8 +758,10 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
     sms, can_pdl = _device_traits(q.device)
     pdl = with_merge and not interpret and (can_pdl if pdl is None else bool(pdl))
     grid = (dplan.num_items, dplan.row_blocks) if (dplan.num_items and T) else None
+    # the device-plan prologue's split length and splits a request: a device-made plan's, or one split
+    # past every length for an index-derived host plan
     derive = (dplan.split_size, dplan.max_splits) if dplan.split_size else (
-        dplan.index_split if not fuse_merge else ())
+        (_INT32_MAX, 1) if dplan.index_items and not fuse_merge else ())
     scalars = (
         float(scale), float(soft_cap if soft_cap is not None else 1.0), win,
         q.stride(0), q.stride(1),
@@ -769,8 +771,7 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
         part_o.stride(0), part_o.stride(1), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
         sh, Hkv, k_cache.shape[0], kv_cap, num_rows, num_slots, batch,
-        # a device-made plan's split length and splits per request (or a host plan's whose items the
-        # kernel derives from its index); constants otherwise (no respecialization)
+        # constants where there is no device-plan prologue (no respecialization)
         *(derive or (1, 1)))
     constexprs = dict(
         GROUP=group, PAGE=page, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=dplan.block_m, BLOCK_N=cfg.block_n,

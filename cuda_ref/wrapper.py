@@ -238,7 +238,7 @@ class DecodeWrapper(PlannedWrapper):
         self.merge = True  # False leaves the merge launch out (benchmarks time stage 1 alone)
         self.pdl: bool | None = None  # merge by programmatic dependent launch; None: where available
         # plan(): stage 1 derives the work items of a plan from its own index where they are those of
-        # the device-plan formula (PlanSpec.index_split: one dependent load fewer before the first KV
+        # the device-plan formula (PlanSpec.items_from_index: one dependent load fewer before the first KV
         # tile, the same arithmetic); False launches every plan from its arrays (for measuring)
         self.index_items = True
         self.host_plan: Plan | None = None
@@ -288,7 +288,7 @@ class DecodeWrapper(PlannedWrapper):
         # made by the shared planner: valid by construction (tests/test_planner*.py), not checked again
         self._set_plan(plan, False, seq_lens)
         if self.index_items and window_left is None and not plan.graph_stable:
-            self.dplan.index_split = self.spec.index_split(plan)
+            self.dplan.index_items = self.spec.items_from_index(plan)
         return plan
 
     def set_plan(self, plan: Plan, *, validate: bool = True) -> None:

@@ -1397,21 +1397,20 @@ class PlanSpec:
         if q.shape[0] != plan.num_rows:
             raise ValueError(f"plan: made for {plan.num_rows} query rows, q has {q.shape[0]}")
 
-    def index_split(self, plan: Plan) -> tuple:
-        """``(S, 1)`` where ``plan`` (made by :meth:`make` without a window) holds exactly the work
-        items a kernel can derive from its own index, as for a plan made on the device (item ``i`` of
-        ``B x Hkv`` is request ``i // Hkv``, KV head ``i % Hkv``, the range ``[0, seq_len)``; ``S`` any
-        split length past every length: ``2**31 - 1``), else ``()``: an unsplit plan whose requests
-        are in batch order (at most :func:`_order_items` items: a larger one may put its longest
-        requests first), such as every one-item-an-SM plan. Split plans give ``()`` too, though one
+    def items_from_index(self, plan: Plan) -> bool:
+        """Whether ``plan`` (made by :meth:`make`) holds exactly the work items a kernel
+        can derive from its own index, as for an unsplit plan made on the device: item ``i`` of ``B x
+        Hkv`` is request ``i // Hkv``, KV head ``i % Hkv``, the range ``[0, seq_len)``. True for an unsplit
+        plan whose requests are in batch order (at most :func:`_order_items` items: a larger one may put
+        its longest requests first), such as every one-item-an-SM plan. Split plans are not, though one
         request's are in that order: run 65 measured their derived items 1-4 % slower at B 1
-        (docs/perf-notes.md). Graph-stable plans (padded, and their capture fixes the kernel) give ``()``."""
-        W, B, hkv = plan.num_valid_items, plan.batch_size, self.num_kv_heads
-        if plan.graph_stable or B == 0 or W != plan.num_items or W != B * hkv:
-            return ()
+        (docs/perf-notes.md); nor graph-stable plans (padded, and their capture fixes the kernel)."""
+        W, B = plan.num_valid_items, plan.batch_size
+        if plan.graph_stable or B == 0 or W != plan.num_items or W != B * self.num_kv_heads:
+            return False
         if B > 1 and W > _order_items(get_profile(self.device)):
-            return ()
-        return (2**31 - 1, 1)   # past every length (int32; with one split the kernel forms no sum that overflows)
+            return False
+        return not plan.item_kv_start.any()   # no window: every range starts at 0
 
     def make(self, seq_lens, q_lens=None, query_start_loc=None, window_left: int | None = None,
              reuse: Plan | None = None) -> Plan:

@@ -1,4 +1,4 @@
-"""Unsplit host plans whose work items stage 1 derives from its own index (``PlanSpec.index_split``,
+"""Unsplit host plans whose work items stage 1 derives from its own index (``PlanSpec.items_from_index``,
 launched with the kernel's device-plan prologue): which plans qualify, and through the Triton interpreter the
 same bits as the same plan launched from its item arrays (``DecodeWrapper.index_items = False``)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from splitkv_common.plan import PlanSpec, make_plan
+from splitkv_common.plan import PlanSpec
 
 torch = pytest.importorskip("torch")
 import cuda_ref  # noqa: E402  (selects the interpreter without a GPU: before anything imports triton)
@@ -18,41 +18,41 @@ from splitkv_common.parity import cases  # noqa: E402
 from splitkv_common.torch_io import to_torch  # noqa: E402
 
 DEVICE = "cpu" if cuda_ref.INTERPRET else "cuda"
-NO_SPLIT = (2**31 - 1, 1)
 
 
 def _spec(policy, hkv=2, **kw):
     return PlanSpec(8, hkv, 32, 8, policy=policy, **kw)
 
 
-def _derived_items(plan, hkv, S, n):
-    """The items of the kernels' index formula for ``plan``'s lengths (``_device_work_item``)."""
+def _derived_items(plan, hkv):
+    """The items of the kernels' index formula (``_device_work_item``, one split past every length) for
+    ``plan``'s lengths."""
     B = plan.batch_size
     seq = np.zeros(B, np.int64)
     np.maximum.at(seq, plan.item_request, plan.item_kv_end)
-    i = np.arange(B * hkv * n)
-    b, h, j = i // (hkv * n), (i // n) % hkv, i % n
-    return b, h, j, j * S, np.minimum(np.minimum(j * S + S, seq[b]), 2**31 - 1)
+    i = np.arange(B * hkv)
+    b, h = i // hkv, i % hkv
+    return b, h, 0 * i, 0 * i, seq[b]
 
 
 @pytest.mark.parametrize("policy, lens", [
     ("none", [100]), ("size:64", [0]), ("size:64", [64]), ("none", [5, 0, 300, 17]), ("size:512", [100, 200, 3]),
 ])
-def test_index_split_is_the_plans_items(policy, lens):
+def test_index_items_are_the_plans_items(policy, lens):
     spec = _spec(policy)
     plan = spec.make(np.array(lens))
-    assert spec.index_split(plan) == NO_SPLIT, f"{policy} {lens}: expected items in index order"
-    want = _derived_items(plan, 2, *NO_SPLIT)
+    assert spec.items_from_index(plan), f"{policy} {lens}: expected items in index order"
+    want = _derived_items(plan, 2)
     have = (plan.item_request, plan.item_kv_head, plan.item_split, plan.item_kv_start, plan.item_kv_end)
     for a, b in zip(have, want):
         np.testing.assert_array_equal(a, b)
 
 
-def test_index_split_of_one_item_an_sm():
+def test_index_items_of_one_item_an_sm():
     # B 16 x 1k at Hq 32 / Hkv 8, D 128 on the h200 profile: `auto` leaves it unsplit, in batch order
     spec = PlanSpec(32, 8, 128, 16)
     plan = spec.make(np.full(16, 1024))
-    assert plan.num_items == 128 and spec.index_split(plan) == NO_SPLIT
+    assert plan.num_items == 128 and spec.items_from_index(plan)
 
 
 @pytest.mark.parametrize("policy, lens, kw", [
@@ -62,21 +62,21 @@ def test_index_split_of_one_item_an_sm():
     ("auto", [1000], {}),
     ("none", [5, 300], {"graph_stable": True}),        # padded, and the capture fixes the kernel
 ])
-def test_index_split_refuses_other_plans(policy, lens, kw):
+def test_index_items_refuse_other_plans(policy, lens, kw):
     spec = _spec(policy, **kw)
-    assert spec.index_split(spec.make(np.array(lens))) == ()
+    assert not spec.items_from_index(spec.make(np.array(lens)))
 
 
-def test_index_split_refuses_a_window_and_longest_first_order():
-    spec = _spec("size:64")
-    assert spec.index_split(make_plan(np.array([1000]), num_kv_heads=2, page_size=8, policy="size:64",
-                                      window_left=300)) == ()
+def test_index_items_refuse_a_window_and_longest_first_order():
+    spec = _spec("none")
+    assert spec.items_from_index(spec.make(np.array([1000, 7])))
+    assert not spec.items_from_index(spec.make(np.array([1000, 7]), window_left=300))   # ranges from 700
     # an unsplit plan of more than 4 items a unit may put its longest requests first
     big = PlanSpec(8, 8, 32, 8, policy="none")
     lens = np.arange(1, 100)   # increasing: the longest last, reordered above 528 items
     plan = big.make(lens)
     assert plan.num_items > 528 and int(plan.item_request[0]) != 0
-    assert big.index_split(plan) == ()
+    assert not big.items_from_index(plan)
 
 
 def _bits(t):
@@ -98,7 +98,7 @@ def test_index_items_give_the_same_bits(policy, lens, q_lens):
         w = DecodeWrapper(8, 2, 32, 8, dtype=inp.dtype, device=DEVICE, policy=policy)
         w.index_items = on
         w.plan(inp.seq_lens, query_start_loc=inp.query_start_loc)
-        assert bool(w.dplan.index_split) is on
+        assert w.dplan.index_items is on
         out, lse = w.run(**x, scale=inp.scale)
         assert w.last_launch.constexprs["DEVICE_PLAN"] is on
         res[on] = (_bits(out), _bits(lse))

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -30,11 +29,11 @@ from splitkv_common.optional import require  # noqa: E402
 torch = require("torch", "scripts/bench_config_grid.py")
 require("triton", "scripts/bench_config_grid.py")
 
-from bench_decode import (PAGE, Timer, contiguous_kv, interleaved, make_point, parse_points,  # noqa: E402
-                          save_outputs, sdpa_peers)
+from bench_decode import PAGE, Timer, save_outputs  # noqa: E402
+from bench_kernels_ab import Point, each_point, run_header  # noqa: E402
 from cuda_ref.launch import KernelConfig  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
-from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
+from splitkv_common.provenance import provenance_markdown  # noqa: E402
 
 CONFIGS = "32/2/5,32/2/7,64/2/5,64/2/7,64/4/5,64/4/7,64/8/5,128/4/4,128/4/5,128/8/5,128/8/6"
 
@@ -55,37 +54,27 @@ def name_of(c: KernelConfig) -> str:
 
 
 def point(timer, text, B, ctx, hq, hkv, D, policy, configs, passes) -> dict:
-    q, k, v, bt, seq = make_point(B, ctx, hq, hkv, D, torch.bfloat16)
-    qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
-    kc, vc = contiguous_kv(k, bt, B, ctx), contiguous_kv(v, bt, B, ctx)
-    sub = min(B, 4)
-    ref = torch.nn.functional.scaled_dot_product_attention(
-        q[:sub, :, None].float(), kc[:sub].float(), vc[:sub].float(), enable_gqa=True)[:, :, 0]
+    pt = Point(B, ctx, hq, hkv, D)
     replays, keep, err, default = {}, [], {}, None
     for c in [None] + configs:
         label = "default" if c is None else name_of(c)
         try:
             w = DecodeWrapper(hq, hkv, D, PAGE, dtype=torch.bfloat16, device="cuda", policy=policy, config=c)
-            plan = w.plan(seq.cpu().numpy())
-            fn = (lambda w=w: w.run(q, k, v, bt, seq, qsl))
+            plan = w.plan(pt.seq.cpu().numpy())
+            fn = pt.runner(w)
             out, _ = fn()
             torch.cuda.synchronize()
             if c is None:
                 cx = w.last_launch.constexprs
                 default = f"n{cx['BLOCK_N']}w{cx['num_warps']}s{cx['num_stages']}"
-            err[label] = float((out[:sub].float() - ref).norm() / ref.norm())
+            err[label] = pt.rel_err(out)
             replays[label] = timer.graph(fn)
             keep.append(w)
         except Exception as e:  # noqa: BLE001 - a configuration that does not compile is a result
             err[label] = f"{type(e).__name__}: {str(e)[:120]}"
-    times = interleaved(timer, replays, passes=passes)
-    peers = {n.replace("sdpa_", ""): t for n, t in sdpa_peers(timer, q, kc, vc).items()
-             if not n.endswith("_error") and t is not None}
     row = dict(point=text, policy=policy, B=B, ctx=ctx, hq=hq, hkv=hkv, D=D, items=int(plan.num_items),
-               split=int(plan.split_tokens), default=default,
-               passes={n: [round(x, 2) for x in t] for n, t in times.items()},
-               us={n: round(min(t), 2) for n, t in times.items()}, peers=peers, err=err)
-    del q, k, v, bt, seq, kc, vc, replays, keep
+               split=int(plan.split_tokens), default=default, **pt.timed(timer, replays, passes), err=err)
+    del pt, replays, keep
     torch.cuda.empty_cache()
     return row
 
@@ -117,19 +106,11 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--out", default="bench_out")
     a = ap.parse_args(argv)
-    import triton
     configs = parse_configs(a.configs)
     timer = Timer(a.iters)
-    res = dict(provenance=provenance(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-               triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               passes=a.passes, iters=a.iters, points=[])
-    for text, (B, ctx, hq, hkv, D, _) in zip(a.points.split(","), parse_points(a.points)):
-        for policy in a.policies.split(","):
-            try:
-                res["points"].append(point(timer, text.strip(), B, ctx, hq, hkv, D, policy, configs, a.passes))
-                print(text, policy, res["points"][-1]["us"], flush=True)
-            except Exception as e:  # noqa: BLE001 - a failing point is a result
-                res.setdefault("errors", {})[f"{text} {policy}"] = f"{type(e).__name__}: {str(e)[:300]}"
+    res = run_header(a)
+    each_point(res, a.points, a.policies, lambda text, B, ctx, hq, hkv, D, policy: point(
+        timer, text, B, ctx, hq, hkv, D, policy, configs, a.passes))
     print(save_outputs(a.out, "config_grid", res, table(res)))
     return 0
 

@@ -48,13 +48,60 @@ POINTS = "B1x1k,B1x2k,B1x4k,B1x16k,B1x128k,B4x1k,B16x1k,B16x4k,B16x8k,B64x2k,B12
          "B1x32k@16/2/256,B16x4k@32/8/64"
 
 
+class Point:
+    """One point's inputs (``make_point``: bf16, page 16, shuffled pages), ``qsl`` (one row a request),
+    the contiguous copies the peers read, and SDPA math on the first ``sub`` requests (``ref``)."""
+
+    def __init__(self, B, ctx, hq, hkv, D):
+        self.q, self.k, self.v, self.bt, self.seq = make_point(B, ctx, hq, hkv, D, torch.bfloat16)
+        self.qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
+        self.kc, self.vc = contiguous_kv(self.k, self.bt, B, ctx), contiguous_kv(self.v, self.bt, B, ctx)
+        self.sub = min(B, 4)
+        self.ref = torch.nn.functional.scaled_dot_product_attention(
+            self.q[:self.sub, :, None].float(), self.kc[:self.sub].float(), self.vc[:self.sub].float(),
+            enable_gqa=True)[:, :, 0]
+
+    def runner(self, w):
+        """``run()`` of wrapper ``w`` (planned) on this point's tensors."""
+        return lambda: w.run(self.q, self.k, self.v, self.bt, self.seq, self.qsl)
+
+    def rel_err(self, out) -> float:
+        return float((out[:self.sub].float() - self.ref).norm() / self.ref.norm())
+
+    def timed(self, timer, replays: dict, passes: int) -> dict:
+        """``replays`` (name -> graph replay) timed in ``passes`` interleaved passes, and the SDPA peers:
+        ``{"passes": all passes, "us": the fastest, "peers": cuDNN / flash µs}``."""
+        times = interleaved(timer, replays, passes=passes)
+        peers = {n.replace("sdpa_", ""): t for n, t in sdpa_peers(timer, self.q, self.kc, self.vc).items()
+                 if not n.endswith("_error") and t is not None}
+        return dict(passes={n: [round(x, 2) for x in t] for n, t in times.items()},
+                    us={n: round(min(t), 2) for n, t in times.items()}, peers=peers)
+
+
+def run_header(a) -> dict:
+    """The results' header of a run with ``--passes`` / ``--iters``: provenance, GPU, versions, date."""
+    import triton
+    return dict(provenance=provenance(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                passes=a.passes, iters=a.iters, points=[])
+
+
+def each_point(res: dict, points: str, policies: str, measure) -> None:
+    """``measure(text, B, ctx, hq, hkv, D, policy)`` for every point and policy, its row appended to
+    ``res["points"]`` (a failing point recorded in ``res["errors"]``)."""
+    for text, (B, ctx, hq, hkv, D, _) in zip(points.split(","), parse_points(points)):
+        for policy in policies.split(","):
+            name = f"{text.strip()} {policy}"
+            try:
+                res["points"].append(measure(text.strip(), B, ctx, hq, hkv, D, policy))
+                print(name, res["points"][-1]["us"], flush=True)
+            except Exception as e:  # noqa: BLE001 - a failing point is a result
+                res.setdefault("errors", {})[name] = f"{type(e).__name__}: {str(e)[:300]}"
+                print(name, res["errors"][name], flush=True)
+
+
 def point(timer, versions: dict, name: str, B, ctx, hq, hkv, D, policy, passes) -> dict:
-    q, k, v, bt, seq = make_point(B, ctx, hq, hkv, D, torch.bfloat16)
-    qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
-    kc, vc = contiguous_kv(k, bt, B, ctx), contiguous_kv(v, bt, B, ctx)
-    sub = min(B, 4)
-    ref = torch.nn.functional.scaled_dot_product_attention(
-        q[:sub, :, None].float(), kc[:sub].float(), vc[:sub].float(), enable_gqa=True)[:, :, 0]
+    pt = Point(B, ctx, hq, hkv, D)
     replays, keep, outs, err = {}, [], {}, {}
     saved = launch.kernels
     try:
@@ -64,29 +111,24 @@ def point(timer, versions: dict, name: str, B, ctx, hq, hkv, D, policy, passes) 
                 w = DecodeWrapper(hq, hkv, D, PAGE, dtype=torch.bfloat16, device="cuda", policy=policy)
                 for attr, value in attrs.items():
                     setattr(w, attr, value)
-                plan = w.plan(seq.cpu().numpy())
+                plan = w.plan(pt.seq.cpu().numpy())
                 w.merge = not stage1_only
-                fn = (lambda w=w: w.run(q, k, v, bt, seq, qsl))
+                fn = pt.runner(w)
                 label = vname + (" stage 1" if stage1_only else "")
                 out, _ = fn()
                 torch.cuda.synchronize()
                 if not stage1_only:
                     outs[vname] = out.clone()
-                    err[vname] = float((out[:sub].float() - ref).norm() / ref.norm())
+                    err[vname] = pt.rel_err(out)
                 replays[label] = timer.graph(fn)
                 keep.append(w)
     finally:
         launch.kernels = saved
-    times = interleaved(timer, replays, passes=passes)
-    peers = {n.replace("sdpa_", ""): t for n, t in sdpa_peers(timer, q, kc, vc).items()
-             if not n.endswith("_error") and t is not None}
     a, b = outs["new"], outs["old"]
     row = dict(point=name, policy=policy, B=B, ctx=ctx, hq=hq, hkv=hkv, D=D,
-               items=int(keep[0].dplan.num_items), splits=int(plan.max_splits),
-               passes={n: [round(x, 2) for x in t] for n, t in times.items()},
-               us={n: round(min(t), 2) for n, t in times.items()}, peers=peers, err=err,
-               bitwise_equal=bool(torch.equal(a.view(torch.int16), b.view(torch.int16))))
-    del q, k, v, bt, seq, kc, vc, replays, keep
+               items=int(keep[0].dplan.num_items), splits=int(plan.max_splits), **pt.timed(timer, replays, passes),
+               err=err, bitwise_equal=bool(torch.equal(a.view(torch.int16), b.view(torch.int16))))
+    del pt, replays, keep
     torch.cuda.empty_cache()
     return row
 
@@ -120,22 +162,13 @@ def main(argv=None) -> int:
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--iters", type=int, default=30)
     a = ap.parse_args(argv)
-    import triton
     attrs = {n: ast.literal_eval(v) for n, v in (x.split("=", 1) for x in a.old_attr or [])}
     versions = {"new": (launch.kernels, {}), "old": (load_kernels(a.old) if a.old else launch.kernels, attrs)}
     timer = Timer(a.iters)
-    res = dict(provenance=provenance(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-               triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               old=os.path.basename(a.old) if a.old else "this tree, " + ", ".join(a.old_attr), passes=a.passes, iters=a.iters, points=[])
-    for text, (B, ctx, hq, hkv, D, _) in zip(a.points.split(","), parse_points(a.points)):
-        for policy in a.policies.split(","):
-            name = f"{text.strip()} {policy}"
-            try:
-                res["points"].append(point(timer, versions, text.strip(), B, ctx, hq, hkv, D, policy, a.passes))
-                print(name, res["points"][-1]["us"], flush=True)
-            except Exception as e:  # noqa: BLE001 - a failing point is a result
-                res.setdefault("errors", {})[name] = f"{type(e).__name__}: {str(e)[:300]}"
-                print(name, res["errors"][name], flush=True)
+    res = run_header(a)
+    res["old"] = os.path.basename(a.old) if a.old else "this tree, " + ", ".join(a.old_attr)
+    each_point(res, a.points, a.policies, lambda text, B, ctx, hq, hkv, D, policy: point(
+        timer, versions, text, B, ctx, hq, hkv, D, policy, a.passes))
     print(save_outputs(a.out, "kernels_ab", res, table(res)))
     return 0
 

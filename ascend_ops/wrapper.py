@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from splitkv_common.npu_probe import torch_npu_imported
-from splitkv_common.torch_io import as_torch_dtype, torch_dtype_name
+from splitkv_common.torch_io import as_torch_dtype, grown_store, torch_dtype_name
 from splitkv_common.plan import Plan, PlannedWrapper, PlanSpec
 from splitkv_common.validation import (check_decode_args, check_gqa, check_scalars, check_wrapper_tensors, host,
                                        normalize_window)
@@ -224,10 +224,8 @@ class AscendDecodeWrapper(PlannedWrapper):
         for name, n, rest, dt in (("meta", n_meta, (), torch.int32), ("workspace", n_ws, (), torch.float32),
                                   ("out", T, (Hq, D), self.dtype), ("lse", T, (Hq,), torch.float32)):
             store = self._stores.get(name)
-            if store is None or store.shape[0] < n:
-                rows = n if store is None else max(n, store.shape[0] + store.shape[0] // 2)
-                self._stores[name] = torch.zeros((rows,) + rest, dtype=dt, device=self.device)
-                grown = True
+            self._stores[name] = grown_store(store, n, rest, dt, self.device)
+            grown = grown or self._stores[name] is not store
         if grown or len(self._views) >= 16:
             self._views.clear()
         st = self._stores

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from splitkv_common.plan import Plan, PlannedWrapper, PlanSpec, query_rows_arg
-from splitkv_common.torch_io import as_torch_dtype
+from splitkv_common.torch_io import as_torch_dtype, grown_store
 from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, host, normalize_window
 
 from . import INTERPRET
@@ -382,10 +382,7 @@ class DecodeWrapper(PlannedWrapper):
             "counters": ((max(num_counters, 1),), torch.int32),
         }
         for name, (shape, dt) in need.items():
-            store = self._stores.get(name)
-            if store is None or store.shape[0] < shape[0]:
-                rows = shape[0] if store is None else max(shape[0], store.shape[0] + store.shape[0] // 2)
-                store = self._stores[name] = torch.zeros((rows,) + shape[1:], dtype=dt, device=self.device)
+            store = self._stores[name] = grown_store(self._stores.get(name), shape[0], shape[1:], dt, self.device)
             if name not in ("out", "lse"):
                 self._buffers[name] = store
                 continue

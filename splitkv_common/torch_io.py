@@ -62,3 +62,13 @@ def to_torch(inputs: DecodeInputs, device="cpu") -> dict:
 def from_torch(out: torch.Tensor, lse: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """``(out, lse)`` torch tensors (any device, any float dtype) -> NumPy float32."""
     return out.detach().float().cpu().numpy(), lse.detach().float().cpu().numpy()
+
+
+def grown_store(store: "torch.Tensor | None", rows: int, rest: tuple, dtype, device) -> "torch.Tensor":
+    """A zeroed ``[>= rows, *rest]`` buffer: ``store`` itself when it has the rows, else a new one grown by
+    half (at least ``rows``), so that a wrapper whose batches change size every step (eager serving)
+    stops allocating once its stores are large enough; callers take views of the first rows."""
+    if store is not None and store.shape[0] >= rows:
+        return store
+    n = rows if store is None else max(rows, store.shape[0] + store.shape[0] // 2)
+    return torch.zeros((n,) + tuple(rest), dtype=dtype, device=device)

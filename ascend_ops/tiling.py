@@ -310,14 +310,20 @@ def workspace_bytes(num_slots: int, num_q_heads: int, head_dim: int) -> tuple[in
 
 def plan_words(plan: Plan, seq_lens, core_range=None) -> tuple[np.ndarray, dict]:
     """The int32 ``plan`` buffer and the section offsets (in words) of the tiling (``core_range``:
-    the mixed kernel's first item per AI core, :func:`balance_items`)."""
+    the mixed kernel's first item per AI core, :func:`balance_items`).
+
+    The sections in order: ``query_start_loc [B + 1]``, ``seq_lens [B]``, ``row_slot_start [T]``,
+    ``row_num_splits [T]``, the core ranges, then the items ``[W, 5]`` last, so that a graph-stable
+    plan's words differ from the previous step's only in a prefix (its valid items end before the
+    padding) and only that prefix need be uploaded."""
     items = np.stack([plan.item_request, plan.item_kv_head, plan.item_split, plan.item_kv_start,
                       plan.item_kv_end], axis=1).astype(np.int32).reshape(-1)
-    parts = [("itemsOffset", items), ("qslOffset", np.asarray(plan.query_start_loc, np.int32)),
+    parts = [("qslOffset", np.asarray(plan.query_start_loc, np.int32)),
              ("seqLensOffset", np.asarray(seq_lens, np.int32).reshape(-1)),
              ("rowSlotOffset", np.asarray(plan.row_slot_start, np.int32)),
              ("rowNumOffset", np.asarray(plan.row_num_splits, np.int32)),
-             ("coreRangeOffset", np.asarray(core_range if core_range is not None else [], np.int32))]
+             ("coreRangeOffset", np.asarray(core_range if core_range is not None else [], np.int32)),
+             ("itemsOffset", items)]
     offs, at = {}, 0
     for name, arr in parts:
         offs[name] = at
@@ -578,8 +584,9 @@ class TilingBuilder:
     the plan's own fields (sizes, workspace, block dims, word offsets) and the words are made. The
     words are written into a buffer kept by the builder and reused while the size is the same (a
     graph-stable stream: no allocation, and only the work items up to the larger of this plan's and
-    the previous plan's valid count are rewritten, the rest being padding already). The returned
-    words are that buffer: copy them to the device before the next :meth:`build`.
+    the previous plan's valid count are rewritten, the rest being padding already:
+    :attr:`fresh_words`). The returned words are that buffer: copy them to the device before the next
+    :meth:`build`.
     """
 
     def __init__(self, *, num_q_heads: int, head_dim: int, page_size: int, max_pages: int, dtype: str,
@@ -594,7 +601,12 @@ class TilingBuilder:
         self._static: dict = {}
         self._words: "np.ndarray | None" = None
         self._buf: "np.ndarray | None" = None   # the words' storage (kept across plans)
-        self._valid = 0          # work items of the last plan written to self._words (-1: none)
+        self._offs: "dict | None" = None   # the section offsets of self._words
+        self._valid = 0          # work items of the last plan written to self._words
+        #: the leading words of the last :meth:`build`'s words that may differ from the build's before
+        #: (into the same buffer): all of them, or for a graph-stable stream the sections before the
+        #: items and the items up to the larger valid count (the rest is padding in both)
+        self.fresh_words = 0
 
     def build(self, plan: Plan, seq_lens, num_pages: int) -> tuple[dict, bytes, np.ndarray]:
         """``(fields, tiling bytes, plan words)`` of ``plan`` (the batch's host ``seq_lens [B]``)."""
@@ -637,46 +649,49 @@ class TilingBuilder:
     def _words_of(self, plan: Plan, seq_lens, cores: int) -> tuple[np.ndarray, dict]:
         """:func:`plan_words` into the builder's buffer, with ``cores`` > 0 the items balanced over that
         many AI cores (:func:`balance_items`): in one call of the C planner's module where it is built
-        and the plan has its ``[5, W]`` item buffer, else with NumPy (the same words)."""
+        and the plan has its ``[5, W]`` item buffer, else with NumPy (the same words). Sets
+        :attr:`fresh_words`."""
         B, T, W = plan.batch_size, plan.num_rows, plan.num_items
         seq = np.asarray(seq_lens).reshape(-1)
         nc = cores + 1 if cores else 0
-        sizes = (5 * W, B + 1, seq.shape[0], T, T, nc)
+        sizes = (B + 1, seq.shape[0], T, T, nc, 5 * W)
         offs, at = {}, 0
-        for name, n in zip(("itemsOffset", "qslOffset", "seqLensOffset", "rowSlotOffset", "rowNumOffset",
-                            "coreRangeOffset"), sizes):
+        for name, n in zip(("qslOffset", "seqLensOffset", "rowSlotOffset", "rowNumOffset", "coreRangeOffset",
+                            "itemsOffset"), sizes):
             offs[name] = at
             at += n
         size = max(at, 1)
         offs["planWords"] = size
-        reuse = self._words is not None and self._words.shape[0] == size and plan.graph_stable
+        reuse = self._words is not None and plan.graph_stable and offs == self._offs
         if not reuse:
             # every word is written below: a view of a kept buffer (grown when too small) will do
             if self._buf is None or self._buf.shape[0] < size:
                 self._buf = np.empty(max(size, 2 * (0 if self._buf is None else self._buf.shape[0])), np.int32)
             self._words = self._buf[:size]
-            self._valid = W
+            self._offs = offs
         words = self._words
         hi = max(plan.num_valid_items, self._valid) if reuse else W
         self._valid = plan.num_valid_items
+        at = offs["itemsOffset"]
+        self.fresh_words = at + 5 * hi if reuse else size
         buf, mod = plan.items, _native.load()
         if mod is not None and buf is not None and buf.shape == (5, W) and buf.dtype == np.int32 and \
                 buf.flags.c_contiguous and mod.ascend_words(
                     buf, plan.num_valid_items, hi, plan.query_start_loc, seq, plan.row_slot_start, plan.row_num_splits,
                     cores, MIX_ITEM_OVERHEAD_TOKENS, words) is not None:
             return words, offs
-        items = words[:5 * W].reshape(W, 5)
+        rest = [plan.query_start_loc, seq, plan.row_slot_start, plan.row_num_splits]
+        if cores:
+            rest.append(balance_items(plan, cores))
+        k = 0
+        for a in rest:
+            words[k:k + a.shape[0]] = a
+            k += a.shape[0]
+        items = words[at:at + 5 * W].reshape(W, 5)
         if buf is not None and buf.shape == (5, W):   # the planner's buffer: one transposing copy
             items[:hi] = buf[:, :hi].T
         else:
             for k, f in enumerate((plan.item_request, plan.item_kv_head, plan.item_split, plan.item_kv_start,
                                    plan.item_kv_end)):
                 items[:hi, k] = f[:hi]
-        rest = [plan.query_start_loc, seq, plan.row_slot_start, plan.row_num_splits]
-        if cores:
-            rest.append(balance_items(plan, cores))
-        at = 5 * W
-        for a in rest:
-            words[at:at + a.shape[0]] = a
-            at += a.shape[0]
         return words, offs

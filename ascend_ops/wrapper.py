@@ -105,6 +105,7 @@ class AscendDecodeWrapper(PlannedWrapper):
         self._staging: "torch.Tensor | None" = None   # pinned host copy of the meta buffer (NPU only)
         self._staging_event = None
         self._staging_np = None       # (NumPy view, tensor) of the host side of the meta copy
+        self._uploaded = None         # (address, words) of the meta buffer the last plan's words went into
         self._attn: tuple = (None, None, None)  # (scale, soft_cap, window_left) of the tiling
         self._pages: tuple | None = None  # (max_pages, num_pages) of the tiling
         self.kernel_reason = ""  # why the split stage of the current tiling serves the batch, in words
@@ -181,6 +182,7 @@ class AscendDecodeWrapper(PlannedWrapper):
                 # else the vector split stage + combine (the reason is kept: self.kernel_reason)
                 kernel="auto")
             self._builder_key = (self._attn, max_pages)
+        uploaded, self._uploaded = self._uploaded, None   # set again once this plan's words are uploaded
         t, tiling_bytes, words = self._builder.build(p, self._seq_lens, num_pages)
         self.kernel_reason = t.pop("kernelReason")
         if self.graph_stable and self.tiling is not None and tl.launches(self.tiling) != tl.launches(t):
@@ -194,7 +196,7 @@ class AscendDecodeWrapper(PlannedWrapper):
                 self._graph_stable_sizes(sizes)
             self._buffers.update(self._views_for(sizes))
             self._sizes = sizes
-        self._upload_meta(tiling_bytes, words)
+        self._upload_meta(tiling_bytes, words, self._builder.fresh_words, uploaded)
         self.tiling = t
         self._stale = False
 
@@ -235,9 +237,11 @@ class AscendDecodeWrapper(PlannedWrapper):
                                         out=st["out"][:T], lse=st["lse"][:T])
         return hit
 
-    def _upload_meta(self, tiling_bytes: bytes, words: np.ndarray) -> None:
+    def _upload_meta(self, tiling_bytes: bytes, words: np.ndarray, fresh: int, uploaded) -> None:
         """The tiling bytes and the plan words into the device's ``meta`` buffer: one copy, ordered on
-        the current stream.
+        the current stream. Where the previous plan's words went into the same buffer (``uploaded``:
+        its ``(address, words)`` then), only the first ``fresh`` words are written: a graph-stable
+        plan's padding items stay as they are on the device (``TilingBuilder.fresh_words``).
 
         On an NPU both are written into one pinned staging buffer and copied asynchronously; an event
         recorded after the copy guards the staging buffer, so the next ``plan()`` never overwrites
@@ -257,10 +261,12 @@ class AscendDecodeWrapper(PlannedWrapper):
             self._staging_event.synchronize()  # the previous copy from the staging buffer is done
         a = self._staging_np[0]
         a[:_TILING_WORDS].view(np.uint8)[:len(tiling_bytes)] = np.frombuffer(tiling_bytes, np.uint8)
-        a[_TILING_WORDS:n] = words
-        if self.device.type == "cpu":
-            return
-        dst.copy_(store[:n], non_blocking=npu)
+        mark = (dst.data_ptr(), n)
+        m = _TILING_WORDS + (fresh if uploaded == mark else words.size)
+        a[_TILING_WORDS:m] = words[:m - _TILING_WORDS]
+        if self.device.type != "cpu":
+            dst[:m].copy_(store[:m], non_blocking=npu)
+        self._uploaded = mark
         if npu:
             if self._staging_event is None:   # made once, re-recorded after each copy
                 self._staging_event = torch.npu.Event()

@@ -567,37 +567,74 @@ static inline int64_t item_weight(int32_t req, int32_t ks, int32_t ke, int64_t o
     return req >= 0 ? (int64_t)(int32_t)((uint32_t)(len > 0 ? len : 0) + (uint32_t)overhead) : 0;
 }
 
-/* Item i's first AI core under ascend_ops.tiling.balance_items: `bounds` [cores + 1] from the valid
- * items' ranges and requests (NumPy's int64 arithmetic; 0 where a product would pass int64, and the
- * caller balances with NumPy). */
-static int balance(const int32_t *req, const int32_t *ks, const int32_t *ke, int64_t nv, int64_t num_items,
-                   int64_t cores, int64_t overhead, int32_t *bounds) {
+/* The prefix sums of the item weights (balance_items' `c`), kept across calls: the module is only
+ * called with the GIL held. */
+static int64_t *prefix_buf = NULL;
+static int64_t prefix_cap = 0;
+
+static int64_t *prefix_scratch(int64_t n) {
+    if (n > prefix_cap) {
+        int64_t cap = n > 2 * prefix_cap ? n : 2 * prefix_cap;
+        int64_t *p = realloc(prefix_buf, sizeof(int64_t) * (size_t)cap);
+        if (!p) return NULL;
+        prefix_buf = p;
+        prefix_cap = cap;
+    }
+    return prefix_buf;
+}
+
+/* The items' words (`out` [hi, 5] from `f` [5, W]) and, with `cores` > 0, each AI core's first item
+ * under ascend_ops.tiling.balance_items into `bounds` [cores + 1], in one pass over the items: the
+ * weights' prefix sums are kept, then each core's bound is a binary search of the doubled midpoints
+ * (item i goes to core k or later when (c[i - 1] + c[i]) * cores >= 2 * total * k). Returns 0 where
+ * 2 * total * cores passes int64 or a weight wraps (the caller balances with NumPy), -1
+ * when out of memory (MemoryError set), else 1. Needs nv <= hi. */
+static int words_and_balance(const int32_t *f, int64_t W, int64_t nv, int64_t hi, int64_t cores,
+                             int64_t overhead, int32_t *out, int32_t *bounds) {
+    const int32_t *req = f, *ks = f + 3 * W, *ke = f + 4 * W;
+    int64_t *c = NULL, total = 0;
+    int negative = 0;
+    if (cores) {
+        c = prefix_scratch(nv > 0 ? nv : 1);
+        if (!c) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    for (int64_t i = 0; i < hi; i++) {
+        for (int k = 0; k < 5; k++) out[5 * i + k] = f[k * W + i];
+        if (c && i < nv) {   /* |weight| <= 2**31, nv < 2**31 items: the sum stays within int64 */
+            int64_t w = item_weight(req[i], ks[i], ke[i], overhead);
+            negative |= w < 0;
+            total += w;
+            c[i] = total;
+        }
+    }
+    if (!cores) return 1;
+    if (negative) return 0;   /* a weight wrapped past int32: the sums are not sorted, NumPy decides */
     memset(bounds, 0, sizeof(int32_t) * (size_t)(cores + 1));
-    bounds[cores] = (int32_t)num_items;
-    if (nv == 0) return 1;
-    int64_t total = 0;
-    for (int64_t i = 0; i < nv; i++) {
-        int64_t w = item_weight(req[i], ks[i], ke[i], overhead);
-        if (__builtin_add_overflow(total, w, &total)) return 0;
+    bounds[cores] = (int32_t)W;
+    if (nv == 0 || total <= 0) return 1;
+    int64_t step, top;   /* every midpoint is at most 2 * total: no product below passes int64 */
+    if (__builtin_mul_overflow(total, 2, &step) || __builtin_mul_overflow(step, cores, &top)) return 0;
+    int64_t lo = 0;
+    for (int64_t k = 1; k < cores; k++) {   /* the first item at or after `lo` whose midpoint reaches k */
+        int64_t a = lo, b = nv, target = step * k;
+        while (a < b) {
+            int64_t m = a + (b - a) / 2;
+            if ((c[m] + (m ? c[m - 1] : 0)) * cores >= target) b = m;
+            else a = m + 1;
+        }
+        bounds[k] = (int32_t)(lo = a);
     }
-    if (total <= 0) return 1;
-    int64_t step, at, c = 0, k = 1;   /* the first item whose doubled midpoint x cores reaches 2 total k */
-    if (__builtin_mul_overflow(total, 2, &step) || __builtin_mul_overflow(step, cores, &at)) return 0;
-    for (int64_t i = 0; i < nv && k < cores; i++) {
-        int64_t w = item_weight(req[i], ks[i], ke[i], overhead), mid;
-        c += w;
-        if (__builtin_mul_overflow(2 * c - w, cores, &mid)) return 0;
-        while (k < cores && mid >= step * k) bounds[k++] = (int32_t)i;
-    }
-    while (k < cores) bounds[k++] = (int32_t)nv;
     return 1;
 }
 
 /* ascend_words(items, nv, hi, qsl, seq, row_slot, row_num, cores, overhead, out): an Ascend plan's
- * words (ascend_ops.tiling.plan_words' layout) into the int32 buffer `out`: the items [W, 5] (from
- * `items` [5, W], only the first `hi`: `out` holds the rest), query_start_loc, seq_lens, row_slot_start,
- * row_num_splits, then with `cores` > 0 each AI core's first item (balance_items, `overhead` tokens an
- * item). Returns the words written, or None where the NumPy path must write them (a product past
+ * words (ascend_ops.tiling.plan_words' layout) into the int32 buffer `out`: query_start_loc, seq_lens,
+ * row_slot_start, row_num_splits, with `cores` > 0 each AI core's first item (balance_items,
+ * `overhead` tokens an item), then the items [W, 5] (from `items` [5, W], only the first `hi`: `out`
+ * holds the rest). Returns the words written, or None where the NumPy path must write them (a product past
  * int64). */
 static PyObject *ascend_words(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 10) {
@@ -629,15 +666,16 @@ static PyObject *ascend_words(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     int32_t *o = out_buf(args[9], &ov, total, "out");
     if (!o) goto out;
-    const int32_t *f = (const int32_t *)iv.buf;
-    if (cores && !balance(f, f + 3 * W, f + 4 * W, nv, W, cores, overhead, o + total - (cores + 1))) {
+    int32_t *items_out = o + total - 5 * W;   /* the items last, the core ranges before them */
+    int bal = words_and_balance((const int32_t *)iv.buf, W, nv, hi > nv ? hi : nv, cores, overhead, items_out,
+                                items_out - (cores ? cores + 1 : 0));
+    if (bal < 0) goto out;
+    if (bal == 0) {
         Py_INCREF(Py_None);
         ret = Py_None;
         goto out;
     }
-    for (int64_t i = 0; i < hi; i++)
-        for (int c = 0; c < 5; c++) o[5 * i + c] = f[c * W + i];
-    int32_t *p = o + 5 * W;
+    int32_t *p = o;
     for (int k = 0; k < 4; k++)
         for (Py_ssize_t i = 0; i < in[k].n; i++) *p++ = (int32_t)at(&in[k], i);
     ret = PyLong_FromLongLong(total);

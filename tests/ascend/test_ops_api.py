@@ -187,6 +187,42 @@ def test_graph_stable_plans_keep_buffers_in_place():
         assert check(o, lse_, ref_out, ref_lse, plain_attention(inputs), inputs.dtype).passed
 
 
+def test_graph_stable_uploads_rewrite_only_what_changed_and_stay_exact(monkeypatch):
+    """A graph-stable stream writes only the words before its padding items into the device buffer
+    (``TilingBuilder.fresh_words``), yet after every ``plan()`` the buffer holds exactly
+    ``build_buffers``' words of that plan: lengths growing and shrinking (the valid items move both
+    ways), and a step whose upload failed (the next one writes every word again)."""
+    case = get_case("basic/unaligned-lengths")
+    inputs = case.build()
+    t = to_torch(inputs, "cpu")
+    pages = dict(max_pages=t["block_table"].shape[1], num_pages=t["k_cache"].shape[0])
+    w = cpu_wrapper(inputs, t, graph_stable=True, max_splits=8, policy="size:16")
+    lens = inputs.seq_lens.copy()
+    written = []
+    upload = w._upload_meta
+    monkeypatch.setattr(w, "_upload_meta", lambda tb, words, fresh, up: (written.append(
+        fresh if up is not None else words.size), upload(tb, words, fresh, up)))
+    for i, shrink in enumerate((0, 30, 3, 36, 0, 10, 0)):
+        new = np.maximum(lens - shrink, 0).astype(np.int32)
+        if i == 4:   # this step's upload fails after its words were built
+            monkeypatch.setattr(w, "_upload_meta", lambda *a: (_ for _ in ()).throw(RuntimeError("copy failed")))
+            with pytest.raises(RuntimeError, match="copy failed"):
+                w.plan(new, query_start_loc=inputs.query_start_loc, scale=inputs.scale, **pages)
+            monkeypatch.setattr(w, "_upload_meta", lambda tb, words, fresh, up: (written.append(
+                fresh if up is not None else words.size), upload(tb, words, fresh, up)))
+            new = np.maximum(lens - 20, 0).astype(np.int32)
+        w.plan(new, query_start_loc=inputs.query_start_loc, scale=inputs.scale, **pages)
+        _, tiling_bytes, words = tiling.build_buffers(
+            w.host_plan, seq_lens=new, num_q_heads=w.num_q_heads, head_dim=w.head_dim, page_size=w.page_size,
+            dtype="float32" if inputs.dtype == "float32" else inputs.dtype, kv_dtype=inputs.kv_dtype,
+            scale=inputs.scale, profile=w.profile, all_cores=True, **pages)
+        assert w._buffers["tiling"].numpy().tobytes() == tiling_bytes
+        np.testing.assert_array_equal(w._buffers["plan"].numpy(), words, err_msg=f"step {i}")
+    n = w._buffers["plan"].numel()
+    assert written[0] == n and written[4] == n, "the first step and the one after a failed upload write all"
+    assert min(written) < n, "the other steps write only the words before the padding"
+
+
 def test_run_checks_metadata_and_the_plan():
     case = get_case("basic/vector-v-float16")
     inputs = case.build()

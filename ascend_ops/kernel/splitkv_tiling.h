@@ -5,12 +5,15 @@
 //   * `tiling`: one SplitKVTiling (below), copied to device memory as raw bytes;
 //   * `plan`:   int32 words, the shared Python Plan flattened (sections located by the *Offset
 //               fields of the tiling, in int32 words from the start of the buffer):
-//                 items   [numItems, 5]  request, kv head, split index, kv start, kv end
-//                                        (padding items have request -1 and are skipped)
 //                 qsl     [batch + 1]    query_start_loc
 //                 seqLens [batch]        valid KV tokens per request
 //                 rowSlot [numRows]      first partial slot of each query row
 //                 rowNum  [numRows]      number of partial slots (splits) of each query row
+//                 coreRange [blockDim + 1]  mixed kernel: first item of each AI core
+//                 items   [numItems, 5]  request, kv head, split index, kv start, kv end
+//                                        (padding items have request -1 and are skipped)
+//               The host writes them in this order, the items last, so that a graph-stable
+//               step's words differ from the last step's only before its padding items.
 // Both are produced by `ascend_ops.tiling.build_tiling(inputs, plan)`; the launcher copies them to
 // the device unchanged. This header is plain C++ (no Ascend C include) so host code can use it.
 //

@@ -634,8 +634,8 @@ static int words_and_balance(const int32_t *f, int64_t W, int64_t nv, int64_t hi
  * words (ascend_ops.tiling.plan_words' layout) into the int32 buffer `out`: query_start_loc, seq_lens,
  * row_slot_start, row_num_splits, with `cores` > 0 each AI core's first item (balance_items,
  * `overhead` tokens an item), then the items [W, 5] (from `items` [5, W], only the first `hi`: `out`
- * holds the rest). Returns the words written, or None where the NumPy path must write them (a product past
- * int64). */
+ * holds the rest). Returns the words written, or None where the NumPy path must write them (a product
+ * past int64, a weight past int32). */
 static PyObject *ascend_words(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 10) {
         PyErr_SetString(PyExc_TypeError, "ascend_words: 10 arguments");

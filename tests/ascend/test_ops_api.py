@@ -198,23 +198,30 @@ def test_graph_stable_uploads_rewrite_only_what_changed_and_stay_exact(monkeypat
     pages = dict(max_pages=t["block_table"].shape[1], num_pages=t["k_cache"].shape[0])
     w = cpu_wrapper(inputs, t, graph_stable=True, max_splits=8, policy="size:16")
     lens = inputs.seq_lens.copy()
-    written = []
+    written = []   # words each step wrote into the device buffer
     upload = w._upload_meta
-    monkeypatch.setattr(w, "_upload_meta", lambda tb, words, fresh, up: (written.append(
-        fresh if up is not None else words.size), upload(tb, words, fresh, up)))
+
+    def recording(tiling_bytes, words, fresh, uploaded):
+        meta = w._buffers["meta"]
+        written.append(fresh if uploaded == (meta.data_ptr(), meta.numel()) else words.size)
+        upload(tiling_bytes, words, fresh, uploaded)
+
+    def failing(*args):
+        raise RuntimeError("copy failed")
+
+    monkeypatch.setattr(w, "_upload_meta", recording)
     for i, shrink in enumerate((0, 30, 3, 36, 0, 10, 0)):
         new = np.maximum(lens - shrink, 0).astype(np.int32)
         if i == 4:   # this step's upload fails after its words were built
-            monkeypatch.setattr(w, "_upload_meta", lambda *a: (_ for _ in ()).throw(RuntimeError("copy failed")))
+            monkeypatch.setattr(w, "_upload_meta", failing)
             with pytest.raises(RuntimeError, match="copy failed"):
                 w.plan(new, query_start_loc=inputs.query_start_loc, scale=inputs.scale, **pages)
-            monkeypatch.setattr(w, "_upload_meta", lambda tb, words, fresh, up: (written.append(
-                fresh if up is not None else words.size), upload(tb, words, fresh, up)))
+            monkeypatch.setattr(w, "_upload_meta", recording)
             new = np.maximum(lens - 20, 0).astype(np.int32)
         w.plan(new, query_start_loc=inputs.query_start_loc, scale=inputs.scale, **pages)
         _, tiling_bytes, words = tiling.build_buffers(
             w.host_plan, seq_lens=new, num_q_heads=w.num_q_heads, head_dim=w.head_dim, page_size=w.page_size,
-            dtype="float32" if inputs.dtype == "float32" else inputs.dtype, kv_dtype=inputs.kv_dtype,
+            dtype=inputs.dtype, kv_dtype=inputs.kv_dtype,
             scale=inputs.scale, profile=w.profile, all_cores=True, **pages)
         assert w._buffers["tiling"].numpy().tobytes() == tiling_bytes
         np.testing.assert_array_equal(w._buffers["plan"].numpy(), words, err_msg=f"step {i}")

@@ -178,3 +178,6 @@ def test_c_balance_hands_back_a_sum_past_int64():
     out = np.zeros(5 * W + 2 + 1 + 1 + 1 + 4097, np.int32)
     assert mod.ascend_words(items, W, W, q, np.array([5]), q[:1], q[:1], 4096, 64, out) is None
     assert mod.ascend_words(items, W, W, q, np.array([5]), q[:1], q[:1], 0, 64, out) == 5 * W + 5
+    # one weight past int32 (2**31 - 1 tokens and the overhead wrap in NumPy's int32): NumPy again
+    items[4, 0] = 2**31 - 1
+    assert mod.ascend_words(items, W, W, q, np.array([5]), q[:1], q[:1], 4, 64, out[:5 * W + 10]) is None

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Where an eager ``DecodeWrapper.run()`` spends its host time, on one CUDA GPU: variants side by side.
 
-Each variant is one planned wrapper whose ``run()`` is called with the GPU idle before each call
-(median host µs of 300 calls, as ``h200_perf_check.py --eager``), then profiled (``cProfile``, 300
-calls: each function's own µs a call, the kernel launchers being the built-in calls). The variants
+Each variant is one planned wrapper whose ``run()`` is called with the GPU idle before each call (as
+``h200_perf_check.py --eager``), all variants interleaved round by round (a GPU host's timings drift
+within minutes), the median over the rounds; then each is profiled (``cProfile``, 300 calls: each
+function's own µs a call, the kernel launchers being the built-in calls). The variants
 separate what a batch-1 call pays besides the Python side: the number of launches (the separate
-merge, the fused one, no split), programmatic dependent launch (PDL) of the merge, and the batch.
-A torch launch of the same process (``x.add_(1)`` on a 1-element tensor) gives the host's cost of
-one plain launch. Writes ``eager_parts.json`` and ``eager_parts.md`` to ``--out``.
+merge, the fused one, no split, stage 1 alone), programmatic dependent launch (PDL) of the merge, and
+the batch. A torch launch of the same process (``x.add_(1)`` on a 1-element tensor) and a Triton
+kernel of one pointer through the same launch fast path give the host's floor for one launch. Writes ``eager_parts.json`` and ``eager_parts.md`` to ``--out``.
 
     python scripts/h200_eager_parts.py --out OUT
 """
@@ -22,6 +23,8 @@ import pstats
 import sys
 import time
 
+import numpy as np
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
@@ -30,19 +33,29 @@ from splitkv_common.optional import require  # noqa: E402
 torch = require("torch", "scripts/h200_eager_parts.py")
 require("triton", "scripts/h200_eager_parts.py")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from bench_decode import PAGE, make_point  # noqa: E402
+from cuda_ref.fast_launch import FastLaunch  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
 
 # name: (batch, context, wrapper settings, attributes set after construction)
 VARIANTS = {
     "B1x16k separate merge (default)": (1, 16384, {}, {}),
+    "B1x16k stage 1 only (merge left out)": (1, 16384, {}, {"merge": False}),
     "B1x16k separate merge, no PDL": (1, 16384, {}, {"pdl": False}),
     "B1x16k fused merge": (1, 16384, {"fuse_merge": True}, {}),
     "B1x16k no split (policy none)": (1, 16384, {"policy": "none"}, {}),
     "B1x2k separate merge (default)": (1, 2048, {}, {}),
     "B64x2k (default: no split)": (64, 2048, {}, {}),
 }
+
+
+@triton.jit
+def _store_one(X):
+    tl.store(X, 1.0)
 
 
 def idle_host_us(fn, n: int = 300, warmup: int = 30) -> float:
@@ -80,11 +93,18 @@ def profile(fn, n: int = 300, top: int = 10) -> list:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--rounds", type=int, default=15, help="rounds of every variant, interleaved (default 15)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    res = dict(provenance=provenance(sys.argv), gpu=torch.cuda.get_device_name(), variants=[])
+    res = dict(provenance=provenance(sys.argv), gpu=torch.cuda.get_device_name(), rounds=args.rounds, variants=[])
     x = torch.zeros(1, device="cuda")
-    res["torch_add_us"] = idle_host_us(lambda: x.add_(1))
+    # the floor of a launch on this host: a torch op, and a Triton kernel of one pointer through the
+    # same fast path as ours
+    one = FastLaunch(_store_one, (1,), (None,), (0,), {})
+    one(x)
+    calls = {"torch `x.add_(1)`": (lambda: x.add_(1), None, 1),
+             "Triton kernel of one pointer (fast path)": (lambda: one(x), None, 1)}
+    keep = []
     for name, (B, ctx, kw, attrs) in VARIANTS.items():
         q, k, v, bt, seq = make_point(B, ctx, 32, 8, 128, torch.bfloat16)
         w = DecodeWrapper(32, 8, 128, PAGE, dtype=torch.bfloat16, **kw)
@@ -92,29 +112,44 @@ def main(argv=None) -> int:
             setattr(w, a, val)
         plan = w.plan(seq.cpu().numpy())
         qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
-
-        def run():
-            return w.run(q, k, v, bt, seq, qsl)
-        host = idle_host_us(run)
-        top = profile(run)
+        run = (lambda w=w, a=(q, k, v, bt, seq, qsl): w.run(*a))
+        run()
         prep = w.last_launch
-        launches = int(prep.stage1 is not None) + int(prep.merge is not None)
-        r = dict(variant=name, items=int(plan.num_items), launches=launches, host_us=host,
-                 profile=[dict(function=f, own_us=t, calls=c) for f, t, c in top])
+        calls[name] = (run, int(plan.num_items), int(prep.stage1 is not None) + int(prep.merge is not None))
+        keep.append(w)
+        if not calls.get("B1x16k: the checks alone") and not kw and not attrs and B == 1:
+            # the default call's parts: its metadata checks (cached), and stage 1's launch alone
+            # (the prepared fast path with this call's 23 tensors)
+            b = w._buffers
+            tensors = prep.tensors(q, k, v, bt, seq, qsl, w.dplan, b["out"], b["lse"], b["part_o"], b["part_lse"],
+                                   b["counters"], errors=b["errors"])
+            calls["B1x16k: the checks alone"] = (lambda w=w, a=(q, k, v, bt, seq, qsl): w.check(*a), None, 0)
+            calls["B1x16k: stage 1's launch alone"] = (lambda p=prep.stage1, t=tensors: p(*t), None, 1)
+    torch.cuda.synchronize()
+    # interleaved: every variant once a round, the host's drift spread over all of them
+    times = {name: [] for name in calls}
+    for _ in range(args.rounds):
+        for name, (fn, _, _) in calls.items():
+            times[name].append(idle_host_us(fn, n=60, warmup=5))
+    for name, (fn, items, launches) in calls.items():
+        top = profile(fn) if items is not None else []
+        r = dict(variant=name, items=items, launches=launches, host_us=float(np.median(times[name])),
+                 host_us_rounds=times[name], profile=[dict(function=f, own_us=t, calls=c) for f, t, c in top])
         res["variants"].append(r)
-        print(f"{name}: {plan.num_items} items, {launches} launch(es), host {host:.1f} µs; "
-              + "; ".join(f"{f} {t:.1f}" for f, t, _ in top[:5]), flush=True)
-        del q, k, v, bt, seq, w
-        torch.cuda.empty_cache()
+        print(f"{name}: {items} items, {launches} launch(es), host {r['host_us']:.1f} µs (rounds "
+              f"{min(times[name]):.1f}-{max(times[name]):.1f})", flush=True)
     with open(os.path.join(args.out, "eager_parts.json"), "w") as f:
         json.dump(res, f, indent=1)
     lines = provenance_markdown(res["provenance"]) + [
-        "", f"{res['gpu']}; one plain torch launch (`x.add_(1)`, 1 element): {res['torch_add_us']:.1f} µs host",
-        "", "| variant | work items | launches | host µs a call | the five largest own times under cProfile, µs a call |",
-        "|---|---:|---:|---:|---|"]
+        "", f"{res['gpu']}; host µs a call, the GPU idle before each: median over {args.rounds} rounds (each the "
+            "median of 60 calls), the variants interleaved round by round",
+        "", "| variant | work items | launches | host µs a call | rounds' range | the five largest own times under "
+            "cProfile, µs a call |",
+        "|---|---:|---:|---:|---|---|"]
     for r in res["variants"]:
         prof = "; ".join(f"`{p['function']}` {p['own_us']:.1f}" for p in r["profile"][:5])
-        lines.append(f"| {r['variant']} | {r['items']} | {r['launches']} | {r['host_us']:.1f} | {prof} |")
+        lines.append(f"| {r['variant']} | {'-' if r['items'] is None else r['items']} | {r['launches']} | "
+                     f"{r['host_us']:.1f} | {min(r['host_us_rounds']):.1f}-{max(r['host_us_rounds']):.1f} | {prof} |")
     with open(os.path.join(args.out, "eager_parts.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines[-len(res['variants']) - 2:]))

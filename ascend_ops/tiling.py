@@ -574,6 +574,19 @@ _PLAN_FIELDS = ("blockDim", "batch", "numRows", "numPages", "numItems", "numSlot
                 "seqLensOffset", "rowSlotOffset", "rowNumOffset", "coreRangeOffset", "planWords")
 
 
+def _word_offsets(B: int, n_seq: int, T: int, cores: int, W: int) -> dict:
+    """The plan words' section offsets (:func:`plan_words`' layout, the items last) and their count
+    (``planWords``, at least 1): ``B`` requests, ``n_seq`` lengths, ``T`` rows, ``cores`` AI cores'
+    ranges (0: none), ``W`` items."""
+    offs, at = {}, 0
+    for name, n in (("qslOffset", B + 1), ("seqLensOffset", n_seq), ("rowSlotOffset", T), ("rowNumOffset", T),
+                    ("coreRangeOffset", cores + 1 if cores else 0), ("itemsOffset", 5 * W)):
+        offs[name] = at
+        at += n
+    offs["planWords"] = max(at, 1)
+    return offs
+
+
 class TilingBuilder:
     """:func:`build_buffers` for a stream of plans with the same settings (one decode step each): the
     same ``(fields, tiling bytes, plan words)`` bit for bit, in a fraction of the host time.
@@ -599,17 +612,23 @@ class TilingBuilder:
                              all_cores=all_cores, device_split_tokens=int(device_split_tokens or 0))
         self._prof = get_profile(profile)
         self._static: dict = {}
-        self._words: "np.ndarray | None" = None
-        self._buf: "np.ndarray | None" = None   # the words' storage (kept across plans)
-        self._offs: "dict | None" = None   # the section offsets of self._words
-        self._valid = 0          # work items of the last plan written to self._words
+        self._buf: "np.ndarray | None" = None   # the words' storage when the caller gives none (kept)
+        self._last = None        # (array, section offsets) of the last words written completely
+        self._valid = 0          # work items of the last plan written there
         #: the leading words of the last :meth:`build`'s words that may differ from the build's before
         #: (into the same buffer): all of them, or for a graph-stable stream the sections before the
         #: items and the items up to the larger valid count (the rest is padding in both)
         self.fresh_words = 0
 
-    def build(self, plan: Plan, seq_lens, num_pages: int) -> tuple[dict, bytes, np.ndarray]:
-        """``(fields, tiling bytes, plan words)`` of ``plan`` (the batch's host ``seq_lens [B]``)."""
+    def build(self, plan: Plan, seq_lens, num_pages: int, into=None) -> tuple[dict, bytes, np.ndarray]:
+        """``(fields, tiling bytes, plan words)`` of ``plan`` (the batch's host ``seq_lens [B]``).
+
+        ``into``: None (the words go into a buffer the builder keeps), or ``into(fields, n)``, called
+        once the fields are made and before any word is written, returning the int32 array (at least
+        ``n`` entries) to write the ``n`` words into: where the caller keeps them, e.g. the host buffer
+        its upload reads, so that nothing copies them again. It may raise to refuse the plan; nothing
+        is written then. A graph-stable stream into the same array object rewrites only its first
+        :attr:`fresh_words`."""
         B, T, W = plan.batch_size, plan.num_rows, plan.num_items
         qsl = plan.query_start_loc
         max_q = int((qsl[1:] - qsl[:-1]).max()) if B else 0
@@ -639,47 +658,52 @@ class TilingBuilder:
             raise ValueError(f"workspace: {ws} bytes does not fit the tiling's int32 workspaceBytes")
         if block_dim is None:
             block_dim = self._prof.units if all_cores else max(1, min(self._prof.units, max(plan.num_valid_items, T)))
-        words, offs = self._words_of(plan, seq_lens, balanced)
+        seq = np.asarray(seq_lens).reshape(-1)
+        offs = _word_offsets(B, seq.shape[0], T, balanced, W)
         t.update(blockDim=int(block_dim), batch=int(B), numRows=int(T), numPages=int(num_pages),
                  numItems=int(B * key[0] * max_splits) if S else int(W),
                  numSlots=int(plan.num_slots), lseOffsetBytes=lse_off, workspaceBytes=ws, scratchOffsetBytes=scratch_off,
                  combineBlockDim=int(max(1, min(self._prof.units, T * hkv))), **offs)
+        size = offs["planWords"]
+        words = self._words_of(plan, seq, balanced, offs, None if into is None else into(t, size))
         return t, pack_tiling(t), words
 
-    def _words_of(self, plan: Plan, seq_lens, cores: int) -> tuple[np.ndarray, dict]:
-        """:func:`plan_words` into the builder's buffer, with ``cores`` > 0 the items balanced over that
-        many AI cores (:func:`balance_items`): in one call of the C planner's module where it is built
-        and the plan has its ``[5, W]`` item buffer, else with NumPy (the same words). Sets
-        :attr:`fresh_words`."""
-        B, T, W = plan.batch_size, plan.num_rows, plan.num_items
-        seq = np.asarray(seq_lens).reshape(-1)
-        nc = cores + 1 if cores else 0
-        sizes = (B + 1, seq.shape[0], T, T, nc, 5 * W)
-        offs, at = {}, 0
-        for name, n in zip(("qslOffset", "seqLensOffset", "rowSlotOffset", "rowNumOffset", "coreRangeOffset",
-                            "itemsOffset"), sizes):
-            offs[name] = at
-            at += n
-        size = max(at, 1)
-        offs["planWords"] = size
-        reuse = self._words is not None and plan.graph_stable and offs == self._offs
-        if not reuse:
-            # every word is written below: a view of a kept buffer (grown when too small) will do
+    def _words_of(self, plan: Plan, seq: np.ndarray, cores: int, offs: dict, dest) -> np.ndarray:
+        """:func:`plan_words` (``seq``: the lengths ``[B]``; sections at ``offs``) into ``dest`` (None: the
+        builder's own buffer), with ``cores`` > 0 the items balanced over that many AI cores
+        (:func:`balance_items`): in one call of the C planner's module where it is built and the plan
+        has its ``[5, W]`` item buffer, else with NumPy (the same words). Sets :attr:`fresh_words`."""
+        W, size = plan.num_items, offs["planWords"]
+        if dest is None:
+            # every word is written below unless the last plan's are there: a kept buffer will do
             if self._buf is None or self._buf.shape[0] < size:
                 self._buf = np.empty(max(size, 2 * (0 if self._buf is None else self._buf.shape[0])), np.int32)
-            self._words = self._buf[:size]
-            self._offs = offs
-        words = self._words
+            dest = self._buf
+        elif dest.dtype != np.int32 or dest.ndim != 1 or dest.shape[0] < size or not dest.flags.c_contiguous:
+            raise ValueError(f"into: must give a contiguous 1-D int32 array of at least {size} words")
+        words = dest[:size]
+        # a graph-stable plan into the array (the same object: the same memory) whose words the last
+        # call wrote completely, in the same layout: only the sections before the items and the items
+        # up to the larger valid count change
+        last, self._last = self._last, None   # set again once these words are written
+        reuse = plan.graph_stable and last is not None and last[0] is dest and last[1] == offs
+        where = (dest, offs)
         hi = max(plan.num_valid_items, self._valid) if reuse else W
-        self._valid = plan.num_valid_items
         at = offs["itemsOffset"]
         self.fresh_words = at + 5 * hi if reuse else size
+        self._write_words(plan, seq, cores, words, at, hi)
+        self._valid, self._last = plan.num_valid_items, where
+        return words
+
+    def _write_words(self, plan: Plan, seq: np.ndarray, cores: int, words: np.ndarray, at: int, hi: int) -> None:
+        """The sections before the items, then the first ``hi`` items from word ``at`` on."""
+        W = plan.num_items
         buf, mod = plan.items, _native.load()
         if mod is not None and buf is not None and buf.shape == (5, W) and buf.dtype == np.int32 and \
                 buf.flags.c_contiguous and mod.ascend_words(
                     buf, plan.num_valid_items, hi, plan.query_start_loc, seq, plan.row_slot_start, plan.row_num_splits,
                     cores, MIX_ITEM_OVERHEAD_TOKENS, words) is not None:
-            return words, offs
+            return
         rest = [plan.query_start_loc, seq, plan.row_slot_start, plan.row_num_splits]
         if cores:
             rest.append(balance_items(plan, cores))
@@ -694,4 +718,3 @@ class TilingBuilder:
             for k, f in enumerate((plan.item_request, plan.item_kv_head, plan.item_split, plan.item_kv_start,
                                    plan.item_kv_end)):
                 items[:hi, k] = f[:hi]
-        return words, offs

@@ -104,7 +104,7 @@ class AscendDecodeWrapper(PlannedWrapper):
         self._builder_key = None   # (attention constants, block-table width) it was made for
         self._staging: "torch.Tensor | None" = None   # pinned host copy of the meta buffer (NPU only)
         self._staging_event = None
-        self._staging_np = None       # (NumPy view, tensor) of the host side of the meta copy
+        self._staging_np = None       # the host side of the meta copy (_host_meta)
         self._uploaded = None         # (address, words) of the meta buffer the last plan's words went into
         self._attn: tuple = (None, None, None)  # (scale, soft_cap, window_left) of the tiling
         self._pages: tuple | None = None  # (max_pages, num_pages) of the tiling
@@ -183,20 +183,26 @@ class AscendDecodeWrapper(PlannedWrapper):
                 kernel="auto")
             self._builder_key = (self._attn, max_pages)
         uploaded, self._uploaded = self._uploaded, None   # set again once this plan's words are uploaded
-        t, tiling_bytes, words = self._builder.build(p, self._seq_lens, num_pages)
+
+        def claim(t: dict, n: int) -> np.ndarray:
+            # before any word is written: the checks, then the buffers of these sizes (the tiling then
+            # the plan words in one int32 buffer, "meta", the words from a 32-byte boundary, seen by the
+            # kernels as two tensors; the workspace; the outputs), and where the builder writes the
+            # words: the host side of the meta copy, past its tiling
+            if self.graph_stable and self.tiling is not None and tl.launches(self.tiling) != tl.launches(t):
+                raise ValueError(f"plan: the launch changed ({tl.launches(self.tiling)} -> {tl.launches(t)}) under "
+                                 f"a graph-stable plan ({t['kernelReason']}); a captured graph keeps its kernel")
+            sizes = (_TILING_WORDS + n, max(int(t["workspaceBytes"]) // 4, 1), p.num_rows)
+            if sizes != self._sizes:
+                if self.graph_stable and self._sizes is not None:
+                    self._graph_stable_sizes(sizes)
+                self._buffers.update(self._views_for(sizes))
+                self._sizes = sizes
+            return self._host_meta()[2]
+
+        t, tiling_bytes, words = self._builder.build(p, self._seq_lens, num_pages, into=claim)
         self.kernel_reason = t.pop("kernelReason")
-        if self.graph_stable and self.tiling is not None and tl.launches(self.tiling) != tl.launches(t):
-            raise ValueError(f"plan: the launch changed ({tl.launches(self.tiling)} -> {tl.launches(t)}) under a "
-                             f"graph-stable plan ({self.kernel_reason}); a captured graph keeps its kernel")
-        # the tiling then the plan words in one int32 buffer ("meta"; the words from a 32-byte boundary),
-        # seen by the kernels as two tensors; the workspace; the outputs
-        sizes = (_TILING_WORDS + words.size, max(int(t["workspaceBytes"]) // 4, 1), p.num_rows)
-        if sizes != self._sizes:
-            if self.graph_stable and self._sizes is not None:
-                self._graph_stable_sizes(sizes)
-            self._buffers.update(self._views_for(sizes))
-            self._sizes = sizes
-        self._upload_meta(tiling_bytes, words, self._builder.fresh_words, uploaded)
+        self._upload_meta(tiling_bytes, words.size, self._builder.fresh_words, uploaded)
         self.tiling = t
         self._stale = False
 
@@ -237,33 +243,40 @@ class AscendDecodeWrapper(PlannedWrapper):
                                         out=st["out"][:T], lse=st["lse"][:T])
         return hit
 
-    def _upload_meta(self, tiling_bytes: bytes, words: np.ndarray, fresh: int, uploaded) -> None:
-        """The tiling bytes and the plan words into the device's ``meta`` buffer: one copy, ordered on
-        the current stream. Where the previous plan's words went into the same buffer (``uploaded``:
-        its ``(address, words)`` then), only the first ``fresh`` words are written: a graph-stable
-        plan's padding items stay as they are on the device (``TilingBuilder.fresh_words``).
-
-        On an NPU both are written into one pinned staging buffer and copied asynchronously; an event
-        recorded after the copy guards the staging buffer, so the next ``plan()`` never overwrites
-        bytes the copy has not read yet. On the CPU they are written in place; on other devices (test
-        backends) through a host buffer and a plain copy."""
-        dst = self._buffers["meta"]
-        n = dst.numel()
+    def _host_meta(self) -> tuple:
+        """The host side of the ``meta`` copy, ready to be written: ``(int32 NumPy array at least as
+        large as the meta store, its tensor, the array past the tiling words, the meta store)``, made
+        once per meta store (the builder knows a graph-stable stream's words by that third array
+        being the same object): on the CPU the store itself; elsewhere a host buffer (pinned on an
+        NPU, where the last copy from it is waited for first: an event recorded after each copy
+        guards it)."""
         npu = self.device.type != "cpu" and torch_npu_imported()
-        # the host side: the meta store itself on the CPU, else a pinned buffer as large as it; its
-        # NumPy view made once
-        store = self._stores["meta"] if self.device.type == "cpu" else self._staging
-        if store is None or store.numel() < self._stores["meta"].numel():
-            store = self._staging = torch.empty(self._stores["meta"].numel(), dtype=torch.int32, pin_memory=npu)
-        if self._staging_np is None or self._staging_np[1] is not store:
-            self._staging_np = (store.numpy(), store)
+        meta, h = self._stores["meta"], self._staging_np
+        if h is None or h[3] is not meta:
+            store = meta if self.device.type == "cpu" else self._staging
+            if store is None or store.numel() < meta.numel():
+                store = self._staging = torch.empty(meta.numel(), dtype=torch.int32, pin_memory=npu)
+            a = store.numpy()
+            h = self._staging_np = (a, store, a[_TILING_WORDS:], meta)
         if npu and self._staging_event is not None:
             self._staging_event.synchronize()  # the previous copy from the staging buffer is done
-        a = self._staging_np[0]
+        return h
+
+    def _upload_meta(self, tiling_bytes: bytes, n_words: int, fresh: int, uploaded) -> None:
+        """The tiling bytes into the host side of the ``meta`` copy (:meth:`_host_meta`, where the
+        builder has just written the ``n_words`` plan words) and the copy into the device: one copy,
+        ordered on the current stream, asynchronous from pinned memory on an NPU (an event recorded
+        after it). Where the previous plan's words went into the same device buffer (``uploaded``: its
+        ``(address, words)`` then), only the first ``fresh`` words are copied: a graph-stable plan's
+        padding items stay as they are on the device (``TilingBuilder.fresh_words``). On the CPU the
+        host side is the device buffer: nothing to copy."""
+        dst = self._buffers["meta"]
+        n = dst.numel()
+        a, store, _, _ = self._staging_np
         a[:_TILING_WORDS].view(np.uint8)[:len(tiling_bytes)] = np.frombuffer(tiling_bytes, np.uint8)
         mark = (dst.data_ptr(), n)
-        m = _TILING_WORDS + (fresh if uploaded == mark else words.size)
-        a[_TILING_WORDS:m] = words[:m - _TILING_WORDS]
+        m = _TILING_WORDS + (fresh if uploaded == mark else n_words)
+        npu = self.device.type != "cpu" and torch_npu_imported()
         if self.device.type != "cpu":
             dst[:m].copy_(store[:m], non_blocking=npu)
         self._uploaded = mark

@@ -31,7 +31,7 @@ from pathlib import Path
 
 _SOURCE = Path(__file__).with_name("plan_fast.c")
 _NAME = "_splitkv_plan"
-_FLAGS = ["-O2", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-std=c11",
+_FLAGS = ["-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-std=c11",
           "-Werror=incompatible-pointer-types"]
 
 _module = None

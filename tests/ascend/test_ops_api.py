@@ -187,47 +187,68 @@ def test_graph_stable_plans_keep_buffers_in_place():
         assert check(o, lse_, ref_out, ref_lse, plain_attention(inputs), inputs.dtype).passed
 
 
-def test_graph_stable_uploads_rewrite_only_what_changed_and_stay_exact(monkeypatch):
-    """A graph-stable stream writes only the words before its padding items into the device buffer
-    (``TilingBuilder.fresh_words``), yet after every ``plan()`` the buffer holds exactly
-    ``build_buffers``' words of that plan: lengths growing and shrinking (the valid items move both
-    ways), and a step whose upload failed (the next one writes every word again)."""
+@pytest.mark.parametrize("copy", [False, True], ids=["cpu-in-place", "through-a-host-buffer"])
+def test_graph_stable_uploads_rewrite_only_what_changed_and_stay_exact(monkeypatch, copy):
+    """A graph-stable stream writes only the words before its padding items (``fresh_words``), into
+    the device buffer itself on the CPU or into a host buffer copied to the device elsewhere (an
+    NPU's pinned staging; here a CPU stand-in), yet after every ``plan()`` the device buffer holds
+    exactly ``build_buffers``' words of that plan: lengths growing and shrinking (the valid items move
+    both ways), a step whose upload failed after its words were written (the next copy is whole), and
+    a plan refused before any word is written (the device keeps the last plan's words)."""
     case = get_case("basic/unaligned-lengths")
     inputs = case.build()
     t = to_torch(inputs, "cpu")
     pages = dict(max_pages=t["block_table"].shape[1], num_pages=t["k_cache"].shape[0])
     w = cpu_wrapper(inputs, t, graph_stable=True, max_splits=8, policy="size:16")
     lens = inputs.seq_lens.copy()
-    written = []   # words each step wrote into the device buffer
+    qsl = inputs.query_start_loc
+
+    def expected(seq):
+        return tiling.build_buffers(
+            w.host_plan, seq_lens=seq, num_q_heads=w.num_q_heads, head_dim=w.head_dim, page_size=w.page_size,
+            dtype=inputs.dtype, kv_dtype=inputs.kv_dtype, scale=inputs.scale, profile=w.profile, all_cores=True,
+            **pages)
+
+    w.plan(lens, query_start_loc=qsl, scale=inputs.scale, **pages)   # allocates the buffers on the CPU
+    if copy:   # from here on the wrapper's path for other devices: a host buffer, then a copy into meta
+        monkeypatch.setattr(w, "device", type("Twin", (), {"type": "twin"})())
+        w._staging_np = None   # as on that device from the start: its own host buffer
+    copied = []   # words each step copied into the device (the contract: fresh when the last copy went there)
     upload = w._upload_meta
 
-    def recording(tiling_bytes, words, fresh, uploaded):
+    def recording(tiling_bytes, n_words, fresh, uploaded):
         meta = w._buffers["meta"]
-        written.append(fresh if uploaded == (meta.data_ptr(), meta.numel()) else words.size)
-        upload(tiling_bytes, words, fresh, uploaded)
+        copied.append(fresh if uploaded == (meta.data_ptr(), meta.numel()) else n_words)
+        upload(tiling_bytes, n_words, fresh, uploaded)
 
     def failing(*args):
         raise RuntimeError("copy failed")
 
     monkeypatch.setattr(w, "_upload_meta", recording)
-    for i, shrink in enumerate((0, 30, 3, 36, 0, 10, 0)):
+    fresh = []
+    for i, shrink in enumerate((0, 30, 3, 0, 36, 10, 0)):
         new = np.maximum(lens - shrink, 0).astype(np.int32)
-        if i == 4:   # this step's upload fails after its words were built
+        if i == 4:   # this step's upload fails after its words were written (fewer items than the
+            # steps before and after it: the next copy must carry more than the next plan's prefix)
             monkeypatch.setattr(w, "_upload_meta", failing)
             with pytest.raises(RuntimeError, match="copy failed"):
-                w.plan(new, query_start_loc=inputs.query_start_loc, scale=inputs.scale, **pages)
+                w.plan(new, query_start_loc=qsl, scale=inputs.scale, **pages)
             monkeypatch.setattr(w, "_upload_meta", recording)
-            new = np.maximum(lens - 20, 0).astype(np.int32)
-        w.plan(new, query_start_loc=inputs.query_start_loc, scale=inputs.scale, **pages)
-        _, tiling_bytes, words = tiling.build_buffers(
-            w.host_plan, seq_lens=new, num_q_heads=w.num_q_heads, head_dim=w.head_dim, page_size=w.page_size,
-            dtype=inputs.dtype, kv_dtype=inputs.kv_dtype,
-            scale=inputs.scale, profile=w.profile, all_cores=True, **pages)
+            new = np.maximum(lens - 30, 0).astype(np.int32)
+        w.plan(new, query_start_loc=qsl, scale=inputs.scale, **pages)
+        fresh.append(w._builder.fresh_words)
+        _, tiling_bytes, words = expected(new)
         assert w._buffers["tiling"].numpy().tobytes() == tiling_bytes
         np.testing.assert_array_equal(w._buffers["plan"].numpy(), words, err_msg=f"step {i}")
     n = w._buffers["plan"].numel()
-    assert written[0] == n and written[4] == n, "the first step and the one after a failed upload write all"
-    assert min(written) < n, "the other steps write only the words before the padding"
+    assert min(fresh) < n, "the builder wrote only the words before the padding at some steps"
+    if copy:
+        assert copied[0] == n and copied[4] == n, "the first copy and the one after a failed copy are whole"
+        assert min(copied) < n, "the other steps copy only the words before the padding"
+    before = w._buffers["meta"].clone()
+    with pytest.raises(ValueError, match="under a graph-stable plan"):   # refused before a word is written
+        w.plan(new[:-1], query_start_loc=qsl[:-1], scale=inputs.scale, **pages)
+    assert torch.equal(w._buffers["meta"], before)
 
 
 def test_run_checks_metadata_and_the_plan():

@@ -64,8 +64,27 @@ def test_builder_matches_build_buffers_step_by_step(graph_stable, policy, kernel
 def test_builder_reuses_its_words_across_graph_stable_steps():
     s = _settings("auto")
     builder = tl.TilingBuilder(**s)
-    bufs = {id(builder.build(plan, seq, 1000)[2]) for seq, plan in _stream(True, "size:256", vary_rows=False)}
+    bufs = {builder.build(plan, seq, 1000)[2].ctypes.data for seq, plan in _stream(True, "size:256", vary_rows=False)}
     assert len(bufs) == 1
+
+
+def test_builder_writes_into_the_callers_array():
+    """``into``: the words go into the caller's array (what the wrapper's upload reads), after the
+    fields are made; an array too small is refused by name before anything is written."""
+    s = _settings("auto")
+    seq, plan = next(_stream(True, "size:512"))
+    want = tl.build_buffers(plan, seq_lens=seq, num_pages=100_000, **s)
+    dest = np.full(want[2].size + 7, -5, np.int32)
+    seen = []
+    got = tl.TilingBuilder(**s).build(plan, seq, 100_000, into=lambda t, n: seen.append((t, n)) or dest)
+    assert seen[0][1] == want[2].size and seen[0][0]["planWords"] == want[2].size
+    assert got[2].ctypes.data == dest.ctypes.data and got[1] == want[1]
+    np.testing.assert_array_equal(dest[:want[2].size], want[2])
+    assert (dest[want[2].size:] == -5).all()
+    small = np.full(want[2].size - 1, -5, np.int32)
+    with pytest.raises(ValueError, match="into: must give"):
+        tl.TilingBuilder(**s).build(plan, seq, 100_000, into=lambda t, n: small)
+    assert (small == -5).all()
 
 
 def test_builder_raises_what_build_buffers_raises():

@@ -112,6 +112,7 @@ def split_kv_kernel(
     SCALE_PER_CHANNEL: tl.constexpr = False, MERGE_CHUNK: tl.constexpr = 16,
     LAUNCH_DEPENDENTS: tl.constexpr = False, MULTI_ROW_BLOCKS: tl.constexpr = True,
     BOUNDS: tl.constexpr = True, COUNT_ERRORS: tl.constexpr = False, MIXED_TILES: tl.constexpr = True,
+    COLUMN_SUM: tl.constexpr = False,
     DEVICE_PLAN: tl.constexpr = False, PADDED: tl.constexpr = False,
 ):
     """Stage 1, one program per (work item, block of packed query rows), in named steps: load the
@@ -166,7 +167,10 @@ def split_kv_kernel(
                                              KV_INT8, HAS_OFFSET, SCALE_PER_CHANNEL)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    if COLUMN_SUM:  # the sum of weights per tile column, summed over the row after the loop
+        l_i = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    else:
+        l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     bt_row = BLOCK_TABLE + b.to(tl.int64) * stride_bt
     k_base = K + h.to(tl.int64) * stride_kh
@@ -181,6 +185,8 @@ def split_kv_kernel(
     if COUNT_ERRORS:
         _report_bad_page(ERRORS, bt_row, b, bad_col)
 
+    if COLUMN_SUM:
+        l_i = tl.sum(l_i, 1)
     o, lse = _split_state(acc, m_i, l_i)
     out_mask = row_ok[:, None] & d_ok[None, :]
     if n_split == 1:  # the only split of its rows: write the final output directly
@@ -299,7 +305,9 @@ def _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, s
     """The online softmax over KV positions ``[start, end)`` in tiles of ``BLOCK_N``: returns the
     updated ``(m_i, l_i, acc)`` (base-2 running max, sum of weights, weighted sum of V rows) and the
     first logical page (block-table column) whose page id was outside ``[0, NUM_PAGES)``
-    (``INT32_MAX`` if none; such tokens are masked like positions past the end).
+    (``INT32_MAX`` if none; such tokens are masked like positions past the end). ``l_i`` is
+    ``[BLOCK_M]``, or ``[BLOCK_M, BLOCK_N]`` (``COLUMN_SUM``: a sum per tile column, which the caller
+    sums over the row once after the loop, so that a tile's only reduction across warps is its max).
 
     Tiles start on page boundaries (the first one at ``start`` rounded down; positions before
     ``start`` are masked), so a tile of ``BLOCK_N`` tokens spans ``BLOCK_N / PAGE`` whole pages, or
@@ -484,7 +492,10 @@ def _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, hi_ok, end, col_end, bt_ro
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_ref)
     p = tl.exp2(s - m_ref[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
+    if len(l_i.shape) == 2:  # per tile column (COLUMN_SUM): the tile's only reduction across the row is its max
+        l_i = l_i * alpha[:, None] + p
+    else:
+        l_i = l_i * alpha + tl.sum(p, 1)
     v = _dequant(v_raw, v_sc, v_of, KV_INT8, HAS_OFFSET, UPCAST)
     if MIXED:  # V a row cannot see must be 0, not NaN; a non-finite V a row sees poisons it
         v_fin = (v - v) == 0.0

@@ -41,9 +41,12 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 3
     merge_warps: int = 1
+    # one-row kernels: the sum of weights kept per tile column and summed over the row after the KV
+    # loop, so that a tile's only reduction across warps is its max (multi-query kernels ignore it)
+    column_sum: bool = False
 
     def __str__(self):
-        return f"n{self.block_n}w{self.num_warps}s{self.num_stages}"
+        return f"n{self.block_n}w{self.num_warps}s{self.num_stages}" + ("c" if self.column_sum else "")
 
 
 # a plan's split length from which 16-bit D-64 tiles hold 128 tokens (default_config)
@@ -77,7 +80,8 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
 
     An ``auto`` plan (not ``batch_invariant``) of at most one item an SM whose longest item has
     the h200 profile's ``lone_min_tokens`` (1,024) or more, at 16-bit D 128 (:func:`lone_item`): 128-token tiles, 8 warps, 6
-    stages, two to three 64 KiB K / V stages in flight for the SM's one program (run 55: unsplit B 16
+    stages, the row sum per tile column (``column_sum``: one cross-warp reduction a tile fewer, run 77),
+    two to three 64 KiB K / V stages in flight for the SM's one program (run 55: unsplit B 16
     plans 1.4-4.5 % faster than two splits and the merge under the defaults; the planner's h200
     profile costs them so, ``DeviceProfile.lone_*``).
 
@@ -120,8 +124,10 @@ _FEW_ITEMS = 2 * _SMS  # default_config's "few" work items: at most two per SM o
 # one item an SM (an `auto` plan of at most _SMS items, the longest at least lone_min_tokens, 16-bit
 # D 128): 128-token tiles, 8 warps, 6 stages (run 55: B16 x 1k-8k unsplit 25.5 / 40.6 / 70.1 / 128.4 µs
 # against 26.4 / 41.3 / 71.1 / 130.5 for two splits and the merge; the planner's h200 profile costs
-# such plans with this configuration's per-item bandwidth, DeviceProfile.lone_*)
-_LONE = (128, 8, 6)
+# such plans with this configuration's per-item bandwidth, DeviceProfile.lone_*), and the row sum kept
+# per tile column (run 77: 0.2-1.6 % faster at B16 x 1k-8k, B4 x 1k at 32 / 32 and B16 x 1k at 64 / 8;
+# not for plans of more items, where it spilled and ran 5.6 % slower at B128 x 1k in run 64)
+_LONE = (128, 8, 6, 1, True)
 
 
 def plan_item_tokens(plan: Plan) -> int:
@@ -780,7 +786,7 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
         SCALE_PER_CHANNEL=per_channel, MERGE_CHUNK=merge_chunk(block_d),
         LAUNCH_DEPENDENTS=pdl and dplan.num_items * dplan.row_blocks <= 2 * sms,
         MULTI_ROW_BLOCKS=dplan.row_blocks > 1, BOUNDS=_KERNEL_BOUNDS, COUNT_ERRORS=errors is not None,
-        MIXED_TILES=dplan.max_q_len != 1, DEVICE_PLAN=bool(derive),
+        MIXED_TILES=dplan.max_q_len != 1, COLUMN_SUM=cfg.column_sum and dplan.max_q_len == 1, DEVICE_PLAN=bool(derive),
         PADDED=dplan.graph_stable and not dplan.split_size, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     merge_prep = None
     if with_merge:

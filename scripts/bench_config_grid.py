@@ -4,7 +4,7 @@ tile, warps and pipeline depth is fastest for a point's plan, against what ``def
 
 Per point (``bench_decode.py``'s syntax, e.g. ``B1x16k@32/8/64``; bf16, page 16, shuffled pages) and
 policy (``--policies``, default ``auto``): the plan once, then the whole call (stage 1 and the merge)
-with the default configuration and with each of ``--configs`` (``BLOCK_N/WARPS/STAGES``), each captured
+with the default configuration and with each of ``--configs`` (``BLOCK_N/WARPS/STAGES[/c]``), each captured
 in a CUDA graph; cuDNN / flash SDPA on a contiguous copy for reference. Timing: ``bench_decode.Timer``
 (``--iters`` replays each after a read flush of the L2, median) in ``--passes`` interleaved passes; the
 table gives each variant's fastest pass, the JSON all. Each variant's output is checked against SDPA's
@@ -39,18 +39,22 @@ CONFIGS = "32/2/5,32/2/7,64/2/5,64/2/7,64/4/5,64/4/7,64/8/5,128/4/4,128/4/5,128/
 
 
 def parse_configs(text: str) -> list[KernelConfig]:
-    """``"64/4/5,128/8/6"`` -> KernelConfigs (tokens a tile / warps / stages). Raises ``ValueError``."""
+    """``"64/4/5,128/8/6/c"`` -> KernelConfigs (tokens a tile / warps / stages, ``/c``: the row sum kept
+    per tile column, ``KernelConfig.column_sum``). Raises ``ValueError``."""
     out = []
     for item in text.split(","):
         parts = item.strip().split("/")
+        column_sum = len(parts) == 4 and parts[3] == "c"
+        if column_sum:
+            parts = parts[:3]
         if len(parts) != 3 or not all(p.isdigit() for p in parts):
-            raise ValueError(f"--configs: {item!r} is not BLOCK_N/WARPS/STAGES")
-        out.append(KernelConfig(*map(int, parts)))
+            raise ValueError(f"--configs: {item!r} is not BLOCK_N/WARPS/STAGES[/c]")
+        out.append(KernelConfig(*map(int, parts), column_sum=column_sum))
     return out
 
 
 def name_of(c: KernelConfig) -> str:
-    return f"n{c.block_n}w{c.num_warps}s{c.num_stages}"
+    return str(c)
 
 
 def point(timer, text, B, ctx, hq, hkv, D, policy, configs, passes) -> dict:
@@ -66,7 +70,7 @@ def point(timer, text, B, ctx, hq, hkv, D, policy, configs, passes) -> dict:
             torch.cuda.synchronize()
             if c is None:
                 cx = w.last_launch.constexprs
-                default = f"n{cx['BLOCK_N']}w{cx['num_warps']}s{cx['num_stages']}"
+                default = f"n{cx['BLOCK_N']}w{cx['num_warps']}s{cx['num_stages']}" + ("c" if cx["COLUMN_SUM"] else "")
             err[label] = pt.rel_err(out)
             replays[label] = timer.graph(fn)
             keep.append(w)
@@ -101,7 +105,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--points", required=True)
     ap.add_argument("--policies", default="auto")
-    ap.add_argument("--configs", default=CONFIGS, help="BLOCK_N/WARPS/STAGES,...")
+    ap.add_argument("--configs", default=CONFIGS, help="BLOCK_N/WARPS/STAGES[/c],...")
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--out", default="bench_out")

@@ -50,6 +50,8 @@ def variants():
     for bn, nw, ns in ((64, 4, 3), (64, 4, 5), (64, 4, 7), (32, 4, 5), (32, 4, 7), (32, 2, 5), (64, 8, 5), (64, 8, 7)):
         v.append((f"bf16 D128 M16 n{bn}w{nw}s{ns}", "bf16", "bf16", dict(BASE, BLOCK_N=bn), nw, ns))
     v.append(("bf16 D128 M16 n128w8s6 (lone item)", "bf16", "bf16", dict(BASE, BLOCK_N=128), 8, 6))
+    v.append(("bf16 D128 M16 n128w8s6c (lone item, row sum per column)", "bf16", "bf16",
+              dict(BASE, BLOCK_N=128, COLUMN_SUM=True), 8, 6))
     v.append(("bf16 D128 M16 fused n64w4s5", "bf16", "bf16", dict(BASE, FUSE_MERGE=True), 4, 5))
     v.append(("bf16 D128 M16 PDL trigger n64w4s5", "bf16", "bf16", dict(BASE, LAUNCH_DEPENDENTS=True), 4, 5))
     v.append(("bf16 D128 M16 device plan n64w4s7", "bf16", "bf16", dict(BASE, DEVICE_PLAN=True), 4, 7))

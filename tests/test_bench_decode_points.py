@@ -51,10 +51,11 @@ def test_auto_with_another_shortest_split_gets_its_own_table():
 def test_config_grid_reads_its_configurations():
     """``scripts/bench_config_grid.py --configs``: BLOCK_N/WARPS/STAGES items, refused with the item named."""
     g = load_script("bench_config_grid")
-    got = g.parse_configs("64/4/5, 128/8/6")
-    assert [(c.block_n, c.num_warps, c.num_stages) for c in got] == [(64, 4, 5), (128, 8, 6)]
-    assert [g.name_of(c) for c in got] == ["n64w4s5", "n128w8s6"]
+    got = g.parse_configs("64/4/5, 128/8/6, 128/8/6/c")
+    assert [(c.block_n, c.num_warps, c.num_stages, c.column_sum) for c in got] == [
+        (64, 4, 5, False), (128, 8, 6, False), (128, 8, 6, True)]
+    assert [g.name_of(c) for c in got] == ["n64w4s5", "n128w8s6", "n128w8s6c"]
     assert len(g.parse_configs(g.CONFIGS)) == 11
-    for bad in ("64/4", "64/4/x", "64-4-5"):
+    for bad in ("64/4", "64/4/x", "64-4-5", "64/4/5/x"):
         with pytest.raises(ValueError, match="is not BLOCK_N/WARPS/STAGES"):
             g.parse_configs(bad)

@@ -46,14 +46,18 @@ def test_small_catalog_passes(case):
 FUSED_CASES = cases.catalog(("small",), "seed,policy,mask,empty,multi-query,int8,gqa/5-1")
 
 
-@pytest.mark.parametrize("variant", ["fused", "fused-n16", "separate-n32", "separate-n128w8s6"])
+@pytest.mark.parametrize("variant", ["fused", "fused-n16", "separate-n32", "separate-n128w8s6",
+                                     "separate-n32-column-sum", "fused-n16-column-sum"])
 @pytest.mark.parametrize("case", FUSED_CASES, ids=[c.name for c in FUSED_CASES])
 def test_kernel_variants_pass(case, variant):
     kw = {"fused": dict(fuse_merge=True),
           "fused-n16": dict(fuse_merge=True, config=KernelConfig(16, 4, 1)),
           "separate-n32": dict(fuse_merge=False, config=KernelConfig(32, 4, 2)),
           # one long item an SM (launch.lone_item)
-          "separate-n128w8s6": dict(fuse_merge=False, config=KernelConfig(128, 8, 6))}[variant]
+          "separate-n128w8s6": dict(fuse_merge=False, config=KernelConfig(128, 8, 6)),
+          # the row sum per tile column (one-row kernels; multi-query cases keep the per-tile sum)
+          "separate-n32-column-sum": dict(fuse_merge=False, config=KernelConfig(32, 4, 2, column_sum=True)),
+          "fused-n16-column-sum": dict(fuse_merge=True, config=KernelConfig(16, 4, 1, column_sum=True))}[variant]
     be = Backend("triton-" + variant, lambda i, p: tb.run(i, p, **kw), tb._unavailable, tb._unsupported, "h200")
     res = run_case(be, case)
     assert res.status == "pass", res.message
@@ -296,15 +300,17 @@ def test_default_config_fills_the_waves_at_d128():
 
 def test_default_config_runs_one_long_item_an_sm_with_deeper_tiles():
     """``launch.lone_item``: an ``auto`` plan at 16-bit D 128 of at most one item an SM, the longest
-    of 1,024 tokens or more, takes 128-token tiles, 8 warps and 6 stages (run 55); its longest item
+    of 1,024 tokens or more, takes 128-token tiles, 8 warps and 6 stages (run 55) with the row sum
+    kept per tile column (run 77); its longest item
     is :attr:`DevicePlan.item_tokens` (``plan_item_tokens``); batch-invariant plans, more items,
     shorter items, other head dims and dtypes do not; plans on either side get their own launch."""
     from cuda_ref.launch import DevicePlan, default_config, plan_item_tokens, plan_launch_key
     from splitkv_common.plan import make_plan
-    assert str(default_config(128, 2, 128, False, 1024)) == str(default_config(128, 2, 132, False, 8192)) == "n128w8s6"
+    assert str(default_config(128, 2, 128, False, 1024)) == str(default_config(128, 2, 132, False, 8192)) == "n128w8s6c"
     for args in ((128, 2, 128, True, 1024), (128, 2, 133, False, 1024), (128, 2, 128, False, 1023),
                  (64, 2, 128, False, 4096), (128, 4, 128, False, 4096), (128, 2, 0, False, 4096)):
-        assert str(default_config(*args)) != "n128w8s6", args
+        assert not str(default_config(*args)).startswith("n128w8s6"), args
+        assert not default_config(*args).column_sum, args
 
     def plan(seq, **kw):
         return make_plan(np.array(seq), num_kv_heads=8, num_q_heads=32, head_dim=128, page_size=16, device="h200",

@@ -41,7 +41,8 @@ ALIGNED_INTS = ("stride_qt", "stride_qh", "stride_kp", "stride_kt", "stride_kh",
 BASE = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=64, KV_INT8=False,
             HAS_OFFSET=False, SOFT_CAP=False, HAS_WINDOW=False, DOT_IEEE=False, UPCAST=False,
             FUSE_MERGE=False, SCALE_PER_CHANNEL=False, MERGE_CHUNK=32,
-            MULTI_ROW_BLOCKS=False, BOUNDS=True, COUNT_ERRORS=True, MIXED_TILES=False, DEVICE_PLAN=False)
+            MULTI_ROW_BLOCKS=False, BOUNDS=True, COUNT_ERRORS=True, MIXED_TILES=False, DEVICE_PLAN=False,
+            COLUMN_SUM=False)
 
 
 def variants():

@@ -46,17 +46,16 @@ def test_small_catalog_passes(case):
 FUSED_CASES = cases.catalog(("small",), "seed,policy,mask,empty,multi-query,int8,gqa/5-1")
 
 
-@pytest.mark.parametrize("variant", ["fused", "fused-n16", "separate-n32", "separate-n128w8s6",
-                                     "separate-n32-column-sum", "fused-n16-column-sum"])
+@pytest.mark.parametrize("variant", ["fused", "fused-n16", "separate-n32", "separate-n128w8s6c",
+                                     "fused-n16-column-sum"])
 @pytest.mark.parametrize("case", FUSED_CASES, ids=[c.name for c in FUSED_CASES])
 def test_kernel_variants_pass(case, variant):
     kw = {"fused": dict(fuse_merge=True),
           "fused-n16": dict(fuse_merge=True, config=KernelConfig(16, 4, 1)),
           "separate-n32": dict(fuse_merge=False, config=KernelConfig(32, 4, 2)),
-          # one long item an SM (launch.lone_item)
-          "separate-n128w8s6": dict(fuse_merge=False, config=KernelConfig(128, 8, 6)),
-          # the row sum per tile column (one-row kernels; multi-query cases keep the per-tile sum)
-          "separate-n32-column-sum": dict(fuse_merge=False, config=KernelConfig(32, 4, 2, column_sum=True)),
+          # one long item an SM (launch.lone_item), the row sum per tile column (one-row kernels;
+          # multi-query cases keep the per-tile sum)
+          "separate-n128w8s6c": dict(fuse_merge=False, config=KernelConfig(128, 8, 6, column_sum=True)),
           "fused-n16-column-sum": dict(fuse_merge=True, config=KernelConfig(16, 4, 1, column_sum=True))}[variant]
     be = Backend("triton-" + variant, lambda i, p: tb.run(i, p, **kw), tb._unavailable, tb._unsupported, "h200")
     res = run_case(be, case)

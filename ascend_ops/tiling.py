@@ -595,11 +595,11 @@ class TilingBuilder:
     splits of a row (the dtype and head-dim rules, the tiles, the UB budgets, the mixed kernel's
     tiles and scratch) is computed by :func:`build_buffers` once per such key and kept; per plan only
     the plan's own fields (sizes, workspace, block dims, word offsets) and the words are made. The
-    words are written into a buffer kept by the builder and reused while the size is the same (a
-    graph-stable stream: no allocation, and only the work items up to the larger of this plan's and
-    the previous plan's valid count are rewritten, the rest being padding already:
-    :attr:`fresh_words`). The returned words are that buffer: copy them to the device before the next
-    :meth:`build`.
+    words are written into the caller's array (:meth:`build`'s ``into``: the host side of its upload)
+    or a buffer kept by the builder, grown when too small; a graph-stable stream into the same array
+    allocates nothing and rewrites only the work items up to the larger of this plan's and the
+    previous plan's valid count, the rest being padding already (:attr:`fresh_words`). The returned
+    words are a view of that array: copy them to the device before the next :meth:`build`.
     """
 
     def __init__(self, *, num_q_heads: int, head_dim: int, page_size: int, max_pages: int, dtype: str,

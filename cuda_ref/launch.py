@@ -790,7 +790,8 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
         SCALE_PER_CHANNEL=per_channel, MERGE_CHUNK=merge_chunk(block_d),
         LAUNCH_DEPENDENTS=pdl and dplan.num_items * dplan.row_blocks <= 2 * sms,
         MULTI_ROW_BLOCKS=dplan.row_blocks > 1, BOUNDS=_KERNEL_BOUNDS, COUNT_ERRORS=errors is not None,
-        MIXED_TILES=dplan.max_q_len != 1, COLUMN_SUM=cfg.column_sum and dplan.max_q_len == 1, DEVICE_PLAN=bool(derive),
+        MIXED_TILES=dplan.max_q_len != 1, COLUMN_SUM=cfg.column_sum and dplan.max_q_len == 1,
+        DEVICE_PLAN=bool(derive),
         PADDED=dplan.graph_stable and not dplan.split_size, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     merge_prep = None
     if with_merge:

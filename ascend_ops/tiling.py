@@ -308,6 +308,10 @@ def workspace_bytes(num_slots: int, num_q_heads: int, head_dim: int) -> tuple[in
     return o, o + int(num_slots) * int(num_q_heads) * LSE_REPEAT * 4
 
 
+# the plan words' sections in order, by their tiling offset fields: the items last (plan_words)
+_SECTIONS = ("qslOffset", "seqLensOffset", "rowSlotOffset", "rowNumOffset", "coreRangeOffset", "itemsOffset")
+
+
 def plan_words(plan: Plan, seq_lens, core_range=None) -> tuple[np.ndarray, dict]:
     """The int32 ``plan`` buffer and the section offsets (in words) of the tiling (``core_range``:
     the mixed kernel's first item per AI core, :func:`balance_items`).
@@ -318,12 +322,13 @@ def plan_words(plan: Plan, seq_lens, core_range=None) -> tuple[np.ndarray, dict]
     padding) and only that prefix need be uploaded."""
     items = np.stack([plan.item_request, plan.item_kv_head, plan.item_split, plan.item_kv_start,
                       plan.item_kv_end], axis=1).astype(np.int32).reshape(-1)
-    parts = [("qslOffset", np.asarray(plan.query_start_loc, np.int32)),
-             ("seqLensOffset", np.asarray(seq_lens, np.int32).reshape(-1)),
-             ("rowSlotOffset", np.asarray(plan.row_slot_start, np.int32)),
-             ("rowNumOffset", np.asarray(plan.row_num_splits, np.int32)),
-             ("coreRangeOffset", np.asarray(core_range if core_range is not None else [], np.int32)),
-             ("itemsOffset", items)]
+    arrays = dict(qslOffset=np.asarray(plan.query_start_loc, np.int32),
+                  seqLensOffset=np.asarray(seq_lens, np.int32).reshape(-1),
+                  rowSlotOffset=np.asarray(plan.row_slot_start, np.int32),
+                  rowNumOffset=np.asarray(plan.row_num_splits, np.int32),
+                  coreRangeOffset=np.asarray(core_range if core_range is not None else [], np.int32),
+                  itemsOffset=items)
+    parts = [(name, arrays[name]) for name in _SECTIONS]
     offs, at = {}, 0
     for name, arr in parts:
         offs[name] = at
@@ -578,9 +583,11 @@ def _word_offsets(B: int, n_seq: int, T: int, cores: int, W: int) -> dict:
     """The plan words' section offsets (:func:`plan_words`' layout, the items last) and their count
     (``planWords``, at least 1): ``B`` requests, ``n_seq`` lengths, ``T`` rows, ``cores`` AI cores'
     ranges (0: none), ``W`` items."""
+    sizes = dict(qslOffset=B + 1, seqLensOffset=n_seq, rowSlotOffset=T, rowNumOffset=T,
+                 coreRangeOffset=cores + 1 if cores else 0, itemsOffset=5 * W)
     offs, at = {}, 0
-    for name, n in (("qslOffset", B + 1), ("seqLensOffset", n_seq), ("rowSlotOffset", T), ("rowNumOffset", T),
-                    ("coreRangeOffset", cores + 1 if cores else 0), ("itemsOffset", 5 * W)):
+    for name in _SECTIONS:
+        n = sizes[name]
         offs[name] = at
         at += n
     offs["planWords"] = max(at, 1)

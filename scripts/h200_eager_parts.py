@@ -21,7 +21,6 @@ import json
 import os
 import pstats
 import sys
-import time
 
 import numpy as np
 
@@ -37,6 +36,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from bench_decode import PAGE, make_point  # noqa: E402
+from h200_perf_check import _idle_host_us as idle_host_us  # noqa: E402
 from cuda_ref.fast_launch import FastLaunch  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
@@ -56,20 +56,6 @@ VARIANTS = {
 @triton.jit
 def _store_one(X):
     tl.store(X, 1.0)
-
-
-def idle_host_us(fn, n: int = 300, warmup: int = 30) -> float:
-    """Median host µs of one ``fn()`` with the GPU idle before it."""
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    return sorted(ts)[n // 2] * 1e6
 
 
 def profile(fn, n: int = 300, top: int = 10) -> list:
@@ -104,7 +90,6 @@ def main(argv=None) -> int:
     one(x)
     calls = {"torch `x.add_(1)`": (lambda: x.add_(1), None, 1),
              "Triton kernel of one pointer (fast path)": (lambda: one(x), None, 1)}
-    keep = []
     for name, (B, ctx, kw, attrs) in VARIANTS.items():
         q, k, v, bt, seq = make_point(B, ctx, 32, 8, 128, torch.bfloat16)
         w = DecodeWrapper(32, 8, 128, PAGE, dtype=torch.bfloat16, **kw)
@@ -116,7 +101,6 @@ def main(argv=None) -> int:
         run()
         prep = w.last_launch
         calls[name] = (run, int(plan.num_items), int(prep.stage1 is not None) + int(prep.merge is not None))
-        keep.append(w)
         if not calls.get("B1x16k: the checks alone") and not kw and not attrs and B == 1:
             # the default call's parts: its metadata checks (cached), and stage 1's launch alone
             # (the prepared fast path with this call's 23 tensors)

@@ -8,9 +8,13 @@ function's own µs a call, the kernel launchers being the built-in calls). The v
 separate what a batch-1 call pays besides the Python side: the number of launches (the separate
 merge, the fused one, no split, stage 1 alone), programmatic dependent launch (PDL) of the merge, and
 the batch. A torch launch of the same process (``x.add_(1)`` on a 1-element tensor) and a Triton
-kernel of one pointer through the same launch fast path give the host's floor for one launch. Writes ``eager_parts.json`` and ``eager_parts.md`` to ``--out``.
+kernel of one pointer through the same launch fast path give the host's floor for one launch; kernels
+that do the same with more arguments (stage 1's count of pointers and integers, and fewer) give what
+an argument adds. ``--old FILE`` (another version of ``cuda_ref/kernels.py`` taking this tree's launch
+arguments) adds the default batch-1 call with those kernels. Writes ``eager_parts.json`` and
+``eager_parts.md`` to ``--out``.
 
-    python scripts/h200_eager_parts.py --out OUT
+    python scripts/h200_eager_parts.py --out OUT [--old OLD_KERNELS.py]
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from bench_decode import PAGE, make_point  # noqa: E402
-from h200_perf_check import _idle_host_us as idle_host_us  # noqa: E402
+from h200_perf_check import _idle_host_us as idle_host_us, load_kernels  # noqa: E402
+from cuda_ref import launch  # noqa: E402
 from cuda_ref.fast_launch import FastLaunch  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
@@ -56,6 +61,30 @@ VARIANTS = {
 @triton.jit
 def _store_one(X):
     tl.store(X, 1.0)
+
+
+# (pointers, integers) of the kernels that time a launch's arguments: stage 1 passes 23 tensors and
+# 29 other values, 18 of them strides
+ARG_COUNTS = ((23, 29), (23, 11), (12, 11))
+
+
+def arg_kernels() -> dict:
+    """``{(pointers, integers): kernel}``: Triton kernels that store one value through their first
+    pointer and take the others unused (written to a module in a temporary folder: Triton reads a
+    kernel's source from its file)."""
+    import importlib.util
+    import tempfile
+    src = ["import triton", "import triton.language as tl", ""]
+    for p, i in ARG_COUNTS:
+        names = [f"P{j}" for j in range(p)] + [f"I{j}" for j in range(i)]
+        src += ["@triton.jit", f"def k_{p}_{i}({', '.join(names)}):", "    tl.store(P0, 1.0)", ""]
+    path = os.path.join(tempfile.mkdtemp(), "eager_parts_arg_kernels.py")
+    with open(path, "w") as f:
+        f.write("\n".join(src))
+    spec = importlib.util.spec_from_file_location("eager_parts_arg_kernels", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return {(p, i): getattr(mod, f"k_{p}_{i}") for p, i in ARG_COUNTS}
 
 
 def profile(fn, n: int = 300, top: int = 10) -> list:
@@ -80,9 +109,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=15, help="rounds of every variant, interleaved (default 15)")
+    ap.add_argument("--old", metavar="FILE", help="another version of cuda_ref/kernels.py: its default B1x16k call too")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    res = dict(provenance=provenance(sys.argv), gpu=torch.cuda.get_device_name(), rounds=args.rounds, variants=[])
+    res = dict(provenance=provenance(sys.argv), gpu=torch.cuda.get_device_name(), rounds=args.rounds, variants=[],
+               old=args.old and os.path.basename(args.old))
     x = torch.zeros(1, device="cuda")
     # the floor of a launch on this host: a torch op, and a Triton kernel of one pointer through the
     # same fast path as ours
@@ -90,7 +121,18 @@ def main(argv=None) -> int:
     one(x)
     calls = {"torch `x.add_(1)`": (lambda: x.add_(1), None, 1),
              "Triton kernel of one pointer (fast path)": (lambda: one(x), None, 1)}
-    for name, (B, ctx, kw, attrs) in VARIANTS.items():
+    ints = torch.zeros(64, dtype=torch.int32, device="cuda")  # distinct pointers, like stage 1's tensors
+    for (p, i), fn in arg_kernels().items():
+        fl = FastLaunch(fn, (1,), (None,) * p + tuple(range(1000, 1000 + i)), tuple(range(p)), {})
+        ptrs = (x,) + tuple(ints[j:j + 1] for j in range(p - 1))
+        fl(*ptrs)
+        calls[f"Triton kernel of {p} pointers and {i} integers (fast path)"] = (lambda fl=fl, a=ptrs: fl(*a), None, 1)
+    variants = dict(VARIANTS)
+    if args.old:
+        variants["B1x16k separate merge (default), old kernels"] = (1, 16384, {}, {})
+    saved = launch.kernels
+    for name, (B, ctx, kw, attrs) in variants.items():
+        launch.kernels = load_kernels(args.old) if name.endswith("old kernels") else saved
         q, k, v, bt, seq = make_point(B, ctx, 32, 8, 128, torch.bfloat16)
         w = DecodeWrapper(32, 8, 128, PAGE, dtype=torch.bfloat16, **kw)
         for a, val in attrs.items():
@@ -99,6 +141,7 @@ def main(argv=None) -> int:
         qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
         run = (lambda w=w, a=(q, k, v, bt, seq, qsl): w.run(*a))
         run()
+        launch.kernels = saved
         prep = w.last_launch
         calls[name] = (run, int(plan.num_items), int(prep.stage1 is not None) + int(prep.merge is not None))
         if not calls.get("B1x16k: the checks alone") and not kw and not attrs and B == 1:

@@ -189,6 +189,21 @@ class Rig:
                              plan_in_graph=plan_in_graph)
 
 
+def capture(run, copy=None) -> "torch.cuda.CUDAGraph":
+    """``run`` (and ``copy`` before it, when given) captured in a CUDA graph, after two calls outside the
+    capture (compile and warm up)."""
+    for _ in range(2):
+        run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        if copy is not None:
+            copy()
+        run()
+    torch.cuda.synchronize()
+    return graph
+
+
 class Graphed:
     """A graph-stable wrapper captured at batch ``size``: device inputs refreshed in place each step.
     ``in_graph``: the copy goes into the graph (``DecodeWrapper(plan_in_graph=True)``'s ``copy_plan()``,
@@ -219,15 +234,7 @@ class Graphed:
         if use_graph:
             if not self.in_graph:
                 self.seq.copy_(torch.from_numpy(lens.astype(np.int32)))
-            for _ in range(2):   # compile and warm up outside the capture
-                self.run()
-            torch.cuda.synchronize()
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                if self.in_graph:
-                    self.w.copy_plan()
-                self.run()
-            torch.cuda.synchronize()
+            self.graph = capture(self.run, self.w.copy_plan if self.in_graph else None)
 
     def run(self):
         return self.w.run(self.q, self.rig.k, self.rig.v, self.bt, self.seq, self.qsl)
@@ -288,15 +295,7 @@ class DeviceGraphed:
         self.graph = None
         if use_graph:
             self.seq.fill_(1024)
-            for _ in range(2):   # compile and warm up outside the capture
-                self.run()
-            torch.cuda.synchronize()
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                if self.in_graph:
-                    self.inputs.copy()
-                self.run()
-            torch.cuda.synchronize()
+            self.graph = capture(self.run, self.inputs.copy if self.in_graph else None)
 
     def run(self):
         return self.w.run(self.q, self.rig.k, self.rig.v, self.bt, self.seq, self.qsl)

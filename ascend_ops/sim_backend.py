@@ -149,17 +149,22 @@ def from_native(x: np.ndarray, dtype: str) -> np.ndarray:
 WS_POISON = 0xFF  # NaN pattern: a read of a workspace byte the split stage did not write shows up
 
 
+def _kernel_inputs(inputs: DecodeInputs, til: tl.Tiling) -> tuple:
+    """What the split kernels read besides the plan words and workspace, as the twin takes them:
+    ``(q, k_cache, v_cache, block_table, kv_quant, tiling bytes)`` (q and the caches in their native
+    encodings, bf16 as uint16; the quantization floats zero for a float cache)."""
+    quant = til.kv_quant if til.kv_quant is not None else np.zeros(8, np.float32)
+    return (to_native(inputs.q, inputs.dtype), to_native(inputs.k_cache, inputs.kv_dtype),
+            to_native(inputs.v_cache, inputs.kv_dtype), np.ascontiguousarray(inputs.block_table, np.int32), quant,
+            np.frombuffer(til.tiling_bytes, np.uint8).copy())
+
+
 def run_split(inputs: DecodeInputs, plan: Plan, til: tl.Tiling | None = None, guard_bytes: int = 0):
     """The split stage alone: returns ``(workspace bytes incl. guard, ub_peak, tiling)``."""
     til = til or tl.build_tiling(inputs, plan, PROFILE)
     lib = twin_library()
-    q = to_native(inputs.q, inputs.dtype)
-    k = to_native(inputs.k_cache, inputs.kv_dtype)
-    v = to_native(inputs.v_cache, inputs.kv_dtype)
-    bt = np.ascontiguousarray(inputs.block_table, np.int32)
-    quant = til.kv_quant if til.kv_quant is not None else np.zeros(8, np.float32)
+    q, k, v, bt, quant, tb = _kernel_inputs(inputs, til)
     ws = np.full(til.workspace_bytes + guard_bytes + 32, WS_POISON, np.uint8)
-    tb = np.frombuffer(til.tiling_bytes, np.uint8).copy()
     err = ctypes.create_string_buffer(2048)
     peak = ctypes.c_uint(0)
     launch = lib.sim_launch_split_mix if til.mixed else lib.sim_launch_split
@@ -186,13 +191,8 @@ def _outputs(inputs: DecodeInputs):
 def run_fused(inputs: DecodeInputs, plan: Plan, til: tl.Tiling) -> tuple[np.ndarray, np.ndarray]:
     """The fused mixed launch (``splitkv_attention_mix``: split, SyncAll, combine) on the twin."""
     lib = twin_library()
-    q = to_native(inputs.q, inputs.dtype)
-    k = to_native(inputs.k_cache, inputs.kv_dtype)
-    v = to_native(inputs.v_cache, inputs.kv_dtype)
-    bt = np.ascontiguousarray(inputs.block_table, np.int32)
-    quant = til.kv_quant if til.kv_quant is not None else np.zeros(8, np.float32)
+    q, k, v, bt, quant, tb = _kernel_inputs(inputs, til)
     ws = np.full(til.workspace_bytes + 32, WS_POISON, np.uint8)
-    tb = np.frombuffer(til.tiling_bytes, np.uint8).copy()
     out, lse = _outputs(inputs)
     err = ctypes.create_string_buffer(2048)
     peak = ctypes.c_uint(0)

@@ -334,8 +334,6 @@ def plan_words(plan: Plan, seq_lens, core_range=None) -> tuple[np.ndarray, dict]
         offs[name] = at
         at += arr.size
     words = np.concatenate([a for _, a in parts]).astype(np.int32) if at else np.zeros(1, np.int32)
-    if words.size == 0:
-        words = np.zeros(1, np.int32)
     offs["planWords"] = int(words.size)
     return words, offs
 

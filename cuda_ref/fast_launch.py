@@ -45,6 +45,8 @@ from operator import itemgetter, or_
 import torch
 import triton
 
+from . import driver_launch
+
 try:
     from triton import knobs as _knobs
 except ImportError:  # a Triton without knobs: not a checked version, the fast path stays off
@@ -52,6 +54,7 @@ except ImportError:  # a Triton without knobs: not a checked version, the fast p
 
 _data_ptr = torch.Tensor.data_ptr
 ENV = "SPLITKV_FAST_LAUNCH"
+TRITON = "triton"   # ENV's value for the compiled kernel's own launcher in place of the driver launch
 # Triton releases whose JITFunction.run -> CompiledKernel.run convention was read (see the module doc)
 CHECKED_VERSIONS = ("3.6.", "3.7.")
 
@@ -61,11 +64,19 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _mode() -> str:
+    return os.environ.get(ENV, "1").strip().lower()
+
+
+def _current_device() -> int:
+    return torch._C._cuda_getDevice()
+
+
 def switched_off() -> "str | None":
     """Why the fast path is off in this process (``None``: it may be used). Read at each launch's
     first call, so a process can compare both paths by setting ``SPLITKV_FAST_LAUNCH`` between
     wrappers."""
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if _mode() in ("0", "false", "no", "off"):
         return f"{ENV}=0"
     if interpreting():
         return "interpreter (TRITON_INTERPRET=1)"
@@ -187,12 +198,14 @@ _VERIFIED: dict = {}
 
 
 class _Verified:
-    """A checked compiled kernel's launcher, function handle, packed metadata and argument count."""
+    """A checked compiled kernel's launcher, function handle, packed metadata, argument count, and what
+    a driver launch needs (its metadata and parameter types; None: Triton's launcher only)."""
 
-    __slots__ = ("run", "function", "packed", "arity")
+    __slots__ = ("run", "function", "packed", "arity", "metadata", "types")
 
-    def __init__(self, run, function, packed, arity):
+    def __init__(self, run, function, packed, arity, metadata=None, types=None):
         self.run, self.function, self.packed, self.arity = run, function, packed, arity
+        self.metadata, self.types = metadata, types
 
 
 def _verified_entry(fn) -> list:
@@ -247,6 +260,8 @@ class FastLaunch:
         self._all_aligned = False
         self._device = -1
         self._stream = None
+        self._verified = None     # the checked compiled kernel (_Verified)
+        self._driver = None       # its launch by the CUDA driver (driver_launch.DriverLaunch), where made
 
     def set_grid(self, grid: tuple) -> None:
         """Launch the following calls over ``grid`` (the grid is no part of the kernel's
@@ -254,6 +269,8 @@ class FastLaunch:
         self.grid = tuple(grid)
         g = self.grid + (1,) * (3 - len(self.grid))
         self._g0, self._g1, self._g2 = g[0], g[1], g[2]
+        if getattr(self, "_driver", None) is not None:
+            self._driver.set_grid(self.grid)
 
     def set_values(self, changes: dict) -> None:
         """Change non-tensor arguments (position -> value) for the following calls. Where each is a
@@ -270,9 +287,12 @@ class FastLaunch:
         for i, v in changes.items():
             if i not in loose or _scalar_class(old[i], False) != _scalar_class(v, False):
                 self.fast, self.reason, self._run, self.adopted, self.reused = None, "not launched yet", None, False, False
+                self._driver = self._verified = None
                 return
         for i, v in changes.items():
             self._values[i] = v
+            if self._driver is not None:
+                self._driver.set_value(i, v)
         self._tail = tuple(self._values[len(self.tensor_slots):])
 
     def arguments(self, tensors) -> list:
@@ -301,10 +321,13 @@ class FastLaunch:
             ptrs = list(map(_data_ptr, tensors))
             same_alignment = (not (reduce(or_, ptrs) & 15) if self._all_aligned
                               else [not (p & 15) for p in ptrs] == self._aligned)
-            if (same_alignment and hooks_idle() and torch.cuda.current_device() == self._device
-                    and not self.fn.pre_run_hooks):
-                run(self._g0, self._g1, self._g2, self._stream(self._device), self._function, self._packed,
-                    None, None, None, *self.values(ptrs))
+            if same_alignment and hooks_idle() and _current_device() == self._device and not self.fn.pre_run_hooks:
+                driver = self._driver
+                if driver is None or driver(ptrs, self._stream(self._device)):
+                    # Triton's launcher (also where the driver refused: it ensures a context, and
+                    # raises what the driver says)
+                    run(self._g0, self._g1, self._g2, self._stream(self._device), self._function, self._packed,
+                        None, None, None, *self.values(ptrs))
                 return
             self.slow_calls += 1
         self._normal(tensors)
@@ -336,14 +359,15 @@ class FastLaunch:
         self._values = ours
         self._tail = tuple(ours[len(self.tensor_slots):])
         self._aligned, self._all_aligned, self._device = other._aligned, other._all_aligned, other._device
-        self.fast, self.reason, self.adopted = True, other.reason, True
+        self.fast, self.adopted = True, True
+        self._set_driver(other._verified)
         return True
 
     def _normal(self, tensors):
         return self.fn[self.grid](*self.arguments(tensors), **self.kwargs)
 
     def _off(self, reason: str) -> None:
-        self.fast, self.reason, self._run = False, reason, None
+        self.fast, self.reason, self._run, self._driver = False, reason, None, None
 
     def _first(self, tensors: tuple) -> bool:
         """The first call's check; ``True`` when it launched (normally). Where Triton's cache already
@@ -399,8 +423,25 @@ class FastLaunch:
         self._aligned = aligned if aligned is not None else [not (p & 15) for p in map(_data_ptr, tensors)]
         self._all_aligned = all(self._aligned)
         self._device = device
-        self.fast, self.reason = True, f"Triton {triton.__version__}: the compiled kernel's launcher"
+        self.fast = True
         self._run = v.run
+        self._set_driver(v)
+
+    def _set_driver(self, v: "_Verified | None") -> None:
+        """Launch through the CUDA driver with a parameter block of this launch's own
+        (:mod:`cuda_ref.driver_launch`) where it reproduces the launcher of ``v``; else Triton's
+        launcher (``SPLITKV_FAST_LAUNCH=triton`` asks for it). ``reason`` says which."""
+        self._verified, self._driver = v, None
+        why = f"{ENV}={TRITON}" if _mode() == TRITON else None
+        if why is None and (v is None or v.metadata is None or v.types is None):
+            why = "no metadata of the compiled kernel"
+        if why is None:
+            self._driver, why = driver_launch.make(v.function, v.metadata, v.types, self._values, self.tensor_slots,
+                                                   self.grid)
+        if self._driver is not None:
+            self.reason = f"Triton {triton.__version__}: the compiled kernel launched by {why}"
+        else:
+            self.reason = f"Triton {triton.__version__}: the compiled kernel's launcher (driver launch: {why})"
 
     def _check_and_keep(self, compiled, tensors: tuple) -> bool:
         """Bind this call with Triton's own binder and find its kernel by Triton's cache key; with
@@ -454,7 +495,9 @@ class FastLaunch:
         if not callable(run) or not function:
             self._off("the compiled kernel has no launcher or function handle")
             return True
-        checked = _Verified(run, function, compiled.packed_metadata, len(ours))
+        types = list(signature.values()) if isinstance(signature, dict) else None
+        checked = _Verified(run, function, compiled.packed_metadata, len(ours), getattr(compiled, "metadata", None),
+                            types)
         self._keep(checked, ours, tensors, device)
         key = self._key
         if key is not None and key[0] == device:

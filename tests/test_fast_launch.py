@@ -100,6 +100,7 @@ def gpu_free(monkeypatch):
     monkeypatch.setattr(fast_launch, "interpreting", lambda: False)
     monkeypatch.setenv(fast_launch.ENV, "1")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(fast_launch, "_current_device", lambda: 0)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 77, raising=False)
 
 
@@ -498,3 +499,159 @@ def test_set_values_outside_the_plan_sizes_takes_the_first_call_check_again(gpu_
     assert a.fast is None
     a(*tensors)
     assert len(fake.normal_launches) == 2 and a.fast
+
+
+# -- the launch by the CUDA driver (cuda_ref.driver_launch), with a fake driver ------------------------
+
+
+class _FakeDriver:
+    """``cuLaunchKernelEx`` stand-in: each call's configuration and its parameter block, read back from
+    the addresses the block holds (as the driver reads them) by the types of the compiled signature."""
+
+    def __init__(self, kinds, code=0):
+        self.kinds, self.code, self.calls = kinds, code, []
+
+    def __call__(self, config_ref, function, params, extra):
+        import ctypes
+        c = config_ref._obj
+        import struct
+        values = [struct.unpack(fmt, ctypes.string_at(params[j], struct.calcsize(fmt)))[0]
+                  for j, fmt in enumerate(self.kinds)]
+        attrs = [(c.attrs[i].id, c.attrs[i].value[0]) for i in range(c.numAttrs)]
+        self.calls.append(dict(grid=(c.gridDimX, c.gridDimY, c.gridDimZ), block=c.blockDimX, shared=c.sharedMemBytes,
+                               stream=c.hStream, function=function.value, values=values, attrs=attrs, extra=extra))
+        return self.code
+
+
+def _meta(constexprs, shared=4096):
+    """A compiled kernel's metadata as Triton 3.6 / 3.7 write it (the fields a driver launch reads)."""
+    from collections import namedtuple
+    meta = namedtuple("Meta", "num_warps num_ctas shared global_scratch_size profile_scratch_size launch_pdl "
+                              "launch_cooperative_grid")
+    return meta(8, 1, shared, 0, 0, bool(constexprs.get("launch_pdl")), False)
+
+
+def _compiled_signature(fake, fl, tensors, constexprs):
+    """Give the fake compiled kernel the signature Triton's binder specializes for these arguments."""
+    from triton import knobs
+    kw = dict(constexprs, debug=False, instrumentation_mode=knobs.compilation.instrumentation_mode)
+    _, spec, _ = fake.binder(*fl.arguments(tensors), **kw)
+    types = [x[0] for x in spec]
+    fake.compiled.src.signature = {p.name: t for p, t in zip(fake.params, types)}
+    fake.compiled.metadata = _meta(constexprs)
+    return types
+
+
+def _driver_ready(monkeypatch, kernel, grid, positional, slots, constexprs, tensors, code=0):
+    """A FastLaunch of ``kernel`` whose fake compiled kernel carries its real signature and metadata,
+    its launches going to a fake driver (answering ``code``). Returns ``(fake JIT, launch, driver,
+    Triton's bound values, the block's layout)`` after one normal call."""
+    import struct
+
+    from cuda_ref import driver_launch
+
+    fake = _FakeJIT(kernel)
+    fl = fast_launch.FastLaunch(fake, grid, positional, slots, constexprs)
+    layout, why = driver_launch.block_layout(_compiled_signature(fake, fl, tensors, constexprs), slots)
+    assert why is None
+    kinds = [k for _, k in layout] + ["Q"] * driver_launch.SCRATCH_PARAMS
+    drv = _FakeDriver(kinds, code)
+    monkeypatch.setattr(driver_launch, "driver_functions", lambda: (drv, None, None))
+    monkeypatch.setattr(driver_launch, "driver_param_sizes",
+                        lambda f: [struct.calcsize(k) for k in kinds])
+    fl(*tensors)
+    assert fl.fast is True and fl._driver is not None, fl.reason
+    return fake, fl, drv, fake.normal_launches[0][1], layout
+
+
+def _assert_block(drv_call, layout, expected, tensors, slots):
+    """The block holds Triton's values: each tensor's address, each scalar as its C type, null scratch."""
+    values = drv_call["values"]
+    assert len(values) == len(layout) + 2 and values[-2:] == [0, 0]
+    by_slot = dict(zip(slots, tensors))
+    for (i, kind), v in zip(layout, values):
+        e = expected[i]
+        if i in by_slot:
+            assert v == by_slot[i].data_ptr(), i
+        elif kind == "f":
+            assert v == pytest.approx(float(e), rel=1e-7), i
+        else:
+            assert v == (0 if e is None else int(e)), (i, v, e)
+
+
+@pytest.mark.parametrize("variant", [dict(), dict(fuse=True), dict(soft_cap=30.0, window=5), dict(int8=True)])
+def test_the_driver_launch_block_holds_what_triton_binds_for_stage1(gpu_free, monkeypatch, variant):
+    prep, call = _decode_launch(**variant)
+    tensors = prep.tensors(*call)
+    s = prep.stage1
+    fake, fl, drv, expected, layout = _driver_ready(monkeypatch, kernels.split_kv_kernel, prep.grid, s.positional,
+                                                    s.tensor_slots, prep.constexprs, tensors)
+    assert "CUDA driver" in fl.reason
+    fl(*tensors)
+    assert not fake.compiled.calls and len(drv.calls) == 1   # the driver, not Triton's launcher
+    c = drv.calls[0]
+    assert c["grid"] == (*prep.grid, 1) and c["block"] == 256 and c["shared"] == 4096 and c["stream"] == 77
+    assert c["function"] == 0xF00 and c["extra"] is None
+    assert c["attrs"] == ([(6, 1)] if prep.constexprs.get("launch_pdl") else [])
+    _assert_block(c, layout, expected, tensors, s.tensor_slots)
+    # fresh tensors, another grid, new plan sizes: the block follows
+    fresh = tuple(t.clone() for t in tensors)
+    fl.set_grid((prep.grid[0] + 3, prep.grid[1]))
+    loose = fast_launch._param_groups(fake, s.tensor_slots)[1]
+    i = loose[0]
+    fl.set_values({i: expected[i] + 16})
+    fl(*fresh)
+    c = drv.calls[1]
+    assert c["grid"] == (prep.grid[0] + 3, prep.grid[1], 1)
+    expected = list(expected)
+    expected[i] += 16
+    _assert_block(c, layout, expected, fresh, s.tensor_slots)
+
+
+def test_the_driver_launch_block_holds_what_triton_binds_for_the_merge(gpu_free, monkeypatch):
+    prep, call = _decode_launch()
+    m = prep.merge
+    q, k, v, bt, seq_lens, qsl, dp, out, lse, part_o, part_lse = call[:11]
+    tensors = (part_o, part_lse, out, lse, dp.view("row_slot_start"), dp.view("row_num_splits"), seq_lens, qsl)
+    fake, fl, drv, expected, layout = _driver_ready(monkeypatch, kernels.merge_kernel, m.grid, m.call.positional,
+                                                    m.call.tensor_slots, m.constexprs, tensors)
+    fl(*tensors)
+    c = drv.calls[0]
+    assert c["attrs"] == [(6, 1)]   # the merge is launched by programmatic dependent launch
+    _assert_block(c, layout, expected, tensors, m.call.tensor_slots)
+
+
+def test_a_driver_that_refuses_hands_the_call_to_tritons_launcher(gpu_free, monkeypatch):
+    prep, call = _decode_launch()
+    tensors = prep.tensors(*call)
+    s = prep.stage1
+    fake, fl, drv, expected, _ = _driver_ready(monkeypatch, kernels.split_kv_kernel, prep.grid, s.positional,
+                                               s.tensor_slots, prep.constexprs, tensors, code=201)
+    fl(*tensors)
+    assert len(drv.calls) == 1 and len(fake.compiled.calls) == 1   # tried, then Triton's launcher
+
+
+def test_the_triton_switch_and_a_mismatched_driver_keep_tritons_launcher(gpu_free, monkeypatch):
+    from cuda_ref import driver_launch
+    prep, call = _decode_launch()
+    tensors = prep.tensors(*call)
+    s = prep.stage1
+    monkeypatch.setattr(driver_launch, "driver_functions", lambda: (lambda *a: 0, None, None))
+    for env, sizes, want in (("triton", None, "SPLITKV_FAST_LAUNCH=triton"), ("1", [8, 4], "parameter sizes")):
+        monkeypatch.setenv(fast_launch.ENV, env)
+        monkeypatch.setattr(driver_launch, "driver_param_sizes", lambda f, sizes=sizes: sizes)
+        fake = _FakeJIT(kernels.split_kv_kernel)
+        fl = fast_launch.FastLaunch(fake, prep.grid, s.positional, s.tensor_slots, prep.constexprs)
+        _compiled_signature(fake, fl, tensors, prep.constexprs)
+        fl(*tensors)
+        fl(*tensors)
+        assert fl._driver is None and want in fl.reason and len(fake.compiled.calls) == 1
+
+
+def test_block_layout_refuses_what_it_does_not_write():
+    from cuda_ref import driver_launch
+    layout, why = driver_launch.block_layout(["*bf16", "i32", "constexpr", "fp32", "i1"], (0,))
+    assert why is None and layout == [(0, "Q"), (1, "i"), (3, "f"), (4, "b")]
+    assert driver_launch.block_layout(["*bf16", "bf16"], (0,))[1] == "parameter 1: type bf16 is not written by the driver launch"
+    assert "constexpr" in driver_launch.block_layout(["constexpr", "i32"], (0,))[1]
+    assert "tensor slot of type i32" in driver_launch.block_layout(["*fp32", "i32"], (1,))[1]

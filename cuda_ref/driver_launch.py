@@ -17,7 +17,8 @@ the launcher's: ``32 * num_warps`` threads, the metadata's shared memory, and pr
 launch (``launch_pdl``) as a launch attribute. What :func:`make` cannot match exactly (another
 parameter count or size than the driver reports for the function through ``cuFuncGetParamInfo``, a
 parameter type it does not write, scratch memory, clusters, a cooperative launch, no CUDA driver
-library) gives no driver launch, with the reason; the caller keeps Triton's launcher then.
+library; the sizes of the parameters the block holds are compared, the absence of more rests on the
+checked launcher convention) gives no driver launch, with the reason; the caller keeps Triton's launcher then.
 
 The driver library is opened with ``ctypes.PyDLL``: the GIL is held through the call, so no other
 Python thread writes the block while the driver copies it (a launch copies its parameters before
@@ -78,13 +79,17 @@ def error_name(code: int) -> str:
     return f"CUresult {code}"
 
 
-_SIZES: dict = {}   # CUfunction handle -> its parameters' sizes (a function's parameters never change)
+_SIZES: dict = {}   # (CUfunction handle, count) -> its parameters' sizes (a function's parameters never change)
 
 
-def driver_param_sizes(function: int) -> "list[int] | None":
-    """The byte size of each parameter of ``function`` (a ``CUfunction`` handle) as the driver
-    reports it, in order (asked once per function); None without ``cuFuncGetParamInfo``."""
-    sizes = _SIZES.get(function)
+def driver_param_sizes(function: int, count: int) -> "list[int] | None":
+    """The byte sizes of the first ``count`` parameters of ``function`` (a ``CUfunction`` handle) as
+    the driver reports them (asked once per function); None where the driver reports fewer, or has
+    no ``cuFuncGetParamInfo``. Nothing past ``count`` is asked: the driver's answer there is an
+    error, which compute-sanitizer counts as one (that the kernel has no further parameter rests on
+    the launcher convention of the checked Triton versions, ``fast_launch.CHECKED_VERSIONS``)."""
+    key = (function, count)
+    sizes = _SIZES.get(key)
     if sizes is not None:
         return sizes
     fns = driver_functions()
@@ -92,12 +97,11 @@ def driver_param_sizes(function: int) -> "list[int] | None":
         return None
     info = fns[1]
     offset, size, sizes = ctypes.c_size_t(), ctypes.c_size_t(), []
-    while info(ctypes.c_void_p(function), ctypes.c_size_t(len(sizes)), ctypes.byref(offset),
-               ctypes.byref(size)) == CUDA_SUCCESS:
-        sizes.append(size.value)
-        if len(sizes) > 4096:   # a bound all the same
+    for i in range(count):
+        if info(ctypes.c_void_p(function), ctypes.c_size_t(i), ctypes.byref(offset), ctypes.byref(size)) != CUDA_SUCCESS:
             return None
-    _SIZES[function] = sizes
+        sizes.append(size.value)
+    _SIZES[key] = sizes
     return sizes
 
 
@@ -208,10 +212,10 @@ def make(function: int, metadata, types: list, values: list, tensor_slots: tuple
     layout, why = block_layout(types, tensor_slots)
     if why is not None:
         return None, why
-    sizes = driver_param_sizes(function)
-    if sizes is None:
-        return None, "the driver reports no parameters for the function"
     want = [struct.calcsize(fmt) for _, fmt in layout] + [8] * SCRATCH_PARAMS
+    sizes = driver_param_sizes(function, len(want))
+    if sizes is None:
+        return None, f"the driver reports fewer than {len(want)} parameters for the function"
     if sizes != want:
         return None, f"the driver's parameter sizes {sizes} are not the block's {want}"
     return DriverLaunch(function, layout, values, tuple(tensor_slots), metadata.num_warps, metadata.shared,

@@ -191,6 +191,25 @@ def main(argv=None) -> int:
                                    b["counters"], errors=b["errors"])
             calls["B1x16k: the checks alone"] = (lambda w=w, a=(q, k, v, bt, seq, qsl): w.check(*a), None, 0)
             calls["B1x16k: stage 1's launch alone"] = (lambda p=prep.stage1, t=tensors: p(*t), None, 1)
+            # a serving step's first call: plan() of other sizes (two plans alternating, their launches
+            # kept), then run(); and plan() alone, so that the difference is run() after a new plan
+            w2 = DecodeWrapper(32, 8, 128, PAGE, dtype=torch.bfloat16)
+            seq_b = torch.clamp(seq // 3, min=1)
+            alt = [(s_.cpu().numpy(), s_) for s_ in (seq, seq_b)]
+            for lens, dev in alt:
+                w2.plan(lens)
+                w2.run(q, k, v, bt, dev, qsl)
+                w2.run(q, k, v, bt, dev, qsl)
+            turn = [0]
+
+            def replan(run_too, w2=w2, a=(q, k, v, bt), qsl=qsl):
+                lens, dev = alt[turn[0]]
+                turn[0] ^= 1
+                w2.plan(lens)
+                if run_too:
+                    w2.run(*a, dev, qsl)
+            calls["B1x16k: plan() of other sizes, then run()"] = (lambda: replan(True), int(plan.num_items), 2)
+            calls["B1x16k: plan() of other sizes alone"] = (lambda: replan(False), int(plan.num_items), 0)
     torch.cuda.synchronize()
     # interleaved: every variant once a round, the host's drift spread over all of them
     times = {name: [] for name in calls}

@@ -558,7 +558,7 @@ def _driver_ready(monkeypatch, kernel, grid, positional, slots, constexprs, tens
     drv = _FakeDriver(kinds, code)
     monkeypatch.setattr(driver_launch, "driver_functions", lambda: (drv, None, None))
     monkeypatch.setattr(driver_launch, "driver_param_sizes",
-                        lambda f: [struct.calcsize(k) for k in kinds])
+                        lambda f, n: [struct.calcsize(k) for k in kinds][:n])
     fl(*tensors)
     assert fl.fast is True and fl._driver is not None, fl.reason
     return fake, fl, drv, fake.normal_launches[0][1], layout
@@ -637,9 +637,10 @@ def test_the_triton_switch_and_a_mismatched_driver_keep_tritons_launcher(gpu_fre
     tensors = prep.tensors(*call)
     s = prep.stage1
     monkeypatch.setattr(driver_launch, "driver_functions", lambda: (lambda *a: 0, None, None))
-    for env, sizes, want in (("triton", None, "SPLITKV_FAST_LAUNCH=triton"), ("1", [8, 4], "parameter sizes")):
+    for env, sizes, want in (("triton", None, "SPLITKV_FAST_LAUNCH=triton"), ("1", [8, 4], "parameter sizes"),
+                             ("1", None, "reports fewer")):
         monkeypatch.setenv(fast_launch.ENV, env)
-        monkeypatch.setattr(driver_launch, "driver_param_sizes", lambda f, sizes=sizes: sizes)
+        monkeypatch.setattr(driver_launch, "driver_param_sizes", lambda f, n, sizes=sizes: sizes)
         fake = _FakeJIT(kernels.split_kv_kernel)
         fl = fast_launch.FastLaunch(fake, prep.grid, s.positional, s.tensor_slots, prep.constexprs)
         _compiled_signature(fake, fl, tensors, prep.constexprs)

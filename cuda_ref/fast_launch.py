@@ -27,6 +27,10 @@ such plans share one compiled kernel. Cheaper still, a prepared launch may :meth
 the launcher of a sibling made for tensors of the same dtypes and devices (the wrapper's previous
 launch): a comparison of the two launches' arguments, no key and no binding.
 
+Where the compiled kernel's launch can be reproduced exactly (:mod:`cuda_ref.driver_launch`), the fast
+path skips that launcher too and hands the CUDA driver a parameter block of its own, packed once;
+``SPLITKV_FAST_LAUNCH=triton`` keeps the launcher (``reason`` says which path a launch takes).
+
 Each fast call takes the current stream's raw handle (so it records into a CUDA graph being
 captured) and the tensors' addresses afresh; it falls back to the normal launch for that call when
 a launch hook is installed (a profiler), the current device changed, or a tensor's 16-byte alignment

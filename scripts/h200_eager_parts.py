@@ -10,7 +10,11 @@ merge, the fused one, no split, stage 1 alone), programmatic dependent launch (P
 the batch. A torch launch of the same process (``x.add_(1)`` on a 1-element tensor) and a Triton
 kernel of one pointer through the same launch fast path give the host's floor for one launch; kernels
 that do the same with more arguments (stage 1's count of pointers and integers, and fewer) give what
-an argument adds. ``--old FILE`` (another version of ``cuda_ref/kernels.py`` taking this tree's launch
+an argument adds. The default calls and those kernels are timed twice: with the fast path's launch
+by the CUDA driver (:mod:`cuda_ref.driver_launch`) and, suffixed ", Triton's launcher", with the
+compiled kernel's own launcher (``SPLITKV_FAST_LAUNCH=triton`` at their first call); the report ends
+with each variant's launch path. Two more time a serving step's first call: ``plan()`` of other sizes,
+then ``run()``, and ``plan()`` alone. ``--old FILE`` (another version of ``cuda_ref/kernels.py`` taking this tree's launch
 arguments) adds the default batch-1 call with those kernels. Writes ``eager_parts.json`` and
 ``eager_parts.md`` to ``--out``.
 

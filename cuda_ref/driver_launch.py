@@ -53,30 +53,22 @@ class LaunchConfig(ctypes.Structure):
                 ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
 
 
-_LIB: list = []   # [None] or [(cuLaunchKernelEx, cuFuncGetParamInfo, cuGetErrorName)] once looked up
+_LIB: list = []   # [None] or [(cuLaunchKernelEx, cuFuncGetParamInfo)] once looked up
 
 
 def driver_functions():
-    """``(cuLaunchKernelEx, cuFuncGetParamInfo, cuGetErrorName)`` from the CUDA driver library, or
-    None where it cannot be opened or lacks one of them (a driver before CUDA 12.4)."""
+    """``(cuLaunchKernelEx, cuFuncGetParamInfo)`` from the CUDA driver library, or None where it
+    cannot be opened or lacks one of them (a driver before CUDA 12.4)."""
     if not _LIB:
         try:
             lib = ctypes.PyDLL("libcuda.so.1")
-            fns = (lib.cuLaunchKernelEx, lib.cuFuncGetParamInfo, lib.cuGetErrorName)
+            fns = (lib.cuLaunchKernelEx, lib.cuFuncGetParamInfo)
             for f in fns:
                 f.restype = ctypes.c_int
             _LIB.append(fns)
         except (OSError, AttributeError):
             _LIB.append(None)
     return _LIB[0]
-
-
-def error_name(code: int) -> str:
-    fns = driver_functions()
-    name = ctypes.c_char_p()
-    if fns is not None and fns[2](ctypes.c_int(code), ctypes.byref(name)) == CUDA_SUCCESS and name.value:
-        return name.value.decode()
-    return f"CUresult {code}"
 
 
 _SIZES: dict = {}   # (CUfunction handle, count) -> its parameters' sizes (a function's parameters never change)

@@ -252,6 +252,8 @@ class FastLaunch:
         self.reused = False       # True: the first call found a kernel another launch had checked
         self.adopted = False      # True: set up from a sibling launch (adopt), no first-call check
         self._key = None          # the first call's specialization_key (None: not computed, or unhashable)
+        self._verified = None     # the checked compiled kernel (_Verified)
+        self._driver = None       # its launch by the CUDA driver (driver_launch.DriverLaunch), where made
         self.set_grid(grid)
         # tensors first (the common case): a call is (*tensors, *rest), no template to fill
         self._leading = self.tensor_slots == tuple(range(len(self.tensor_slots)))
@@ -264,8 +266,6 @@ class FastLaunch:
         self._all_aligned = False
         self._device = -1
         self._stream = None
-        self._verified = None     # the checked compiled kernel (_Verified)
-        self._driver = None       # its launch by the CUDA driver (driver_launch.DriverLaunch), where made
 
     def set_grid(self, grid: tuple) -> None:
         """Launch the following calls over ``grid`` (the grid is no part of the kernel's
@@ -273,7 +273,7 @@ class FastLaunch:
         self.grid = tuple(grid)
         g = self.grid + (1,) * (3 - len(self.grid))
         self._g0, self._g1, self._g2 = g[0], g[1], g[2]
-        if getattr(self, "_driver", None) is not None:
+        if self._driver is not None:
             self._driver.set_grid(self.grid)
 
     def set_values(self, changes: dict) -> None:

@@ -556,7 +556,7 @@ def _driver_ready(monkeypatch, kernel, grid, positional, slots, constexprs, tens
     assert why is None
     kinds = [k for _, k in layout] + ["Q"] * driver_launch.SCRATCH_PARAMS
     drv = _FakeDriver(kinds, code)
-    monkeypatch.setattr(driver_launch, "driver_functions", lambda: (drv, None, None))
+    monkeypatch.setattr(driver_launch, "driver_functions", lambda: (drv, None))
     monkeypatch.setattr(driver_launch, "driver_param_sizes",
                         lambda f, n: [struct.calcsize(k) for k in kinds][:n])
     fl(*tensors)
@@ -636,7 +636,7 @@ def test_the_triton_switch_and_a_mismatched_driver_keep_tritons_launcher(gpu_fre
     prep, call = _decode_launch()
     tensors = prep.tensors(*call)
     s = prep.stage1
-    monkeypatch.setattr(driver_launch, "driver_functions", lambda: (lambda *a: 0, None, None))
+    monkeypatch.setattr(driver_launch, "driver_functions", lambda: (lambda *a: 0, None))
     for env, sizes, want in (("triton", None, "SPLITKV_FAST_LAUNCH=triton"), ("1", [8, 4], "parameter sizes"),
                              ("1", None, "reports fewer")):
         monkeypatch.setenv(fast_launch.ENV, env)

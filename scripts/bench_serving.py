@@ -45,7 +45,8 @@ time a step), and the
 eager path (``run()``'s host time with its
 launches right after ``plan()`` and once more with the same plan, the steps that prepared a new launch
 and whether its first call reused a checked compiled kernel, and the Python side alone with the
-launches stubbed out).
+launches stubbed out). Each step on a GPU also times one torch launch with the GPU idle
+(``torch_launch_us``): the host's speed at that step, which moves everything a step does on the host.
 
 ``--points B1x16k,B16x8k,B64x2k`` compares, at fixed lengths, the host-planned graph (``--policy`` and
 ``size:S``) with the device-planned graph (``size:S``): step and replay.
@@ -354,6 +355,16 @@ def replay_after_copy(graph, t0: float, t1: float) -> tuple[float, float | None,
     return (t1 - t0) * 1e6, e0.elapsed_time(e1) * 1e3, time.perf_counter()
 
 
+def torch_launch_us(x) -> float:
+    """Host µs of one torch launch (``x.add_(1)``) with the GPU idle before it: the host's speed."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    x.add_(1)
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) * 1e6
+
+
 def replay_wall_us(graph) -> float:
     """Wall µs of one replay with nothing else (inputs unchanged), from the call to the end of a sync:
     the least a replayed step costs on this host."""
@@ -543,7 +554,7 @@ FIXED_QUANTITIES = ("make_plan_us", "upload_us", "plan_us", "copy_us", "replay_u
                     "eager_run_us", "eager_kernel_us", "eager_again_us", "dev_in_graph_step_us", "replay_wall_us",
                     "dev_in_graph_over_replay_wall", "dev_in_graph_write_us", "dev_in_graph_replay_us",
                     "dev_in_graph_replay_over_bare", "hig_plan_us", "hig_step_us",
-                    "hig_step_over_kernel", "hig_step_over_replay_wall")
+                    "hig_step_over_kernel", "hig_step_over_replay_wall", "torch_launch_us")
 # the upload's parts (PlanUploader.last_parts) and the rest of set_plan() ("other": the plan's page count,
 # the wrapper's bookkeeping)
 UPLOAD_PARTS = ("prepare", "wait", "pack", "copy", "record", "other")
@@ -565,6 +576,7 @@ def run_fixed(args, device, on_gpu):
         dgi = DeviceGraphed(rig, B, args.device_split, on_gpu, in_graph=True) if on_gpu else None
         gi = Graphed(rig, B, on_gpu, in_graph=True) if on_gpu else None
         eager = rig.wrapper(False)
+        ping = torch.zeros(1, device=device) if on_gpu else None
         seq0 = np.random.default_rng(B).integers(lo, hi + 1, B)
         ql = np.full(B, args.spec + 1, np.int64)
         qsl = np.concatenate([[0], np.cumsum(ql)]).astype(np.int32)
@@ -617,8 +629,11 @@ def run_fixed(args, device, on_gpu):
                 rec["dev_in_graph_replay_over_bare"] = rec["dev_in_graph_replay_us"] / rec["replay_wall_us"]
             # the host-planned graph with its copies captured (plan_in_graph): plan() packs, one replay
             rec.update(hig_plan_us=None, hig_refreshed=None, hig_step_us=None, hig_step_over_kernel=None,
-                       hig_step_over_replay_wall=None)
+                       hig_step_over_replay_wall=None, torch_launch_us=None)
             if on_gpu:
+                # the host's speed at this step: one torch launch with the GPU idle (hosts of one machine
+                # kind were measured up to 3x apart, and so is everything a step does on the host)
+                rec["torch_launch_us"] = torch_launch_us(ping)
                 bare = replay_wall_us(gi.graph) if bare_first else None
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
@@ -765,12 +780,13 @@ def fixed_table(res) -> list[str]:
                   "kernels read the lengths from there, `planned_seq_lens`): a step is `plan()` and one replay, p50:",
               "",
               "| B | plan() µs | steps planned in one C call | step µs | step / host-planned replayed kernel "
-              "| step / its bare replay | back to back: step µs | step / kernel |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| step / its bare replay | back to back: step µs | step / kernel | a torch launch µs (the host's speed) |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         lines.append(f"| {r['batch']} | {p(r, 'hig_plan_us')} | {r.get('hig_refreshed') or '-'} | {p(r, 'hig_step_us')} | "
                      f"{p(r, 'hig_step_over_kernel', 2)} | {p(r, 'hig_step_over_replay_wall', 2)} | "
-                     f"{fmt(r.get('hig_back_to_back_us'))} | {fmt(r.get('hig_back_to_back_over_kernel'), 2)} |")
+                     f"{fmt(r.get('hig_back_to_back_us'))} | {fmt(r.get('hig_back_to_back_over_kernel'), 2)} | "
+                     f"{p(r, 'torch_launch_us')} |")
     lines += ["", "Back to back: the same steps issued with no synchronize between them, as a loop that schedules "
                   "the next step while the GPU runs this one (each `plan()` waits only for the previous replay's "
                   "copy of the plan), wall time over the steps, median of three passes."]

@@ -40,6 +40,7 @@ refreshes both with one non-blocking copy.
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import torch
@@ -254,6 +255,7 @@ class DecodeWrapper(PlannedWrapper):
         self._num_pages = 0   # num_pages of the last run's cache (for check_errors' message)
         self._refresh_with = None    # plan_in_graph with the C planner: _refresher()'s
         self.plan_refreshes = 0      # plan() calls made by _refresh (one C call each)
+        self._refresh_marks = None   # host clocks of the last _refresh: start, copy waited for, planned, end
         if plan_in_graph and (not graph_stable or device_plan):
             raise ValueError("plan_in_graph: needs graph_stable=True and a host plan (device_plan=False): the "
                              "captured copy has the capture's sizes")
@@ -350,11 +352,14 @@ class DecodeWrapper(PlannedWrapper):
             return None
         kind, q = query_rows_arg(q_lens, query_start_loc)
         up = self._uploader
+        t0 = time.perf_counter()
         up.wait_for_copy()
+        t1 = time.perf_counter()
         plan_c, settings, B, T, most, size, packed, page, refill = self._refresh_with
         last = up._layout[0]
         r = plan_c(settings, seq_lens, kind, q, d["items"], small, d["num_valid_items"], packed,
                    -1 if last is None else last[2], B, T, most)
+        t2 = time.perf_counter()
         if r is None or not r[8]:   # r: (W, N, split, slots, B, T, max_q, max_end, filled)
             return None
         refill(spare, r, kind)
@@ -363,7 +368,19 @@ class DecodeWrapper(PlannedWrapper):
         self.host_plan = spare
         self._plan_pages = -(-r[7] // page)
         self.plan_refreshes += 1
+        self._refresh_marks = (t0, t1, t2, time.perf_counter())
         return spare
+
+    @property
+    def refresh_parts(self) -> dict:
+        """Host µs of the last ``plan()`` that refreshed a captured plan in one C call (``plan_in_graph``):
+        ``wait`` (until the last replay's copy had read the pinned buffer: an event query when it had),
+        ``plan`` (the C planner, writing the plan and the lengths into that buffer) and ``after``
+        (the plan object's fields); empty before the first."""
+        m = self._refresh_marks
+        if m is None:
+            return {}
+        return dict(wait=(m[1] - m[0]) * 1e6, plan=(m[2] - m[1]) * 1e6, after=(m[3] - m[2]) * 1e6)
 
     def _buffers_for(self, T: int, num_slots: int, num_counters: int) -> None:
         """The output, partial and counter buffers for ``T`` rows and ``num_slots`` partial slots and

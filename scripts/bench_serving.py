@@ -46,7 +46,9 @@ eager path (``run()``'s host time with its
 launches right after ``plan()`` and once more with the same plan, the steps that prepared a new launch
 and whether its first call reused a checked compiled kernel, and the Python side alone with the
 launches stubbed out). Each step on a GPU also times one torch launch with the GPU idle
-(``torch_launch_us``): the host's speed at that step, which moves everything a step does on the host.
+(``torch_launch_us``): the host's speed at that step, which moves everything a step does on the host;
+and the captured host-planned step's ``plan()`` in its parts (``DecodeWrapper.refresh_parts``: the wait
+for the last replay's copy, the C planner, the rest).
 
 ``--points B1x16k,B16x8k,B64x2k`` compares, at fixed lengths, the host-planned graph (``--policy`` and
 ``size:S``) with the device-planned graph (``size:S``): step and replay.
@@ -554,7 +556,8 @@ FIXED_QUANTITIES = ("make_plan_us", "upload_us", "plan_us", "copy_us", "replay_u
                     "eager_run_us", "eager_kernel_us", "eager_again_us", "dev_in_graph_step_us", "replay_wall_us",
                     "dev_in_graph_over_replay_wall", "dev_in_graph_write_us", "dev_in_graph_replay_us",
                     "dev_in_graph_replay_over_bare", "hig_plan_us", "hig_step_us",
-                    "hig_step_over_kernel", "hig_step_over_replay_wall", "torch_launch_us")
+                    "hig_step_over_kernel", "hig_step_over_replay_wall", "torch_launch_us",
+                    "hig_wait_us", "hig_c_plan_us", "hig_rest_us")
 # the upload's parts (PlanUploader.last_parts) and the rest of set_plan() ("other": the plan's page count,
 # the wrapper's bookkeeping)
 UPLOAD_PARTS = ("prepare", "wait", "pack", "copy", "record", "other")
@@ -629,7 +632,8 @@ def run_fixed(args, device, on_gpu):
                 rec["dev_in_graph_replay_over_bare"] = rec["dev_in_graph_replay_us"] / rec["replay_wall_us"]
             # the host-planned graph with its copies captured (plan_in_graph): plan() packs, one replay
             rec.update(hig_plan_us=None, hig_refreshed=None, hig_step_us=None, hig_step_over_kernel=None,
-                       hig_step_over_replay_wall=None, torch_launch_us=None)
+                       hig_step_over_replay_wall=None, torch_launch_us=None, hig_wait_us=None, hig_c_plan_us=None,
+                       hig_rest_us=None)
             if on_gpu:
                 # the host's speed at this step: one torch launch with the GPU idle (hosts of one machine
                 # kind were measured up to 3x apart, and so is everything a step does on the host)
@@ -639,6 +643,10 @@ def run_fixed(args, device, on_gpu):
                 t0 = time.perf_counter()
                 rec["hig_plan_us"], rec["hig_refreshed"], t3 = gi.step_in_graph(seq, ql)
                 rec["hig_step_us"] = (t3 - t0) * 1e6
+                if rec["hig_refreshed"]:   # plan()'s parts: the wait for the last copy, the C call, the rest
+                    parts = gi.w.refresh_parts
+                    rec["hig_wait_us"], rec["hig_c_plan_us"] = parts["wait"], parts["plan"]
+                    rec["hig_rest_us"] = rec["hig_plan_us"] - parts["wait"] - parts["plan"]
                 rec["hig_step_over_kernel"] = rec["hig_step_us"] / replay_us
                 if bare is None:
                     bare = replay_wall_us(gi.graph)
@@ -780,13 +788,15 @@ def fixed_table(res) -> list[str]:
                   "kernels read the lengths from there, `planned_seq_lens`): a step is `plan()` and one replay, p50:",
               "",
               "| B | plan() µs | steps planned in one C call | step µs | step / host-planned replayed kernel "
-              "| step / its bare replay | back to back: step µs | step / kernel | a torch launch µs (the host's speed) |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| step / its bare replay | back to back: step µs | step / kernel | a torch launch µs (the host's speed) "
+              "| plan(): wait for the last copy µs | C planner µs | the rest µs |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         lines.append(f"| {r['batch']} | {p(r, 'hig_plan_us')} | {r.get('hig_refreshed') or '-'} | {p(r, 'hig_step_us')} | "
                      f"{p(r, 'hig_step_over_kernel', 2)} | {p(r, 'hig_step_over_replay_wall', 2)} | "
                      f"{fmt(r.get('hig_back_to_back_us'))} | {fmt(r.get('hig_back_to_back_over_kernel'), 2)} | "
-                     f"{p(r, 'torch_launch_us')} |")
+                     f"{p(r, 'torch_launch_us')} | {p(r, 'hig_wait_us')} | {p(r, 'hig_c_plan_us')} | "
+                     f"{p(r, 'hig_rest_us')} |")
     lines += ["", "Back to back: the same steps issued with no synchronize between them, as a loop that schedules "
                   "the next step while the GPU runs this one (each `plan()` waits only for the previous replay's "
                   "copy of the plan), wall time over the steps, median of three passes."]

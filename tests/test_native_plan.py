@@ -256,8 +256,13 @@ def test_a_captured_plan_is_refreshed_in_one_call():
         for step in range(12):
             seq = rng.integers(0, 3000 if step % 3 else 20, B).astype(np.int64 if step % 2 else np.int32)
             before = w.plan_refreshes
+            if step == 0:
+                assert w.refresh_parts == {}
             plan = w.plan(seq, **qkw)
             assert w.plan_refreshes == before + (step >= 2), (policy, step)
+            if step >= 2:   # the refresh's parts, host µs
+                parts = w.refresh_parts
+                assert set(parts) == {"wait", "plan", "after"} and min(parts.values()) >= 0, parts
             want = spec.make(seq, qkw.get("q_lens"), qkw.get("query_start_loc"))
             assert_same_plan(plan, want)
             packed = DevicePlan.pack(want)

@@ -788,7 +788,8 @@ def fixed_table(res) -> list[str]:
                   "kernels read the lengths from there, `planned_seq_lens`): a step is `plan()` and one replay, p50:",
               "",
               "| B | plan() µs | steps planned in one C call | step µs | step / host-planned replayed kernel "
-              "| step / its bare replay | back to back: step µs | step / kernel | a torch launch µs (the host's speed) "
+              "| step / its bare replay | back to back: step µs | step / kernel "
+              "| a torch launch µs (the host's speed) "
               "| plan(): wait for the last copy µs | C planner µs | the rest µs |",
               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:

@@ -20,7 +20,6 @@ Writes ``plan_context.json`` (with provenance) and ``plan_context.md`` to ``--ou
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -29,11 +28,14 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 from splitkv_common.optional import require  # noqa: E402
 from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
 
 torch = require("torch", "scripts/bench_plan_context.py")
+
+from bench_decode import save_outputs  # noqa: E402
 
 
 def between_steps(kind: str):
@@ -96,9 +98,6 @@ def main(argv=None) -> int:
     finally:
         torch.set_num_threads(threads)
     info = provenance()
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "plan_context.json"), "w") as f:
-        json.dump(dict(meta=info, rows=rows), f, indent=1)
     fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
     lines = ["# A captured plan's plan() between other host work (CPU)", ""] + provenance_markdown(info) + [
         f"Median host µs over {a.reps} steps, `DecodeWrapper(plan_in_graph=True)` on the CPU, Hq 32 / Hkv 8 / "
@@ -108,10 +107,7 @@ def main(argv=None) -> int:
     for r in rows:
         lines.append(f"| {r['batch']} | {r['between']} | {r['refreshed']} / {r['steps']} | {fmt(r['plan_us'])} | "
                      f"{fmt(r['c_plan_us'])} |")
-    text = "\n".join(lines) + "\n"
-    with open(os.path.join(a.out, "plan_context.md"), "w") as f:
-        f.write(text)
-    print(text)
+    print(save_outputs(a.out, "plan_context", dict(meta=info, rows=rows), lines))
     return 0
 
 

@@ -91,6 +91,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--out", default="bench_out/plan_context")
     a = ap.parse_args(argv)
+    if a.reps < 1 or min(a.batch) < 1:
+        ap.error("--reps and every --batch must be at least 1")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

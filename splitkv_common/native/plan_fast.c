@@ -274,79 +274,44 @@ static inline int64_t packed_size(int64_t W, int64_t B, int64_t T) {
     return 5 * ((W + 3) & ~3LL) + ((B + 3) & ~3LL) + 2 * ((T + 3) & ~3LL);
 }
 
-/* plan(settings, seq_lens, q_kind, q, items, small, prev_valid)
- *
- * seq_lens: [B] int32 / int64; q_kind 0: one row each (q ignored), 1: q = q_lens [B], 2: q =
- * query_start_loc [B + 1]. items: a writable int32 [5, N] buffer (its rows the work-item arrays) or
- * None; small: a writable int32 buffer for num_splits [B], query_start_loc [B + 1], row_slot_start
- * [T] and row_num_splits [T], one after the other, or None. prev_valid: the valid items `items`
- * holds from an earlier plan of the same capacity (its padding is there already), or -1.
- *
- * With five more arguments (packed, packed_prev, B, T, max_q_limit: the refresh of a captured plan)
- * the plan is also packed into `packed` (pack()'s layout; its item arrays only up to the larger of
- * this plan's valid items and `packed_prev`, the last pack's, beyond which the padding is there
- * already), followed by the batch's seq_lens [B] and, from a 16-byte boundary, query_start_loc
- * [B + 1]; nothing is written unless the batch has B requests, T rows and at most max_q_limit rows
- * in one request.
- *
- * Returns None where the NumPy path must plan; else (W valid items, N items with padding, split
- * length, num_slots, B, T, the most query rows of one request, the largest item end, filled):
- * `filled` is False when `items` or `small` was None or too short (nothing written; the sizes say
- * what to allocate: [5, N] and 2B + 1 + 2T entries). */
-static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7 && nargs != 12) {
-        PyErr_SetString(PyExc_TypeError, "plan: 7 or 12 arguments");
-        return NULL;
-    }
-    /* the refresh of a captured plan: its packed buffer, the valid items it holds, and the sizes
-     * and the most query rows a request may have for the capture */
-    PyObject *packed = nargs == 12 ? args[7] : Py_None;
-    long long packed_prev = -1, expect_b = -1, expect_t = -1, max_q_limit = -1;
-    if (packed != Py_None) {
-        packed_prev = PyLong_AsLongLong(args[8]);
-        expect_b = PyLong_AsLongLong(args[9]);
-        expect_t = PyLong_AsLongLong(args[10]);
-        max_q_limit = PyLong_AsLongLong(args[11]);
-        if (PyErr_Occurred()) return NULL;
-    }
-    char *raw;
-    Py_ssize_t rawlen;
-    if (PyBytes_AsStringAndSize(args[0], &raw, &rawlen) != 0) return NULL;
-    if (rawlen != (Py_ssize_t)sizeof(Settings)) {
-        PyErr_SetString(PyExc_ValueError, "plan: settings of another layout");
-        return NULL;
-    }
-    Settings st;
-    memcpy(&st, raw, sizeof st);
-    const Settings *s = &st;
-    long q_kind = PyLong_AsLong(args[2]);
-    long long prev_valid = PyLong_AsLongLong(args[6]);
-    if (PyErr_Occurred()) return NULL;
+/* One batch planned in scratch (plan_batch): its sizes, the split length and each request's ranges.
+ * batch_free() releases it. */
+typedef struct {
+    int64_t B, T, max_q, split, W, N, num_slots, longest, zeros;
+    int increasing;
+    int64_t *seq, *ql, *qsl, *nsp;   /* [B]; [B] (NULL: one row each); [B + 1]; [B] */
+    int64_t *heap;                   /* the scratch past SMALL_B requests */
+    IntIn sin, qin;
+    int64_t stack[4 * SMALL_B + 1];  /* a decode batch's scratch (a cold malloc costs more than the plan) */
+} Batch;
 
-    PyObject *result = NULL;
-    IntIn sin = {.b = {.held = 0}}, qin = {.b = {.held = 0}};
-    int64_t *seq = NULL, *ql = NULL, *qsl = NULL, *nsp = NULL, *heap = NULL;
-    int64_t small_scratch[4 * SMALL_B + 1];
-    uint32_t *ord = NULL;
-    Buf items_v = {0}, small_v = {0}, packed_v = {0};
+static void batch_free(Batch *bt) {
+    buf_release(&bt->sin.b);
+    buf_release(&bt->qin.b);
+    free(bt->heap);
+    bt->heap = NULL;
+}
 
-    if (!int_in(args[1], &sin)) goto fallback;
-    int64_t B = sin.n;
-    if (B == 0 || B > s->max_batch || B * s->hkv > s->max_items_limit) goto fallback;
-    if (B <= SMALL_B) {   /* a decode batch: scratch on the stack (a cold malloc costs more than the plan) */
-        seq = small_scratch;
-    } else {
-        seq = heap = malloc(sizeof(int64_t) * (size_t)(4 * B + 1));
-        if (!heap) { PyErr_NoMemory(); goto done; }
+/* The plan of seq_lens (`seq_obj`) and the query rows (`q_kind`, `q_obj`: plan()'s) into `bt`: 1, or 0
+ * where the NumPy path must plan, or -1 with a Python error (a q_kind out of range). */
+static int plan_batch(const Settings *s, PyObject *seq_obj, long q_kind, PyObject *q_obj, Batch *bt) {
+    bt->heap = NULL;
+    bt->sin.b.held = bt->qin.b.held = 0;
+    if (!int_in(seq_obj, &bt->sin)) return 0;
+    int64_t B = bt->B = bt->sin.n;
+    if (B == 0 || B > s->max_batch || B * s->hkv > s->max_items_limit) return 0;
+    int64_t *seq = bt->stack;
+    if (B > SMALL_B) {
+        seq = bt->heap = malloc(sizeof(int64_t) * (size_t)(4 * B + 1));
+        if (!seq) { PyErr_NoMemory(); return -1; }
     }
-    qsl = seq + 3 * B;
-    ql = seq + B;
-    nsp = seq + 2 * B;
+    int64_t *ql = seq + B, *nsp = seq + 2 * B, *qsl = seq + 3 * B;
+    bt->seq = seq, bt->nsp = nsp, bt->qsl = qsl;
     int64_t longest = 0, lens_total = 0, zeros = 0;
     int increasing = 0;
     for (int64_t b = 0; b < B; b++) {
-        int64_t v = at(&sin, b);
-        if (v < 0 || v >= I32_LIMIT) goto fallback;
+        int64_t v = at(&bt->sin, b);
+        if (v < 0 || v >= I32_LIMIT) return 0;
         seq[b] = v;
         if (v > longest) longest = v;
         lens_total += v;
@@ -360,35 +325,36 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         for (int64_t b = 0; b < B; b++) qsl[b + 1] = b + 1;
         T = B;
     } else {
-        if (!int_in(args[3], &qin)) goto fallback;
+        IntIn *qin = &bt->qin;
+        if (!int_in(q_obj, qin)) return 0;
         if (q_kind == 2) {
-            if (qin.n != B + 1 || at(&qin, 0) != 0) goto fallback;
+            if (qin->n != B + 1 || at(qin, 0) != 0) return 0;
             max_q = 0;
             for (int64_t b = 0; b < B; b++) {
-                int64_t a = at(&qin, b), e = at(&qin, b + 1);
-                if (e < a || e > s->max_query_rows) goto fallback;
+                int64_t a = at(qin, b), e = at(qin, b + 1);
+                if (e < a || e > s->max_query_rows) return 0;
                 ql[b] = e - a;
                 qsl[b + 1] = e;
                 if (ql[b] > max_q) max_q = ql[b];
             }
         } else if (q_kind == 1) {
-            if (qin.n != B) goto fallback;
+            if (qin->n != B) return 0;
             max_q = 0;
             for (int64_t b = 0; b < B; b++) {
-                int64_t v = at(&qin, b);
-                if (v < 0 || v > s->max_query_rows) goto fallback;
+                int64_t v = at(qin, b);
+                if (v < 0 || v > s->max_query_rows) return 0;
                 ql[b] = v;
                 qsl[b + 1] = qsl[b] + v;
-                if (qsl[b + 1] > s->max_query_rows) goto fallback;
+                if (qsl[b + 1] > s->max_query_rows) return 0;
                 if (v > max_q) max_q = v;
             }
         } else {
             PyErr_SetString(PyExc_ValueError, "plan: q_kind must be 0, 1 or 2");
-            goto done;
+            return -1;
         }
         T = qsl[B];
     }
-    if (T > s->max_query_rows) goto fallback;
+    if (T > s->max_query_rows) return 0;
     const int64_t *qlp = q_kind == 0 ? NULL : ql;
     int64_t cap = s->cap;
     int64_t max_items = -1;   /* graph_capacity() */
@@ -407,7 +373,7 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                   : s->policy == 2 ? 0
                   : s->policy == 3 ? choose_npu(s, B - zeros, longest)
                   : choose_auto(s, seq, qlp, B, T, longest, lens_total, max_items);
-    if (split < 0) goto fallback;   /* a cost past int64 */
+    if (split < 0) return 0;   /* a cost past int64 */
     /* ranges per request */
     int64_t R = 0, most = 1;
     Divisor ds = divisor(split > 0 ? split : 1);
@@ -417,22 +383,146 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         R += n;
         if (n > most) most = n;
     }
-    if (most > cap) goto fallback;   /* the cap grows the split: the NumPy path */
+    if (most > cap) return 0;   /* the cap grows the split: the NumPy path */
     int64_t W = R * s->hkv;
-    if (W > s->max_items_limit) goto fallback;
+    if (W > s->max_items_limit) return 0;
     int64_t N = W;
     if (s->graph_stable) {
         int64_t worst = s->max_work_items < 0 ? B * s->hkv * cap : max_items;
-        if (W > max_items || worst > s->max_items_limit || T * cap > s->max_partial_slots) goto fallback;
+        if (W > max_items || worst > s->max_items_limit || T * cap > s->max_partial_slots) return 0;
         N = max_items;
     }
-    int64_t num_slots = 0, max_end = longest;
+    int64_t num_slots = 0;
     if (T) {
         if (s->graph_stable) num_slots = T * cap;
         else if (!qlp) num_slots = R;
         else for (int64_t b = 0; b < B; b++) num_slots += nsp[b] * ql[b];
     }
-    int64_t small_n = 2 * B + 1 + 2 * T;
+    bt->ql = q_kind == 0 ? NULL : ql;
+    bt->T = T, bt->max_q = max_q, bt->split = split, bt->W = W, bt->N = N, bt->num_slots = num_slots;
+    bt->longest = longest, bt->zeros = zeros, bt->increasing = increasing;
+    return 1;
+}
+
+/* `bt`'s plan into `req` (the [5, N] work-item buffer) and `small` (num_splits [B], query_start_loc
+ * [B + 1], row_slot_start [T], row_num_splits [T]) and, where `out` is not NULL, packed into `out`
+ * (pack()'s layout, then the batch's seq_lens [B] and, from a 16-byte boundary, query_start_loc
+ * [B + 1]). prev_valid and packed_prev: plan()'s. 0, or -1 with a MemoryError. */
+static int write_plan(const Settings *s, const Batch *bt, int32_t *req, int32_t *small, int32_t *out,
+                      int64_t prev_valid, int64_t packed_prev) {
+    const int64_t B = bt->B, T = bt->T, N = bt->N, W = bt->W, split = bt->split;
+    const int64_t *seq = bt->seq, *nsp = bt->nsp, *ql = bt->ql;
+    int32_t *head = req + N, *jsp = head + N, *ks = jsp + N, *ke = ks + N;
+    /* the requests' order: the longest first in a plan the device runs in waves */
+    uint32_t *ord = NULL;
+    if (W - s->hkv * bt->zeros > s->order_above && bt->increasing) {
+        ord = malloc(sizeof(uint32_t) * (size_t)B * 2);
+        if (!ord) { PyErr_NoMemory(); return -1; }
+        longest_first(seq, B, ord, ord + B);
+    }
+    int64_t i = 0;
+    for (int64_t k = 0; k < B; k++) {
+        int64_t b = ord ? (int64_t)ord[k] : k, n = nsp[b], len = seq[b];
+        for (int64_t h = 0; h < s->hkv; h++) {
+            for (int64_t j = 0; j < n; j++, i++) {
+                req[i] = (int32_t)b;
+                head[i] = (int32_t)h;
+                jsp[i] = (int32_t)j;
+                ks[i] = (int32_t)(j * split);
+                ke[i] = (int32_t)(j + 1 < n ? (j + 1) * split : len);
+            }
+        }
+    }
+    free(ord);
+    /* padding: request -1, empty ranges (only up to the last plan's items when it is there) */
+    int64_t pad_to = prev_valid >= 0 ? (prev_valid < N ? (prev_valid > W ? prev_valid : W) : N) : N;
+    for (int64_t p = W; p < pad_to; p++) {
+        req[p] = -1;
+        head[p] = jsp[p] = ks[p] = ke[p] = 0;
+    }
+    int32_t *rs = small + 2 * B + 1, *rn = rs + T;
+    for (int64_t b = 0; b < B; b++) small[b] = (int32_t)nsp[b];
+    for (int64_t b = 0; b <= B; b++) small[B + b] = (int32_t)bt->qsl[b];
+    int64_t t = 0, acc = 0;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t rows = ql ? ql[b] : 1;
+        for (int64_t r = 0; r < rows; r++, t++) {
+            rn[t] = (int32_t)nsp[b];
+            rs[t] = (int32_t)(s->graph_stable ? t * s->cap : acc);
+            acc += nsp[b];
+        }
+    }
+    if (out) {   /* and into the device layout: the items up to the last pack's, then the lengths */
+        int64_t at = packed_size(N, B, T), qat = at + ((B + 3) & ~3LL);
+        int64_t upto = packed_prev < 0 ? N : (packed_prev > W ? (packed_prev < N ? packed_prev : N) : W);
+        pack_arrays(out, req, N, N, upto, small, B, T);
+        for (int64_t b = 0; b < B; b++) out[at + b] = (int32_t)seq[b];
+        for (int64_t b = 0; b <= B; b++) out[qat + b] = (int32_t)bt->qsl[b];
+    }
+    return 0;
+}
+
+/* The entries a refresh writes into its packed buffer: the plan's (pack()'s layout), the batch's
+ * seq_lens and, from a 16-byte boundary, its query_start_loc. */
+static inline int64_t packed_with_lengths(int64_t N, int64_t B, int64_t T) {
+    return packed_size(N, B, T) + ((B + 3) & ~3LL) + B + 1;
+}
+
+/* plan(settings, seq_lens, q_kind, q, items, small, prev_valid)
+ *
+ * seq_lens: [B] int32 / int64; q_kind 0: one row each (q ignored), 1: q = q_lens [B], 2: q =
+ * query_start_loc [B + 1]. items: a writable int32 [5, N] buffer (its rows the work-item arrays) or
+ * None; small: a writable int32 buffer for num_splits [B], query_start_loc [B + 1], row_slot_start
+ * [T] and row_num_splits [T], one after the other, or None. prev_valid: the valid items `items`
+ * holds from an earlier plan of the same capacity (its padding is there already), or -1.
+ *
+ * With five more arguments (packed, packed_prev, B, T, max_q_limit: the refresh of a captured plan)
+ * the plan is also packed into `packed` (write_plan()'s `out`; its item arrays only up to the larger
+ * of this plan's valid items and `packed_prev`, the last pack's, beyond which the padding is there
+ * already); nothing is written unless the batch has B requests, T rows and at most max_q_limit rows
+ * in one request. (Refresher.refresh does the same with its buffers fixed at its making.)
+ *
+ * Returns None where the NumPy path must plan; else (W valid items, N items with padding, split
+ * length, num_slots, B, T, the most query rows of one request, the largest item end, filled):
+ * `filled` is False when `items` or `small` was None or too short (nothing written; the sizes say
+ * what to allocate: [5, N] and 2B + 1 + 2T entries). */
+static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7 && nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "plan: 7 or 12 arguments");
+        return NULL;
+    }
+    PyObject *packed = nargs == 12 ? args[7] : Py_None;
+    long long packed_prev = -1, expect_b = -1, expect_t = -1, max_q_limit = -1;
+    if (packed != Py_None) {
+        packed_prev = PyLong_AsLongLong(args[8]);
+        expect_b = PyLong_AsLongLong(args[9]);
+        expect_t = PyLong_AsLongLong(args[10]);
+        max_q_limit = PyLong_AsLongLong(args[11]);
+        if (PyErr_Occurred()) return NULL;
+    }
+    char *raw;
+    Py_ssize_t rawlen;
+    if (PyBytes_AsStringAndSize(args[0], &raw, &rawlen) != 0) return NULL;
+    if (rawlen != (Py_ssize_t)sizeof(Settings)) {
+        PyErr_SetString(PyExc_ValueError, "plan: settings of another layout");
+        return NULL;
+    }
+    Settings st;
+    memcpy(&st, raw, sizeof st);
+    long q_kind = PyLong_AsLong(args[2]);
+    long long prev_valid = PyLong_AsLongLong(args[6]);
+    if (PyErr_Occurred()) return NULL;
+
+    Batch bt;
+    int ok = plan_batch(&st, args[1], q_kind, args[3], &bt);
+    if (ok <= 0) {
+        batch_free(&bt);
+        if (ok < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    const int64_t B = bt.B, T = bt.T, N = bt.N;
+    PyObject *result = NULL;
+    Buf items_v = {0}, small_v = {0}, packed_v = {0};
     int filled = 0;
     if (args[4] != Py_None && args[5] != Py_None && !buf_get(args[4], &items_v, 1)) {
         /* not a writable buffer (a read-only one): nothing written, the caller allocates */
@@ -441,84 +531,31 @@ static PyObject *plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             PyErr_SetString(PyExc_ValueError, "items: must be a writable C-contiguous int32 [5, N] buffer");
             goto done;
         }
-        int64_t cols = items_v.shape[1];
         int32_t *small = NULL;
-        if (cols == N) {
+        if (items_v.shape[1] == N) {
             small = out_buf(args[5], &small_v, 0, "small");
             if (!small) goto done;
-            if (small_v.len / 4 < small_n) small = NULL;
+            if (small_v.len / 4 < 2 * B + 1 + 2 * T) small = NULL;
         }
-        if (packed != Py_None && (B != expect_b || T != expect_t || max_q > max_q_limit)) small = NULL;
-        int64_t at = packed_size(N, B, T), qat = at + ((B + 3) & ~3LL);
+        if (packed != Py_None && (B != expect_b || T != expect_t || bt.max_q > max_q_limit)) small = NULL;
         int32_t *out = NULL;
-        if (cols == N && small && packed != Py_None) {   /* checked before anything is written */
-            out = out_buf(packed, &packed_v, qat + B + 1, "packed");
+        if (small && packed != Py_None) {   /* checked before anything is written */
+            out = out_buf(packed, &packed_v, packed_with_lengths(N, B, T), "packed");
             if (!out) goto done;
         }
-        if (cols == N && small) {
-            int32_t *req = (int32_t *)items_v.buf, *head = req + N, *jsp = head + N, *ks = jsp + N, *ke = ks + N;
-            /* the requests' order: the longest first in a plan the device runs in waves */
-            int reorder = W - s->hkv * zeros > s->order_above && increasing;
-            if (reorder) {
-                ord = malloc(sizeof(uint32_t) * (size_t)B * 2);
-                if (!ord) { PyErr_NoMemory(); goto done; }
-                longest_first(seq, B, ord, ord + B);
-            }
-            int64_t i = 0;
-            for (int64_t k = 0; k < B; k++) {
-                int64_t b = reorder ? (int64_t)ord[k] : k, n = nsp[b], len = seq[b];
-                for (int64_t h = 0; h < s->hkv; h++) {
-                    for (int64_t j = 0; j < n; j++, i++) {
-                        req[i] = (int32_t)b;
-                        head[i] = (int32_t)h;
-                        jsp[i] = (int32_t)j;
-                        ks[i] = (int32_t)(j * split);
-                        ke[i] = (int32_t)(j + 1 < n ? (j + 1) * split : len);
-                    }
-                }
-            }
-            /* padding: request -1, empty ranges (only up to the last plan's items when it is there) */
-            int64_t pad_to = prev_valid >= 0 ? (prev_valid < N ? (prev_valid > W ? prev_valid : W) : N) : N;
-            for (int64_t p = W; p < pad_to; p++) {
-                req[p] = -1;
-                head[p] = jsp[p] = ks[p] = ke[p] = 0;
-            }
-            /* num_splits [B], query_start_loc [B + 1], row_slot_start [T], row_num_splits [T] */
-            int32_t *o = small, *rs = small + 2 * B + 1, *rn = rs + T;
-            for (int64_t b = 0; b < B; b++) o[b] = (int32_t)nsp[b];
-            for (int64_t b = 0; b <= B; b++) o[B + b] = (int32_t)qsl[b];
-            int64_t t = 0, acc = 0;
-            for (int64_t b = 0; b < B; b++) {
-                int64_t rows = qlp ? ql[b] : 1;
-                for (int64_t r = 0; r < rows; r++, t++) {
-                    rn[t] = (int32_t)nsp[b];
-                    rs[t] = (int32_t)(s->graph_stable ? t * cap : acc);
-                    acc += nsp[b];
-                }
-            }
-            if (out) {   /* and into the device layout: the items up to the last pack's, then the lengths */
-                int64_t upto = packed_prev < 0 ? N : (packed_prev > W ? (packed_prev < N ? packed_prev : N) : W);
-                pack_arrays(out, req, N, N, upto, small, B, T);
-                for (int64_t b = 0; b < B; b++) out[at + b] = (int32_t)seq[b];
-                for (int64_t b = 0; b <= B; b++) out[qat + b] = (int32_t)qsl[b];
-            }
+        if (small) {
+            if (write_plan(&st, &bt, (int32_t *)items_v.buf, small, out, prev_valid, packed_prev) < 0) goto done;
             filled = 1;
         }
     }
-    result = Py_BuildValue("(LLLLLLLLO)", (long long)W, (long long)N, (long long)split, (long long)num_slots,
-                           (long long)B, (long long)T, (long long)max_q, (long long)max_end,
-                           filled ? Py_True : Py_False);
-    goto done;
-fallback:
-    if (!PyErr_Occurred()) { Py_INCREF(Py_None); result = Py_None; }
+    result = Py_BuildValue("(LLLLLLLLO)", (long long)bt.W, (long long)N, (long long)bt.split,
+                           (long long)bt.num_slots, (long long)B, (long long)T, (long long)bt.max_q,
+                           (long long)bt.longest, filled ? Py_True : Py_False);
 done:
     buf_release(&items_v);
     buf_release(&small_v);
     buf_release(&packed_v);
-    buf_release(&sin.b);
-    buf_release(&qin.b);
-    free(heap);
-    free(ord);
+    batch_free(&bt);
     return result;
 }
 

@@ -71,6 +71,21 @@ def driver_functions():
     return _LIB[0]
 
 
+_QUERY: list = []   # [cuEventQuery's address, or 0] once looked up
+
+
+def event_query_address() -> int:
+    """The address of the driver's ``cuEventQuery`` (0 where the library cannot be opened or lacks it),
+    for C code that queries a CUDA event without Python (the captured plan's refresh, ``plan_fast.c``):
+    a runtime ``cudaEvent_t`` is the driver's ``CUevent``."""
+    if not _QUERY:
+        try:
+            _QUERY.append(ctypes.cast(ctypes.CDLL("libcuda.so.1").cuEventQuery, ctypes.c_void_p).value or 0)
+        except (OSError, AttributeError):
+            _QUERY.append(0)
+    return _QUERY[0]
+
+
 _SIZES: dict = {}   # (CUfunction handle, count) -> its parameters' sizes (a function's parameters never change)
 
 

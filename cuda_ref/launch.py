@@ -424,13 +424,6 @@ class PlanUploader:
         if ev is not None and not ev.query():
             ev.synchronize()
 
-    def packed_in_place(self, num_items: int, size: int, valid_items: int) -> None:
-        """``in_graph``: a graph-stable plan of ``num_items`` items (``valid_items`` of them valid,
-        ``size`` packed entries) was written into the pinned buffer in place (the C planner's refresh,
-        after :meth:`wait_for_copy`): the next copy carries it."""
-        self._layout[0] = (num_items, size, valid_items)
-        self.pending, self.copied_in_capture = True, False
-
     def _device_slice(self, W: int, B: int, T: int, n: int, graph_stable: bool, extra: int = 0):
         """``(slice [n] of the device buffer, its array views)``, kept per sizes while the buffer is;
         the buffer has ``extra`` entries more after them (the ``in_graph`` lengths)."""

@@ -40,18 +40,18 @@ refreshes both with one non-blocking copy.
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 import torch
 
-from splitkv_common.plan import Plan, PlannedWrapper, PlanSpec, query_rows_arg
+from splitkv_common.plan import Plan, PlannedWrapper, PlanSpec
 from splitkv_common.torch_io import as_torch_dtype, grown_store
 from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, host, normalize_window
 
 from . import INTERPRET
 from .checks import SignatureCache, any_batch_key, check_launch, check_plan, check_scalars, tensor_signature
 from .checks import plan_pages as plan_page_count
+from .driver_launch import event_query_address
 from .launch import DevicePlan, KernelConfig, PlanUploader, packed_limit, plan_launch_key, prepare_decode
 
 class StepInputs:
@@ -253,9 +253,8 @@ class DecodeWrapper(PlannedWrapper):
         self._plan_sig = None      # the plan's (requests, rows)
         self._device_shape = None  # device_plan: (B, T, block-table columns) the device plan was made for
         self._num_pages = 0   # num_pages of the last run's cache (for check_errors' message)
-        self._refresh_with = None    # plan_in_graph with the C planner: _refresher()'s
-        self.plan_refreshes = 0      # plan() calls made by _refresh (one C call each)
-        self._refresh_marks = None   # host clocks of the last _refresh: start, copy waited for, planned, end
+        self._refresh_with = None    # plan_in_graph with the C planner: the C refresher (_refresher())
+        self.plan_refreshes = 0      # plan() calls the refresher made (one C call each)
         if plan_in_graph and (not graph_stable or device_plan):
             raise ValueError("plan_in_graph: needs graph_stable=True and a host plan (device_plan=False): the "
                              "captured copy has the capture's sizes")
@@ -278,12 +277,13 @@ class DecodeWrapper(PlannedWrapper):
         """Make the shared plan for a batch (host arrays) and copy it to the device. With
         ``device_plan`` there is nothing to do (returns None): the kernels plan. A graph-stable plan
         returned here stays valid until the second ``plan()`` after it, which writes into its buffer."""
-        if self.device_plan:
-            return None
-        if window_left is None and self._refresh_with is not None:
-            plan = self._refresh(seq_lens, q_lens, query_start_loc)
+        fast = self._refresh_with
+        if fast is not None and window_left is None:
+            plan = fast.refresh(seq_lens, q_lens, query_start_loc)
             if plan is not None:
                 return plan
+        if self.device_plan:
+            return None
         seq_lens = host(seq_lens)
         plan = self.make_plan(seq_lens, None if q_lens is None else host(q_lens),
                               None if query_start_loc is None else host(query_start_loc), window_left)
@@ -325,62 +325,38 @@ class DecodeWrapper(PlannedWrapper):
         self._buffers_for(plan.num_rows, plan.num_slots, plan.batch_size * self.num_kv_heads * d.row_blocks)
 
     def _refresher(self, plan: Plan):
-        """What :meth:`_refresh` needs of a graph-stable wrapper's plans, fixed by the capture, or None
-        where it does not apply (the plan copy not captured, ``plan_in_graph=False``; a plan the C
-        planner did not make): the C planner's function and settings, the captured device plan's
-        ``B``, ``T`` and the most query rows one request may have for its tile, its packed size, the
-        pinned buffer the captured copy reads and the page size."""
-        if not self._uploader.in_graph or "_small" not in plan.__dict__ or not self._native:
+        """The C object that makes ``plan()`` of a captured host plan in one call
+        (:meth:`NativePlanner.refresher`), or None where it does not apply: the plan copy not captured
+        (``plan_in_graph=False``), ``plan`` or the spare plan not made by the C planner. A batch of the
+        captured sizes is planned and packed (with its lengths) into the pinned buffer the captured copy
+        reads, into the buffers of the plan not in use, once the last replay's copy has read the buffer
+        (the event it records, queried from C; else :meth:`PlanUploader.wait_for_copy`)."""
+        spare, up = self._spare, self._uploader
+        if not up.in_graph or not self._native or spare is None or self._mine is not plan or \
+                "_small" not in plan.__dict__ or "_small" not in spare.__dict__:
             return None
-        d, group, up = self.dplan, self.num_q_heads // self.num_kv_heads, self._uploader
+        d, group = self.dplan, self.num_q_heads // self.num_kv_heads
         most = 1 if d.max_q_len == 1 else packed_limit(d.block_m * d.row_blocks, group)
-        return (self._native._mod.plan, self._native._settings, d.batch_size, d.num_rows, most, d.data.numel(),
-                up._host[0][1], self.page_size, self._native.refill)
+        fast = self._native.refresher(d.batch_size, d.num_rows, most, up._host[0][1], d.data.numel(), spare, plan,
+                                      self, up, up.wait_for_copy)
+        self._tell_event(fast)
+        return fast
 
-    def _refresh(self, seq_lens, q_lens, query_start_loc) -> "Plan | None":
-        """``plan()`` of a captured host plan (``plan_in_graph``, the C planner): the plan made and
-        packed (with the batch's lengths) into the captured copy's pinned buffer in one call, into the
-        buffers of the plan not in use, once the last replay's copy has read the buffer. None (nothing
-        written) where the batch needs the full way: another size, more query rows a request than
-        captured, a batch the C planner hands back, host arrays it does not read (tensors, lists)."""
-        spare, cur = self._spare, self._mine
-        if spare is None or cur is None or type(seq_lens) is not np.ndarray:
-            return None
-        d = spare.__dict__
-        small = d.get("_small")
-        if small is None:
-            return None
-        kind, q = query_rows_arg(q_lens, query_start_loc)
-        up = self._uploader
-        t0 = time.perf_counter()
-        up.wait_for_copy()
-        t1 = time.perf_counter()
-        plan_c, settings, B, T, most, size, packed, page, refill = self._refresh_with
-        last = up._layout[0]
-        r = plan_c(settings, seq_lens, kind, q, d["items"], small, d["num_valid_items"], packed,
-                   -1 if last is None else last[2], B, T, most)
-        t2 = time.perf_counter()
-        if r is None or not r[8]:   # r: (W, N, split, slots, B, T, max_q, max_end, filled)
-            return None
-        refill(spare, r, kind)
-        up.packed_in_place(r[1], size, r[0])
-        self._spare, self._mine, self._made = cur, spare, spare
-        self.host_plan = spare
-        self._plan_pages = -(-r[7] // page)
-        self.plan_refreshes += 1
-        self._refresh_marks = (t0, t1, t2, time.perf_counter())
-        return spare
+    def _tell_event(self, fast) -> None:
+        """The refresher learns the event the captured copy records (made at the first copy)."""
+        ev = self._uploader._events[0]
+        if fast is not None and ev is not None and not fast.event:
+            fast.set_event(ev.cuda_event, event_query_address())
 
     @property
     def refresh_parts(self) -> dict:
         """Host µs of the last ``plan()`` that refreshed a captured plan in one C call (``plan_in_graph``):
         ``wait`` (until the last replay's copy had read the pinned buffer: an event query when it had),
         ``plan`` (the C planner, writing the plan and the lengths into that buffer) and ``after``
-        (the plan object's fields); empty before the first."""
-        m = self._refresh_marks
-        if m is None:
-            return {}
-        return dict(wait=(m[1] - m[0]) * 1e6, plan=(m[2] - m[1]) * 1e6, after=(m[3] - m[2]) * 1e6)
+        (the plan object's and the wrapper's fields); empty before the first refresh since the last
+        full ``plan()``."""
+        fast = self._refresh_with
+        return {} if fast is None else fast.parts
 
     def _buffers_for(self, T: int, num_slots: int, num_counters: int) -> None:
         """The output, partial and counter buffers for ``T`` rows and ``num_slots`` partial slots and
@@ -522,6 +498,7 @@ class DecodeWrapper(PlannedWrapper):
             raise ValueError("plan_in_graph: copy_plan() is for DecodeWrapper(plan_in_graph=True); plan() "
                              "copies the plan itself")
         self._uploader.copy()
+        self._tell_event(self._refresh_with)
 
     def _plan_copy_for_run(self, q) -> None:
         """``plan_in_graph``: an eager ``run()`` copies a plan packed since the last copy; inside a capture
@@ -533,6 +510,7 @@ class DecodeWrapper(PlannedWrapper):
                                    "it the graph would replay the plan of the capture")
         elif up.pending:
             up.copy()
+            self._tell_event(self._refresh_with)
 
     def _validate_values(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, soft_cap,
                          window_left, k_scale, v_scale, k_offset, v_offset) -> None:

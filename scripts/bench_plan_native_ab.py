@@ -5,13 +5,14 @@ in one process, step by step.
 A host's timings drift between processes by more than a host-side change moves them (the serving
 benchmark's ``plan()`` at B 16 has measured 9 and 19 µs for one tree in one lease), so this builds
 the other source (``--old-source FILE``, e.g. ``git show REV:splitkv_common/native/plan_fast.c``) with
-this tree's compiler arguments beside this tree's module and alternates the two C functions in one
-wrapper's refresh (``DecodeWrapper(graph_stable=True, plan_in_graph=True)``, Hq 32 / Hkv 8, D 128,
-page 16, policy ``auto``, lengths uniform 512-8192): the other source must take the same ``plan``
-arguments. Before every step the host sums ``--evict-mb`` MB (its caches emptied, as between two
-decode steps of a model) and synchronizes. Per batch size: the median host µs of ``plan()`` of each
-module and, on a CUDA GPU, of the step (``plan()``, the graph's replay, a synchronize). On the CPU
-only ``plan()`` is timed (no graph).
+this tree's compiler arguments beside this tree's module and alternates the two in one wrapper's
+refresh (``DecodeWrapper(graph_stable=True, plan_in_graph=True)``, Hq 32 / Hkv 8, D 128, page 16,
+policy ``auto``, lengths uniform 512-8192). A module with a ``Refresher`` refreshes through it (made
+from the wrapper's state before each step); one without (sources before it) through the Python refresh
+around its ``plan`` that the wrapper had then (:class:`PythonRefresh`). Before every step the host sums
+``--evict-mb`` MB (its caches emptied, as between two decode steps of a model) and synchronizes. Per
+batch size: the median host µs of ``plan()`` of each module and, on a CUDA GPU, of the step
+(``plan()``, the graph's replay, a synchronize). On the CPU only ``plan()`` is timed (no graph).
 
 Writes ``plan_native_ab.json`` (with provenance) and ``plan_native_ab.md`` to ``--out``.
 
@@ -22,6 +23,7 @@ Writes ``plan_native_ab.json`` (with provenance) and ``plan_native_ab.md`` to ``
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.machinery
 import importlib.util
 import os
@@ -43,7 +45,9 @@ torch = require("torch", "scripts/bench_plan_native_ab.py")
 require("triton", "scripts/bench_plan_native_ab.py")
 
 from bench_decode import save_outputs  # noqa: E402
+from cuda_ref.launch import packed_limit  # noqa: E402
 from splitkv_common import native  # noqa: E402
+from splitkv_common.plan import _plan_reason, query_rows_arg  # noqa: E402
 from splitkv_common.provenance import provenance  # noqa: E402
 
 
@@ -59,6 +63,64 @@ def build_other(source: str):
     mod = importlib.util.module_from_spec(importlib.util.spec_from_file_location("_splitkv_plan", out, loader=loader))
     loader.exec_module(mod)
     return mod
+
+
+class PythonRefresh:
+    """A captured plan's refresh as ``DecodeWrapper`` made it before the C ``Refresher``: Python around
+    one call of a module's ``plan`` (its 12-argument form), the benchmark's baseline for sources without
+    a ``Refresher``."""
+
+    def __init__(self, w, mod):
+        d, group = w.dplan, w.num_q_heads // w.num_kv_heads
+        most = 1 if d.max_q_len == 1 else packed_limit(d.block_m * d.row_blocks, group)
+        self.w, self.plan_c, self.settings, self.fixed = w, mod.plan, w._native._settings, w._native._fixed
+        self.B, self.T, self.most, self.size, self.packed = d.batch_size, d.num_rows, most, d.data.numel(), \
+            w._uploader._host[0][1]
+
+    def refresh(self, seq_lens, q_lens, query_start_loc):
+        w = self.w
+        spare, cur = w._spare, w._mine
+        if spare is None or cur is None or type(seq_lens) is not np.ndarray:
+            return None
+        d = spare.__dict__
+        small = d.get("_small")
+        if small is None:
+            return None
+        kind, q = query_rows_arg(q_lens, query_start_loc)
+        up = w._uploader
+        up.wait_for_copy()
+        last = up._layout[0]
+        r = self.plan_c(self.settings, seq_lens, kind, q, d["items"], small, d["num_valid_items"], self.packed,
+                        -1 if last is None else last[2], self.B, self.T, self.most)
+        if r is None or not r[8]:
+            return None
+        W, _, split, num_slots, B, _, max_q, max_end, _ = r
+        d["num_valid_items"], d["split_tokens"], d["num_slots"], d["_max_q"], d["_max_end"], d["_kind"] = \
+            W, split, num_slots, max_q, max_end, kind
+        if self.fixed is None:
+            if "reason" in d:
+                del d["reason"], d["estimates_us"]
+            d["_why"] = (_plan_reason, (w._native.spec, d["items"], d["_small"], W, B, kind))
+        up._layout[0] = (r[1], self.size, W)
+        up.pending, up.copied_in_capture = True, False
+        w._spare, w._mine, w._made = cur, spare, spare
+        w.host_plan = spare
+        w._plan_pages = -(-max_end // w.page_size)
+        w.plan_refreshes += 1
+        return spare
+
+
+def refresher_for(w, mod):
+    """``w``'s refresh through ``mod``: its ``Refresher`` made from the wrapper's state now, or, for a
+    module without one, :class:`PythonRefresh`."""
+    if not hasattr(mod, "Refresher"):
+        return PythonRefresh(w, mod)
+    nat, w._native = w._native, copy.copy(w._native)
+    w._native._mod = mod
+    try:
+        return w._refresher(w._mine)
+    finally:
+        w._native = nat
 
 
 def captured(B: int, on_gpu: bool):
@@ -92,13 +154,12 @@ def run(args) -> dict:
     for B in [int(x) for x in args.batches.split(",")]:
         w, replay = captured(B, on_gpu)
         base = w._refresh_with
-        variants = {name: (m.plan,) + base[1:] for name, m in mods.items()}
         rec = {name: {"plan_us": [], "step_us": []} for name in mods}
         rng = np.random.default_rng(B + 1)
         ql = np.ones(B, np.int64)
         for i in range(args.warmup + args.steps):
             name = ("other", "this tree")[i % 2]
-            w._refresh_with = variants[name]
+            w._refresh_with = refresher_for(w, mods[name])
             seq = rng.integers(512, 8193, B)
             junk.sum()
             if on_gpu:

@@ -1523,21 +1523,21 @@ class NativePlanner:
         d["_small"], d["_max_q"], d["_max_end"], d["_kind"] = small, max_q, max_end, kind
         return p
 
-    def refill(self, old: "Plan", made: tuple, kind: int) -> "Plan":
-        """``old`` (a plan made here) as the plan that ``plan`` has just written into its buffers (the
-        refresh of a captured plan, whose plan of two steps before is spent: its arrays are rewritten
-        anyway, so its object is too); ``made``: that call's result, ``kind``: its query-rows kind
-        (:func:`query_rows_arg`). Returns ``old``."""
-        W, _, split, num_slots, B, _, max_q, max_end, _ = made
-        d = old.__dict__
-        d["num_valid_items"], d["split_tokens"], d["num_slots"], d["_max_q"], d["_max_end"], d["_kind"] = \
-            W, split, num_slots, max_q, max_end, kind
-        if self._fixed is None:   # auto: the reason from the arrays, when asked
-            if "reason" in d:
-                del d["reason"], d["estimates_us"]
-            d["_why"] = (_plan_reason, (self.spec, d["items"], d["_small"], W, B, kind))
-        return old
-
+    def refresher(self, batch_size: int, num_rows: int, most_rows: int, packed: np.ndarray, packed_size: int,
+                  spare: "Plan", mine: "Plan", owner: object, uploader: object, wait):
+        """The C object that refreshes a captured plan in one call (``plan_fast.c``'s ``Refresher``): each
+        ``refresh(seq_lens, q_lens, query_start_loc)`` of a batch of ``batch_size`` requests and
+        ``num_rows`` query rows (at most ``most_rows`` in one) plans into ``spare``'s buffers (then
+        ``mine``'s, in turn), packs the plan and the batch's lengths into ``packed`` (the pinned int32
+        buffer a captured copy reads; ``packed_size``: the plan's entries there) and sets the fields a
+        wrapper's ``plan()`` sets: the plan object's, ``owner``'s plans in use (``_spare``, ``_mine``,
+        ``_made``, ``host_plan``, ``_plan_pages``, ``plan_refreshes``) and ``uploader``'s record of its
+        pack (``_layout[0]``, ``pending``, ``copied_in_capture``). ``wait()`` is called when the copy's
+        event (``set_event``) is not known to be done. Both plans must be this planner's, at these sizes."""
+        why = (None, None) if self._fixed is not None else (_plan_reason, self.spec)
+        return self._mod.Refresher(self._settings, batch_size, num_rows, most_rows, packed, packed_size,
+                                   self.spec.page_size, spare, mine, vars(owner), vars(uploader), uploader._layout,
+                                   *why, wait)
 
 
 def query_rows_arg(q_lens, query_start_loc) -> tuple:
@@ -1584,6 +1584,7 @@ class PlannedWrapper:
     _native: "NativePlanner | None | bool" = False   # the C planner for this spec (False: not looked up yet)
     _mine: Plan | None = None    # the plan in use, when make_plan() made it
     _spare: Plan | None = None   # a plan make_plan() made that is no longer in use (its buffer is reused)
+    _refresh_with = None         # a C refresher of the two plans above (cuda_ref's plan_in_graph), or None
 
     def plan_spec(self) -> PlanSpec:
         """The planning settings of this wrapper (shared with every backend's wrapper)."""
@@ -1594,6 +1595,7 @@ class PlannedWrapper:
         (``set_plan`` does): graph-stable plans are written into the buffer of a plan of this
         wrapper that is no longer in use."""
         spare, self._spare = self._spare, None
+        self._refresh_with = None   # the spare's buffers are this plan's now: set_plan() makes a refresher again
         made = None
         if window_left is None:
             nat = self._native

@@ -275,7 +275,7 @@ def test_a_captured_plan_is_refreshed_in_one_call():
             np.testing.assert_array_equal(tail[at:at + B + 1], want.query_start_loc)
         # the full way: its errors, nothing written by the refresh first
         snapshot = host[1].copy()
-        T, most = int(ql.sum()), w._refresh_with[4]
+        T, most = int(ql.sum()), w._refresh_with.most_rows
         if rows is not None and T > most:   # the same rows, all in one request: more than the capture's tile
             more = np.zeros(B, np.int64)
             more[0] = T
@@ -296,6 +296,103 @@ def test_a_captured_plan_is_refreshed_in_one_call():
             assert_same_plan(plan, want)
         assert w.plan_refreshes == n
     assert tried_rows == 2
+
+
+def _captured_cpu_wrapper(policy="auto", B=4):
+    """A ``plan_in_graph`` wrapper on the CPU, planned twice (its C refresher made)."""
+    pytest.importorskip("torch")
+    from cuda_ref.wrapper import DecodeWrapper
+
+    w = DecodeWrapper(8, 2, 32, 16, graph_stable=True, plan_in_graph=True, policy=policy, device="cpu")
+    rng = np.random.default_rng(7)
+    for _ in range(2):
+        w.plan(rng.integers(0, 3000, B))
+    assert w._refresh_with is not None
+    return w, rng
+
+
+@pytest.mark.parametrize("answer", [0, 600, 1, None])
+def test_the_refresh_waits_for_the_copy_the_event_does_not_say_is_done(answer):
+    """The refresher queries the captured copy's event from C (an address given as cuEventQuery's; here
+    a stand-in): done (0) plans at once; not done (600), an error code or no query function call the
+    wrapper's wait first (which synchronises, or raises: then nothing is written)."""
+    import ctypes
+
+    w, rng = _captured_cpu_wrapper()
+    calls, asked = [], []
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+    def query(ev):
+        asked.append(ev)
+        return answer
+
+    nat, up = w._native, w._uploader
+    fast = nat.refresher(4, 4, 1, up._host[0][1], w.dplan.data.numel(), w._spare, w._mine, w, up,
+                         lambda: calls.append(1))
+    assert fast.event == 0
+    fast.refresh(rng.integers(0, 3000, 4), None, None)
+    assert calls == [] and asked == []     # no event yet: nothing to wait for
+    fast.set_event(0xABC0, 0 if answer is None else ctypes.cast(query, ctypes.c_void_p).value)
+    assert fast.event == 0xABC0
+    seq = rng.integers(0, 3000, 4)
+    plan = fast.refresh(seq, None, None)
+    assert asked == ([] if answer is None else [0xABC0])
+    assert calls == ([] if answer == 0 else [1])
+    assert_same_plan(plan, w.plan_spec().make(seq))
+
+    def refuse():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    if answer != 0:   # the wait's error is the refresh's, before anything is written
+        fast = nat.refresher(4, 4, 1, up._host[0][1], w.dplan.data.numel(), w._spare, w._mine, w, up, refuse)
+        fast.set_event(0xABC0, 0 if answer is None else ctypes.cast(query, ctypes.c_void_p).value)
+        before, n = up._host[0][1].copy(), w.plan_refreshes
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            fast.refresh(rng.integers(0, 3000, 4), None, None)
+        np.testing.assert_array_equal(up._host[0][1], before)
+        assert w.plan_refreshes == n
+
+
+def test_make_plan_hands_the_refresh_back_to_set_plan():
+    """``make_plan()`` called by hand takes the spare plan's buffers: the refresher is dropped (it would
+    write into them) and made again by the next ``set_plan()`` of the plan made last (``plan()``'s
+    own, or that one by hand); the plan made by hand is never written over, and every plan is the
+    NumPy planner's."""
+    w, rng = _captured_cpu_wrapper()
+    spec = w.plan_spec()
+
+    def refreshed(steps=3):
+        for _ in range(steps):
+            seq = rng.integers(0, 3000, 4)
+            n = w.plan_refreshes
+            assert_same_plan(w.plan(seq), spec.make(seq))
+            assert w.plan_refreshes == n + 1
+
+    seq = rng.integers(0, 3000, 4)
+    made = w.make_plan(seq)
+    assert w._refresh_with is None
+    other = rng.integers(0, 3000, 4)
+    assert_same_plan(w.plan(other), spec.make(other))   # the full way
+    assert w._refresh_with is not None
+    refreshed()
+    assert_same_plan(made, spec.make(seq))   # its buffers are in neither plan the refresher writes
+    seq = rng.integers(0, 3000, 4)
+    w.set_plan(w.make_plan(seq), validate=False)
+    assert w._refresh_with is not None and w.plan_refreshes
+    refreshed()
+
+
+def test_a_wrapper_with_a_refresher_is_collected():
+    """The refresher holds the wrapper's ``__dict__`` (which holds it): the cycle is the garbage
+    collector's to free."""
+    import gc
+    import weakref
+
+    w, _ = _captured_cpu_wrapper()
+    ref = weakref.ref(w)
+    del w
+    gc.collect()
+    assert ref() is None
 
 
 def test_a_read_only_plan_is_not_written_into():
@@ -395,7 +492,8 @@ def test_numpy_arrays_and_other_buffers_plan_alike():
 
 
 def test_the_ab_script_runs_on_the_cpu(tmp_path):
-    """``scripts/bench_plan_native_ab.py`` builds another source (here this one) beside the module and
+    """``scripts/bench_plan_native_ab.py`` builds another source (here this one without its
+    ``Refresher``, as sources before it: the Python refresh around its ``plan``) beside the module and
     times both in one wrapper's refresh: its JSON holds both modules' ``plan()`` at each batch size."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
@@ -405,8 +503,12 @@ def test_the_ab_script_runs_on_the_cpu(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
+    source = (root / "splitkv_common" / "native" / "plan_fast.c").read_text()
+    export = 'PyModule_AddObjectRef(m, "Refresher", (PyObject *)&RefresherType) != 0'
+    assert source.count(export) == 1
+    (tmp_path / "old.c").write_text(source.replace(export, "0"))
     r = subprocess.run([sys.executable, str(root / "scripts" / "bench_plan_native_ab.py"), "--old-source",
-                        str(root / "splitkv_common" / "native" / "plan_fast.c"), "--batches", "1,3", "--steps", "6",
+                        str(tmp_path / "old.c"), "--batches", "1,3", "--steps", "6",
                         "--warmup", "2", "--evict-mb", "1", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

@@ -15,6 +15,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
+#include <time.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -723,6 +725,367 @@ out:
     return ret;
 }
 
+/* Refresher: plan() of a captured host plan (cuda_ref.wrapper.DecodeWrapper with plan_in_graph) in
+ * one C call, with everything fixed at the capture held here: the settings, the captured sizes, the
+ * pinned buffer the captured copy reads, the wrapper's two plans whose buffers take turns (the one
+ * in use and the spare), the event the last copy recorded and the driver's query for it.
+ *
+ * A refresh waits for the last replay's copy to have read the pinned buffer (the event queried; not
+ * done yet or an error: the wrapper's wait(), which synchronises or raises), plans the batch into the
+ * spare plan's buffers and packs it with the batch's lengths into the pinned buffer (plan()'s
+ * refresh), then sets what plan()'s Python did: the spare plan object's fields, the wrapper's plans in
+ * use and the uploader's record of its last pack. Between two decode steps everything a step reads is
+ * cold, and each object or page touched costs (docs/benchmarks.md, bench_plan_context): one call on
+ * one struct touches fewer than the same steps in Python. */
+
+typedef struct {
+    PyObject *plan, *dict;    /* the plan object and its __dict__ */
+    PyObject *items, *small;  /* its arrays (held: the pointers below are theirs) */
+    int32_t *items_p, *small_p;
+    int64_t valid;            /* the valid items its items buffer holds (its padding is there past them) */
+} Slot;
+
+typedef struct {
+    PyObject_HEAD
+    Settings s;
+    int64_t B, T, most, N, size, page, last_valid, refreshes;
+    PyObject *packed;         /* the pinned buffer's int32 NumPy view (held) */
+    int32_t *packed_p;
+    PyTypeObject *ndarray;    /* numpy.ndarray: refresh() takes exactly it for seq_lens */
+    Slot slot[2];
+    int spare;                /* slot[spare]: the plan written next; slot[1 - spare]: the one in use */
+    PyObject *wrapper_dict, *uploader_dict, *layout;   /* the wrapper's and the uploader's __dict__, its _layout */
+    PyObject *why, *spec;     /* auto: splitkv_common.plan._plan_reason and the PlanSpec; else NULL */
+    PyObject *wait;           /* the uploader's wait_for_copy */
+    void *event;              /* the CUevent of the captured copy's record (NULL: none yet) */
+    int (*query)(void *);     /* cuEventQuery (NULL: wait() every time there is an event) */
+    double marks[4];          /* host clocks of the last refresh (s): start, copy waited for, planned, end */
+} Refresher;
+
+enum { K_VALID, K_SPLIT, K_SLOTS, K_MAXQ, K_MAXEND, K_KIND, K_WHY, K_REASON, K_EST, K_SPARE, K_MINE, K_MADE,
+       K_HOST_PLAN, K_PAGES, K_REFRESHES, K_PENDING, K_CAPTURED, K_COUNT };
+static const char *const key_names[K_COUNT] = {
+    "num_valid_items", "split_tokens", "num_slots", "_max_q", "_max_end", "_kind", "_why", "reason",
+    "estimates_us", "_spare", "_mine", "_made", "host_plan", "_plan_pages", "plan_refreshes", "pending",
+    "copied_in_capture"};
+static PyObject *keys[K_COUNT];   /* interned at the module's import */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);   /* time.perf_counter's clock on Linux */
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A writable C-contiguous int32 NumPy-or-buffer array of at least `need` entries, its data pointer
+ * (the object must stay alive: the caller holds it); NULL with a ValueError naming `name`. */
+static int32_t *held_int32(PyObject *obj, Py_ssize_t need, int ndim, const char *name) {
+    Buf b = {0};
+    int32_t *p = out_buf(obj, &b, need, name);
+    if (p && b.ndim != ndim) {
+        PyErr_Format(PyExc_ValueError, "%s: must have %d dimension(s)", name, ndim);
+        p = NULL;
+    }
+    buf_release(&b);   /* a NumPy array's data does not move while it is referenced */
+    return p;
+}
+
+static int slot_init(Slot *sl, PyObject *plan, int64_t N, int64_t small_n, const char *which) {
+    PyObject *d = PyObject_GenericGetDict(plan, NULL);
+    if (!d) return -1;
+    sl->plan = plan, sl->dict = d;
+    Py_INCREF(plan);
+    PyObject *items = PyDict_GetItemString(d, "items"), *small = PyDict_GetItemString(d, "_small");
+    PyObject *valid = PyDict_GetItemString(d, "num_valid_items");
+    if (!items || !small || !valid) {
+        PyErr_Format(PyExc_ValueError, "%s: not a plan of the C planner", which);
+        return -1;
+    }
+    sl->items = items, sl->small = small;
+    Py_INCREF(items);
+    Py_INCREF(small);
+    sl->valid = PyLong_AsLongLong(valid);
+    if (sl->valid == -1 && PyErr_Occurred()) return -1;
+    Buf b = {0};
+    if (!buf_get(items, &b, 1) || b.ndim != 2 || b.shape[0] != 5 || b.shape[1] != N || b.itemsize != 4 || !b.is_int) {
+        buf_release(&b);
+        PyErr_Format(PyExc_ValueError, "%s: items must be a writable C-contiguous int32 [5, %lld] array", which,
+                     (long long)N);
+        return -1;
+    }
+    sl->items_p = (int32_t *)b.buf;
+    buf_release(&b);
+    sl->small_p = held_int32(small, small_n, 1, "small");
+    return sl->small_p ? 0 : -1;
+}
+
+static int refresher_traverse(Refresher *r, visitproc visit, void *arg) {
+    for (int k = 0; k < 2; k++) {
+        Py_VISIT(r->slot[k].plan);
+        Py_VISIT(r->slot[k].dict);
+        Py_VISIT(r->slot[k].items);
+        Py_VISIT(r->slot[k].small);
+    }
+    Py_VISIT(r->packed);
+    Py_VISIT(r->ndarray);
+    Py_VISIT(r->wrapper_dict);
+    Py_VISIT(r->uploader_dict);
+    Py_VISIT(r->layout);
+    Py_VISIT(r->why);
+    Py_VISIT(r->spec);
+    Py_VISIT(r->wait);
+    return 0;
+}
+
+static int refresher_clear(Refresher *r) {
+    for (int k = 0; k < 2; k++) {
+        Py_CLEAR(r->slot[k].plan);
+        Py_CLEAR(r->slot[k].dict);
+        Py_CLEAR(r->slot[k].items);
+        Py_CLEAR(r->slot[k].small);
+    }
+    Py_CLEAR(r->packed);
+    Py_CLEAR(r->ndarray);
+    Py_CLEAR(r->wrapper_dict);
+    Py_CLEAR(r->uploader_dict);
+    Py_CLEAR(r->layout);
+    Py_CLEAR(r->why);
+    Py_CLEAR(r->spec);
+    Py_CLEAR(r->wait);
+    return 0;
+}
+
+static void refresher_dealloc(Refresher *r) {
+    PyObject_GC_UnTrack(r);
+    refresher_clear(r);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+/* Refresher(settings, B, T, most, packed, size, page, spare, mine, wrapper_dict, uploader_dict, layout,
+ *           why, spec, wait)
+ *
+ * B, T: the captured batch's requests and query rows; most: the most query rows one request may have;
+ * packed: the pinned buffer's int32 view; size: the packed plan's entries (the uploader's record);
+ * page: the page size; spare, mine: the wrapper's spare plan and the plan in use (both made by the C
+ * planner at these sizes); layout: the uploader's _layout list (its [0]: (items, size, valid items) of
+ * the last pack, or None); why, spec: _plan_reason and the PlanSpec for an `auto` plan, else None;
+ * wait: called when the event's query does not say the copy is done. */
+static PyObject *refresher_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    PyObject *settings, *packed, *spare, *mine, *wd, *ud, *layout, *why, *spec, *wait;
+    long long B, T, most, size, page;
+    if (kw && PyDict_GET_SIZE(kw)) {
+        PyErr_SetString(PyExc_TypeError, "Refresher: positional arguments only");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "SLLLOLLOOO!O!O!OOO:Refresher", &settings, &B, &T, &most, &packed, &size, &page,
+                          &spare, &mine, &PyDict_Type, &wd, &PyDict_Type, &ud, &PyList_Type, &layout, &why, &spec,
+                          &wait))
+        return NULL;
+    if (PyBytes_GET_SIZE(settings) != (Py_ssize_t)sizeof(Settings)) {
+        PyErr_SetString(PyExc_ValueError, "Refresher: settings of another layout");
+        return NULL;
+    }
+    if (B < 1 || T < 1 || most < 1 || page < 1 || PyList_GET_SIZE(layout) < 1 || !PyCallable_Check(wait) ||
+        spare == mine) {
+        PyErr_SetString(PyExc_ValueError, "Refresher: B, T, most and page must be >= 1, layout a non-empty list, "
+                        "wait callable, spare and mine two plans");
+        return NULL;
+    }
+    Refresher *r = (Refresher *)type->tp_alloc(type, 0);
+    if (!r) return NULL;
+    memcpy(&r->s, PyBytes_AS_STRING(settings), sizeof(Settings));
+    r->B = B, r->T = T, r->most = most, r->size = size, r->page = page;
+    r->spare = 0;
+    PyObject *items = NULL;
+    PyObject *d = PyObject_GenericGetDict(mine, NULL);
+    if (d) {
+        items = PyDict_GetItemString(d, "items");
+        Py_DECREF(d);
+    }
+    if (!items) {
+        PyErr_SetString(PyExc_ValueError, "mine: not a plan of the C planner");
+        goto fail;
+    }
+    Buf b = {0};
+    if (!buf_get(items, &b, 0) || b.ndim != 2) {
+        buf_release(&b);
+        PyErr_SetString(PyExc_ValueError, "mine: items must be a C-contiguous [5, N] array");
+        goto fail;
+    }
+    r->N = b.shape[1];
+    buf_release(&b);
+    int64_t small_n = 2 * B + 1 + 2 * T;
+    if (slot_init(&r->slot[0], spare, r->N, small_n, "spare") < 0 || slot_init(&r->slot[1], mine, r->N, small_n, "mine") < 0)
+        goto fail;
+    r->packed_p = held_int32(packed, packed_with_lengths(r->N, B, T), 1, "packed");
+    if (!r->packed_p) goto fail;
+    r->packed = packed, r->ndarray = Py_TYPE(packed);
+    Py_INCREF(packed);
+    Py_INCREF(r->ndarray);
+    PyObject *last = PyList_GET_ITEM(layout, 0);
+    r->last_valid = -1;
+    if (last != Py_None) {
+        if (!PyTuple_Check(last) || PyTuple_GET_SIZE(last) != 3) {
+            PyErr_SetString(PyExc_ValueError, "layout[0]: must be None or (items, size, valid items)");
+            goto fail;
+        }
+        r->last_valid = PyLong_AsLongLong(PyTuple_GET_ITEM(last, 2));
+        if (r->last_valid == -1 && PyErr_Occurred()) goto fail;
+    }
+    r->wrapper_dict = wd, r->uploader_dict = ud, r->layout = layout, r->wait = wait;
+    Py_INCREF(wd);
+    Py_INCREF(ud);
+    Py_INCREF(layout);
+    Py_INCREF(wait);
+    if (why != Py_None) {
+        r->why = why, r->spec = spec;
+        Py_INCREF(why);
+        Py_INCREF(spec);
+    }
+    return (PyObject *)r;
+fail:
+    Py_DECREF(r);
+    return NULL;
+}
+
+/* set_event(event, query): the CUevent the captured copy records (an int, 0: none) and the address of
+ * cuEventQuery (0: call wait() whenever there is an event). */
+static PyObject *refresher_set_event(Refresher *r, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "set_event: 2 arguments");
+        return NULL;
+    }
+    void *ev = PyLong_AsVoidPtr(args[0]), *q = PyLong_AsVoidPtr(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    r->event = ev;
+    r->query = (int (*)(void *))q;
+    Py_RETURN_NONE;
+}
+
+static int set_int(PyObject *d, int key, long long v) {
+    PyObject *o = PyLong_FromLongLong(v);
+    if (!o) return -1;
+    int rc = PyDict_SetItem(d, keys[key], o);
+    Py_DECREF(o);
+    return rc;
+}
+
+/* refresh(seq_lens, q_lens, query_start_loc): the refreshed plan (the wrapper's spare plan object,
+ * now in use), or None where plan() must take the full way (nothing written): seq_lens not a NumPy
+ * array, a batch the C planner hands back, other sizes than captured or more query rows in one
+ * request. */
+static PyObject *refresher_refresh(Refresher *r, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "refresh: 3 arguments (seq_lens, q_lens, query_start_loc)");
+        return NULL;
+    }
+    if (Py_TYPE(args[0]) != r->ndarray) Py_RETURN_NONE;
+    long kind = args[2] != Py_None ? 2 : args[1] != Py_None ? 1 : 0;
+    PyObject *q = kind == 2 ? args[2] : args[1];
+    double t0 = now_s();
+    if (r->event) {   /* the last replay's copy has read the pinned buffer? */
+        if (!r->query || r->query(r->event) != 0) {   /* not yet (or an error, which wait() raises) */
+            PyObject *x = PyObject_CallNoArgs(r->wait);
+            if (!x) return NULL;
+            Py_DECREF(x);
+        }
+    }
+    double t1 = now_s();
+    Batch bt;
+    int ok = plan_batch(&r->s, args[0], kind, q, &bt);
+    Slot *sp = &r->slot[r->spare], *cur = &r->slot[1 - r->spare];
+    if (ok > 0 && (bt.B != r->B || bt.T != r->T || bt.max_q > r->most || bt.N != r->N)) ok = 0;
+    if (ok > 0 && write_plan(&r->s, &bt, sp->items_p, sp->small_p, r->packed_p, sp->valid, r->last_valid) < 0)
+        ok = -1;
+    batch_free(&bt);
+    if (ok <= 0) {
+        if (ok < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    double t2 = now_s();
+    const int64_t W = bt.W, B = bt.B;
+    sp->valid = r->last_valid = W;
+    /* the spare plan object as the plan just written (NativePlanner.make's fields) */
+    PyObject *d = sp->dict;
+    if (set_int(d, K_VALID, W) || set_int(d, K_SPLIT, bt.split) || set_int(d, K_SLOTS, bt.num_slots) ||
+        set_int(d, K_MAXQ, bt.max_q) || set_int(d, K_MAXEND, bt.longest) || set_int(d, K_KIND, kind))
+        return NULL;
+    if (r->why) {   /* auto: the reason from the arrays, when asked */
+        if (PyDict_Contains(d, keys[K_REASON]) == 1 &&
+            (PyDict_DelItem(d, keys[K_REASON]) || PyDict_DelItem(d, keys[K_EST])))
+            return NULL;
+        PyObject *why = Py_BuildValue("(O(OOOLLl))", r->why, r->spec, sp->items, sp->small, (long long)W,
+                                      (long long)B, kind);
+        if (!why) return NULL;
+        int rc = PyDict_SetItem(d, keys[K_WHY], why);
+        Py_DECREF(why);
+        if (rc) return NULL;
+    }
+    /* the wrapper: this plan in use, the other one spare */
+    PyObject *wd = r->wrapper_dict, *n = PyDict_GetItemWithError(wd, keys[K_REFRESHES]);
+    long long count = n ? PyLong_AsLongLong(n) : 0;
+    if (PyErr_Occurred() || PyDict_SetItem(wd, keys[K_SPARE], cur->plan) || PyDict_SetItem(wd, keys[K_MINE], sp->plan) ||
+        PyDict_SetItem(wd, keys[K_MADE], sp->plan) || PyDict_SetItem(wd, keys[K_HOST_PLAN], sp->plan) ||
+        set_int(wd, K_PAGES, ceil_div(bt.longest, r->page)) || set_int(wd, K_REFRESHES, count + 1))
+        return NULL;
+    /* the uploader: a pack not copied yet, of these items */
+    PyObject *last = Py_BuildValue("(LLL)", (long long)r->N, (long long)r->size, (long long)W);
+    if (!last || PyList_SetItem(r->layout, 0, last) || PyDict_SetItem(r->uploader_dict, keys[K_PENDING], Py_True) ||
+        PyDict_SetItem(r->uploader_dict, keys[K_CAPTURED], Py_False))
+        return NULL;
+    r->spare = 1 - r->spare;
+    r->refreshes++;
+    r->marks[0] = t0, r->marks[1] = t1, r->marks[2] = t2, r->marks[3] = now_s();
+    Py_INCREF(sp->plan);
+    return sp->plan;
+}
+
+/* parts: host µs of the last refresh, {"wait", "plan", "after"}; {} before the first. */
+static PyObject *refresher_parts(Refresher *r, void *closure) {
+    if (!r->refreshes) return PyDict_New();
+    const double *m = r->marks;
+    return Py_BuildValue("{sdsdsd}", "wait", (m[1] - m[0]) * 1e6, "plan", (m[2] - m[1]) * 1e6, "after",
+                         (m[3] - m[2]) * 1e6);
+}
+
+static PyObject *refresher_event(Refresher *r, void *closure) { return PyLong_FromVoidPtr(r->event); }
+
+static PyMethodDef refresher_methods[] = {
+    {"refresh", (PyCFunction)(void (*)(void))refresher_refresh, METH_FASTCALL,
+     "refresh(seq_lens, q_lens, query_start_loc): the refreshed plan, or None (the full way)."},
+    {"set_event", (PyCFunction)(void (*)(void))refresher_set_event, METH_FASTCALL,
+     "set_event(event, query): the copy's CUevent and cuEventQuery's address (ints, 0: none)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef refresher_members[] = {
+    {"batch_size", T_LONGLONG, offsetof(Refresher, B), READONLY, "the captured batch's requests"},
+    {"num_rows", T_LONGLONG, offsetof(Refresher, T), READONLY, "the captured batch's query rows"},
+    {"most_rows", T_LONGLONG, offsetof(Refresher, most), READONLY, "the most query rows one request may have"},
+    {"refreshes", T_LONGLONG, offsetof(Refresher, refreshes), READONLY, "refreshes made"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef refresher_getset[] = {
+    {"parts", (getter)refresher_parts, NULL, "host µs of the last refresh: wait, plan, after", NULL},
+    {"event", (getter)refresher_event, NULL, "the CUevent queried (0: none)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject RefresherType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_splitkv_plan.Refresher",
+    .tp_basicsize = sizeof(Refresher),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A captured host plan's plan() in one C call (see plan_fast.c).",
+    .tp_new = refresher_new,
+    .tp_dealloc = (destructor)refresher_dealloc,
+    .tp_traverse = (traverseproc)refresher_traverse,
+    .tp_clear = (inquiry)refresher_clear,
+    .tp_methods = refresher_methods,
+    .tp_members = refresher_members,
+    .tp_getset = refresher_getset,
+};
+
 static PyMethodDef methods[] = {
     {"plan", (PyCFunction)(void (*)(void))plan, METH_FASTCALL, "The common-case plan (see the file's comment)."},
     {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL, "A plan's device arrays into one int32 buffer."},
@@ -737,7 +1100,14 @@ PyMODINIT_FUNC PyInit__splitkv_plan(void) {
     numpy_api = _import_array() >= 0;   /* without it, every array goes through the buffer protocol */
     if (!numpy_api) PyErr_Clear();
 #endif
+    for (int k = 0; k < K_COUNT; k++)
+        if (!keys[k] && !(keys[k] = PyUnicode_InternFromString(key_names[k]))) return NULL;
+    if (PyType_Ready(&RefresherType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddObjectRef(m, "Refresher", (PyObject *)&RefresherType) != 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
 #ifdef SPLITKV_NUMPY
     if (m && PyModule_AddIntConstant(m, "NUMPY_API", numpy_api) != 0) {
         Py_DECREF(m);

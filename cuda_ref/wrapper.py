@@ -337,8 +337,11 @@ class DecodeWrapper(PlannedWrapper):
             return None
         d, group = self.dplan, self.num_q_heads // self.num_kv_heads
         most = 1 if d.max_q_len == 1 else packed_limit(d.block_m * d.row_blocks, group)
-        fast = self._native.refresher(d.batch_size, d.num_rows, most, up._host[0][1], d.data.numel(), spare, plan,
-                                      self, up, up.wait_for_copy)
+        try:
+            fast = self._native.refresher(d.batch_size, d.num_rows, most, up._host[0][1], d.data.numel(), spare,
+                                          plan, self, up, up.wait_for_copy)
+        except ValueError:   # a buffer it could not write (a plan made read-only): plan() goes the full way
+            return None
         self._tell_event(fast)
         return fast
 

@@ -382,6 +382,22 @@ def test_make_plan_hands_the_refresh_back_to_set_plan():
     refreshed()
 
 
+def test_a_plan_made_read_only_is_planned_the_full_way():
+    """A wrapper's plan whose buffers were made read-only gets no refresher (it would write into them):
+    ``plan()`` goes the full way, into new buffers, and the read-only plan keeps its values."""
+    w, rng = _captured_cpu_wrapper()
+    spec = w.plan_spec()
+    seq = rng.integers(0, 3000, 4)
+    frozen = w.plan(seq)
+    frozen.items.flags.writeable = False
+    before = frozen.items.copy()
+    for _ in range(3):
+        other = rng.integers(0, 3000, 4)
+        assert_same_plan(w.plan(other), spec.make(other))
+    np.testing.assert_array_equal(frozen.items, before)
+    assert_same_plan(frozen, spec.make(seq))
+
+
 def test_a_wrapper_with_a_refresher_is_collected():
     """The refresher holds the wrapper's ``__dict__`` (which holds it): the cycle is the garbage
     collector's to free."""

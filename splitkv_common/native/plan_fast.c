@@ -961,6 +961,17 @@ static PyObject *refresher_set_event(Refresher *r, PyObject *const *args, Py_ssi
     Py_RETURN_NONE;
 }
 
+/* 1 if `a` may still be written (its owner may have made it read-only since). */
+static int still_writable(PyObject *a) {
+#ifdef SPLITKV_NUMPY
+    if (numpy_api && PyArray_CheckExact(a)) return PyArray_ISWRITEABLE((PyArrayObject *)a);
+#endif
+    Buf b = {0};
+    int ok = buf_get(a, &b, 1);
+    buf_release(&b);
+    return ok;
+}
+
 static int set_int(PyObject *d, int key, long long v) {
     PyObject *o = PyLong_FromLongLong(v);
     if (!o) return -1;
@@ -972,7 +983,7 @@ static int set_int(PyObject *d, int key, long long v) {
 /* refresh(seq_lens, q_lens, query_start_loc): the refreshed plan (the wrapper's spare plan object,
  * now in use), or None where plan() must take the full way (nothing written): seq_lens not a NumPy
  * array, a batch the C planner hands back, other sizes than captured or more query rows in one
- * request. */
+ * request, the spare plan's arrays made read-only since. */
 static PyObject *refresher_refresh(Refresher *r, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "refresh: 3 arguments (seq_lens, q_lens, query_start_loc)");
@@ -990,9 +1001,10 @@ static PyObject *refresher_refresh(Refresher *r, PyObject *const *args, Py_ssize
         }
     }
     double t1 = now_s();
+    Slot *sp = &r->slot[r->spare], *cur = &r->slot[1 - r->spare];
+    if (!still_writable(sp->items) || !still_writable(sp->small)) Py_RETURN_NONE;
     Batch bt;
     int ok = plan_batch(&r->s, args[0], kind, q, &bt);
-    Slot *sp = &r->slot[r->spare], *cur = &r->slot[1 - r->spare];
     if (ok > 0 && (bt.B != r->B || bt.T != r->T || bt.max_q > r->most || bt.N != r->N)) ok = 0;
     if (ok > 0 && write_plan(&r->s, &bt, sp->items_p, sp->small_p, r->packed_p, sp->valid, r->last_valid) < 0)
         ok = -1;

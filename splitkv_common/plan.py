@@ -1534,10 +1534,16 @@ class NativePlanner:
         ``_made``, ``host_plan``, ``_plan_pages``, ``plan_refreshes``) and ``uploader``'s record of its
         pack (``_layout[0]``, ``pending``, ``copied_in_capture``). ``wait()`` is called when the copy's
         event (``set_event``) is not known to be done. Both plans must be this planner's, at these sizes."""
-        why = (None, None) if self._fixed is not None else (_plan_reason, self.spec)
+        why = (None, None) if self._fixed is not None else (_plan_reason_of, self.spec)
         return self._mod.Refresher(self._settings, batch_size, num_rows, most_rows, packed, packed_size,
                                    self.spec.page_size, spare, mine, vars(owner), vars(uploader), uploader._layout,
                                    *why, wait)
+
+
+def _plan_reason_of(spec: "PlanSpec", plan: "Plan"):
+    """:func:`_plan_reason` of a C-made plan as it is now (a captured plan's refresh rewrites it in place)."""
+    d = plan.__dict__
+    return _plan_reason(spec, d["items"], d["_small"], d["num_valid_items"], plan.batch_size, d["_kind"])
 
 
 def query_rows_arg(q_lens, query_start_loc) -> tuple:

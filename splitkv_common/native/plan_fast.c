@@ -743,6 +743,7 @@ typedef struct {
     PyObject *items, *small;  /* its arrays (held: the pointers below are theirs) */
     int32_t *items_p, *small_p;
     int64_t valid;            /* the valid items its items buffer holds (its padding is there past them) */
+    PyObject *why;            /* auto: its `_why`, (reason_of, (spec, plan)), which reads the plan when asked */
 } Slot;
 
 typedef struct {
@@ -755,7 +756,6 @@ typedef struct {
     Slot slot[2];
     int spare;                /* slot[spare]: the plan written next; slot[1 - spare]: the one in use */
     PyObject *wrapper_dict, *uploader_dict, *layout;   /* the wrapper's and the uploader's __dict__, its _layout */
-    PyObject *why, *spec;     /* auto: splitkv_common.plan._plan_reason and the PlanSpec; else NULL */
     PyObject *wait;           /* the uploader's wait_for_copy */
     void *event;              /* the CUevent of the captured copy's record (NULL: none yet) */
     int (*query)(void *);     /* cuEventQuery (NULL: wait() every time there is an event) */
@@ -824,14 +824,13 @@ static int refresher_traverse(Refresher *r, visitproc visit, void *arg) {
         Py_VISIT(r->slot[k].dict);
         Py_VISIT(r->slot[k].items);
         Py_VISIT(r->slot[k].small);
+        Py_VISIT(r->slot[k].why);
     }
     Py_VISIT(r->packed);
     Py_VISIT(r->ndarray);
     Py_VISIT(r->wrapper_dict);
     Py_VISIT(r->uploader_dict);
     Py_VISIT(r->layout);
-    Py_VISIT(r->why);
-    Py_VISIT(r->spec);
     Py_VISIT(r->wait);
     return 0;
 }
@@ -842,14 +841,13 @@ static int refresher_clear(Refresher *r) {
         Py_CLEAR(r->slot[k].dict);
         Py_CLEAR(r->slot[k].items);
         Py_CLEAR(r->slot[k].small);
+        Py_CLEAR(r->slot[k].why);
     }
     Py_CLEAR(r->packed);
     Py_CLEAR(r->ndarray);
     Py_CLEAR(r->wrapper_dict);
     Py_CLEAR(r->uploader_dict);
     Py_CLEAR(r->layout);
-    Py_CLEAR(r->why);
-    Py_CLEAR(r->spec);
     Py_CLEAR(r->wait);
     return 0;
 }
@@ -867,7 +865,8 @@ static void refresher_dealloc(Refresher *r) {
  * packed: the pinned buffer's int32 view; size: the packed plan's entries (the uploader's record);
  * page: the page size; spare, mine: the wrapper's spare plan and the plan in use (both made by the C
  * planner at these sizes); layout: the uploader's _layout list (its [0]: (items, size, valid items) of
- * the last pack, or None); why, spec: _plan_reason and the PlanSpec for an `auto` plan, else None;
+ * the last pack, or None); why, spec: for an `auto` plan, reason_of(spec, plan) (a plan's reason and
+ * estimates, read from the plan when asked: each plan's `_why`) and the PlanSpec, else None;
  * wait: called when the event's query does not say the copy is done. */
 static PyObject *refresher_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *settings, *packed, *spare, *mine, *wd, *ud, *layout, *why, *spec, *wait;
@@ -936,10 +935,11 @@ static PyObject *refresher_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     Py_INCREF(ud);
     Py_INCREF(layout);
     Py_INCREF(wait);
-    if (why != Py_None) {
-        r->why = why, r->spec = spec;
-        Py_INCREF(why);
-        Py_INCREF(spec);
+    for (int k = 0; why != Py_None && k < 2; k++) {   /* each plan's reason, read from it when asked */
+        Slot *sl = &r->slot[k];
+        if (!(sl->why = Py_BuildValue("(O(OO))", why, spec, sl->plan))) goto fail;
+        int known = PyDict_Contains(sl->dict, keys[K_REASON]);   /* already read: it is this plan's */
+        if (known < 0 || (!known && PyDict_SetItem(sl->dict, keys[K_WHY], sl->why))) goto fail;
     }
     return (PyObject *)r;
 fail:
@@ -1014,23 +1014,19 @@ static PyObject *refresher_refresh(Refresher *r, PyObject *const *args, Py_ssize
         Py_RETURN_NONE;
     }
     double t2 = now_s();
-    const int64_t W = bt.W, B = bt.B;
+    const int64_t W = bt.W;
     sp->valid = r->last_valid = W;
     /* the spare plan object as the plan just written (NativePlanner.make's fields) */
     PyObject *d = sp->dict;
     if (set_int(d, K_VALID, W) || set_int(d, K_SPLIT, bt.split) || set_int(d, K_SLOTS, bt.num_slots) ||
         set_int(d, K_MAXQ, bt.max_q) || set_int(d, K_MAXEND, bt.longest) || set_int(d, K_KIND, kind))
         return NULL;
-    if (r->why) {   /* auto: the reason from the arrays, when asked */
-        if (PyDict_Contains(d, keys[K_REASON]) == 1 &&
-            (PyDict_DelItem(d, keys[K_REASON]) || PyDict_DelItem(d, keys[K_EST])))
+    if (sp->why) {   /* auto: the reason read from the plan when asked (one read before is stale) */
+        int known = PyDict_Contains(d, keys[K_REASON]);
+        if (known < 0 || (known && (PyDict_DelItem(d, keys[K_REASON]) || PyDict_DelItem(d, keys[K_EST]))))
             return NULL;
-        PyObject *why = Py_BuildValue("(O(OOOLLl))", r->why, r->spec, sp->items, sp->small, (long long)W,
-                                      (long long)B, kind);
-        if (!why) return NULL;
-        int rc = PyDict_SetItem(d, keys[K_WHY], why);
-        Py_DECREF(why);
-        if (rc) return NULL;
+        PyObject *was = PyDict_GetItemWithError(d, keys[K_WHY]);
+        if (was != sp->why && (PyErr_Occurred() || PyDict_SetItem(d, keys[K_WHY], sp->why))) return NULL;
     }
     /* the wrapper: this plan in use, the other one spare */
     PyObject *wd = r->wrapper_dict, *n = PyDict_GetItemWithError(wd, keys[K_REFRESHES]);

@@ -5,7 +5,9 @@ For the common case (no window; ``auto`` on a GPU or an Ascend profile, ``size:N
 within the limits) ``plan_fast.c`` makes the NumPy planner's plans bit for bit in one call, packs a
 plan into the device layout in another (:class:`splitkv_common.plan.NativePlanner` and
 ``cuda_ref.launch.DevicePlan.pack_into`` use them), and writes an Ascend plan's words with the AI
-cores' balance in a third (``ascend_ops.tiling.TilingBuilder``). Everything else, and every error, stays with the
+cores' balance in a third (``ascend_ops.tiling.TilingBuilder``); its ``Refresher`` makes a captured
+plan's ``plan()`` in one call with its bookkeeping (:meth:`NativePlanner.refresher`, for
+``cuda_ref.wrapper.DecodeWrapper(plan_in_graph=True)``). Everything else, and every error, stays with the
 NumPy planner, which is also the oracle the C code is tested against (``tests/test_native_plan.py``).
 
 The module is compiled like Triton's own launchers: ``$CC`` (default ``cc``) with Python's headers

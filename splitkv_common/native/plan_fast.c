@@ -10,8 +10,10 @@
  * only for arguments of the wrong type. tests/test_native_plan.py holds it to the NumPy planner.
  *
  * Python side: splitkv_common/native/__init__.py (build, load, the settings struct) and
- * splitkv_common/plan.py (NativePlanner: the Plan object over the arrays written here). ascend_words()
- * writes an Ascend plan's words for ascend_ops.tiling.TilingBuilder (tests/ascend/test_tiling_builder.py).
+ * splitkv_common/plan.py (NativePlanner: the Plan object over the arrays written here). The Refresher
+ * type makes a captured plan's plan() in one call (cuda_ref.wrapper.DecodeWrapper, plan_in_graph).
+ * ascend_words() writes an Ascend plan's words for ascend_ops.tiling.TilingBuilder
+ * (tests/ascend/test_tiling_builder.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -44,6 +44,7 @@ import os
 import numpy as np
 import torch
 
+from splitkv_common import native
 from splitkv_common.plan import Plan, PlannedWrapper, PlanSpec
 from splitkv_common.torch_io import as_torch_dtype, grown_store
 from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, host, normalize_window
@@ -104,6 +105,12 @@ class StepInputs:
             self._host.append((t, a[:B], a[self._qsl_at:]))
         self._events: list = [None] * len(self._host)
         self._next = 0
+        # in_graph: write() in one C call (splitkv_common.native's LengthsWriter), where it is built
+        self._writer = None
+        mod = native.load() if self.in_graph and B else None
+        if mod is not None and hasattr(mod, "LengthsWriter"):
+            _, seq_np, qsl_np = self._host[0]
+            self._writer = mod.LengthsWriter(seq_np, qsl_np, self._wait)
 
     def update(self, seq_lens, query_start_loc) -> None:
         """Copy this step's host ``seq_lens [B]`` and ``query_start_loc [B + 1]`` into the device views
@@ -133,15 +140,15 @@ class StepInputs:
         batch's lengths and offsets for any attention backend; the graph's copy reads it)."""
         if not self.in_graph:
             raise ValueError("in_graph: replay() and write() are for a StepInputs(in_graph=True); use update()")
-        self._write(seq_lens, query_start_loc)
+        w = self._writer
+        if w is None or not w.write(seq_lens, query_start_loc):   # C: int32 / int64 arrays of B and B + 1
+            self._write(seq_lens, query_start_loc)
 
     def _write(self, seq_lens, query_start_loc) -> int:
         """Write the host arrays into the next ring slot once its last copy has finished; the slot."""
         k = self._next
         self._next = (k + 1) % len(self._host)
-        ev = self._events[k]
-        if ev is not None and not ev.query():
-            ev.synchronize()
+        self._wait(k)
         _, seq_np, qsl_np = self._host[k]
         try:
             seq_np[:] = seq_lens
@@ -154,14 +161,23 @@ class StepInputs:
                              f"{np.shape(query_start_loc)}") from None
         return k
 
+    def _wait(self, k: int = 0) -> None:
+        """Until the last copy that read ring slot ``k`` has finished (its event queried first)."""
+        ev = self._events[k]
+        if ev is not None and not ev.query():
+            ev.synchronize()
+
     def _record(self, k: int) -> None:
         """An event after the copy that reads ring slot ``k`` (CUDA only; made once per slot,
         ``external`` so that a record inside a capture becomes a node of the graph: each replay
         records it, and the host records nothing per step)."""
         if self.cuda:
-            if self._events[k] is None:
-                self._events[k] = torch.cuda.Event(external=True)
-            self._events[k].record()
+            ev = self._events[k]
+            if ev is None:
+                ev = self._events[k] = torch.cuda.Event(external=True)
+            ev.record()
+            if self._writer is not None and not self._writer.event:   # in_graph: one slot, one event
+                self._writer.set_event(ev.cuda_event, event_query_address())
 
 
 class _Sizes:

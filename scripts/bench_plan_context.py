@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A captured host plan's ``plan()`` between other host work, on the CPU: does the Python around the C
-planner slow down when other work runs between two steps?
+planner slow down when other work runs between two steps? And the device-planned step's one host
+call, the write of the batch's lengths (``StepInputs(in_graph=True).write()``), in C and in Python.
 
 ``DecodeWrapper(plan_in_graph=True, graph_stable=True)`` on the CPU (the "device" is the CPU: the
 plan's copy is a memcpy, there is no event to query), refreshed by one C call per ``plan()``
@@ -11,6 +12,9 @@ planner over ``--reps`` steps (lengths uniform 512-8192, new every step), with b
 * ``torch ops``: 200 small torch additions on the CPU (the Python and dispatcher work of a model's
   layers between two decode steps);
 * ``64 MiB read``: a 64 MiB NumPy sum (every cache level, and the TLB, flushed: the worst case).
+
+After the same work again, each step also times the lengths write of a ``StepInputs(B, in_graph=True)``:
+by its C ``LengthsWriter`` and by its Python path (``StepInputs._write``), in alternate steps.
 
 Writes ``plan_context.json`` (with provenance) and ``plan_context.md`` to ``--out``.
 
@@ -60,7 +64,7 @@ KINDS = ("nothing", "torch ops", "64 MiB read")
 
 
 def measure(B: int, kind: str, reps: int) -> dict:
-    from cuda_ref.wrapper import DecodeWrapper
+    from cuda_ref.wrapper import DecodeWrapper, StepInputs
 
     w = DecodeWrapper(32, 8, 128, 16, dtype=torch.bfloat16, device="cpu", profile="h200", policy="auto",
                       graph_stable=True, plan_in_graph=True)
@@ -68,6 +72,10 @@ def measure(B: int, kind: str, reps: int) -> dict:
     rng = np.random.default_rng(B)
     seqs = [rng.integers(512, 8193, B) for _ in range(16)]
     work = between_steps(kind)
+    inputs = StepInputs(B, "cpu", in_graph=True)
+    qsl = np.arange(B + 1, dtype=np.int32)
+    write = {"C": inputs.write if inputs._writer is not None else None, "Python": inputs._write}
+    write_us: dict = {"C": [], "Python": []}
     plan_us, c_us, refreshed = [], [], 0
     for i in range(reps + 20):
         work()
@@ -80,9 +88,17 @@ def measure(B: int, kind: str, reps: int) -> dict:
             refreshed += 1
             plan_us.append((t1 - t0) * 1e6)
             c_us.append(w.refresh_parts["plan"])
-    return dict(batch=B, between=kind, steps=reps, refreshed=refreshed,
-                plan_us=statistics.median(plan_us) if plan_us else None,
-                c_plan_us=statistics.median(c_us) if c_us else None)
+        way = ("C", "Python")[i % 2]
+        if write[way] is not None:
+            work()
+            t0 = time.perf_counter()
+            write[way](seqs[i % 16], qsl)
+            t1 = time.perf_counter()
+            if i >= 20:
+                write_us[way].append((t1 - t0) * 1e6)
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    return dict(batch=B, between=kind, steps=reps, refreshed=refreshed, plan_us=med(plan_us), c_plan_us=med(c_us),
+                write_c_us=med(write_us["C"]), write_python_us=med(write_us["Python"]))
 
 
 def main(argv=None) -> int:
@@ -104,11 +120,12 @@ def main(argv=None) -> int:
     lines = ["# A captured plan's plan() between other host work (CPU)", ""] + provenance_markdown(info) + [
         f"Median host µs over {a.reps} steps, `DecodeWrapper(plan_in_graph=True)` on the CPU, Hq 32 / Hkv 8 / "
         "D 128, page 16, `auto`, lengths uniform 512-8192.", "",
-        "| B | between two steps | steps refreshed in one C call | plan() µs | of which the C planner µs |",
-        "|---:|---|---:|---:|---:|"]
+        "| B | between two steps | steps refreshed in one C call | plan() µs | of which the C planner µs | "
+        "lengths write µs, C | lengths write µs, Python |",
+        "|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['batch']} | {r['between']} | {r['refreshed']} / {r['steps']} | {fmt(r['plan_us'])} | "
-                     f"{fmt(r['c_plan_us'])} |")
+                     f"{fmt(r['c_plan_us'])} | {fmt(r['write_c_us'])} | {fmt(r['write_python_us'])} |")
     print(save_outputs(a.out, "plan_context", dict(meta=info, rows=rows), lines))
     return 0
 

@@ -18,5 +18,6 @@ def test_short_run_times_one_call_refreshes(tmp_path):
     for r in res["rows"]:
         assert r["refreshed"] == r["steps"] == 4, r
         assert 0 < r["c_plan_us"] < r["plan_us"], r
+        assert r["write_c_us"] > 0 and r["write_python_us"] > 0, r
     assert "git" in res["meta"]
     assert "| 5 | 64 MiB read | 4 / 4 |" in (tmp_path / "plan_context.md").read_text()

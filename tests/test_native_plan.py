@@ -411,6 +411,55 @@ def test_a_wrapper_with_a_refresher_is_collected():
     assert ref() is None
 
 
+@pytest.mark.parametrize("answer", [0, 600, None])
+def test_step_inputs_write_in_one_c_call(answer):
+    """``StepInputs(in_graph=True).write()`` through the C ``LengthsWriter``: int32 / int64 arrays of B and
+    B + 1 entries are written as NumPy's assignment writes them (values past int32 cast alike), after
+    the copy's event says it is done (a stand-in query here: not done, or no query function, calls the
+    wait first); anything else (a list, floats, other lengths) is declined and written or refused by
+    the Python path, with its errors."""
+    import ctypes
+
+    pytest.importorskip("torch")
+    from cuda_ref.wrapper import StepInputs
+
+    B = 5
+    si = StepInputs(B, "cpu", in_graph=True)
+    assert si._writer is not None and si._writer.event == 0
+    _, seq_np, qsl_np = si._host[0]
+    waits, asked = [], []
+    w = si._writer = native.load().LengthsWriter(seq_np, qsl_np, lambda: waits.append(1))   # a counting wait
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+    def query(ev):
+        asked.append(ev)
+        return answer
+
+    rng = np.random.default_rng(3)
+    for step in range(4):
+        if step == 2:
+            w.set_event(0x5EED0, 0 if answer is None else ctypes.cast(query, ctypes.c_void_p).value)
+        seq = rng.integers(0, 1 << 33 if step == 3 else 9000, B).astype(np.int64 if step % 2 else np.int32)
+        qsl = np.concatenate([[0], np.cumsum(rng.integers(1, 3, B))]).astype(np.int32 if step % 2 else np.int64)
+        assert w.write(seq, qsl) is True
+        want_seq, want_qsl = np.empty(B, np.int32), np.empty(B + 1, np.int32)
+        want_seq[:], want_qsl[:] = seq, qsl   # NumPy's assignment: the Python path's
+        np.testing.assert_array_equal(seq_np, want_seq)
+        np.testing.assert_array_equal(qsl_np, want_qsl)
+    assert asked == ([] if answer is None else [0x5EED0, 0x5EED0])
+    assert len(waits) == (0 if answer == 0 else 2)
+    before = seq_np.copy(), qsl_np.copy()
+    for seq, qsl in ((list(range(B)), list(range(B + 1))), (np.ones(B, np.float64), np.arange(B + 1)),
+                     (np.ones(B + 1, np.int64), np.arange(B + 1)), (np.ones(B, np.int64)[::-1][::2], np.arange(B + 1))):
+        assert w.write(seq, qsl) is False   # declined: nothing written
+        np.testing.assert_array_equal(seq_np, before[0])
+        np.testing.assert_array_equal(qsl_np, before[1])
+    si.write(list(range(B)), list(range(B + 1)))   # the Python path writes what C declines
+    np.testing.assert_array_equal(seq_np, np.arange(B))
+    with pytest.raises(ValueError, match="seq_lens: 5 entries expected"):
+        si.write(np.ones(B + 1, np.int64), np.arange(B + 1))
+
+
 def test_a_read_only_plan_is_not_written_into():
     spec = PlanSpec(32, 8, 128, 16, graph_stable=True)
     nat = NativePlanner.for_spec(spec)

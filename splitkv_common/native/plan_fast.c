@@ -1096,6 +1096,136 @@ static PyTypeObject RefresherType = {
     .tp_getset = refresher_getset,
 };
 
+/* LengthsWriter: cuda_ref.wrapper.StepInputs(in_graph=True).write() in one C call: a step's seq_lens
+ * [B] and query_start_loc [B + 1] (int32 / int64 NumPy arrays) into the pinned buffer a captured copy
+ * reads, once the last replay's copy has read it (the event queried as the Refresher does). Anything
+ * else (another length or dtype, a list) is declined, and StepInputs writes it (or reports it). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *seq_dst, *qsl_dst, *wait;   /* the pinned buffer's two int32 views (held), the wait */
+    int32_t *seq_p, *qsl_p;
+    int64_t B;
+    void *event;
+    int (*query)(void *);
+} LengthsWriter;
+
+static int writer_traverse(LengthsWriter *w, visitproc visit, void *arg) {
+    Py_VISIT(w->seq_dst);
+    Py_VISIT(w->qsl_dst);
+    Py_VISIT(w->wait);
+    return 0;
+}
+
+static int writer_clear(LengthsWriter *w) {
+    Py_CLEAR(w->seq_dst);
+    Py_CLEAR(w->qsl_dst);
+    Py_CLEAR(w->wait);
+    return 0;
+}
+
+static void writer_dealloc(LengthsWriter *w) {
+    PyObject_GC_UnTrack(w);
+    writer_clear(w);
+    Py_TYPE(w)->tp_free((PyObject *)w);
+}
+
+/* LengthsWriter(seq_dst, qsl_dst, wait): seq_dst an int32 [B] view, qsl_dst an int32 [B + 1] view of
+ * the pinned buffer (B >= 1); wait() is called when the event's query does not say the copy is done. */
+static PyObject *writer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    PyObject *seq, *qsl, *wait;
+    if ((kw && PyDict_GET_SIZE(kw)) || !PyArg_ParseTuple(args, "OOO:LengthsWriter", &seq, &qsl, &wait)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "LengthsWriter: positional arguments only");
+        return NULL;
+    }
+    Buf b = {0};
+    int ok = buf_get(seq, &b, 1);
+    Py_ssize_t n = ok ? b.shape[0] : 0;
+    buf_release(&b);
+    if (!ok || n < 1 || !PyCallable_Check(wait)) {
+        PyErr_SetString(PyExc_ValueError, "LengthsWriter: seq_dst must be a writable int32 [B >= 1] buffer, wait callable");
+        return NULL;
+    }
+    LengthsWriter *w = (LengthsWriter *)type->tp_alloc(type, 0);
+    if (!w) return NULL;
+    w->B = n;
+    if (!(w->seq_p = held_int32(seq, n, 1, "seq_dst")) || !(w->qsl_p = held_int32(qsl, n + 1, 1, "qsl_dst"))) {
+        Py_DECREF(w);
+        return NULL;
+    }
+    w->seq_dst = seq, w->qsl_dst = qsl, w->wait = wait;
+    Py_INCREF(seq);
+    Py_INCREF(qsl);
+    Py_INCREF(wait);
+    return (PyObject *)w;
+}
+
+/* write(seq_lens, query_start_loc): True when written; False (nothing written) for anything but 1-D
+ * C-contiguous int32 / int64 arrays of B and B + 1 entries. Values are stored as int32 the way
+ * NumPy's assignment casts them. */
+static PyObject *writer_write(LengthsWriter *w, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "write: 2 arguments (seq_lens, query_start_loc)");
+        return NULL;
+    }
+    IntIn a = {.b = {.held = 0}}, q = {.b = {.held = 0}};
+    PyObject *ret = Py_False;
+    if (!int_in(args[0], &a) || !int_in(args[1], &q) || a.n != w->B || q.n != w->B + 1) goto out;
+    if (w->event && (!w->query || w->query(w->event) != 0)) {   /* not done yet, or an error wait() raises */
+        PyObject *x = PyObject_CallNoArgs(w->wait);
+        if (!x) { ret = NULL; goto out; }
+        Py_DECREF(x);
+    }
+    for (int64_t i = 0; i < w->B; i++) w->seq_p[i] = (int32_t)at(&a, i);
+    for (int64_t i = 0; i <= w->B; i++) w->qsl_p[i] = (int32_t)at(&q, i);
+    ret = Py_True;
+out:
+    buf_release(&a.b);
+    buf_release(&q.b);
+    Py_XINCREF(ret);
+    return ret;
+}
+
+static PyObject *writer_set_event(LengthsWriter *w, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "set_event: 2 arguments");
+        return NULL;
+    }
+    void *ev = PyLong_AsVoidPtr(args[0]), *q = PyLong_AsVoidPtr(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    w->event = ev;
+    w->query = (int (*)(void *))q;
+    Py_RETURN_NONE;
+}
+
+static PyObject *writer_event(LengthsWriter *w, void *closure) { return PyLong_FromVoidPtr(w->event); }
+
+static PyMethodDef writer_methods[] = {
+    {"write", (PyCFunction)(void (*)(void))writer_write, METH_FASTCALL,
+     "write(seq_lens, query_start_loc): True when written, False where StepInputs must write it."},
+    {"set_event", (PyCFunction)(void (*)(void))writer_set_event, METH_FASTCALL,
+     "set_event(event, query): the copy's CUevent and cuEventQuery's address (ints, 0: none)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef writer_getset[] = {
+    {"event", (getter)writer_event, NULL, "the CUevent queried (0: none)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject LengthsWriterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_splitkv_plan.LengthsWriter",
+    .tp_basicsize = sizeof(LengthsWriter),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "StepInputs(in_graph=True).write() in one C call (see plan_fast.c).",
+    .tp_new = writer_new,
+    .tp_dealloc = (destructor)writer_dealloc,
+    .tp_traverse = (traverseproc)writer_traverse,
+    .tp_clear = (inquiry)writer_clear,
+    .tp_methods = writer_methods,
+    .tp_getset = writer_getset,
+};
+
 static PyMethodDef methods[] = {
     {"plan", (PyCFunction)(void (*)(void))plan, METH_FASTCALL, "The common-case plan (see the file's comment)."},
     {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL, "A plan's device arrays into one int32 buffer."},
@@ -1112,9 +1242,10 @@ PyMODINIT_FUNC PyInit__splitkv_plan(void) {
 #endif
     for (int k = 0; k < K_COUNT; k++)
         if (!keys[k] && !(keys[k] = PyUnicode_InternFromString(key_names[k]))) return NULL;
-    if (PyType_Ready(&RefresherType) < 0) return NULL;
+    if (PyType_Ready(&RefresherType) < 0 || PyType_Ready(&LengthsWriterType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddObjectRef(m, "Refresher", (PyObject *)&RefresherType) != 0) {
+    if (m && (PyModule_AddObjectRef(m, "Refresher", (PyObject *)&RefresherType) != 0 ||
+              PyModule_AddObjectRef(m, "LengthsWriter", (PyObject *)&LengthsWriterType) != 0)) {
         Py_DECREF(m);
         return NULL;
     }

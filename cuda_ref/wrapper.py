@@ -82,7 +82,9 @@ class StepInputs:
         inputs.replay(g, lens, qsl)                   # each step: write lens and qsl, replay
 
     ``replay`` waits for the previous replay's copy before it rewrites the buffer: the captured copy
-    records an event at each replay, so a step records nothing on the host."""
+    records an event at each replay, so a step records nothing on the host. With the C planner's module
+    built, ``write`` (and so ``replay``) is one C call for int32 / int64 NumPy arrays (the event queried
+    from C: ``splitkv_common.native``'s ``LengthsWriter``); anything else is written from Python."""
 
     def __init__(self, batch_size: int, device, ring: int = 2, in_graph: bool = False):
         if int(batch_size) < 0:

@@ -7,7 +7,8 @@ plan into the device layout in another (:class:`splitkv_common.plan.NativePlanne
 ``cuda_ref.launch.DevicePlan.pack_into`` use them), and writes an Ascend plan's words with the AI
 cores' balance in a third (``ascend_ops.tiling.TilingBuilder``); its ``Refresher`` makes a captured
 plan's ``plan()`` in one call with its bookkeeping (:meth:`NativePlanner.refresher`, for
-``cuda_ref.wrapper.DecodeWrapper(plan_in_graph=True)``). Everything else, and every error, stays with the
+``cuda_ref.wrapper.DecodeWrapper(plan_in_graph=True)``), its ``LengthsWriter`` a device-planned
+step's lengths write (``cuda_ref.wrapper.StepInputs(in_graph=True).write``). Everything else, and every error, stays with the
 NumPy planner, which is also the oracle the C code is tested against (``tests/test_native_plan.py``).
 
 The module is compiled like Triton's own launchers: ``$CC`` (default ``cc``) with Python's headers

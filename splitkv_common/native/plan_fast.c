@@ -11,7 +11,8 @@
  *
  * Python side: splitkv_common/native/__init__.py (build, load, the settings struct) and
  * splitkv_common/plan.py (NativePlanner: the Plan object over the arrays written here). The Refresher
- * type makes a captured plan's plan() in one call (cuda_ref.wrapper.DecodeWrapper, plan_in_graph).
+ * type makes a captured plan's plan() in one call (cuda_ref.wrapper.DecodeWrapper, plan_in_graph), the
+ * LengthsWriter type a device-planned step's lengths write (cuda_ref.wrapper.StepInputs, in_graph).
  * ascend_words() writes an Ascend plan's words for ascend_ops.tiling.TilingBuilder
  * (tests/ascend/test_tiling_builder.py).
  */

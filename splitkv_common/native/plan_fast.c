@@ -741,6 +741,52 @@ out:
  * cold, and each object or page touched costs (docs/benchmarks.md, bench_plan_context): one call on
  * one struct touches fewer than the same steps in Python. */
 
+/* The event that the last copy out of a pinned buffer records, and how to wait for it: the common
+ * prefix of Refresher and LengthsWriter (which share set_event, event and copy_wait). */
+typedef struct {
+    void *event;              /* the CUevent (NULL: none yet) */
+    int (*query)(void *);     /* cuEventQuery (NULL: wait() whenever there is an event) */
+    PyObject *wait;           /* called when the query does not say the copy is done: synchronises or raises */
+} CopyEvent;
+
+typedef struct {
+    PyObject_HEAD
+    CopyEvent copy;
+} WithCopyEvent;
+
+/* 0 once the last copy has read the buffer (the event queried; not done yet, or an error: wait()),
+ * -1 with wait()'s error. */
+static int copy_wait(CopyEvent *c) {
+    if (!c->event || (c->query && c->query(c->event) == 0)) return 0;
+    PyObject *x = PyObject_CallNoArgs(c->wait);
+    if (!x) return -1;
+    Py_DECREF(x);
+    return 0;
+}
+
+/* set_event(event, query): the CUevent the copy records (an int, 0: none) and the address of
+ * cuEventQuery (0: call wait() whenever there is an event). */
+static PyObject *copy_set_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "set_event: 2 arguments");
+        return NULL;
+    }
+    void *ev = PyLong_AsVoidPtr(args[0]), *q = PyLong_AsVoidPtr(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    CopyEvent *c = &((WithCopyEvent *)self)->copy;
+    c->event = ev;
+    c->query = (int (*)(void *))q;
+    Py_RETURN_NONE;
+}
+
+static PyObject *copy_event(PyObject *self, void *closure) {
+    return PyLong_FromVoidPtr(((WithCopyEvent *)self)->copy.event);
+}
+
+#define COPY_EVENT_METHOD {"set_event", (PyCFunction)(void (*)(void))copy_set_event, METH_FASTCALL, \
+    "set_event(event, query): the copy's CUevent and cuEventQuery's address (ints, 0: none)."}
+#define COPY_EVENT_GETSET {"event", (getter)copy_event, NULL, "the CUevent queried (0: none)", NULL}
+
 typedef struct {
     PyObject *plan, *dict;    /* the plan object and its __dict__ */
     PyObject *items, *small;  /* its arrays (held: the pointers below are theirs) */
@@ -751,6 +797,7 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
+    CopyEvent copy;           /* first: WithCopyEvent's layout */
     Settings s;
     int64_t B, T, most, N, size, page, last_valid, refreshes;
     PyObject *packed;         /* the pinned buffer's int32 NumPy view (held) */
@@ -759,9 +806,6 @@ typedef struct {
     Slot slot[2];
     int spare;                /* slot[spare]: the plan written next; slot[1 - spare]: the one in use */
     PyObject *wrapper_dict, *uploader_dict, *layout;   /* the wrapper's and the uploader's __dict__, its _layout */
-    PyObject *wait;           /* the uploader's wait_for_copy */
-    void *event;              /* the CUevent of the captured copy's record (NULL: none yet) */
-    int (*query)(void *);     /* cuEventQuery (NULL: wait() every time there is an event) */
     double marks[4];          /* host clocks of the last refresh (s): start, copy waited for, planned, end */
 } Refresher;
 
@@ -834,7 +878,7 @@ static int refresher_traverse(Refresher *r, visitproc visit, void *arg) {
     Py_VISIT(r->wrapper_dict);
     Py_VISIT(r->uploader_dict);
     Py_VISIT(r->layout);
-    Py_VISIT(r->wait);
+    Py_VISIT(r->copy.wait);
     return 0;
 }
 
@@ -851,7 +895,7 @@ static int refresher_clear(Refresher *r) {
     Py_CLEAR(r->wrapper_dict);
     Py_CLEAR(r->uploader_dict);
     Py_CLEAR(r->layout);
-    Py_CLEAR(r->wait);
+    Py_CLEAR(r->copy.wait);
     return 0;
 }
 
@@ -933,7 +977,7 @@ static PyObject *refresher_new(PyTypeObject *type, PyObject *args, PyObject *kw)
         r->last_valid = PyLong_AsLongLong(PyTuple_GET_ITEM(last, 2));
         if (r->last_valid == -1 && PyErr_Occurred()) goto fail;
     }
-    r->wrapper_dict = wd, r->uploader_dict = ud, r->layout = layout, r->wait = wait;
+    r->wrapper_dict = wd, r->uploader_dict = ud, r->layout = layout, r->copy.wait = wait;
     Py_INCREF(wd);
     Py_INCREF(ud);
     Py_INCREF(layout);
@@ -948,20 +992,6 @@ static PyObject *refresher_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 fail:
     Py_DECREF(r);
     return NULL;
-}
-
-/* set_event(event, query): the CUevent the captured copy records (an int, 0: none) and the address of
- * cuEventQuery (0: call wait() whenever there is an event). */
-static PyObject *refresher_set_event(Refresher *r, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "set_event: 2 arguments");
-        return NULL;
-    }
-    void *ev = PyLong_AsVoidPtr(args[0]), *q = PyLong_AsVoidPtr(args[1]);
-    if (PyErr_Occurred()) return NULL;
-    r->event = ev;
-    r->query = (int (*)(void *))q;
-    Py_RETURN_NONE;
 }
 
 /* 1 if `a` may still be written (its owner may have made it read-only since). */
@@ -996,13 +1026,7 @@ static PyObject *refresher_refresh(Refresher *r, PyObject *const *args, Py_ssize
     long kind = args[2] != Py_None ? 2 : args[1] != Py_None ? 1 : 0;
     PyObject *q = kind == 2 ? args[2] : args[1];
     double t0 = now_s();
-    if (r->event) {   /* the last replay's copy has read the pinned buffer? */
-        if (!r->query || r->query(r->event) != 0) {   /* not yet (or an error, which wait() raises) */
-            PyObject *x = PyObject_CallNoArgs(r->wait);
-            if (!x) return NULL;
-            Py_DECREF(x);
-        }
-    }
+    if (copy_wait(&r->copy) < 0) return NULL;   /* the last replay's copy has read the pinned buffer */
     double t1 = now_s();
     Slot *sp = &r->slot[r->spare], *cur = &r->slot[1 - r->spare];
     if (!still_writable(sp->items) || !still_writable(sp->small)) Py_RETURN_NONE;
@@ -1058,13 +1082,10 @@ static PyObject *refresher_parts(Refresher *r, void *closure) {
                          (m[3] - m[2]) * 1e6);
 }
 
-static PyObject *refresher_event(Refresher *r, void *closure) { return PyLong_FromVoidPtr(r->event); }
-
 static PyMethodDef refresher_methods[] = {
     {"refresh", (PyCFunction)(void (*)(void))refresher_refresh, METH_FASTCALL,
      "refresh(seq_lens, q_lens, query_start_loc): the refreshed plan, or None (the full way)."},
-    {"set_event", (PyCFunction)(void (*)(void))refresher_set_event, METH_FASTCALL,
-     "set_event(event, query): the copy's CUevent and cuEventQuery's address (ints, 0: none)."},
+    COPY_EVENT_METHOD,
     {NULL, NULL, 0, NULL},
 };
 
@@ -1078,7 +1099,7 @@ static PyMemberDef refresher_members[] = {
 
 static PyGetSetDef refresher_getset[] = {
     {"parts", (getter)refresher_parts, NULL, "host µs of the last refresh: wait, plan, after", NULL},
-    {"event", (getter)refresher_event, NULL, "the CUevent queried (0: none)", NULL},
+    COPY_EVENT_GETSET,
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1103,24 +1124,23 @@ static PyTypeObject RefresherType = {
  * else (another length or dtype, a list) is declined, and StepInputs writes it (or reports it). */
 typedef struct {
     PyObject_HEAD
-    PyObject *seq_dst, *qsl_dst, *wait;   /* the pinned buffer's two int32 views (held), the wait */
+    CopyEvent copy;                 /* first: WithCopyEvent's layout */
+    PyObject *seq_dst, *qsl_dst;    /* the pinned buffer's two int32 views (held) */
     int32_t *seq_p, *qsl_p;
     int64_t B;
-    void *event;
-    int (*query)(void *);
 } LengthsWriter;
 
 static int writer_traverse(LengthsWriter *w, visitproc visit, void *arg) {
     Py_VISIT(w->seq_dst);
     Py_VISIT(w->qsl_dst);
-    Py_VISIT(w->wait);
+    Py_VISIT(w->copy.wait);
     return 0;
 }
 
 static int writer_clear(LengthsWriter *w) {
     Py_CLEAR(w->seq_dst);
     Py_CLEAR(w->qsl_dst);
-    Py_CLEAR(w->wait);
+    Py_CLEAR(w->copy.wait);
     return 0;
 }
 
@@ -1153,7 +1173,7 @@ static PyObject *writer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         Py_DECREF(w);
         return NULL;
     }
-    w->seq_dst = seq, w->qsl_dst = qsl, w->wait = wait;
+    w->seq_dst = seq, w->qsl_dst = qsl, w->copy.wait = wait;
     Py_INCREF(seq);
     Py_INCREF(qsl);
     Py_INCREF(wait);
@@ -1171,10 +1191,9 @@ static PyObject *writer_write(LengthsWriter *w, PyObject *const *args, Py_ssize_
     IntIn a = {.b = {.held = 0}}, q = {.b = {.held = 0}};
     PyObject *ret = Py_False;
     if (!int_in(args[0], &a) || !int_in(args[1], &q) || a.n != w->B || q.n != w->B + 1) goto out;
-    if (w->event && (!w->query || w->query(w->event) != 0)) {   /* not done yet, or an error wait() raises */
-        PyObject *x = PyObject_CallNoArgs(w->wait);
-        if (!x) { ret = NULL; goto out; }
-        Py_DECREF(x);
+    if (copy_wait(&w->copy) < 0) {
+        ret = NULL;
+        goto out;
     }
     for (int64_t i = 0; i < w->B; i++) w->seq_p[i] = (int32_t)at(&a, i);
     for (int64_t i = 0; i <= w->B; i++) w->qsl_p[i] = (int32_t)at(&q, i);
@@ -1186,30 +1205,15 @@ out:
     return ret;
 }
 
-static PyObject *writer_set_event(LengthsWriter *w, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "set_event: 2 arguments");
-        return NULL;
-    }
-    void *ev = PyLong_AsVoidPtr(args[0]), *q = PyLong_AsVoidPtr(args[1]);
-    if (PyErr_Occurred()) return NULL;
-    w->event = ev;
-    w->query = (int (*)(void *))q;
-    Py_RETURN_NONE;
-}
-
-static PyObject *writer_event(LengthsWriter *w, void *closure) { return PyLong_FromVoidPtr(w->event); }
-
 static PyMethodDef writer_methods[] = {
     {"write", (PyCFunction)(void (*)(void))writer_write, METH_FASTCALL,
      "write(seq_lens, query_start_loc): True when written, False where StepInputs must write it."},
-    {"set_event", (PyCFunction)(void (*)(void))writer_set_event, METH_FASTCALL,
-     "set_event(event, query): the copy's CUevent and cuEventQuery's address (ints, 0: none)."},
+    COPY_EVENT_METHOD,
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef writer_getset[] = {
-    {"event", (getter)writer_event, NULL, "the CUevent queried (0: none)", NULL},
+    COPY_EVENT_GETSET,
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -392,12 +392,20 @@ class _Spans:
     at_zero: bool         # every start is 0 (no window): the ``start`` terms drop out
 
 
+def _vector(x, name: str, shape: str) -> np.ndarray:
+    """``x`` as an int64 vector; anything but one dimension is refused naming ``name``."""
+    a = np.asarray(x)
+    if a.ndim != 1:
+        raise ValueError(f"{name}: must be 1-D {shape}, got shape {tuple(a.shape)}")
+    return a.astype(np.int64)
+
+
 def _check_inputs(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, policy, device, num_q_heads,
                   head_dim, min_split_tokens, max_splits) -> _Batch:
     """Parse and validate the arguments (errors in the documented order)."""
     prof = get_profile(device)
     pol = _parse_policy(policy) if isinstance(policy, str) else SplitPolicy.parse(policy)
-    seq = np.asarray(seq_lens).astype(np.int64).reshape(-1)
+    seq = _vector(seq_lens, "seq_lens", "[B]")
     B = seq.shape[0]
     if B and seq.min() < 0:
         raise ValueError(f"seq_lens: must be >= 0, got {seq[seq < 0][:4].tolist()}")
@@ -406,14 +414,14 @@ def _check_inputs(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, po
     if num_kv_heads <= 0:
         raise ValueError(f"num_kv_heads: must be positive, got {num_kv_heads}")
     if query_start_loc is not None:
-        qsl = np.asarray(query_start_loc).astype(np.int64).reshape(-1)
+        qsl = _vector(query_start_loc, "query_start_loc", "[B + 1]")
         if qsl.shape[0] != B + 1 or qsl[0] != 0 or (np.diff(qsl) < 0).any():
             raise ValueError("query_start_loc: must be [B + 1], start at 0 and be non-decreasing")
         ql = np.diff(qsl)
     elif q_lens is None:
         ql, qsl = None, np.arange(B + 1, dtype=np.int64)
     else:
-        ql = np.asarray(q_lens).astype(np.int64).reshape(-1)
+        ql = _vector(q_lens, "q_lens", "[B]")
         if ql.shape[0] != B:
             raise ValueError(f"q_lens: must have one entry per request ({B}), got {ql.shape[0]}")
         if B and ql.min() < 0:
@@ -1601,16 +1609,21 @@ class PlannedWrapper:
         (``set_plan`` does): graph-stable plans are written into the buffer of a plan of this
         wrapper that is no longer in use."""
         spare, self._spare = self._spare, None
-        self._refresh_with = None   # the spare's buffers are this plan's now: set_plan() makes a refresher again
-        made = None
-        if window_left is None:
-            nat = self._native
-            if nat is False:
-                nat = self._native = NativePlanner.for_spec(self.spec)
-            if nat is not None:
-                made = nat.make(seq_lens, q_lens, query_start_loc, reuse=spare)
-        if made is None:
-            made = self.spec.make(seq_lens, q_lens, query_start_loc, window_left, reuse=spare)
+        # the spare's buffers are this plan's now: set_plan() makes a refresher again
+        fast, self._refresh_with = self._refresh_with, None
+        try:
+            made = None
+            if window_left is None:
+                nat = self._native
+                if nat is False:
+                    nat = self._native = NativePlanner.for_spec(self.spec)
+                if nat is not None:
+                    made = nat.make(seq_lens, q_lens, query_start_loc, reuse=spare)
+            if made is None:
+                made = self.spec.make(seq_lens, q_lens, query_start_loc, window_left, reuse=spare)
+        except BaseException:   # a refused batch leaves the wrapper as it was
+            self._spare, self._refresh_with = spare, fast
+            raise
         self._made = made
         return made
 

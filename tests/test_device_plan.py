@@ -247,6 +247,29 @@ def test_step_inputs_in_graph_copy_is_replayed_with_each_steps_lengths():
         StepInputs(B, DEVICE).copy()
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(graph_stable=True, max_splits=8),
+                                dict(graph_stable=True, max_splits=8, plan_in_graph=True)],
+                         ids=["plain", "graph-stable", "plan-in-graph"])
+def test_plan_refuses_lengths_of_two_dimensions(kw):
+    """``plan()`` with ``seq_lens`` of shape ``[B, 1]`` (or ``query_start_loc`` of ``[1, B + 1]``) is
+    refused naming the argument, in every planning mode, before anything is packed or copied; a
+    captured plan's refresh (plan_in_graph) hands such a batch to the full path, which refuses it."""
+    inp = cases.random_inputs(22, [70, 5, 33, 9], num_q_heads=8, num_kv_heads=2, head_dim=32, page_size=8,
+                              dtype="bfloat16")
+    w = _wrapper(inp, policy="size:16", **kw)
+    seq = np.asarray(inp.seq_lens)
+    w.plan(seq)
+    for step in range(3):   # from the second plan() on, a captured wrapper refreshes in one C call
+        n = w.plan_refreshes
+        with pytest.raises(ValueError, match="^seq_lens: must be 1-D"):
+            w.plan(seq.reshape(-1, 1))
+        with pytest.raises(ValueError, match="^query_start_loc: must be 1-D"):
+            w.plan(seq, query_start_loc=np.arange(5).reshape(1, -1))
+        w.plan(seq + step)
+        # a refused batch changed nothing: the next plan() refreshes as it would have
+        assert w.plan_refreshes == n + (kw.get("plan_in_graph", False) and step > 0)
+
+
 def test_plan_in_graph_replays_each_steps_host_plan():
     """``DecodeWrapper(plan_in_graph=True)``: ``plan()`` only packs; the copy captured by ``copy_plan()``
     carries each step's plan, so replays with new lengths (new plans, fewer and more work items) give

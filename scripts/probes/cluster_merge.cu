@@ -291,44 +291,50 @@ int probe_separate(const Params *p, cudaStream_t stream, int batch, int pdl) {
     return (int)cudaLaunchKernelEx(&cfg, merge_separate, copy);
 }
 
-// one launch: clusters of nsplit programs (up to 8 portable, 16 with the non-portable attribute)
-int probe_cluster(const Params *p, cudaStream_t stream, int batch) {
-    static bool opened = false;
-    if (!opened) {
-        cudaError_t e = cudaFuncSetAttribute(stage1_cluster, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-        if (e != cudaSuccess) return (int)e;
-        opened = true;
-    }
+}  // extern "C"
+
+namespace {
+
+// stage1_cluster's launch: clusters of nsplit programs (up to 8 portable, 16 with the non-portable
+// attribute, which is set here)
+struct ClusterLaunch {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(p->nsplit, p->hkv, batch);
-    cfg.blockDim = dim3(THREADS, 1, 1);
-    cfg.stream = stream;
     cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = p->nsplit;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaError_t opened;
+
+    ClusterLaunch(const Params *p, int batch, cudaStream_t stream) {
+        static cudaError_t once =   // the first call (outside any graph capture: the script checks first)
+            cudaFuncSetAttribute(stage1_cluster, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+        opened = once;
+        cfg.gridDim = dim3(p->nsplit, p->hkv, batch);
+        cfg.blockDim = dim3(THREADS, 1, 1);
+        cfg.stream = stream;
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = p->nsplit;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+};
+
+}  // namespace
+
+extern "C" {
+
+// one launch
+int probe_cluster(const Params *p, cudaStream_t stream, int batch) {
+    ClusterLaunch l(p, batch, stream);
+    if (l.opened != cudaSuccess) return (int)l.opened;
     Params copy = *p;
-    return (int)cudaLaunchKernelEx(&cfg, stage1_cluster, copy);
+    return (int)cudaLaunchKernelEx(&l.cfg, stage1_cluster, copy);
 }
 
-// how many clusters of nsplit programs fit on the GPU at once (0: none)
+// how many clusters of nsplit programs fit on the GPU at once (0: none; -1: the query failed)
 int probe_max_clusters(const Params *p, int batch) {
-    cudaFuncSetAttribute(stage1_cluster, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(p->nsplit, p->hkv, batch);
-    cfg.blockDim = dim3(THREADS, 1, 1);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = p->nsplit;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    ClusterLaunch l(p, batch, 0);
     int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, stage1_cluster, &cfg) != cudaSuccess) return -1;
+    if (l.opened != cudaSuccess || cudaOccupancyMaxActiveClusters(&n, stage1_cluster, &l.cfg) != cudaSuccess) return -1;
     return n;
 }
 

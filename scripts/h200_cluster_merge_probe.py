@@ -86,10 +86,14 @@ class Probe:
                         self.part_o.data_ptr(), self.part_lse.data_ptr(), self.out.data_ptr(), self.lse.data_ptr(),
                         bt.stride(0), HKV, nsplit, split, D ** -0.5 * LOG2E)
 
-    def separate(self):
-        rc = self.lib.probe_separate(ctypes.byref(self.p), torch.cuda.current_stream().cuda_stream, self.B, 1)
+    def separate(self, merge: int = 2):
+        """Stage 1 then the merge kernel (``merge`` 2: a dependent launch; 1: a plain one; 0: none)."""
+        rc = self.lib.probe_separate(ctypes.byref(self.p), torch.cuda.current_stream().cuda_stream, self.B, merge)
         if rc:
             raise RuntimeError(f"probe_separate: CUDA error {rc}")
+
+    def stage1(self):
+        self.separate(0)
 
     def cluster(self):
         rc = self.lib.probe_cluster(ctypes.byref(self.p), torch.cuda.current_stream().cuda_stream, self.B)
@@ -168,6 +172,7 @@ def main(argv=None) -> int:
             row[f"separate{n}_err"], row[f"separate{n}_lse_err"] = e, le
             if e < 2e-2:
                 timed(timer, pr.separate, row, f"separate{n}_us")
+                timed(timer, pr.stage1, row, f"stage1_{n}_us")
             if n <= 16:
                 row[f"cluster{n}_max_active"] = fits = pr.max_clusters()
                 if fits > 0:
@@ -185,17 +190,19 @@ def main(argv=None) -> int:
     with open(os.path.join(args.out, "cluster_merge.json"), "w") as f:
         json.dump(res, f, indent=1)
     splits = [int(x) for x in args.splits.split(",")]
-    head = ["point", "ours", "ours stage 1", "cuDNN", "flash"] + \
+    head = ["point", "ours", "ours stage 1", "cuDNN", "flash"] + [f"stage 1 alone {n}" for n in splits] + \
         [f"separate {n}" for n in splits] + [f"cluster {n}" for n in splits if n <= 16]
     lines = [f"# Cluster-merge probe ({res['device']})", "", "µs, median of graph replays after a read flush; "
              "probe rows: the CUDA-core stage 1 of probes/cluster_merge.cu with n splits a (request, KV head), "
-             "its merge a second kernel (PDL) or inside the cluster; error: rel. to float32 SDPA math", "",
+             "alone, with its merge a second kernel (PDL), or with the merge inside the cluster; "
+             "error: rel. to float32 SDPA math", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def f(x):
         return "-" if x is None else f"{x:.1f}"
     for r in rows:
         cells = [r["point"], f(r["ours_us"]), f(r["ours_stage1_us"]), f(r.get("sdpa_cudnn")), f(r.get("sdpa_flash"))]
+        cells += [f(r.get(f"stage1_{n}_us")) for n in splits]
         cells += [f"{f(r.get(f'separate{n}_us'))} ({r.get(f'separate{n}_err', float('nan')):.0e})" for n in splits]
         cells += [f"{f(r.get(f'cluster{n}_us'))} ({r.get(f'cluster{n}_err', float('nan')):.0e})" for n in splits
                   if n <= 16]

@@ -272,12 +272,12 @@ extern "C" {
 
 int probe_param_bytes() { return (int)sizeof(Params); }
 
-// stage 1 then the merge; pdl: the merge as a programmatic dependent launch
-int probe_separate(const Params *p, cudaStream_t stream, int batch, int pdl) {
+// stage 1, then (merge != 0) the merge; merge 2: as a programmatic dependent launch
+int probe_separate(const Params *p, cudaStream_t stream, int batch, int merge) {
     dim3 grid(p->nsplit, p->hkv, batch);
     stage1_separate<<<grid, THREADS, 0, stream>>>(*p);
     cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return (int)e;
+    if (e != cudaSuccess || !merge) return (int)e;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(p->hkv * G, batch, 1);
     cfg.blockDim = dim3(D, 1, 1);
@@ -286,7 +286,7 @@ int probe_separate(const Params *p, cudaStream_t stream, int batch, int pdl) {
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cfg.numAttrs = merge == 2 ? 1 : 0;
     Params copy = *p;
     return (int)cudaLaunchKernelEx(&cfg, merge_separate, copy);
 }

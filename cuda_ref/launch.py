@@ -436,7 +436,7 @@ class PlanUploader:
             self._dev = torch.empty(cap, dtype=torch.int32, device=self.device)
             self._dev_views = {}
             self.allocations += 1
-        if len(self._dev_views) >= 16:
+        if len(self._dev_views) >= 64:   # an eager batch-1 plan's item count alone takes ~30 values
             self._dev_views.clear()
         dst = self._dev[:n]
         hit = self._dev_views[(W, B, T)] = (dst, DevicePlan.views_of(dst, W, B, T))

@@ -13,12 +13,16 @@ goes first swaps each time), the GPU idle before each call (Hq 32 / Hkv 8, D 128
   bitwise between the trees;
 * a new batch every step (1 to 64 requests drawn at random, lengths 512-8192, one cache and one
   block table of 512 columns; the same batches for both trees): ``plan()`` then ``run()``, p50 and
-  p90 host µs of ``run()`` and p50 of ``plan()``.
+  p90 host µs of ``run()`` and p50 of ``plan()``;
+* a batch of fixed size (``--fixed-batches``, e.g. 1,16,64) whose lengths change every step (512-8192,
+  as a steady decode batch): ``plan()`` then ``run()``, p50 of each. Without a GPU only this part runs,
+  ``plan()`` alone (the host side: the planner, the upload into CPU tensors, the buffers).
 
 Writes ``eager_ab.json`` (with provenance) and ``eager_ab.md`` to ``--out``.
 
     mkdir OLD && git archive REV | tar -x -C OLD
     python scripts/bench_eager_ab.py --old OLD --out OUT [--rounds 2]
+    python scripts/bench_eager_ab.py --old OLD --out OUT --fixed-batches 1,16,64    # also on the CPU
 """
 
 from __future__ import annotations
@@ -59,6 +63,11 @@ def load_old(root: str):
     import cuda_ref_old.wrapper
     cuda_ref_old.launch.kernels = cuda_ref.kernels
     return cuda_ref_old.wrapper.DecodeWrapper
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def alternate(calls: dict, n: int, warmup: int = 20) -> dict:
@@ -134,21 +143,79 @@ def new_batches(Old, steps: int, max_batch: int = 64, warmup: int = 20, seed: in
                 **{f"{t}_plan_p50": float(np.median(x)) for t, x in tp.items()})
 
 
+def fixed_batches(Old, steps: int, batches: list, warmup: int = 20, seed: int = 0) -> list:
+    """Per batch size: both trees' wrappers ``plan()`` a batch of that size with new lengths every step
+    (the same lengths for both), then, on a GPU, ``run()``; p50 host µs of each, the order swapped each
+    step, outputs compared bitwise."""
+    gpu = torch.cuda.is_available()
+    rows = []
+    for B in batches:
+        ws = {"old": Old(32, 8, 128, PAGE, dtype=torch.bfloat16), "new": DecodeWrapper(32, 8, 128, PAGE,
+                                                                                       dtype=torch.bfloat16)}
+        if gpu:
+            q, k, v, bt, seq = make_point(B, 8192, 32, 8, 128, torch.bfloat16)
+            qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
+        rng = np.random.default_rng(seed + B)
+        tp = {"old": [], "new": []}
+        tr = {"old": [], "new": []}
+        bitwise = True
+        for i in range(steps + warmup):
+            lens = rng.integers(512, 8193, B)
+            sd = torch.from_numpy(lens.astype(np.int32)).cuda() if gpu else None
+            outs = {}
+            for t in (("old", "new") if i % 2 else ("new", "old")):
+                sync()
+                t0 = time.perf_counter()
+                ws[t].plan(lens)
+                t1 = time.perf_counter()
+                if gpu:
+                    sync()
+                    t2 = time.perf_counter()
+                    out = ws[t].run(q, k, v, bt, sd, qsl)
+                    t3 = time.perf_counter()
+                    sync()
+                    outs[t] = [x.clone() for x in out]
+                    if i >= warmup:
+                        tr[t].append((t3 - t2) * 1e6)
+                if i >= warmup:
+                    tp[t].append((t1 - t0) * 1e6)
+            if gpu:
+                bitwise = bitwise and same(outs["old"], outs["new"])
+        rows.append(dict(batch=B, steps=steps, bitwise=bitwise if gpu else None,
+                         **{f"{t}_plan_p50": float(np.median(x)) for t, x in tp.items()},
+                         **{f"{t}_run_p50": float(np.median(x)) if x else None for t, x in tr.items()}))
+    return rows
+
+
 def table(res) -> str:
     lines = [f"Eager `run()` host µs, `{res['old']}` (old) against this tree (new), alternating call by call in one "
-             f"process ({res['gpu']}, torch {res['torch']}, {res['date']})", "",
-             "| round | point | merge | old µs | new µs | new / old | bitwise equal |", "|---|---|---|---:|---:|---:|---|"]
-    for k, rnd in enumerate(res["rounds"]):
-        for r in rnd["repeated"]:
-            lines.append(f"| {k + 1} | {r['point']} | {r['merge']} | {r['old_us']:.1f} | {r['new_us']:.1f} | "
-                         f"{r['new_us'] / r['old_us']:.3f} | {r['bitwise']} |")
-    lines += ["", "A new batch every step (1-64 requests at random, lengths 512-8192), `run()` right after `plan()`:", "",
-              "| round | old p50 µs | new p50 µs | old p90 µs | new p90 µs | `plan()` p50 µs old / new | bitwise equal |",
-              "|---|---:|---:|---:|---:|---:|---|"]
-    for k, rnd in enumerate(res["rounds"]):
-        nb = rnd["new_batches"]
-        lines.append(f"| {k + 1} | {nb['old_p50']:.1f} | {nb['new_p50']:.1f} | {nb['old_p90']:.1f} | "
-                     f"{nb['new_p90']:.1f} | {nb['old_plan_p50']:.1f} / {nb['new_plan_p50']:.1f} | {nb['bitwise']} |")
+             f"process ({res['gpu']}, torch {res['torch']}, {res['date']})"]
+    if any("repeated" in rnd for rnd in res["rounds"]):
+        lines += ["", "| round | point | merge | old µs | new µs | new / old | bitwise equal |",
+                  "|---|---|---|---:|---:|---:|---|"]
+        for k, rnd in enumerate(res["rounds"]):
+            for r in rnd["repeated"]:
+                lines.append(f"| {k + 1} | {r['point']} | {r['merge']} | {r['old_us']:.1f} | {r['new_us']:.1f} | "
+                             f"{r['new_us'] / r['old_us']:.3f} | {r['bitwise']} |")
+        lines += ["", "A new batch every step (1-64 requests at random, lengths 512-8192), `run()` right after `plan()`:",
+                  "", "| round | old p50 µs | new p50 µs | old p90 µs | new p90 µs | `plan()` p50 µs old / new | "
+                  "bitwise equal |", "|---|---:|---:|---:|---:|---:|---|"]
+        for k, rnd in enumerate(res["rounds"]):
+            nb = rnd["new_batches"]
+            lines.append(f"| {k + 1} | {nb['old_p50']:.1f} | {nb['new_p50']:.1f} | {nb['old_p90']:.1f} | "
+                         f"{nb['new_p90']:.1f} | {nb['old_plan_p50']:.1f} / {nb['new_plan_p50']:.1f} | {nb['bitwise']} |")
+    if any(rnd.get("fixed") for rnd in res["rounds"]):
+        lines += ["", "A batch of fixed size, new lengths every step (512-8192): `plan()`, then `run()` (GPU only), p50:",
+                  "", "| round | B | `plan()` µs old | new | new / old | `run()` µs old | new | bitwise equal |",
+                  "|---|---:|---:|---:|---:|---:|---:|---|"]
+
+        def f(x):
+            return "-" if x is None else f"{x:.1f}"
+        for k, rnd in enumerate(res["rounds"]):
+            for r in rnd.get("fixed") or []:
+                lines.append(f"| {k + 1} | {r['batch']} | {r['old_plan_p50']:.1f} | {r['new_plan_p50']:.1f} | "
+                             f"{r['new_plan_p50'] / r['old_plan_p50']:.3f} | {f(r['old_run_p50'])} | "
+                             f"{f(r['new_run_p50'])} | {'-' if r['bitwise'] is None else r['bitwise']} |")
     return "\n".join(lines)
 
 
@@ -161,16 +228,26 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=300, help="timed calls of each tree per point (default 300)")
     ap.add_argument("--steps", type=int, default=400, help="timed steps of the new-batch loop (default 400)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--fixed-batches", default="",
+                    help="batch sizes of the fixed-size loop, e.g. 1,16,64 (the only part without a GPU)")
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("scripts/bench_eager_ab.py: needs a CUDA GPU (it times eager launches)")
+    gpu = torch.cuda.is_available()
+    fixed = [int(x) for x in a.fixed_batches.split(",") if x]
+    if not gpu and not fixed:
+        raise SystemExit("scripts/bench_eager_ab.py: needs a CUDA GPU (it times eager launches); on the CPU, "
+                         "--fixed-batches times plan() alone")
     Old = load_old(os.path.abspath(a.old))
     res = dict(provenance=provenance(argv if argv is None else [sys.argv[0], *argv]), old=a.old_label or os.path.basename(
-        os.path.abspath(a.old)), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rounds=[])
+        os.path.abspath(a.old)), gpu=torch.cuda.get_device_name() if gpu else "CPU, plan() alone",
+        torch=torch.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rounds=[])
     for _ in range(a.rounds):
-        rows = [r for name in a.points.split(",") for r in repeated(Old, name, a.calls)]
-        res["rounds"].append(dict(repeated=rows, new_batches=new_batches(Old, a.steps)))
+        rnd = {}
+        if gpu:
+            rnd["repeated"] = [r for name in a.points.split(",") for r in repeated(Old, name, a.calls)]
+            rnd["new_batches"] = new_batches(Old, a.steps)
+        if fixed:
+            rnd["fixed"] = fixed_batches(Old, a.steps, fixed)
+        res["rounds"].append(rnd)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "eager_ab.json"), "w") as f:
         json.dump(res, f, indent=1)

@@ -105,8 +105,10 @@ def test_eager_plans_of_other_sizes_reuse_the_buffers_stores():
     those of a wrapper made for each batch."""
     w = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16")
     rng = np.random.default_rng(5)
-    batches = [cases.random_inputs(30 + k, rng.integers(0, 90, B).tolist(), num_q_heads=4, num_kv_heads=2,
-                                   head_dim=32, page_size=8) for k, B in enumerate((5, 2, 5, 3, 1, 4))]
+    lens = [rng.integers(0, 90, B).tolist() for B in (5, 2, 5, 3, 1, 4)]
+    lens += [[8] * 4, [200] * 4, [30] * 4, [300] * 4]   # one batch size, the partial slots growing and shrinking
+    batches = [cases.random_inputs(30 + k, x, num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8)
+               for k, x in enumerate(lens)]
     for k, inp in enumerate(batches):
         before = {n: (t.data_ptr(), t.shape[0]) for n, t in w._stores.items()}
         w.plan(inp.seq_lens)

@@ -1,0 +1,34 @@
+"""``scripts/bench_eager_ab.py`` without a GPU: the fixed-batch loop times ``plan()`` of this tree against
+another tree's ``cuda_ref`` (here this tree again), both trees planning the same batches."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from script_module import SCRIPTS, load_script
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU mode (a GPU runs the whole comparison)")
+def test_fixed_batches_time_plan_on_the_cpu(tmp_path):
+    ab = load_script("bench_eager_ab")
+    out = tmp_path / "ab"
+    assert ab.main(["--old", str(SCRIPTS.parent), "--old-label", "same", "--out", str(out), "--fixed-batches", "1,5",
+                    "--steps", "4"]) == 0
+    res = json.loads((out / "eager_ab.json").read_text())
+    (rnd,) = res["rounds"]
+    assert "repeated" not in rnd and [r["batch"] for r in rnd["fixed"]] == [1, 5]
+    for r in rnd["fixed"]:
+        assert r["old_plan_p50"] > 0 and r["new_plan_p50"] > 0 and r["old_run_p50"] is None
+    text = (out / "eager_ab.md").read_text()
+    assert "| 1 | 5 |" in text and "A new batch every step" not in text
+
+
+def test_without_a_gpu_or_fixed_batches_it_says_why(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU runs the whole comparison")
+    with pytest.raises(SystemExit, match="--fixed-batches"):
+        load_script("bench_eager_ab").main(["--old", str(SCRIPTS.parent), "--out", str(tmp_path)])

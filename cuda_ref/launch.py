@@ -425,7 +425,8 @@ class PlanUploader:
             ev.synchronize()
 
     def _device_slice(self, W: int, B: int, T: int, n: int, graph_stable: bool, extra: int = 0):
-        """``(slice [n] of the device buffer, its array views)``, kept per sizes while the buffer is;
+        """``(slice [n] of the device buffer, its array views, stage 1's of them in its argument order)``
+        (:meth:`DevicePlan.stage1_views`), kept per sizes while the buffer is;
         the buffer has ``extra`` entries more after them (the ``in_graph`` lengths)."""
         hit = self._dev_views.get((W, B, T))
         if hit is not None:
@@ -439,7 +440,8 @@ class PlanUploader:
         if len(self._dev_views) >= 64:   # an eager batch-1 plan's item count alone takes ~30 values
             self._dev_views.clear()
         dst = self._dev[:n]
-        hit = self._dev_views[(W, B, T)] = (dst, DevicePlan.views_of(dst, W, B, T))
+        views = DevicePlan.views_of(dst, W, B, T)
+        hit = self._dev_views[(W, B, T)] = (dst, views, tuple(views[f] for f in _FIELDS[:7]))
         return hit
 
     @staticmethod
@@ -485,10 +487,10 @@ class PlanUploader:
                 raise ValueError("plan: the longest request has more query rows than the graph was captured for")
             if out.max_q_len == 1 and max_q > 1:
                 raise ValueError(f"plan: a request has {max_q} query rows; the graph was captured for one per request")
-            dst, views = out.data, None
+            dst, views, stage1 = out.data, None, None
         extra = self.inputs_size(B) if self.in_graph else 0
         if out is None:
-            dst, views = self._device_slice(W, B, T, n, plan.graph_stable, extra)
+            dst, views, stage1 = self._device_slice(W, B, T, n, plan.graph_stable, extra)
         t1 = clock()
         k, host_t, host_np = self._staging(n + extra)
         t2 = clock()
@@ -523,7 +525,8 @@ class PlanUploader:
             return out
         return DevicePlan(dst, W, B, T, plan.num_slots, plan.max_splits, block_m, row_blocks, plan.graph_stable,
                           max_q_len=max_q, item_tokens=plan_item_tokens(plan),
-                          config_items=plan.num_valid_items if plan.graph_stable else 0, _views=views)
+                          config_items=plan.num_valid_items if plan.graph_stable else 0, _views=views,
+                          _stage1_views=stage1)
 
 
     def copy(self) -> None:

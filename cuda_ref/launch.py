@@ -437,7 +437,7 @@ class PlanUploader:
             self._dev = torch.empty(cap, dtype=torch.int32, device=self.device)
             self._dev_views = {}
             self.allocations += 1
-        if len(self._dev_views) >= 64:   # an eager batch-1 plan's item count alone takes ~30 values
+        if len(self._dev_views) >= 64:   # an eager batch-1 stream alone has ~25 item counts
             self._dev_views.clear()
         dst = self._dev[:n]
         views = DevicePlan.views_of(dst, W, B, T)

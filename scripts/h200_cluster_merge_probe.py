@@ -12,7 +12,7 @@ before anyone writes a CUDA stage 1 for it.
 query row, GQA 4, D 128, bf16, page 16) with two endings: ``separate`` (float32 partial states to
 global memory, then a merge kernel as a programmatic dependent launch: the Triton backend's shape)
 and ``cluster`` (the splits of a (request, KV head) one cluster, merged through distributed shared
-memory; one launch). Both against SDPA's math backend on a contiguous copy (relative error), every
+memory; one launch). Both against float32 attention on a contiguous copy (relative error), every
 output poisoned first; then timed as ``bench_decode.py`` times (one CUDA graph a call, a read flush
 before each timed replay, median), beside our call (``auto``), our stage 1 alone and the SDPA
 peers (cuDNN, flash), at each point and split count::
@@ -53,8 +53,8 @@ class Params(ctypes.Structure):
                [(n, ctypes.c_int32) for n in ("bt_stride", "hkv", "nsplit", "split")] + [("scale_log2", ctypes.c_float)]
 
 
-def build(out_dir: str) -> ctypes.CDLL:
-    """nvcc the probe into ``out_dir`` and load it."""
+def build(out_dir: str) -> tuple:
+    """nvcc the probe into ``out_dir`` and load it: ``(the library, ptxas's resource report)``."""
     so = os.path.join(out_dir, "cluster_merge.so")
     cmd = ["nvcc", "-O3", "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v", "-o", so, SOURCE]
     res = subprocess.run(cmd, capture_output=True, text=True)
@@ -115,7 +115,8 @@ def rel_err(probe: Probe, launch, ref_o, ref_lse) -> tuple[float, float]:
 
 
 def reference(q, kc, vc):
-    """float32 SDPA math on the contiguous copy: ``(out [B, Hq, D], lse [B, Hq])`` (natural log)."""
+    """float32 attention on the contiguous copy (the GQA group's K / V repeated): ``(out [B, Hq, D],
+    lse [B, Hq])`` (natural log)."""
     B = q.shape[0]
     qf = q.float()
     kf = kc.float().repeat_interleave(HQ // HKV, dim=1)   # [B, Hq, ctx, D]
@@ -195,7 +196,7 @@ def main(argv=None) -> int:
     lines = [f"# Cluster-merge probe ({res['device']})", "", "µs, median of graph replays after a read flush; "
              "probe rows: the CUDA-core stage 1 of probes/cluster_merge.cu with n splits a (request, KV head), "
              "alone, with its merge a second kernel (PDL), or with the merge inside the cluster; "
-             "error: rel. to float32 SDPA math", "",
+             "error: rel. to float32 attention", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def f(x):

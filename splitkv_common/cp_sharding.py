@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .plan import Plan, SplitPolicy, visible_range
+from .validation import int_vector
 
 LAYOUTS = ("contiguous", "round_robin")
 
@@ -154,7 +155,7 @@ def shard(block_table, seq_lens, rank: int, world_size: int, layout: str = "cont
     if page_size <= 0:
         raise ValueError(f"page_size: must be positive, got {page_size}")
     bt = np.asarray(block_table)
-    seq = np.asarray(seq_lens).astype(np.int64).reshape(-1)
+    seq = int_vector(seq_lens, "seq_lens")
     if bt.ndim != 2 or bt.shape[0] != seq.shape[0]:
         raise ValueError(f"block_table: must be [B, max_pages] with B = {seq.shape[0]}, got {bt.shape}")
     if (seq < 0).any():

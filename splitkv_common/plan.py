@@ -32,7 +32,7 @@ import numpy as np
 
 from .devices import DeviceProfile, get_profile
 from . import validation as _limits
-from .validation import check_plan_limits, normalize_window
+from .validation import check_plan_limits, int_vector, normalize_window
 
 POLICIES = ("auto", "fixed_size", "fixed_count", "none")
 
@@ -156,7 +156,7 @@ class Plan:
         """Raise ``ValueError`` unless the batch's host ``seq_lens [B]`` / ``query_start_loc [B + 1]``
         (either may be omitted) are the ones this plan was made for."""
         if seq_lens is not None:
-            sl = np.asarray(seq_lens).astype(np.int64).reshape(-1)
+            sl = int_vector(seq_lens, "seq_lens")
             if sl.shape[0] != self.batch_size:
                 raise ValueError(f"plan: made for {self.batch_size} requests, the batch has {sl.shape[0]}")
             bad = np.flatnonzero(sl != self.covered_seq_lens())
@@ -164,7 +164,7 @@ class Plan:
                 b = int(bad[0])
                 raise ValueError(f"plan: covers {int(self.covered_seq_lens()[b])} KV tokens of request {b}, whose "
                                  f"seq_len is {int(sl[b])}; plan again for this batch")
-        if query_start_loc is not None and not np.array_equal(np.asarray(query_start_loc).astype(np.int64).reshape(-1),
+        if query_start_loc is not None and not np.array_equal(int_vector(query_start_loc, "query_start_loc", "[B + 1]"),
                                                               self.query_start_loc):
             raise ValueError("plan: made for other query rows per request (query_start_loc differs)")
 
@@ -220,7 +220,7 @@ class Plan:
         if qsl.shape[0] != B + 1 or qsl[0] != 0 or (np.diff(qsl) < 0).any():
             fail(f"query_start_loc must be [B + 1] = [{B + 1}], start at 0 and be non-decreasing")
         if query_start_loc is not None:
-            given = np.asarray(query_start_loc).astype(np.int64).reshape(-1)
+            given = int_vector(query_start_loc, "query_start_loc", "[B + 1]")
             if not np.array_equal(given, qsl):
                 fail("made for other query rows per request (query_start_loc differs)")
         T = int(qsl[-1])
@@ -262,7 +262,7 @@ class Plan:
             fail(f"request {b}, KV head {h} has {int(count[b, h])} work items, its num_splits is {int(ns[b])}")
         # coverage: per (request, head), sorted by start, contiguous, from the span's page to seq_len
         if seq_lens is not None:
-            seq = np.asarray(seq_lens).astype(np.int64).reshape(-1)
+            seq = int_vector(seq_lens, "seq_lens")
             if seq.shape[0] != B:
                 fail(f"made for {B} requests, seq_lens has {seq.shape[0]}")
         else:
@@ -392,20 +392,12 @@ class _Spans:
     at_zero: bool         # every start is 0 (no window): the ``start`` terms drop out
 
 
-def _vector(x, name: str, shape: str) -> np.ndarray:
-    """``x`` as an int64 vector; anything but one dimension is refused naming ``name``."""
-    a = np.asarray(x)
-    if a.ndim != 1:
-        raise ValueError(f"{name}: must be 1-D {shape}, got shape {tuple(a.shape)}")
-    return a.astype(np.int64)
-
-
 def _check_inputs(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, policy, device, num_q_heads,
                   head_dim, min_split_tokens, max_splits) -> _Batch:
     """Parse and validate the arguments (errors in the documented order)."""
     prof = get_profile(device)
     pol = _parse_policy(policy) if isinstance(policy, str) else SplitPolicy.parse(policy)
-    seq = _vector(seq_lens, "seq_lens", "[B]")
+    seq = int_vector(seq_lens, "seq_lens")
     B = seq.shape[0]
     if B and seq.min() < 0:
         raise ValueError(f"seq_lens: must be >= 0, got {seq[seq < 0][:4].tolist()}")
@@ -414,14 +406,14 @@ def _check_inputs(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, po
     if num_kv_heads <= 0:
         raise ValueError(f"num_kv_heads: must be positive, got {num_kv_heads}")
     if query_start_loc is not None:
-        qsl = _vector(query_start_loc, "query_start_loc", "[B + 1]")
+        qsl = int_vector(query_start_loc, "query_start_loc", "[B + 1]")
         if qsl.shape[0] != B + 1 or qsl[0] != 0 or (np.diff(qsl) < 0).any():
             raise ValueError("query_start_loc: must be [B + 1], start at 0 and be non-decreasing")
         ql = np.diff(qsl)
     elif q_lens is None:
         ql, qsl = None, np.arange(B + 1, dtype=np.int64)
     else:
-        ql = _vector(q_lens, "q_lens", "[B]")
+        ql = int_vector(q_lens, "q_lens")
         if ql.shape[0] != B:
             raise ValueError(f"q_lens: must have one entry per request ({B}), got {ql.shape[0]}")
         if B and ql.min() < 0:

@@ -279,6 +279,15 @@ MAX_PARTIAL_SLOTS = 1 << 26
 MAX_KV_HEADS = 1 << 16
 
 
+def int_vector(x, name: str, shape: str = "[B]") -> np.ndarray:
+    """``x`` (a host array, list or CPU tensor of integers) as an int64 vector; anything but one
+    dimension (``[B, 1]``, a scalar) is refused naming ``name`` and the expected ``shape``."""
+    a = np.asarray(x)
+    if a.ndim != 1:
+        raise ValueError(f"{name}: must be 1-D {shape}, got shape {tuple(a.shape)}")
+    return a.astype(np.int64)
+
+
 def as_int64_lengths(x, name: str) -> np.ndarray:
     """Host int64 copy of an integer vector (``seq_lens``, ``q_lens``, ``query_start_loc``); values
     outside int64, or non-integers, are refused naming ``name`` (never a raw ``OverflowError``)."""

@@ -738,6 +738,27 @@ def test_plan_validate_refuses(edit, match):
         edit(good).validate(base().seq, base().qsl)
 
 
+@pytest.mark.parametrize("entry", ["validate", "check_batch", "shard"])
+def test_batch_vectors_of_two_dimensions_refused(entry):
+    """``seq_lens`` / ``query_start_loc`` of shape ``[B, 1]`` / ``[1, B + 1]`` given to a plan's checks or to
+    the context-parallel sharding are refused naming the argument (they were flattened)."""
+    from splitkv_common.cp_sharding import shard
+
+    seq = np.array([5, 9, 0])
+    plan = make_plan(seq, num_kv_heads=2, page_size=4)
+    bt = np.arange(9).reshape(3, 3)
+    calls = {"validate": lambda s, q: plan.validate(s, q), "check_batch": lambda s, q: plan.check_batch(s, q),
+             "shard": lambda s, q: shard(bt, s, 0, 2, page_size=4)}
+    with pytest.raises(ValueError, match="^seq_lens: must be 1-D"):
+        calls[entry](seq.reshape(-1, 1), None)
+    if entry != "shard":
+        with pytest.raises(ValueError, match="^query_start_loc: must be 1-D"):
+            calls[entry](None, plan.query_start_loc.reshape(1, -1))
+        calls[entry](seq, plan.query_start_loc)   # the same as vectors: accepted
+    else:
+        calls[entry](seq, None)
+
+
 def test_plan_validate_padding_and_window_and_batch():
     p = base()
     gs = _good_plan(graph_stable=True, max_splits=4)

@@ -264,7 +264,7 @@ class DecodeWrapper(PlannedWrapper):
         self.dplan: DevicePlan | None = None
         self._buffers: dict[str, torch.Tensor] = {}
         self._stores: dict[str, torch.Tensor] = {}   # what the size-dependent buffers are views of
-        self._fits = None   # (rows, slots, counters) the buffers hold (_buffers_for)
+        self._fits = None   # the stores' (rows, slots, counters) and the rows out / lse hold (_buffers_for)
         # check_errors() after every eager run() (a host sync): for debugging
         self.debug = os.environ.get("SPLITKV_DEBUG", "") not in ("", "0")
         self.forget_checks()   # the signatures that passed the checks (check())
@@ -387,8 +387,12 @@ class DecodeWrapper(PlannedWrapper):
         is large enough: ``out`` and ``lse`` are views of its first rows (made when their shape
         changes), the partial buffers and counters the whole store (the kernels bound their slots by
         it, so plans of other sizes share a prepared launch)."""
-        fits = self._fits   # the last call's rows and its stores' slots and counters: nothing to do within them
-        if fits is not None and T == fits[0] and num_slots <= fits[1] and num_counters <= fits[2]:
+        fits = self._fits   # the stores' rows, slots and counters: within them, at most new out / lse views
+        if fits is not None and T <= fits[0] and num_slots <= fits[1] and num_counters <= fits[2]:
+            if T != fits[3]:
+                st = self._stores
+                self._buffers["out"], self._buffers["lse"] = st["out"][:T], st["lse"][:T]
+                self._fits = fits[:3] + (T,)
             return
         if "errors" not in self._buffers:  # allocated once: a captured graph keeps its address
             self._buffers["errors"] = torch.zeros(4, dtype=torch.int32, device=self.device)
@@ -408,7 +412,8 @@ class DecodeWrapper(PlannedWrapper):
             if buf is None or buf.shape[0] != shape[0] or buf.data_ptr() != store.data_ptr():
                 self._buffers[name] = store[:shape[0]]
         st = self._stores
-        self._fits = (T, min(st["part_o"].shape[0], st["part_lse"].shape[0]), st["counters"].shape[0])
+        self._fits = (min(st["out"].shape[0], st["lse"].shape[0]), min(st["part_o"].shape[0], st["part_lse"].shape[0]),
+                      st["counters"].shape[0], T)
 
     @property
     def upload_parts(self) -> dict:

@@ -15,8 +15,9 @@ goes first swaps each time), the GPU idle before each call (Hq 32 / Hkv 8, D 128
   block table of 512 columns; the same batches for both trees): ``plan()`` then ``run()``, p50 and
   p90 host µs of ``run()`` and p50 of ``plan()``;
 * a batch of fixed size (``--fixed-batches``, e.g. 1,16,64) whose lengths change every step (512-8192,
-  as a steady decode batch): ``plan()`` then ``run()``, p50 of each. Without a GPU only this part runs,
-  ``plan()`` alone (the host side: the planner, the upload into CPU tensors, the buffers).
+  as a steady decode batch), or of a size drawn every step (``1-64``): ``plan()`` then ``run()``, p50
+  of each. Without a GPU only this part runs, ``plan()`` alone (the host side: the planner, the
+  upload into CPU tensors, the buffers).
 
 Writes ``eager_ab.json`` (with provenance) and ``eager_ab.md`` to ``--out``.
 
@@ -144,22 +145,24 @@ def new_batches(Old, steps: int, max_batch: int = 64, warmup: int = 20, seed: in
 
 
 def fixed_batches(Old, steps: int, batches: list, warmup: int = 20, seed: int = 0) -> list:
-    """Per batch size: both trees' wrappers ``plan()`` a batch of that size with new lengths every step
-    (the same lengths for both), then, on a GPU, ``run()``; p50 host µs of each, the order swapped each
-    step, outputs compared bitwise."""
+    """Per batch size ``(lo, hi)`` (one size where ``lo == hi``; else drawn in ``[lo, hi]`` every step):
+    both trees' wrappers ``plan()`` a batch of that size with new lengths every step (the same for
+    both), then, on a GPU, ``run()``; p50 host µs of each, the order swapped each step, outputs
+    compared bitwise."""
     gpu = torch.cuda.is_available()
     rows = []
-    for B in batches:
+    for lo, hi in batches:
         ws = {"old": Old(32, 8, 128, PAGE, dtype=torch.bfloat16), "new": DecodeWrapper(32, 8, 128, PAGE,
                                                                                        dtype=torch.bfloat16)}
         if gpu:
-            q, k, v, bt, seq = make_point(B, 8192, 32, 8, 128, torch.bfloat16)
-            qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
-        rng = np.random.default_rng(seed + B)
+            q, k, v, bt, seq = make_point(hi, 8192, 32, 8, 128, torch.bfloat16)
+            qsl = torch.arange(hi + 1, dtype=torch.int32, device="cuda")
+        rng = np.random.default_rng(seed + hi)
         tp = {"old": [], "new": []}
         tr = {"old": [], "new": []}
         bitwise = True
         for i in range(steps + warmup):
+            B = int(rng.integers(lo, hi + 1))
             lens = rng.integers(512, 8193, B)
             sd = torch.from_numpy(lens.astype(np.int32)).cuda() if gpu else None
             outs = {}
@@ -171,7 +174,7 @@ def fixed_batches(Old, steps: int, batches: list, warmup: int = 20, seed: int = 
                 if gpu:
                     sync()
                     t2 = time.perf_counter()
-                    out = ws[t].run(q, k, v, bt, sd, qsl)
+                    out = ws[t].run(q[:B], k, v, bt[:B], sd, qsl[:B + 1])
                     t3 = time.perf_counter()
                     sync()
                     outs[t] = [x.clone() for x in out]
@@ -181,7 +184,7 @@ def fixed_batches(Old, steps: int, batches: list, warmup: int = 20, seed: int = 
                     tp[t].append((t1 - t0) * 1e6)
             if gpu:
                 bitwise = bitwise and same(outs["old"], outs["new"])
-        rows.append(dict(batch=B, steps=steps, bitwise=bitwise if gpu else None,
+        rows.append(dict(batch=str(lo) if lo == hi else f"{lo}-{hi}", steps=steps, bitwise=bitwise if gpu else None,
                          **{f"{t}_plan_p50": float(np.median(x)) for t, x in tp.items()},
                          **{f"{t}_run_p50": float(np.median(x)) if x else None for t, x in tr.items()}))
     return rows
@@ -205,7 +208,8 @@ def table(res) -> str:
             lines.append(f"| {k + 1} | {nb['old_p50']:.1f} | {nb['new_p50']:.1f} | {nb['old_p90']:.1f} | "
                          f"{nb['new_p90']:.1f} | {nb['old_plan_p50']:.1f} / {nb['new_plan_p50']:.1f} | {nb['bitwise']} |")
     if any(rnd.get("fixed") for rnd in res["rounds"]):
-        lines += ["", "A batch of fixed size, new lengths every step (512-8192): `plan()`, then `run()` (GPU only), p50:",
+        lines += ["", "A batch of one size (or of a size drawn every step, LO-HI), new lengths every step (512-8192): "
+                  "`plan()`, then `run()` (GPU only), p50:",
                   "", "| round | B | `plan()` µs old | new | new / old | `run()` µs old | new | bitwise equal |",
                   "|---|---:|---:|---:|---:|---:|---:|---|"]
 
@@ -229,10 +233,12 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=400, help="timed steps of the new-batch loop (default 400)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--fixed-batches", default="",
-                    help="batch sizes of the fixed-size loop, e.g. 1,16,64 (the only part without a GPU)")
+                    help="batch sizes of the fixed-size loop, e.g. 1,16,64, or LO-HI for a size drawn every step "
+                         "(the only part without a GPU)")
     a = ap.parse_args(argv)
     gpu = torch.cuda.is_available()
-    fixed = [int(x) for x in a.fixed_batches.split(",") if x]
+    fixed = [tuple(int(y) for y in x.split("-")) if "-" in x else (int(x), int(x))
+             for x in a.fixed_batches.split(",") if x]
     if not gpu and not fixed:
         raise SystemExit("scripts/bench_eager_ab.py: needs a CUDA GPU (it times eager launches); on the CPU, "
                          "--fixed-batches times plan() alone")

@@ -16,15 +16,15 @@ pytest.importorskip("triton")
 def test_fixed_batches_time_plan_on_the_cpu(tmp_path):
     ab = load_script("bench_eager_ab")
     out = tmp_path / "ab"
-    assert ab.main(["--old", str(SCRIPTS.parent), "--old-label", "same", "--out", str(out), "--fixed-batches", "1,5",
+    assert ab.main(["--old", str(SCRIPTS.parent), "--old-label", "same", "--out", str(out), "--fixed-batches", "1,5,2-6",
                     "--steps", "4"]) == 0
     res = json.loads((out / "eager_ab.json").read_text())
     (rnd,) = res["rounds"]
-    assert "repeated" not in rnd and [r["batch"] for r in rnd["fixed"]] == [1, 5]
+    assert "repeated" not in rnd and [r["batch"] for r in rnd["fixed"]] == ["1", "5", "2-6"]
     for r in rnd["fixed"]:
         assert r["old_plan_p50"] > 0 and r["new_plan_p50"] > 0 and r["old_run_p50"] is None
     text = (out / "eager_ab.md").read_text()
-    assert "| 1 | 5 |" in text and "A new batch every step" not in text
+    assert "| 1 | 5 |" in text and "| 1 | 2-6 |" in text and "A new batch every step" not in text
 
 
 def test_without_a_gpu_or_fixed_batches_it_says_why(tmp_path):

@@ -107,26 +107,31 @@ def test_eager_plans_of_other_sizes_reuse_the_buffers_stores():
     rng = np.random.default_rng(5)
     lens = [rng.integers(0, 90, B).tolist() for B in (5, 2, 5, 3, 1, 4)]
     lens += [[8] * 4, [200] * 4, [30] * 4, [300] * 4]   # one batch size, the partial slots growing and shrinking
+    lens += [[40] * 7, [40] * 2]   # more requests than the stores held, then fewer again
     batches = [cases.random_inputs(30 + k, x, num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8)
                for k, x in enumerate(lens)]
+    # more query rows than the stores held, the partial slots and counters within theirs
+    batches.append(cases.random_inputs(50, [10, 12], q_lens=[5, 4], num_q_heads=4, num_kv_heads=2, head_dim=32,
+                                       page_size=8))
     for k, inp in enumerate(batches):
         before = {n: (t.data_ptr(), t.shape[0]) for n, t in w._stores.items()}
-        w.plan(inp.seq_lens)
+        w.plan(inp.seq_lens, query_start_loc=inp.query_start_loc)
         out, lse = w.run(**to_torch(inp, DEVICE), scale=inp.scale)
         ref = DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16")
-        ref.plan(inp.seq_lens)
+        ref.plan(inp.seq_lens, query_start_loc=inp.query_start_loc)
         want = ref.run(**to_torch(inp, DEVICE), scale=inp.scale)
         for a, b in zip(want, (out, lse)):
             assert torch.equal(a.cpu(), b.cpu())
         assert out.shape[0] == inp.q.shape[0] and w._buffers["part_o"].shape[0] >= max(w.host_plan.num_slots, 1)
         for n, (ptr, rows) in before.items():   # a store is replaced only when a buffer outgrows it
             need = {"out": out.shape[0], "lse": out.shape[0], "part_o": w.host_plan.num_slots,
-                    "part_lse": w.host_plan.num_slots}.get(n, 0)
+                    "part_lse": w.host_plan.num_slots,
+                    "counters": w.host_plan.batch_size * 2 * w.dplan.row_blocks}.get(n, 0)
             if need <= rows:
                 assert w._stores[n].data_ptr() == ptr, n
-    assert w._stores["out"].shape[0] == 5 * 1 and w._stores["part_o"].shape[0] >= max(
-        DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16").plan(b.seq_lens).num_slots
-        for b in batches)
+    assert w._stores["out"].shape[0] >= 9 and w._stores["part_o"].shape[0] >= max(
+        DecodeWrapper(4, 2, 32, 8, dtype="float32", device=DEVICE, policy="size:16").plan(
+            b.seq_lens, query_start_loc=b.query_start_loc).num_slots for b in batches)
 
 
 def test_graph_stable_refresh_refuses_other_shapes():

@@ -279,18 +279,23 @@ MAX_PARTIAL_SLOTS = 1 << 26
 MAX_KV_HEADS = 1 << 16
 
 
-def int_vector(x, name: str, shape: str = "[B]") -> np.ndarray:
-    """``x`` (a host array, list or CPU tensor of integers) as an int64 vector; anything but one
-    dimension (``[B, 1]``, a scalar) is refused naming ``name`` and the expected ``shape``."""
-    a = np.asarray(x)
+def _one_dim(a: np.ndarray, name: str, shape: str) -> np.ndarray:
+    """``a`` if it has one dimension; anything else (``[B, 1]``, a scalar) is refused naming ``name``
+    and the expected ``shape``: a batch's vectors are never flattened."""
     if a.ndim != 1:
         raise ValueError(f"{name}: must be 1-D {shape}, got shape {tuple(a.shape)}")
-    return a.astype(np.int64)
+    return a
 
 
-def as_int64_lengths(x, name: str) -> np.ndarray:
+def int_vector(x, name: str, shape: str = "[B]") -> np.ndarray:
+    """``x`` (a host array, list or CPU tensor of integers) as an int64 vector (:func:`_one_dim`)."""
+    return _one_dim(np.asarray(x), name, shape).astype(np.int64)
+
+
+def as_int64_lengths(x, name: str, shape: str = "[B]") -> np.ndarray:
     """Host int64 copy of an integer vector (``seq_lens``, ``q_lens``, ``query_start_loc``); values
-    outside int64, or non-integers, are refused naming ``name`` (never a raw ``OverflowError``)."""
+    outside int64, or non-integers, are refused naming ``name`` (never a raw ``OverflowError``), and
+    so is anything but one dimension (:func:`_one_dim`)."""
     try:
         a = np.asarray(host(x) if hasattr(x, "detach") else x)
         if a.dtype == object:
@@ -301,11 +306,12 @@ def as_int64_lengths(x, name: str) -> np.ndarray:
             raise ValueError
         if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
             raise OverflowError
-        return a.astype(np.int64).reshape(-1)
+        a = a.astype(np.int64)
     except OverflowError:
         raise ValueError(f"{name}: a value does not fit int64 (limit MAX_SEQ_LEN = {MAX_SEQ_LEN})") from None
     except (TypeError, ValueError):
         raise ValueError(f"{name}: must be integers") from None
+    return _one_dim(a, name, shape)
 
 
 def check_plan_limits(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query_start_loc=None,
@@ -340,7 +346,7 @@ def check_plan_limits(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=Non
         raise ValueError(f"page_size: {page_size}, over the limit MAX_SEQ_LEN = {MAX_SEQ_LEN}")
     check_scalars(window_left=window_left)
     if query_start_loc is not None:
-        qsl = as_int64_lengths(query_start_loc, "query_start_loc")
+        qsl = as_int64_lengths(query_start_loc, "query_start_loc", "[B + 1]")
         ql = np.diff(qsl) if qsl.size else np.zeros(0, np.int64)
         T = int(qsl[-1]) if qsl.size else 0
     elif q_lens is not None:

@@ -111,7 +111,7 @@ def ours_variant(timer, q, k, v, bt, seq, policy, config):
     w = DecodeWrapper(q.shape[1], k.shape[2], q.shape[2], PAGE, dtype=q.dtype, policy=policy, config=config)
     plan = w.plan(seq.cpu().numpy())
     qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
-    return timer(lambda: w.run(q, k, v, bt, seq, qsl)), int(plan.num_work_items)
+    return timer(lambda: w.run(q, k, v, bt, seq, qsl)), int(plan.num_valid_items)
 
 
 def main(argv=None) -> int:

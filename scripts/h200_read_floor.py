@@ -161,8 +161,11 @@ def main(argv=None) -> int:
         row["ours_us"] = min(ours(timer, q, k, v, bt, seq, "auto")[0] for _ in range(2))
         row["ours_stage1_us"] = ours(timer, q, k, v, bt, seq, "auto", stage1_only=True)[0]
         for policy, cfg in variants:
-            us, items = ours_variant(timer, q, k, v, bt, seq, policy, cfg)
-            row[f"ours {policy}/{cfg}_us"], row[f"ours {policy}/{cfg}_items"] = us, items
+            try:
+                us, items = ours_variant(timer, q, k, v, bt, seq, policy, cfg)
+                row[f"ours {policy}/{cfg}_us"], row[f"ours {policy}/{cfg}_items"] = us, items
+            except Exception as e:  # noqa: BLE001 - a configuration that does not compile here is a result
+                row[f"ours {policy}/{cfg}_error"] = f"{type(e).__name__}: {str(e)[:160]}"
         row.update({(n if n.endswith("_error") else n + "_us"): x for n, x in sdpa_peers(timer, q, kc, vc).items()})
         for key in [x for x in row if x.endswith("_us") and isinstance(row[x], float) and not x.startswith("empty")]:
             row[key[:-3] + "_pct"] = 100 * nbytes / (row[key] * 1e-6) / (ceiling * 1e9)

@@ -253,15 +253,17 @@ def _device_work_item(SEQ_LENS, QUERY_START, item, NUM_KV_HEADS, KV_CAP, BATCH, 
     b = item // (NUM_KV_HEADS * MAX_SPLITS)
     h = (item // MAX_SPLITS) % NUM_KV_HEADS
     split = item % MAX_SPLITS
-    valid = b < BATCH
-    b = tl.where(valid, b, 0)
-    seq_len = tl.load(SEQ_LENS + b, mask=valid, other=0)
+    in_batch = b < BATCH
+    b = tl.where(in_batch, b, 0)
+    # the request's three fields in one round trip: the query rows' loads do not wait for the length
+    seq_len = tl.load(SEQ_LENS + b, mask=in_batch, other=0)
+    r0 = tl.load(QUERY_START + b, mask=in_batch, other=0)
+    r1 = tl.load(QUERY_START + b + 1, mask=in_batch, other=0)
     n_split = tl.minimum(tl.maximum((seq_len + SPLIT_SIZE - 1) // SPLIT_SIZE, 1), MAX_SPLITS)
-    valid = valid & (split < n_split)
+    valid = in_batch & (split < n_split)
     start = split * SPLIT_SIZE
     end = tl.where(valid, tl.minimum(tl.minimum(start + SPLIT_SIZE, seq_len), KV_CAP), start)
-    r0 = tl.load(QUERY_START + b, mask=valid, other=0)
-    q_len = tl.where(valid, tl.load(QUERY_START + b + 1, mask=valid, other=0) - r0, 0)
+    q_len = tl.where(valid, r1 - r0, 0)
     return b, h, split, start, end, seq_len, r0, q_len, n_split
 
 

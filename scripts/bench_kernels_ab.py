@@ -6,13 +6,14 @@ after of a kernel change.
 Two runs of a benchmark one after the other differ by 1-2 % on the same code, as much as many kernel
 changes move; here both versions are captured in CUDA graphs in one process and timed in interleaved
 passes, so a drift falls on both alike. Per point (bf16, page 16, shuffled pages; ``--points`` as
-``bench_decode.py``'s) and per policy (``--policies``, default ``auto``): the whole call (stage 1 and
-the separate merge) and stage 1 alone, of each version (``launch.kernels`` set to the version while
-its wrapper prepares and captures its launch; the other file must take this tree's launch
-arguments), and cuDNN / flash SDPA on a contiguous copy. Timing: ``bench_decode.Timer`` (a 10 ms
-warm-up, ``--iters`` replays each after a read flush of the L2, median) in ``--passes`` interleaved
-passes; the table gives each variant's fastest pass, the JSON all. Checked per point: each version's
-output against SDPA's math backend and whether the two versions' outputs are bitwise equal.
+``bench_decode.py``'s) and per policy (``--policies``, default ``auto``; ``device:size:S``: the kernels
+plan on the device, for one query row a request): the whole call (stage 1 and the separate merge) and
+stage 1 alone, of each version (``launch.kernels`` set to the version while its wrapper prepares and
+captures its launch; the other file must take this tree's launch arguments), and cuDNN / flash SDPA on a
+contiguous copy. Timing: ``bench_decode.Timer`` (a 10 ms warm-up, ``--iters`` replays each after a read
+flush of the L2, median) in ``--passes`` interleaved passes; the table gives each variant's fastest
+pass, the JSON all. Checked per point: each version's output against SDPA's math backend and whether the
+two versions' outputs are bitwise equal.
 
 Writes ``kernels_ab.json`` (with provenance) and ``kernels_ab.md`` to ``--out``.
 
@@ -108,10 +109,14 @@ def point(timer, versions: dict, name: str, B, ctx, hq, hkv, D, policy, passes) 
         for vname, (mod, attrs) in versions.items():
             launch.kernels = mod   # the launches prepared (and captured) now launch this version
             for stage1_only in (False, True):
-                w = DecodeWrapper(hq, hkv, D, PAGE, dtype=torch.bfloat16, device="cuda", policy=policy)
+                on_device = policy.startswith("device:")   # device:size:S, a plan made by the kernels
+                w = DecodeWrapper(hq, hkv, D, PAGE, dtype=torch.bfloat16, device="cuda",
+                                  policy=policy.removeprefix("device:"), device_plan=on_device,
+                                  max_q_len=1 if on_device else None)   # the points' one query row a request
                 for attr, value in attrs.items():
                     setattr(w, attr, value)
-                plan = w.plan(pt.seq.cpu().numpy())
+                if not on_device:
+                    splits = int(w.plan(pt.seq.cpu().numpy()).max_splits)
                 w.merge = not stage1_only
                 fn = pt.runner(w)
                 label = vname + (" stage 1" if stage1_only else "")
@@ -126,7 +131,8 @@ def point(timer, versions: dict, name: str, B, ctx, hq, hkv, D, policy, passes) 
         launch.kernels = saved
     a, b = outs["new"], outs["old"]
     row = dict(point=name, policy=policy, B=B, ctx=ctx, hq=hq, hkv=hkv, D=D,
-               items=int(keep[0].dplan.num_items), splits=int(plan.max_splits), **pt.timed(timer, replays, passes),
+               items=int(keep[0].dplan.num_items), splits=None if policy.startswith("device:") else splits,
+               **pt.timed(timer, replays, passes),
                err=err, bitwise_equal=bool(torch.equal(a.view(torch.int16), b.view(torch.int16))))
     del pt, replays, keep
     torch.cuda.empty_cache()

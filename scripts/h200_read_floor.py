@@ -31,6 +31,7 @@ import json
 import os
 import re
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -179,7 +180,8 @@ def main(argv=None) -> int:
         json.dump(res, f, indent=1)
     cols = ["empty", "empty2", "read_best", "torch_sum", "copy", "ours", "ours_stage1", "sdpa_cudnn"] + \
         [f"ours {p}/{c}" for p, c in variants]
-    lines = [f"# The method's floor ({res['device']})", "",
+    lines = [f"# The method's floor ({res['device']})", "", f"- command: `{res['command']}`",
+             f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
              f"µs (and % of the {ceiling:.0f} GB/s copy ceiling for the point's KV bytes), median of graph replays "
              "after a read flush; read_best: the fastest streaming read of the same bytes (grid in the JSON)", "",
              "| point | MB | " + " | ".join(cols) + " | read_best grid |", "|" + "---|" * (len(cols) + 3)]

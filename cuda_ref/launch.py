@@ -260,9 +260,11 @@ class DevicePlan:
     graph_stable: bool
     max_q_len: int = 0  # query rows of the longest request; 0: unknown (the kernel then handles several)
     split_size: int = 0
-    # an unsplit host plan whose work items stage 1 derives from its index (PlanSpec.items_from_index);
-    # the items' arrays are uploaded all the same
+    # a host plan whose work items stage 1 derives from its index (PlanSpec.items_from_index), with
+    # ``index_split`` tokens a split and ``max_splits`` splits a request; the items' arrays are uploaded
+    # all the same
     index_items: bool = False
+    index_split: int = 0
     item_tokens: int = 0  # the plan's split length, or an unsplit auto plan's longest item (plan_item_tokens)
     # the work items default_config chooses for: a graph-stable plan's valid items (those of the plan
     # the buffer was made for; its padding returns at once), not its capacity; 0: num_items
@@ -611,6 +613,8 @@ class DecodeLaunch:
     merge: "MergeLaunch | None"   # the separate merge; None: none (fused, or one split everywhere)
     fast_path: bool = True        # False: always Triton's normal launch (a launch made once)
     sizes: tuple = ()             # (requests, stage-1 rows, merged rows) bounding the kernels (launch_sizes)
+    # an index-derived host plan's (SPLIT_SIZE, MAX_SPLITS), which plans sharing the launch change; else None
+    index_derive: "tuple | None" = None
     stage1: "FastLaunch | None" = field(default=None, repr=False, compare=False)
     kinds: "tuple | None" = field(default=None, repr=False, compare=False)  # its tensors' dtypes, devices (adopt)
 
@@ -654,6 +658,15 @@ class DecodeLaunch:
             self.merge.resize(merged, batch)
         self.sizes = sizes
 
+    def _set_index_derive(self, derive: tuple) -> None:
+        """Stage 1's ``SPLIT_SIZE`` and ``MAX_SPLITS`` for another index-derived plan of this launch's key."""
+        scalars = list(self.scalars)
+        scalars[_SPLIT_AT], scalars[_MAX_SPLITS_AT] = derive
+        self.scalars = tuple(scalars)
+        if self.stage1 is not None:
+            self.stage1.set_values({_STAGE1_TENSORS + _SPLIT_AT: derive[0], _STAGE1_TENSORS + _MAX_SPLITS_AT: derive[1]})
+        self.index_derive = derive
+
     def tensors(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, dplan: DevicePlan, out, lse,
                 part_o, part_lse, counters=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
                 errors=None) -> tuple:
@@ -681,6 +694,10 @@ class DecodeLaunch:
             sizes = launch_sizes(q, block_table, seq_lens, query_start_loc, dplan, out, lse)
         if sizes != self.sizes:
             self.resize(sizes)
+        if self.index_derive is not None and dplan.index_items:
+            derive = _index_derive(dplan)
+            if derive != self.index_derive:
+                self._set_index_derive(derive)
         if self.stage1 is not None:
             grid = (dplan.num_items, dplan.row_blocks)
             if grid != self.stage1.grid:
@@ -696,6 +713,8 @@ _STAGE1_TENSORS = 23  # tensor arguments of kernels.split_kv_kernel (DecodeLaunc
 # where NUM_ROWS and BATCH stand among stage 1's scalars (DecodeLaunch.scalars, after the tensors)
 _ROWS_AT = kernels.split_kv_kernel.arg_names.index("NUM_ROWS") - _STAGE1_TENSORS
 _BATCH_AT = kernels.split_kv_kernel.arg_names.index("BATCH") - _STAGE1_TENSORS
+_SPLIT_AT = kernels.split_kv_kernel.arg_names.index("SPLIT_SIZE") - _STAGE1_TENSORS
+_MAX_SPLITS_AT = kernels.split_kv_kernel.arg_names.index("MAX_SPLITS") - _STAGE1_TENSORS
 
 
 def launch_sizes(q, block_table, seq_lens, query_start_loc, dplan: DevicePlan, out, lse) -> tuple:
@@ -764,10 +783,10 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
     sms, can_pdl = _device_traits(q.device)
     pdl = with_merge and not interpret and (can_pdl if pdl is None else bool(pdl))
     grid = (dplan.num_items, dplan.row_blocks) if (dplan.num_items and T) else None
-    # the device-plan prologue's split length and splits a request: a device-made plan's, or one split
-    # past every length for an index-derived host plan
+    # the device-plan prologue's split length and splits a request: a device-made plan's, or an
+    # index-derived host plan's (set again by each call: DecodeLaunch.launch)
     derive = (dplan.split_size, dplan.max_splits) if dplan.split_size else (
-        (_INT32_MAX, 1) if dplan.index_items and not fuse_merge else ())
+        _index_derive(dplan) if dplan.index_items and not fuse_merge else ())
     scalars = (
         float(scale), float(soft_cap if soft_cap is not None else 1.0), win,
         q.stride(0), q.stride(1),
@@ -795,7 +814,13 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
         merge_prep = prepare_merge(part_o, part_lse, out, lse, dplan.view("row_slot_start"), ns, skip_single=True,
                                    num_warps=cfg.merge_warps, pdl=pdl, fast_path=fast_path,
                                    device_plan=(batch, dplan.split_size, dplan.max_splits) if dplan.split_size else None)
-    return DecodeLaunch(grid, scalars, constexprs, fuse_merge, merge_prep, fast_path, sizes)
+    return DecodeLaunch(grid, scalars, constexprs, fuse_merge, merge_prep, fast_path, sizes,
+                        index_derive=derive if derive and not dplan.split_size else None)
+
+
+def _index_derive(dplan: DevicePlan) -> tuple:
+    """``(SPLIT_SIZE, MAX_SPLITS)`` of an index-derived host plan (one split past every length if unsplit)."""
+    return (dplan.index_split or _INT32_MAX, dplan.max_splits if dplan.index_split else 1)
 
 
 def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,

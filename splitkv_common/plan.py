@@ -1397,20 +1397,33 @@ class PlanSpec:
         if q.shape[0] != plan.num_rows:
             raise ValueError(f"plan: made for {plan.num_rows} query rows, q has {q.shape[0]}")
 
-    def items_from_index(self, plan: Plan) -> bool:
-        """Whether ``plan`` (made by :meth:`make`) holds exactly the work items a kernel
-        can derive from its own index, as for an unsplit plan made on the device: item ``i`` of ``B x
-        Hkv`` is request ``i // Hkv``, KV head ``i % Hkv``, the range ``[0, seq_len)``. True for an unsplit
-        plan whose requests are in batch order (at most :func:`_order_items` items: a larger one may put
-        its longest requests first), such as every one-item-an-SM plan. Split plans are not, though one
-        request's are in that order: run 65 measured their derived items 1-4 % slower at B 1
-        (docs/perf-notes.md); nor graph-stable plans (padded, and their capture fixes the kernel)."""
+    def items_from_index(self, plan: Plan) -> int:
+        """The split length ``S`` with which a kernel can derive ``plan``'s work items (made by
+        :meth:`make`) from its own index, as for a plan made on the device, or 0 where it cannot: item
+        ``i`` of ``B x Hkv x N`` is request ``i // (Hkv N)``, KV head ``(i // N) % Hkv``, split ``j = i % N``,
+        the range ``[j S, min((j + 1) S, seq_len))``. Two kinds of plan qualify:
+
+        * unsplit (``N = 1``, ``S = 2**31 - 1``: one split past every length) with its requests in batch
+          order (at most :func:`_order_items` items: a larger one may put its longest requests first),
+          such as every one-item-an-SM plan;
+        * one request's ``N >= 2`` splits of ``S`` tokens from position 0 (batch 1): with the
+          prologue's request fields in one round trip, 1-2 % faster than its item arrays (run 124,
+          docs/perf-notes.md; run 65 measured the opposite before that change).
+
+        Not graph-stable plans (padded, and their capture fixes the kernel), nor ranges that do not
+        start at 0 (a window)."""
         W, B = plan.num_valid_items, plan.batch_size
-        if plan.graph_stable or B == 0 or W != plan.num_items or W != B * self.num_kv_heads:
-            return False
-        if B > 1 and W > _order_items(get_profile(self.device)):
-            return False
-        return not plan.item_kv_start.any()   # no window: every range starts at 0
+        if plan.graph_stable or B == 0 or W != plan.num_items or plan.item_kv_start[0] != 0:
+            return 0
+        if W == B * self.num_kv_heads:
+            if B > 1 and W > _order_items(get_profile(self.device)):
+                return 0
+            return 2 ** 31 - 1 if not plan.item_kv_start.any() else 0
+        N = int(plan.num_splits[0])
+        if B != 1 or W != N * self.num_kv_heads:
+            return 0
+        S, L = int(plan.item_kv_end[0]), int(plan.item_kv_end[N - 1])
+        return S if S > 0 and -(-L // S) == N else 0
 
     def make(self, seq_lens, q_lens=None, query_start_loc=None, window_left: int | None = None,
              reuse: Plan | None = None) -> Plan:

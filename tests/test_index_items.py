@@ -1,6 +1,7 @@
-"""Unsplit host plans whose work items stage 1 derives from its own index (``PlanSpec.items_from_index``,
-launched with the kernel's device-plan prologue): which plans qualify, and through the Triton interpreter the
-same bits as the same plan launched from its item arrays (``DecodeWrapper.index_items = False``)."""
+"""Host plans whose work items stage 1 derives from its own index (``PlanSpec.items_from_index``, launched
+with the kernel's device-plan prologue: unsplit plans in batch order, and one request's splits): which plans
+qualify, and through the Triton interpreter the same bits as the same plan launched from its item arrays
+(``DecodeWrapper.index_items = False``), also when one wrapper's launch serves plans of other split lengths."""
 
 from __future__ import annotations
 
@@ -24,15 +25,17 @@ def _spec(policy, hkv=2, **kw):
     return PlanSpec(8, hkv, 32, 8, policy=policy, **kw)
 
 
-def _derived_items(plan, hkv):
-    """The items of the kernels' index formula (``_device_work_item``, one split past every length) for
-    ``plan``'s lengths."""
-    B = plan.batch_size
+def _derived_items(plan, hkv, S=2 ** 31 - 1):
+    """The valid items of the kernels' index formula (``_device_work_item``) with ``S`` tokens a split
+    and the plan's splits a request (default: one split past every length) for ``plan``'s lengths."""
+    B, N = plan.batch_size, int(plan.num_splits.max())
     seq = np.zeros(B, np.int64)
     np.maximum.at(seq, plan.item_request, plan.item_kv_end)
-    i = np.arange(B * hkv)
-    b, h = i // hkv, i % hkv
-    return b, h, 0 * i, 0 * i, seq[b]
+    i = np.arange(B * hkv * N)
+    b, h, j = i // (hkv * N), (i // N) % hkv, i % N
+    valid = j < np.clip(-(-seq[b] // S), 1, N)
+    start = j * S
+    return tuple(x[valid] for x in (b, h, j, start, np.minimum(start + S, seq[b])))
 
 
 @pytest.mark.parametrize("policy, lens", [
@@ -48,6 +51,21 @@ def test_index_items_are_the_plans_items(policy, lens):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("policy, lens", [
+    ("size:64", [1000]), ("size:64", [1024]), ("auto", [1000]), ("auto", [16384]), ("auto", [131072]),
+    ("count:3", [250]), ("count:7", [16]), ("size:16", [17]),
+])
+def test_index_items_of_one_requests_splits(policy, lens):
+    # batch 1: the splits [j S, min((j + 1) S, len)), KV head by KV head, are the formula's with S, N
+    spec = _spec(policy)
+    plan = spec.make(np.array(lens))
+    S = spec.items_from_index(plan)
+    assert plan.max_splits > 1 and 0 < S < 2 ** 31 - 1, f"{policy} {lens}: expected a split length"
+    have = (plan.item_request, plan.item_kv_head, plan.item_split, plan.item_kv_start, plan.item_kv_end)
+    for a, b in zip(have, _derived_items(plan, 2, S)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_index_items_of_one_item_an_sm():
     # B 16 x 1k at Hq 32 / Hkv 8, D 128 on the h200 profile: `auto` leaves it unsplit, in batch order
     spec = PlanSpec(32, 8, 128, 16)
@@ -58,9 +76,8 @@ def test_index_items_of_one_item_an_sm():
 @pytest.mark.parametrize("policy, lens, kw", [
     ("size:64", [100, 300], {}),                       # ragged split counts
     ("size:64", [128, 128], {}),                       # even equal counts
-    ("size:64", [1000], {}),                           # one request's splits (in index order, slower: run 65)
-    ("auto", [1000], {}),
     ("none", [5, 300], {"graph_stable": True}),        # padded, and the capture fixes the kernel
+    ("size:64", [1000], {"graph_stable": True}),
 ])
 def test_index_items_refuse_other_plans(policy, lens, kw):
     spec = _spec(policy, **kw)
@@ -88,6 +105,9 @@ def _bits(t):
     ("none", [129], [3]),                       # one request, three query rows
     ("none", [70, 0, 5, 33], [1, 2, 1, 1]),     # ragged, an empty request, multi-query rows
     ("size:128", [70, 128, 1, 100], None),      # one split each
+    ("size:16", [100], None),                   # one request's splits
+    ("auto", [300], [3]),                       # ... with three query rows
+    ("count:3", [250], None),
 ])
 def test_index_items_give_the_same_bits(policy, lens, q_lens):
     inp = cases.random_inputs(11, lens, q_lens=q_lens, num_q_heads=8, num_kv_heads=2, head_dim=32, page_size=8,
@@ -104,3 +124,27 @@ def test_index_items_give_the_same_bits(policy, lens, q_lens):
         res[on] = (_bits(out), _bits(lse))
     np.testing.assert_array_equal(res[True][0], res[False][0])
     np.testing.assert_array_equal(res[True][1], res[False][1])
+
+
+def test_one_launch_serves_index_plans_of_other_split_lengths():
+    # batch 1 under auto, one cache: 2056 tokens are 33 splits of 64, 4104 tokens 33 splits of 128. The
+    # two plans share one prepared launch (same launch key and slots), which takes each plan's split length
+    x = cases.random_inputs(5, [4104], num_q_heads=8, num_kv_heads=2, head_dim=32, page_size=8, dtype="bfloat16")
+    t = to_torch(x, DEVICE)
+    outs = {}
+    for on in (True, False):
+        w = DecodeWrapper(8, 2, 32, 8, dtype=torch.bfloat16, device=DEVICE)
+        w.index_items = on
+        outs[on], launches = [], set()
+        for n in (2056, 4104, 2056):
+            w.plan(np.array([n]))
+            assert w.dplan.index_items is on and w.host_plan.max_splits == 33
+            out, lse = w.run(**dict(t, seq_lens=torch.tensor([n], dtype=torch.int32, device=DEVICE)), scale=x.scale)
+            outs[on].append((_bits(out), _bits(lse)))
+            launches.add(id(w.last_launch))
+        if on:
+            assert len(launches) == 1 and w.last_launch.index_derive == (64, 33)
+    for a, b in zip(outs[True], outs[False]):
+        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_array_equal(a[1], b[1])
+    assert not np.array_equal(outs[True][0][0], outs[True][1][0])   # the two lengths differ

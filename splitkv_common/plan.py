@@ -1406,9 +1406,9 @@ class PlanSpec:
         * unsplit (``N = 1``, ``S = 2**31 - 1``: one split past every length) with its requests in batch
           order (at most :func:`_order_items` items: a larger one may put its longest requests first),
           such as every one-item-an-SM plan;
-        * one request's ``N >= 2`` splits of ``S`` tokens from position 0 (batch 1): with the
-          prologue's request fields in one round trip, 1-2 % faster than its item arrays (run 124,
-          docs/perf-notes.md; run 65 measured the opposite before that change).
+        * one request's ``N >= 2`` splits of ``S`` tokens from position 0 (batch 1): since the
+          prologue reads the request's fields in one round trip, 0.4-3.3 % faster than its item arrays
+          on an H100, level at D 256 (run 124, docs/perf-notes.md; run 65 measured them slower before).
 
         Not graph-stable plans (padded, and their capture fixes the kernel), nor ranges that do not
         start at 0 (a window)."""

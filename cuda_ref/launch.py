@@ -808,8 +808,7 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
         MIXED_TILES=dplan.max_q_len != 1, COLUMN_SUM=cfg.column_sum and dplan.max_q_len == 1,
         DEVICE_PLAN=bool(derive),
         PADDED=dplan.graph_stable and not dplan.split_size,
-        # an index-derived host plan's splits of one-row requests: the KV loop's bounds need no load
-        STATIC_LOOP=bool(derive) and not dplan.split_size and dplan.index_split > 0 and dplan.max_q_len == 1,
+        HOST_SPLITS=bool(derive) and not dplan.split_size and dplan.index_split > 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     merge_prep = None
     if with_merge:

@@ -1406,7 +1406,7 @@ class PlanSpec:
         * unsplit (``N = 1``, ``S = 2**31 - 1``: one split past every length) with its requests in batch
           order (at most :func:`_order_items` items: a larger one may put its longest requests first),
           such as every one-item-an-SM plan;
-        * one request's ``N >= 2`` splits of ``S`` tokens from position 0 (batch 1, one query row): since the
+        * one request's ``N >= 2`` splits of ``S`` tokens from position 0 (batch 1): since the
           prologue reads the request's fields in one round trip, 0.4-3.3 % faster than its item arrays
           on an H100, level at D 256 (run 124, docs/perf-notes.md; run 65 measured them slower before).
 
@@ -1420,7 +1420,7 @@ class PlanSpec:
                 return 0
             return 2 ** 31 - 1 if not plan.item_kv_start.any() else 0
         N = int(plan.num_splits[0])
-        if B != 1 or plan.num_rows != 1 or W != N * self.num_kv_heads:
+        if B != 1 or W != N * self.num_kv_heads:
             return 0
         S, L = int(plan.item_kv_end[0]), int(plan.item_kv_end[N - 1])
         return S if S > 0 and -(-L // S) == N else 0

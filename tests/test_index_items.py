@@ -66,12 +66,6 @@ def test_index_items_of_one_requests_splits(policy, lens):
         np.testing.assert_array_equal(a, b)
 
 
-def test_index_items_refuse_one_requests_splits_of_several_rows():
-    spec = _spec("size:64")
-    assert spec.items_from_index(spec.make(np.array([1000])))
-    assert not spec.items_from_index(spec.make(np.array([1000]), q_lens=np.array([3])))
-
-
 def test_index_items_of_one_item_an_sm():
     # B 16 x 1k at Hq 32 / Hkv 8, D 128 on the h200 profile: `auto` leaves it unsplit, in batch order
     spec = PlanSpec(32, 8, 128, 16)

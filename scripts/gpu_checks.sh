@@ -15,6 +15,8 @@
 #          huge lengths, corrupt plans, strided indices (expect "ERROR SUMMARY: 0 errors", exit 0)
 #   overhead scripts/h200_perf_check.py --overhead: the cost of the always-on checks at B1x16k and
 #          B64x2k (OUTDIR/overhead/overhead.json; target at most 1 % of the decode time)
+#   floor    scripts/h200_read_floor.py: the method's floor (an empty kernel, a bare read of each
+#          point's KV bytes) beside ours and cuDNN at the batch-1 and one-item-an-SM points (OUTDIR/floor)
 #   keypoints  the key points (read flush) with the default, stage 1 alone and a few stage-1
 #          configurations only (OUTDIR/keypoints)
 #   before   with KERNELS_BEFORE=FILE (another version of cuda_ref/kernels.py, e.g. from
@@ -71,6 +73,10 @@ for step in "$@"; do
     overhead)
       python3 scripts/h200_perf_check.py --out "$out/overhead" --overhead B1x16k,B64x2k --iters 30 --flush read \
           2>&1 | tee "$out/overhead.log" || status=1 ;;
+    floor)
+      python3 scripts/h200_read_floor.py --out "$out/floor" --points B1x1k,B1x2k,B1x4k,B1x16k,B1x128k,B16x1k \
+          >"$out/floor.log" 2>&1 || status=1
+      tail -n 12 "$out/floor/read_floor.md" ;;
     keypoints)
       python3 scripts/h200_perf_check.py --out "$out/keypoints" --iters 15 --flush read --points "$keypoints" \
           --variants "default,stage 1 alone,n64w4s5,n64w4s7,n32w4s5,n32w4s7" 2>&1 | tee "$out/keypoints.log" || status=1 ;;

@@ -260,10 +260,9 @@ class DevicePlan:
     graph_stable: bool
     max_q_len: int = 0  # query rows of the longest request; 0: unknown (the kernel then handles several)
     split_size: int = 0
-    # a host plan whose work items stage 1 derives from its index (PlanSpec.items_from_index), with
-    # ``index_split`` tokens a split and ``max_splits`` splits a request; the items' arrays are uploaded
-    # all the same
-    index_items: bool = False
+    # a host plan whose work items stage 1 derives from its index (PlanSpec.items_from_index): its split
+    # length (2**31 - 1 unsplit; 0: from its arrays), with ``max_splits`` splits a request; the items'
+    # arrays are uploaded all the same
     index_split: int = 0
     item_tokens: int = 0  # the plan's split length, or an unsplit auto plan's longest item (plan_item_tokens)
     # the work items default_config chooses for: a graph-stable plan's valid items (those of the plan
@@ -271,6 +270,11 @@ class DevicePlan:
     config_items: int = 0
     _views: "dict | None" = field(default=None, repr=False, compare=False)
     _stage1_views: "tuple | None" = field(default=None, repr=False, compare=False)
+
+    @property
+    def index_items(self) -> bool:
+        """Whether stage 1 derives this host plan's work items from its index (``index_split``)."""
+        return self.index_split > 0
 
     @staticmethod
     def lengths(num_items: int, batch_size: int, num_rows: int) -> list[int]:
@@ -808,7 +812,7 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
         MIXED_TILES=dplan.max_q_len != 1, COLUMN_SUM=cfg.column_sum and dplan.max_q_len == 1,
         DEVICE_PLAN=bool(derive),
         PADDED=dplan.graph_stable and not dplan.split_size,
-        HOST_SPLITS=bool(derive) and not dplan.split_size and dplan.index_split > 0,
+        HOST_SPLITS=bool(derive) and not dplan.split_size and dplan.max_splits > 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     merge_prep = None
     if with_merge:
@@ -821,8 +825,8 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
 
 
 def _index_derive(dplan: DevicePlan) -> tuple:
-    """``(SPLIT_SIZE, MAX_SPLITS)`` of an index-derived host plan (one split past every length if unsplit)."""
-    return (dplan.index_split or _INT32_MAX, dplan.max_splits if dplan.index_split else 1)
+    """``(SPLIT_SIZE, MAX_SPLITS)`` of an index-derived host plan."""
+    return dplan.index_split, dplan.max_splits
 
 
 def launch_merge(part_o, part_lse, out, lse, row_slot_start, row_num_splits, *, slot_step: int = 1,

@@ -309,8 +309,7 @@ class DecodeWrapper(PlannedWrapper):
         # made by the shared planner: valid by construction (tests/test_planner*.py), not checked again
         self._set_plan(plan, False, seq_lens)
         if self.index_items and window_left is None and not plan.graph_stable:
-            split = self.spec.items_from_index(plan)
-            self.dplan.index_items, self.dplan.index_split = split > 0, (split if plan.max_splits > 1 else 0)
+            self.dplan.index_split = self.spec.items_from_index(plan)
         return plan
 
     def set_plan(self, plan: Plan, *, validate: bool = True) -> None:

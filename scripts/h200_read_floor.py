@@ -106,15 +106,6 @@ def parse_variants(text: str) -> list[tuple]:
     return out
 
 
-def ours_variant(timer, q, k, v, bt, seq, policy, config):
-    from cuda_ref.wrapper import DecodeWrapper
-    B = bt.shape[0]
-    w = DecodeWrapper(q.shape[1], k.shape[2], q.shape[2], PAGE, dtype=q.dtype, policy=policy, config=config)
-    plan = w.plan(seq.cpu().numpy())
-    qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
-    return timer(lambda: w.run(q, k, v, bt, seq, qsl)), int(plan.num_valid_items)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -163,8 +154,8 @@ def main(argv=None) -> int:
         row["ours_stage1_us"] = ours(timer, q, k, v, bt, seq, "auto", stage1_only=True)[0]
         for policy, cfg in variants:
             try:
-                us, items = ours_variant(timer, q, k, v, bt, seq, policy, cfg)
-                row[f"ours {policy}/{cfg}_us"], row[f"ours {policy}/{cfg}_items"] = us, items
+                us, plan, _ = ours(timer, q, k, v, bt, seq, policy, config=cfg)
+                row[f"ours {policy}/{cfg}_us"], row[f"ours {policy}/{cfg}_items"] = us, int(plan.num_valid_items)
             except Exception as e:  # noqa: BLE001 - a configuration that does not compile here is a result
                 row[f"ours {policy}/{cfg}_error"] = f"{type(e).__name__}: {str(e)[:160]}"
         row.update({(n if n.endswith("_error") else n + "_us"): x for n, x in sdpa_peers(timer, q, kc, vc).items()})

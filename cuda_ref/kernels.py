@@ -114,6 +114,7 @@ def split_kv_kernel(
     BOUNDS: tl.constexpr = True, COUNT_ERRORS: tl.constexpr = False, MIXED_TILES: tl.constexpr = True,
     COLUMN_SUM: tl.constexpr = False,
     DEVICE_PLAN: tl.constexpr = False, PADDED: tl.constexpr = False, HOST_SPLITS: tl.constexpr = False,
+    STATIC_LOOP: tl.constexpr = False,
 ):
     """Stage 1, one program per (work item, block of packed query rows), in named steps: load the
     work item, load its packed query rows and int8 scales, walk the KV range (:func:`_kv_loop`),
@@ -132,7 +133,12 @@ def split_kv_kernel(
 
     ``HOST_SPLITS`` (``DEVICE_PLAN`` for a host plan's splits, whose merge reads the plan's
     ``MAX_SPLITS`` slots a row): every split of the plan writes its state, an empty one past the
-    request's length on the device, so that no slot the merge reads is left from an earlier call."""
+    request's length on the device, so that no slot the merge reads is left from an earlier call.
+    ``STATIC_LOOP`` (with ``HOST_SPLITS``, one query row a request): the KV loop runs over
+    ``[start, start + SPLIT_SIZE)`` (within ``KV_CAP``), bounds that need no load, and the page ids are
+    read within them, so the first page ids leave with the request's length instead of after it.
+    Positions past the length are masked as always, and no program returns early (a request without
+    query rows reads and writes nothing)."""
     if LAUNCH_DEPENDENTS:  # let the merge launch now: it waits for this grid in gdc_wait
         gdc_launch_dependents()
     item = tl.program_id(0)
@@ -140,8 +146,9 @@ def split_kv_kernel(
     if DEVICE_PLAN:  # no plan arrays: the item from its index (a plan made on the device)
         b, h, split, start, end, seq_len, r0, q_len, n_split = _device_work_item(
             SEQ_LENS, QUERY_START, item, NUM_KV_HEADS, KV_CAP, BATCH, SPLIT_SIZE, MAX_SPLITS, HOST_SPLITS)
-        if q_len == 0:  # padding (the grid covers the block table's capacity): nothing to read or write
-            return
+        if not STATIC_LOOP:
+            if q_len == 0:  # padding (the grid covers the block table's capacity): nothing to read or write
+                return
     else:
         if PADDED:  # a graph-stable plan: its padding items (request -1) return after one load
             if tl.load(ITEM_REQ + item) < 0:
@@ -181,8 +188,12 @@ def split_kv_kernel(
     v_base = V + h.to(tl.int64) * stride_vh
     i_first = (mblock * BLOCK_M) // GROUP  # the block's first and last query rows
     i_last = tl.minimum(q_len - 1, (mblock * BLOCK_M + BLOCK_M - 1) // GROUP)
+    if STATIC_LOOP:  # the loop's bounds from the program's index and the arguments alone
+        loop_end = tl.minimum(start.to(tl.int64) + SPLIT_SIZE, KV_CAP).to(tl.int32)
+    else:
+        loop_end = end
     m_i, l_i, acc, bad_col = _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, start, end,
-                                      offs_n, offs_d, d_ok, k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left,
+                                      loop_end, offs_n, offs_d, d_ok, k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left,
                                       NUM_PAGES, stride_kp, stride_kt, stride_vp, stride_vt, seq_len, q_len,
                                       PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW, DOT_IEEE, UPCAST,
                                       BOUNDS, MIXED_TILES)
@@ -308,8 +319,8 @@ def _load_kv_scales(K_SCALE, V_SCALE, K_OFFSET, V_OFFSET, h, stride_sh, offs_d, 
 
 
 @triton.jit
-def _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, start, end, offs_n, offs_d, d_ok,
-             k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left, NUM_PAGES,
+def _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, start, end, loop_end, offs_n, offs_d,
+             d_ok, k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left, NUM_PAGES,
              stride_kp, stride_kt, stride_vp, stride_vt, seq_len, q_len,
              PAGE: tl.constexpr, BLOCK_N: tl.constexpr, KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr,
              SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr,
@@ -335,7 +346,8 @@ def _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, s
     are loaded as 0.
 
     ``MIXED_TILES`` False (the launch knows that no request has more than one query row): only the
-    first loop, over the whole range. The second loop costs registers even when it runs no tile
+    first loop, over the whole range, to ``loop_end`` (``end``, or a bound at or past it that needs no
+    load: ``STATIC_LOOP``), the page ids read before ``loop_end``. The second loop costs registers even when it runs no tile
     (ptxas: 106 -> 168 a thread for 32-token bf16 tiles, one program less per SM), so it is compiled
     only where it can run."""
     lo_ok = start
@@ -360,27 +372,28 @@ def _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, s
         bad = tl.full([], 2147483647, tl.int32)
     else:
         bad = tl.full([BLOCK_N], 2147483647, tl.int32)
-    col_end = (end - 1) // PAGE + 1  # block-table columns holding positions < end (end >= 1 in a tile)
+    col_end = tl.where(end > 0, (end - 1) // PAGE + 1, 0)  # block-table columns holding positions < end
     k_slot = (offs_n % PAGE).to(tl.int64) * stride_kt
     v_slot = (offs_n % PAGE).to(tl.int64) * stride_vt
     if MIXED_TILES:
         # the first loop runs to ``end`` and masks positions from ``mid`` on: its bounds come from the
         # work item alone, so its first page ids leave without waiting for the request's fields
         for n0 in range(lo, end, BLOCK_N):
-            m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, mid, end, col_end, bt_row, k_base,
+            m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, mid, end, end, col_end, bt_row, k_base,
                                           v_base, offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of,
                                           qk_scale, soft_cap, window_left, NUM_PAGES, stride_kp, stride_kt, stride_vp,
                                           stride_vt, PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW,
                                           DOT_IEEE, UPCAST, BOUNDS, False)
         for n0 in range(mid, end, BLOCK_N):
-            m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, end, end, col_end, bt_row, k_base,
+            m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, end, end, end, col_end, bt_row, k_base,
                                           v_base, offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of,
                                           qk_scale, soft_cap, window_left, NUM_PAGES, stride_kp, stride_kt, stride_vp,
                                           stride_vt, PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW,
                                           DOT_IEEE, UPCAST, BOUNDS, True)
     else:
-        for n0 in range(lo, end, BLOCK_N):
-            m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, end, end, col_end, bt_row, k_base,
+        for n0 in range(lo, loop_end, BLOCK_N):
+            m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, end, end, loop_end, col_end, bt_row,
+                                          k_base,
                                           v_base, offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of,
                                           qk_scale, soft_cap, window_left, NUM_PAGES, stride_kp, stride_kt, stride_vp,
                                           stride_vt, PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW,
@@ -401,11 +414,13 @@ def _expand(x, NP: tl.constexpr, PAGE: tl.constexpr):
 
 
 @triton.jit
-def _tile_rows(bt_row, n0, offs_n, end, col_end, k_slot, v_slot, bad, NUM_PAGES, stride_kp, stride_kt, stride_vp,
-               stride_vt, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BOUNDS: tl.constexpr):
+def _tile_rows(bt_row, n0, offs_n, end, load_end, col_end, k_slot, v_slot, bad, NUM_PAGES, stride_kp, stride_kt,
+               stride_vp, stride_vt, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BOUNDS: tl.constexpr):
     """Element offsets (int64 ``[BLOCK_N]``) of the tile's K and V rows from the block table, which
     tokens have a valid page id (``[BLOCK_N]``, all True without ``BOUNDS``), and ``bad`` updated
-    with the columns of out-of-range page ids.
+    with the columns of out-of-range page ids before ``end`` (``col_end`` columns). Page ids are read
+    for the positions before ``load_end`` (``end``, or a bound past it within the block table's row:
+    those past ``end`` are never used for an address).
 
     ``BLOCK_N % PAGE == 0`` (the tile starts on a page: ``BLOCK_N / PAGE`` whole pages): one page id
     per page, checked and scaled to a 64-bit page base, then repeated over the page's tokens.
@@ -415,7 +430,7 @@ def _tile_rows(bt_row, n0, offs_n, end, col_end, k_slot, v_slot, bad, NUM_PAGES,
         NP: tl.constexpr = BLOCK_N // PAGE
         cols = n0 // PAGE + tl.arange(0, NP)
         col_ok = cols < col_end
-        page = tl.load(bt_row + cols, mask=col_ok, other=0)
+        page = tl.load(bt_row + cols, mask=cols < tl.where(load_end > 0, (load_end - 1) // PAGE + 1, 0), other=0)
         if BOUNDS:
             page_ok = (page >= 0) & (page < NUM_PAGES)
             bad = tl.minimum(bad, tl.where(page_ok, 2147483647, tl.where(col_ok, cols, 2147483647)))
@@ -446,7 +461,7 @@ def _tile_rows(bt_row, n0, offs_n, end, col_end, k_slot, v_slot, bad, NUM_PAGES,
     else:
         pos = n0 + offs_n
         in_end = pos < end
-        page = tl.load(bt_row + pos // PAGE, mask=in_end, other=0)
+        page = tl.load(bt_row + pos // PAGE, mask=pos < load_end, other=0)
         if BOUNDS:
             page_ok = (page >= 0) & (page < NUM_PAGES)
             bad = tl.minimum(bad, tl.where(page_ok, 2147483647, tl.where(in_end, pos // PAGE, 2147483647)))
@@ -462,19 +477,20 @@ def _tile_rows(bt_row, n0, offs_n, end, col_end, k_slot, v_slot, bad, NUM_PAGES,
 
 
 @triton.jit
-def _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, hi_ok, end, col_end, bt_row, k_base, v_base, offs_n, offs_d, d_ok,
+def _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, hi_ok, end, load_end, col_end, bt_row, k_base, v_base, offs_n,
+             offs_d, d_ok,
              k_slot, v_slot, k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left, NUM_PAGES,
              stride_kp, stride_kt, stride_vp, stride_vt,
              PAGE: tl.constexpr, BLOCK_N: tl.constexpr, KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr,
              SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr,
              BOUNDS: tl.constexpr, MIXED: tl.constexpr):
     """One tile of the online softmax over the positions ``[lo_ok, hi_ok)`` of tile ``[n0, n0 + BLOCK_N)``
-    (page ids read up to ``end``). ``MIXED`` False: every row of the block sees every loaded
+    (page ids read up to ``load_end``, ``end`` or past it). ``MIXED`` False: every row of the block sees every loaded
     position (``kv_ok``); True: visibility per row (causal, window), and V values a row cannot see
     are cleared before the dot (``0 * NaN`` would be NaN), a non-finite V value a row sees making
     that row NaN. In both, a non-finite score a row sees is made NaN before the soft cap (which would
     turn ``-inf`` into a finite score), so the row's sum of weights is NaN."""
-    k_row, v_row, tok_ok, bad = _tile_rows(bt_row, n0, offs_n, end, col_end, k_slot, v_slot, bad, NUM_PAGES,
+    k_row, v_row, tok_ok, bad = _tile_rows(bt_row, n0, offs_n, end, load_end, col_end, k_slot, v_slot, bad, NUM_PAGES,
                                            stride_kp, stride_kt, stride_vp, stride_vt, PAGE, BLOCK_N, BOUNDS)
     pos = n0 + offs_n
     kv_ok = ((pos >= lo_ok) & (pos < hi_ok)) & tok_ok

@@ -802,6 +802,7 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
         sh, Hkv, k_cache.shape[0], kv_cap, num_rows, num_slots, batch,
         # constants where there is no device-plan prologue (no respecialization)
         *(derive or (1, 1)))
+    host_splits = bool(derive) and not dplan.split_size and dplan.max_splits > 1
     constexprs = dict(
         GROUP=group, PAGE=page, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=dplan.block_m, BLOCK_N=cfg.block_n,
         KV_INT8=kv_int8, HAS_OFFSET=k_offset is not None, SOFT_CAP=soft_cap is not None,
@@ -812,7 +813,10 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
         MIXED_TILES=dplan.max_q_len != 1, COLUMN_SUM=cfg.column_sum and dplan.max_q_len == 1,
         DEVICE_PLAN=bool(derive),
         PADDED=dplan.graph_stable and not dplan.split_size,
-        HOST_SPLITS=bool(derive) and not dplan.split_size and dplan.max_splits > 1,
+        HOST_SPLITS=host_splits,
+        # the KV loop's bounds from the split length alone: 1-2 % faster at batch 1 and D <= 128 on an
+        # H100, 1-3 % slower at D 256 (run 127, docs/perf-notes.md)
+        STATIC_LOOP=host_splits and dplan.max_q_len == 1 and D <= 128,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     merge_prep = None
     if with_merge:

@@ -42,7 +42,7 @@ BASE = dict(GROUP=4, PAGE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=64,
             HAS_OFFSET=False, SOFT_CAP=False, HAS_WINDOW=False, DOT_IEEE=False, UPCAST=False,
             FUSE_MERGE=False, SCALE_PER_CHANNEL=False, MERGE_CHUNK=32,
             MULTI_ROW_BLOCKS=False, BOUNDS=True, COUNT_ERRORS=True, MIXED_TILES=False, DEVICE_PLAN=False,
-            COLUMN_SUM=False, HOST_SPLITS=False)
+            COLUMN_SUM=False, HOST_SPLITS=False, STATIC_LOOP=False)
 
 
 def variants():
@@ -56,8 +56,8 @@ def variants():
     v.append(("bf16 D128 M16 fused n64w4s5", "bf16", "bf16", dict(BASE, FUSE_MERGE=True), 4, 5))
     v.append(("bf16 D128 M16 PDL trigger n64w4s5", "bf16", "bf16", dict(BASE, LAUNCH_DEPENDENTS=True), 4, 5))
     v.append(("bf16 D128 M16 device plan n64w4s7", "bf16", "bf16", dict(BASE, DEVICE_PLAN=True), 4, 7))
-    v.append(("bf16 D128 M16 batch-1 splits from the index n64w4s5", "bf16", "bf16",
-              dict(BASE, DEVICE_PLAN=True, HOST_SPLITS=True), 4, 5))
+    v.append(("bf16 D128 M16 batch-1 splits, static loop n64w4s5", "bf16", "bf16",
+              dict(BASE, DEVICE_PLAN=True, HOST_SPLITS=True, STATIC_LOOP=True), 4, 5))
     v.append(("bf16 D128 M16 graph-stable padded n64w4s7", "bf16", "bf16", dict(BASE, PADDED=True), 4, 7))
     v.append(("bf16 D128 M16 device plan fused n64w4s5", "bf16", "bf16", dict(BASE, DEVICE_PLAN=True,
                                                                             FUSE_MERGE=True), 4, 5))

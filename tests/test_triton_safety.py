@@ -176,22 +176,64 @@ def test_debug_mode_checks_after_every_run(monkeypatch):
     assert not _wrapper(inp).debug
 
 
+@pytest.mark.parametrize("page,block_n", TILE_PAGE_MODES)
+def test_one_requests_splits_read_no_page_past_its_length(page, block_n):
+    # batch 1: splits derived from the program index, the KV loop bounded by the split length alone
+    # (STATIC_LOOP), so its last tiles run past the request's length. The block table's columns past
+    # the length hold ids out of range: never reported, never an address, the same bits as the arrays
+    from cuda_ref.launch import KernelConfig
+    inp = cases.random_inputs(5, [150], num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=page, dtype="float32")
+    x = to_torch(inp, DEVICE)
+    cols = x["block_table"].shape[1]
+    wide = torch.full((1, 2 * cols + 3), -7, dtype=torch.int32, device=DEVICE)
+    wide[0, cols::2] = 10 ** 6
+    wide[:, :cols] = x["block_table"]
+    res = {}
+    for on in (True, False):
+        w = DecodeWrapper(4, 2, 16, page, dtype="float32", device=DEVICE, policy=f"size:{page * max(1, 48 // page)}",
+                          config=KernelConfig(block_n, 4, 2))
+        w.index_items = on
+        w.plan(inp.seq_lens)
+        res[on] = _run(w, dict(x, block_table=wide))
+        assert w.last_launch.constexprs["STATIC_LOOP"] is on and w.host_plan.max_splits > 1
+        assert w.last_launch.constexprs["HOST_SPLITS"] is on
+        w.check_errors()   # nothing to report: the bad ids lie past the length
+        assert torch.equal(res[on][0], _run(w, x)[0])
+    assert torch.equal(res[True][0], res[False][0]) and torch.equal(res[True][1], res[False][1])
+    want, _ = dense_attention(inp)
+    np.testing.assert_allclose(res[True][0].double().cpu().numpy(), want, rtol=1e-5, atol=1e-5)
+    # a bad id inside the length is masked and reported as on the arrays' path
+    bad = wide.clone()
+    bad[0, 100 // page] = -3
+    _run(w, dict(x, block_table=bad))
+    w.index_items = True
+    w.plan(inp.seq_lens)
+    out, _ = _run(w, dict(x, block_table=bad))
+    assert torch.isfinite(out).all()
+    with pytest.raises(RuntimeError, match=rf"request 0, logical page {100 // page}, page id -3\b"):
+        w.check_errors()
+
+
+@pytest.mark.parametrize("head_dim", [16, 144])
 @pytest.mark.parametrize("lens", [[INT32_MAX], [-5], [0], [10 ** 6], [7]])
-def test_one_requests_splits_with_lengths_the_plan_was_not_made_for(lens):
-    # batch 1, splits derived from the program index (HOST_SPLITS): a device length past the block
-    # table, negative or short stays inside the tensors, and every planned split writes its state, so
-    # the merge (the plan's split count) reads no slot left from an earlier call
-    inp = cases.random_inputs(5, [150], num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=PAGE, dtype="float32")
-    w = DecodeWrapper(4, 2, 16, PAGE, dtype="float32", device=DEVICE, policy="size:32")
+def test_one_requests_splits_with_lengths_the_plan_was_not_made_for(lens, head_dim):
+    # batch 1, splits derived from the program index (HOST_SPLITS; the KV loop bounded by the split
+    # length alone, STATIC_LOOP, at D <= 128): a device length past the block table, negative or
+    # short stays inside the tensors, and every planned split writes its state, so the merge (the
+    # plan's split count) reads no slot left from an earlier call
+    inp = cases.random_inputs(5, [150], num_q_heads=4, num_kv_heads=2, head_dim=head_dim, page_size=PAGE,
+                              dtype="float32")
+    w = DecodeWrapper(4, 2, head_dim, PAGE, dtype="float32", device=DEVICE, policy="size:32")
     w.plan(inp.seq_lens)
     x = to_torch(inp, DEVICE)
     w.run(**x)   # the slots hold this call's states
     out, lse = w.run(**dict(x, seq_lens=torch.tensor(lens, dtype=torch.int32, device=DEVICE)))
     assert w.last_launch.constexprs["HOST_SPLITS"] and w.host_plan.max_splits == 5
+    assert w.last_launch.constexprs["STATIC_LOOP"] is (head_dim <= 128)
     if lens[0] <= 0:   # nothing visible: the empty row's output and lse
         assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
     if lens == [7]:    # the first 7 positions, as a plan made for them
-        w7 = DecodeWrapper(4, 2, 16, PAGE, dtype="float32", device=DEVICE, policy="size:32")
+        w7 = DecodeWrapper(4, 2, head_dim, PAGE, dtype="float32", device=DEVICE, policy="size:32")
         w7.plan(np.array([7]))
         want, want_lse = w7.run(**dict(x, seq_lens=torch.tensor(lens, dtype=torch.int32, device=DEVICE)))
         torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)

@@ -193,9 +193,9 @@ def split_kv_kernel(
     else:
         loop_end = end
     m_i, l_i, acc, bad_col = _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, start, end,
-                                      loop_end, offs_n, offs_d, d_ok, k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left,
-                                      NUM_PAGES, stride_kp, stride_kt, stride_vp, stride_vt, seq_len, q_len,
-                                      PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW, DOT_IEEE, UPCAST,
+                                      loop_end, offs_n, offs_d, d_ok, k_sc, v_sc, k_of, v_of, qk_scale, soft_cap,
+                                      window_left, NUM_PAGES, stride_kp, stride_kt, stride_vp, stride_vt, seq_len,
+                                      q_len, PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW, DOT_IEEE, UPCAST,
                                       BOUNDS, MIXED_TILES)
     if COUNT_ERRORS:
         _report_bad_page(ERRORS, bt_row, b, bad_col)
@@ -347,9 +347,9 @@ def _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, s
 
     ``MIXED_TILES`` False (the launch knows that no request has more than one query row): only the
     first loop, over the whole range, to ``loop_end`` (``end``, or a bound at or past it that needs no
-    load: ``STATIC_LOOP``), the page ids read before ``loop_end``. The second loop costs registers even when it runs no tile
-    (ptxas: 106 -> 168 a thread for 32-token bf16 tiles, one program less per SM), so it is compiled
-    only where it can run."""
+    load: ``STATIC_LOOP``), the page ids read before ``loop_end``. The second loop costs registers even
+    when it runs no tile (ptxas: 106 -> 168 a thread for 32-token bf16 tiles, one program less per SM),
+    so it is compiled only where it can run."""
     lo_ok = start
     if HAS_WINDOW:  # positions before the first row's window: no row of the block sees them
         lo_ok = tl.maximum(start, seq_len - q_len + i_first - window_left)
@@ -379,22 +379,21 @@ def _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, s
         # the first loop runs to ``end`` and masks positions from ``mid`` on: its bounds come from the
         # work item alone, so its first page ids leave without waiting for the request's fields
         for n0 in range(lo, end, BLOCK_N):
-            m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, mid, end, end, col_end, bt_row, k_base,
-                                          v_base, offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of,
+            m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, mid, end, end, col_end, bt_row,
+                                          k_base, v_base, offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of,
                                           qk_scale, soft_cap, window_left, NUM_PAGES, stride_kp, stride_kt, stride_vp,
                                           stride_vt, PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW,
                                           DOT_IEEE, UPCAST, BOUNDS, False)
         for n0 in range(mid, end, BLOCK_N):
-            m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, end, end, end, col_end, bt_row, k_base,
-                                          v_base, offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of,
+            m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, end, end, end, col_end, bt_row,
+                                          k_base, v_base, offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of,
                                           qk_scale, soft_cap, window_left, NUM_PAGES, stride_kp, stride_kt, stride_vp,
                                           stride_vt, PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW,
                                           DOT_IEEE, UPCAST, BOUNDS, True)
     else:
         for n0 in range(lo, loop_end, BLOCK_N):
             m_i, l_i, acc, bad = _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, end, end, loop_end, col_end, bt_row,
-                                          k_base,
-                                          v_base, offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of,
+                                          k_base, v_base, offs_n, offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of,
                                           qk_scale, soft_cap, window_left, NUM_PAGES, stride_kp, stride_kt, stride_vp,
                                           stride_vt, PAGE, BLOCK_N, KV_INT8, HAS_OFFSET, SOFT_CAP, HAS_WINDOW,
                                           DOT_IEEE, UPCAST, BOUNDS, False)
@@ -478,20 +477,19 @@ def _tile_rows(bt_row, n0, offs_n, end, load_end, col_end, k_slot, v_slot, bad, 
 
 @triton.jit
 def _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, hi_ok, end, load_end, col_end, bt_row, k_base, v_base, offs_n,
-             offs_d, d_ok,
-             k_slot, v_slot, k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left, NUM_PAGES,
+             offs_d, d_ok, k_slot, v_slot, k_sc, v_sc, k_of, v_of, qk_scale, soft_cap, window_left, NUM_PAGES,
              stride_kp, stride_kt, stride_vp, stride_vt,
              PAGE: tl.constexpr, BLOCK_N: tl.constexpr, KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr,
              SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_IEEE: tl.constexpr, UPCAST: tl.constexpr,
              BOUNDS: tl.constexpr, MIXED: tl.constexpr):
     """One tile of the online softmax over the positions ``[lo_ok, hi_ok)`` of tile ``[n0, n0 + BLOCK_N)``
-    (page ids read up to ``load_end``, ``end`` or past it). ``MIXED`` False: every row of the block sees every loaded
-    position (``kv_ok``); True: visibility per row (causal, window), and V values a row cannot see
+    (page ids read up to ``load_end``, ``end`` or past it). ``MIXED`` False: every row of the block sees
+    every loaded position (``kv_ok``); True: visibility per row (causal, window), and V values a row cannot see
     are cleared before the dot (``0 * NaN`` would be NaN), a non-finite V value a row sees making
     that row NaN. In both, a non-finite score a row sees is made NaN before the soft cap (which would
     turn ``-inf`` into a finite score), so the row's sum of weights is NaN."""
-    k_row, v_row, tok_ok, bad = _tile_rows(bt_row, n0, offs_n, end, load_end, col_end, k_slot, v_slot, bad, NUM_PAGES,
-                                           stride_kp, stride_kt, stride_vp, stride_vt, PAGE, BLOCK_N, BOUNDS)
+    k_row, v_row, tok_ok, bad = _tile_rows(bt_row, n0, offs_n, end, load_end, col_end, k_slot, v_slot, bad,
+                                           NUM_PAGES, stride_kp, stride_kt, stride_vp, stride_vt, PAGE, BLOCK_N, BOUNDS)
     pos = n0 + offs_n
     kv_ok = ((pos >= lo_ok) & (pos < hi_ok)) & tok_ok
     tile_ok = kv_ok[:, None] & d_ok[None, :]

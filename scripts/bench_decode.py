@@ -187,10 +187,10 @@ def split_sizes(ctx: int, max_splits: int = 64) -> list[int]:
     return out
 
 
-def ours(timer, q, k, v, bt, seq, policy, *, stage1_only=False, min_split=None, config=None):
+def ours(timer, q, k, v, bt, seq, policy, *, stage1_only=False, min_split=None, config=None, max_splits=None):
     B = bt.shape[0]
     w = DecodeWrapper(q.shape[1], k.shape[2], q.shape[2], PAGE, dtype=q.dtype, policy=policy,
-                      min_split_tokens=min_split, config=config)
+                      min_split_tokens=min_split, config=config, max_splits=max_splits)
     plan = w.plan(seq.cpu().numpy())
     w.merge = not stage1_only
     qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")

@@ -111,6 +111,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--points", default="B1x2k,B1x4k,B1x16k,B1x64k,B16x1k")
     ap.add_argument("--variants", default="", help="extra runs of ours: POLICY/CONFIG,... (e.g. size:384/n64w4s5)")
+    ap.add_argument("--max-splits", type=int, default=None,
+                    help="the variants' cap on splits a request (default: the profile's, 64)")
     ap.add_argument("--iters", type=int, default=40)
     args = ap.parse_args(argv)
     variants = parse_variants(args.variants)
@@ -154,7 +156,7 @@ def main(argv=None) -> int:
         row["ours_stage1_us"] = ours(timer, q, k, v, bt, seq, "auto", stage1_only=True)[0]
         for policy, cfg in variants:
             try:
-                us, plan, _ = ours(timer, q, k, v, bt, seq, policy, config=cfg)
+                us, plan, _ = ours(timer, q, k, v, bt, seq, policy, config=cfg, max_splits=args.max_splits)
                 row[f"ours {policy}/{cfg}_us"], row[f"ours {policy}/{cfg}_items"] = us, int(plan.num_valid_items)
             except Exception as e:  # noqa: BLE001 - a configuration that does not compile here is a result
                 row[f"ours {policy}/{cfg}_error"] = f"{type(e).__name__}: {str(e)[:160]}"

@@ -103,7 +103,11 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     waves (the programs the H200 holds at once) the work items fill best: a wave of equal items takes
     about as long whether it is full or not, so a plan of 640 items ran 1.3x faster with 5 programs
     an SM (one wave) than with 4 (two), at every item length from 1k to 8k tokens (run 38). Up to
-    1,320 items, the range measured; beyond, the choice above."""
+    1,320 items, the range measured; beyond, the choice above. Except (``auto``, from 265 to 2,112
+    items: :data:`_ONE_WARP_ITEMS`): one warp a program on 16-token tiles (n16w1s5), ten programs an SM
+    of one warp each, no barrier across warps in a tile's chain; on an H100 0.6-2 % faster than the
+    waves' choice at all ten points from 320 to 2,048 items, 5 % slower at 256 and 0.9 % at 4,096
+    (runs 131-134, docs/perf-notes.md; not measured on an H200)."""
     d = max(16, 1 << (int(head_dim) - 1).bit_length())  # the next power of two
     key = "few" if 0 < num_items <= _FEW_ITEMS else "many"
     elem = min(max(kv_bytes, 2), 4)
@@ -116,7 +120,7 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
         return KernelConfig(block_n=block_n, num_warps=warps, num_stages=5,
                             column_sum=not batch_invariant and d == 64 and elem == 2)
     if d == 128 and elem == 2:
-        return KernelConfig(*fullest_waves(num_items, _STAGES_ONLY if batch_invariant else _BY_WAVES))
+        return KernelConfig(*_many_config(num_items, batch_invariant))
     if not batch_invariant and d == 64 and elem == 2:
         return KernelConfig(block_n=32, num_warps=2, num_stages=7)
     return KernelConfig(block_n=block_n, num_warps=warps, num_stages=7)
@@ -152,6 +156,16 @@ _SM_PROGRAMS = {(32, 2, 5): 4, (32, 4, 5): 5, (64, 4, 5): 3, (64, 4, 7): 2}
 _BY_WAVES = ((32, 2, 5), (32, 4, 5), (64, 4, 5), (64, 4, 7))
 _WAVES_UPTO = 2 * 5 * _SMS   # the item counts measured (run 38): two waves of the largest
 _STAGES_ONLY = ((64, 4, 7), (64, 4, 5))   # batch-invariant plans: the tile and the warps fixed
+# `auto` plans of this many work items at 16-bit D 128: one-warp programs on 16-token tiles (default_config)
+_ONE_WARP = (16, 1, 5)
+_ONE_WARP_ITEMS = range(_FEW_ITEMS + 1, 16 * _SMS + 1)
+
+
+def _many_config(num_items: int, batch_invariant: bool) -> tuple:
+    """16-bit D-128 stage-1 configuration of a plan of more than the "few" work items (default_config)."""
+    if not batch_invariant and num_items in _ONE_WARP_ITEMS:
+        return _ONE_WARP
+    return fullest_waves(num_items, _STAGES_ONLY if batch_invariant else _BY_WAVES)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -736,7 +750,7 @@ def _config_class(num_items: int) -> tuple:
     the waves' choices (:func:`fullest_waves`) otherwise (cached: read by every ``run()``)."""
     if 0 < num_items <= _FEW_ITEMS:
         return (True,)
-    return (False, fullest_waves(num_items), fullest_waves(num_items, _STAGES_ONLY))
+    return (False, _many_config(num_items, False), _many_config(num_items, True))
 
 
 def plan_launch_key(dplan: DevicePlan, device) -> tuple:

@@ -50,6 +50,9 @@ def variants():
     v = []
     for bn, nw, ns in ((64, 4, 3), (64, 4, 5), (64, 4, 7), (32, 4, 5), (32, 4, 7), (32, 2, 5), (64, 8, 5), (64, 8, 7)):
         v.append((f"bf16 D128 M16 n{bn}w{nw}s{ns}", "bf16", "bf16", dict(BASE, BLOCK_N=bn), nw, ns))
+    v.append(("bf16 D128 M16 n16w1s5 (many items)", "bf16", "bf16", dict(BASE, BLOCK_N=16), 1, 5))
+    v.append(("bf16 D128 M16 n16w1s5 unsplit from the index", "bf16", "bf16", dict(BASE, BLOCK_N=16, DEVICE_PLAN=True),
+              1, 5))
     v.append(("bf16 D128 M16 n128w8s6 (lone item)", "bf16", "bf16", dict(BASE, BLOCK_N=128), 8, 6))
     v.append(("bf16 D128 M16 n128w8s6c (lone item, row sum per column)", "bf16", "bf16",
               dict(BASE, BLOCK_N=128, COLUMN_SUM=True), 8, 6))

@@ -279,20 +279,23 @@ def test_default_config_keeps_tile_and_warps_for_batch_invariant_plans():
 
 
 def test_default_config_fills_the_waves_at_d128():
-    """16-bit D 128, more than "few" items: the configuration whose waves (programs an H200 holds at
+    """16-bit D 128, more than "few" items: ``auto`` plans of 265 to 2,112 items run one-warp programs
+    on 16-token tiles (n16w1s5); otherwise the configuration whose waves (programs an H200 holds at
     once: 4, 5, 3, 2 an SM for n32w2s5, n32w4s5, n64w4s5, n64w4s7) the items fill best, the one of more
     programs within 2 %; batch-invariant plans choose only the stages; past 1,320 items (or an unknown
     count) the choice before; other head dims and dtypes as before."""
-    from cuda_ref.launch import default_config
+    from cuda_ref.launch import default_config, fullest_waves
 
     def cfg(n, invariant=False, d=128, kv_bytes=2):
         return str(default_config(d, kv_bytes, n, invariant, 2048))
 
     assert cfg(200) == cfg(200, True) == "n64w4s5"                          # few
-    assert [cfg(n) for n in (384, 512, 640, 768, 1024, 1280)] == \
-        ["n64w4s5", "n32w2s5", "n32w4s5", "n64w4s5", "n32w2s5", "n32w4s5"]  # 396, 528, 660, 792, 1056, 1320
+    assert cfg(264) == "n64w4s5" and cfg(265) == cfg(1024) == cfg(2112) == "n16w1s5"
+    assert cfg(2113) == cfg(100_000) == cfg(0) == "n32w2s5"
+    assert [fullest_waves(n) for n in (384, 512, 640, 768, 1024, 1280)] == \
+        [(64, 4, 5), (32, 2, 5), (32, 4, 5), (64, 4, 5), (32, 2, 5), (32, 4, 5)]  # 396, 528, 660, 792, 1056, 1320
     assert [cfg(n, True) for n in (384, 512, 640, 768, 1024)] == ["n64w4s5", "n64w4s7", "n64w4s5", "n64w4s5", "n64w4s7"]
-    assert cfg(1321) == cfg(100_000) == cfg(0) == "n32w2s5" and cfg(1321, True) == cfg(0, True) == "n64w4s7"
+    assert cfg(1321, True) == cfg(0, True) == "n64w4s7"
     assert cfg(640, d=64) == "n32w2s7" and cfg(640, True, d=64) == "n128w4s7"   # long items at D 64
     assert cfg(640, kv_bytes=4) == "n32w8s7" and cfg(640, d=256) == "n32w4s7"
 

@@ -351,15 +351,17 @@ def test_the_planner_costs_one_item_an_sm_where_the_launch_takes_its_configurati
 
 
 def test_plans_whose_item_counts_choose_other_configurations_get_their_own_launch():
-    # the prepared launch is shared by plans of equal launch keys: the key holds the configuration
-    # the item count decides, so a plan of 640 items does not run with a 512-item plan's n32w2s5
+    # the prepared launch is shared by plans of equal launch keys: the key holds the configurations
+    # the item count decides (`auto`'s and a batch-invariant plan's), so a plan of 640 items does not
+    # run with a 512-item plan's, nor one of 265 with a "few" plan's or one of 2,113 with n16w1s5
     from cuda_ref.launch import DevicePlan, plan_launch_key
 
     def key(n, config_items=0):
         return plan_launch_key(DevicePlan(torch.zeros(4, dtype=torch.int32), n, 4, 4, 8, 8, 16, 1, False,
                                           config_items=config_items), torch.device("cpu"))
 
-    assert key(512) != key(640) != key(768) and key(600) == key(640) and key(100) == key(200)
+    assert key(264) != key(265) and key(512) != key(640) and key(2112) != key(2113)
+    assert key(600) == key(640) and key(100) == key(200)
     assert key(2112, config_items=200) == key(200)
 
 

@@ -104,10 +104,11 @@ def default_config(head_dim: int, kv_bytes: int, num_items: int = 0, batch_invar
     about as long whether it is full or not, so a plan of 640 items ran 1.3x faster with 5 programs
     an SM (one wave) than with 4 (two), at every item length from 1k to 8k tokens (run 38). Up to
     1,320 items, the range measured; beyond, the choice above. Except (``auto``, from 265 to 2,112
-    items: :data:`_ONE_WARP_ITEMS`): one warp a program on 16-token tiles (n16w1s5), ten programs an SM
-    of one warp each, no barrier across warps in a tile's chain; on an H100 0.6-2 % faster than the
-    waves' choice at all ten points from 320 to 2,048 items, 5 % slower at 256 and 0.9 % at 4,096
-    (runs 131-134, docs/perf-notes.md; not measured on an H200)."""
+    items: :data:`_ONE_WARP_ITEMS`): one warp a program on 16-token tiles (n16w1s5), about ten
+    programs an SM (the compiled kernel's registers and shared memory), no barrier across warps in a
+    tile's chain; on an H100 0.6-2 % faster than the waves' choice at all ten points from 320 to
+    2,048 items, 5 % slower at 256 and 0.9 % at 4,096 (runs 131-134, docs/perf-notes.md; not measured
+    on an H200)."""
     d = max(16, 1 << (int(head_dim) - 1).bit_length())  # the next power of two
     key = "few" if 0 < num_items <= _FEW_ITEMS else "many"
     elem = min(max(kv_bytes, 2), 4)
@@ -747,7 +748,7 @@ def launch_sizes(q, block_table, seq_lens, query_start_loc, dplan: DevicePlan, o
 @functools.lru_cache(maxsize=4096)
 def _config_class(num_items: int) -> tuple:
     """What of a plan's work-item count :func:`default_config` reads: whether they are "few", and
-    the waves' choices (:func:`fullest_waves`) otherwise (cached: read by every ``run()``)."""
+    the choices for more items otherwise (:func:`_many_config`; cached: read by every ``run()``)."""
     if 0 < num_items <= _FEW_ITEMS:
         return (True,)
     return (False, _many_config(num_items, False), _many_config(num_items, True))
@@ -828,8 +829,8 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
         DEVICE_PLAN=bool(derive),
         PADDED=dplan.graph_stable and not dplan.split_size,
         HOST_SPLITS=host_splits,
-        # the KV loop's bounds from the split length alone: 1-2 % faster at batch 1 and D <= 128 on an
-        # H100, 1-3 % slower at D 256 (run 127, docs/perf-notes.md)
+        # the KV loop's bounds from the split length alone: up to 2 % faster at batch 1 and D <= 128 on
+        # an H100, 1-3 % slower at D 256 (run 127, docs/perf-notes.md)
         STATIC_LOOP=host_splits and dplan.max_q_len == 1 and D <= 128,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     merge_prep = None

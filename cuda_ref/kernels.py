@@ -372,7 +372,7 @@ def _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, s
         bad = tl.full([], 2147483647, tl.int32)
     else:
         bad = tl.full([BLOCK_N], 2147483647, tl.int32)
-    col_end = tl.where(end > 0, (end - 1) // PAGE + 1, 0)  # block-table columns holding positions < end
+    col_end = _columns_before(end, PAGE)
     k_slot = (offs_n % PAGE).to(tl.int64) * stride_kt
     v_slot = (offs_n % PAGE).to(tl.int64) * stride_vt
     if MIXED_TILES:
@@ -407,6 +407,12 @@ def _kv_loop(q, q_pos, i_first, i_last, m_i, l_i, acc, bt_row, k_base, v_base, s
 
 
 @triton.jit
+def _columns_before(end, PAGE: tl.constexpr):
+    """Block-table columns holding the positions ``< end`` (0 for ``end <= 0``)."""
+    return tl.where(end > 0, (end - 1) // PAGE + 1, 0)
+
+
+@triton.jit
 def _expand(x, NP: tl.constexpr, PAGE: tl.constexpr):
     """``[NP]`` per-page values -> ``[NP * PAGE]`` per-token values (each repeated ``PAGE`` times)."""
     return tl.reshape(tl.broadcast_to(x[:, None], (NP, PAGE)), (NP * PAGE,))
@@ -429,7 +435,7 @@ def _tile_rows(bt_row, n0, offs_n, end, load_end, col_end, k_slot, v_slot, bad, 
         NP: tl.constexpr = BLOCK_N // PAGE
         cols = n0 // PAGE + tl.arange(0, NP)
         col_ok = cols < col_end
-        page = tl.load(bt_row + cols, mask=cols < tl.where(load_end > 0, (load_end - 1) // PAGE + 1, 0), other=0)
+        page = tl.load(bt_row + cols, mask=cols < _columns_before(load_end, PAGE), other=0)
         if BOUNDS:
             page_ok = (page >= 0) & (page < NUM_PAGES)
             bad = tl.minimum(bad, tl.where(page_ok, 2147483647, tl.where(col_ok, cols, 2147483647)))

@@ -37,7 +37,10 @@ HERE = Path(__file__).parent
 KERNEL_DIR = HERE / "kernel"
 SIM_DIR = HERE / "sim"
 CXX = os.environ.get("CXX", "g++")
-CXXFLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror"]
+# SPLITKV_SIM_CXXFLAGS adds flags (e.g. "-fsanitize=address,undefined"; the sanitizer runtime must
+# then be preloaded into Python: scripts/twin_sanitizers.sh).
+CXXFLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror",
+            *os.environ.get("SPLITKV_SIM_CXXFLAGS", "").split()]
 PROFILE = DEFAULT_PROFILE
 
 

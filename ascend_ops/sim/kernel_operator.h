@@ -77,8 +77,22 @@
 #define GM_ADDR uint8_t*
 
 // ---------------------------------------------------------------------------------------------
-// 16-bit floating types (bit-exact conversions, round to nearest even)
+// Every element of emulated memory (UB, L1/L0, GM) is read and written through load_as / store_as
+// (a memcpy of sizeof(T) bytes, one move at -O1 and above), never through a T*: the same bytes
+// are reinterpreted as other types (ReinterpretCast, a float row written by DMA and read as int32,
+// half zeros read as bfloat16), and typed pointer accesses of them would be strict-aliasing
+// undefined behaviour that the optimiser may reorder.
 namespace sim {
+template <typename T>
+inline T load_as(const void* p) {
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    return v;
+}
+template <typename T>
+inline void store_as(void* p, const T& v) { std::memcpy(p, &v, sizeof(T)); }
+
+// 16-bit floating types (bit-exact conversions, round to nearest even)
 inline uint16_t f32_to_f16(float f) {
     uint32_t x;
     std::memcpy(&x, &f, 4);
@@ -283,9 +297,7 @@ public:
         sim::core().st.sUbReads++;
         sim::check_written(addr_ + i * sizeof(T), sizeof(T), "LocalTensor::GetValue");
         sim::ub_read(in, addr_ + i * sizeof(T), sizeof(T));
-        T v;
-        std::memcpy(&v, sim::core().ub + addr_ + i * sizeof(T), sizeof(T));
-        return v;
+        return at(i);
     }
     // Scalar write of the UB (pipe S): other pipes see it only after an S -> X edge.
     template <typename U>
@@ -295,8 +307,7 @@ public:
         sim::Ins in = sim::issue(sim::P_S, "LocalTensor::SetValue", loc);
         sim::core().st.sUbWrites++;
         sim::ub_write(in, addr_ + i * sizeof(T), sizeof(T));
-        T v = T(value);
-        std::memcpy(sim::core().ub + addr_ + i * sizeof(T), &v, sizeof(T));
+        put(i, T(value));
         sim::mark(addr_ + i * sizeof(T), sizeof(T));
     }
     template <typename U>
@@ -312,10 +323,10 @@ public:
             sim::fail("position", std::string(api) + ": operand in " + sim::mem_name(mem_) +
                                       "; this API takes Unified Buffer (VECIN/VECOUT/VECCALC) tensors");
     }
-    T* ptr() const {
-        if (mem_ == sim::MEM_UB) return reinterpret_cast<T*>(sim::core().ub + addr_);
-        return reinterpret_cast<T*>(sim::space(mem_).data.data() + addr_);
-    }
+    // the operand's first byte in its memory; element i through at / put (never a T*: see load_as)
+    uint8_t* raw() const { return (mem_ == sim::MEM_UB ? sim::core().ub : sim::space(mem_).data.data()) + addr_; }
+    T at(uint64_t i) const { return sim::load_as<T>(raw() + i * sizeof(T)); }
+    void put(uint64_t i, const T& v) const { sim::store_as(raw() + i * sizeof(T), v); }
 };
 
 template <typename T>
@@ -339,14 +350,14 @@ public:
         sim::Ins in = sim::issue(sim::P_S, "GlobalTensor::GetValue", loc);
         sim::core().st.sGmReads++;
         sim::gm_access(in, base_ + i, sizeof(T), false);
-        return base_[i];
+        return sim::load_as<T>(base_ + i);
     }
     void SetValue(uint64_t i, T v, sim::Loc loc = {}) {
         need(i + 1, "GlobalTensor::SetValue");
         sim::Ins in = sim::issue(sim::P_S, "GlobalTensor::SetValue", loc);
         sim::core().st.sGmWrites++;
         sim::gm_access(in, base_ + i, sizeof(T), true);
-        base_[i] = v;
+        sim::store_as(base_ + i, v);
     }
     void need(uint64_t elems, const char* api) const {
         if (elems > size_)
@@ -745,7 +756,7 @@ inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint
     sim::gm_access(in, src.base_, n, false);
     sim::ub_write(in, dst.addr_, n);
     detail::dma_stats(sim::P_MTE2, n, 1);
-    std::memcpy(dst.ptr(), src.base_, n);
+    std::memcpy(dst.raw(), src.base_, n);
     sim::mark(dst.addr_, n);
 }
 template <typename T>
@@ -761,7 +772,7 @@ inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint
     sim::ub_read(in, src.addr_, n);
     sim::gm_access(in, dst.base_, n, true);
     detail::dma_stats(sim::P_MTE3, n, 1);
-    std::memcpy(dst.base_, src.ptr(), n);
+    std::memcpy(dst.base_, src.raw(), n);
 }
 // DataCopy with DataCopyParams, GM->UB: blockCount blocks of blockLen * 32 bytes; gaps in 32 B units.
 template <typename T>
@@ -776,7 +787,7 @@ inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, cons
         if ((d + blk) > dst.bytes_) sim::fail("bounds", "DataCopy(params) writes past the local buffer");
         sim::gm_access(in, reinterpret_cast<const uint8_t*>(src.base_) + s, blk, false);
         sim::ub_write(in, dst.addr_ + uint32_t(d), blk);
-        std::memcpy(reinterpret_cast<uint8_t*>(dst.ptr()) + d, reinterpret_cast<const uint8_t*>(src.base_) + s, blk);
+        std::memcpy(dst.raw() + d, reinterpret_cast<const uint8_t*>(src.base_) + s, blk);
         sim::mark(dst.addr_ + uint32_t(d), blk);
     }
     detail::dma_stats(sim::P_MTE2, uint64_t(blk) * p.blockCount, p.blockCount);
@@ -795,7 +806,7 @@ inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, cons
         sim::check_written(src.addr_ + uint32_t(s), blk, "DataCopy(params) UB->GM");
         sim::ub_read(in, src.addr_ + uint32_t(s), blk);
         sim::gm_access(in, reinterpret_cast<uint8_t*>(dst.base_) + d, blk, true);
-        std::memcpy(reinterpret_cast<uint8_t*>(dst.base_) + d, reinterpret_cast<const uint8_t*>(src.ptr()) + s, blk);
+        std::memcpy(reinterpret_cast<uint8_t*>(dst.base_) + d, src.raw() + s, blk);
     }
     detail::dma_stats(sim::P_MTE3, uint64_t(blk) * p.blockCount, p.blockCount);
 }
@@ -818,7 +829,7 @@ inline void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, c
         uint64_t s = uint64_t(i) * (p.blockLen + p.srcStride), d = uint64_t(i) * (blkUb + p.dstStride * 32u);
         if (s + p.blockLen > src.size_ * sizeof(T)) sim::fail("bounds", "DataCopyPad reads past the global buffer");
         if (d + blkUb > dst.bytes_) sim::fail("bounds", "DataCopyPad writes past the local buffer");
-        uint8_t* out = reinterpret_cast<uint8_t*>(dst.ptr()) + d;
+        uint8_t* out = dst.raw() + d;
         sim::gm_access(in, reinterpret_cast<const uint8_t*>(src.base_) + s, p.blockLen, false);
         const uint32_t padBytes = pad.isPad ? pad.rightPadding * uint32_t(sizeof(T)) : 0u;
         sim::ub_write(in, dst.addr_ + uint32_t(d), p.blockLen + padBytes);
@@ -848,7 +859,7 @@ inline void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, c
         sim::check_written(src.addr_ + uint32_t(s), p.blockLen, "DataCopyPad UB->GM");
         sim::ub_read(in, src.addr_ + uint32_t(s), p.blockLen);
         sim::gm_access(in, reinterpret_cast<uint8_t*>(dst.base_) + d, p.blockLen, true);
-        std::memcpy(reinterpret_cast<uint8_t*>(dst.base_) + d, reinterpret_cast<const uint8_t*>(src.ptr()) + s, p.blockLen);
+        std::memcpy(reinterpret_cast<uint8_t*>(dst.base_) + d, src.raw() + s, p.blockLen);
     }
     detail::dma_stats(sim::P_MTE3, uint64_t(p.blockLen) * p.blockCount, p.blockCount);
 }
@@ -859,9 +870,9 @@ inline void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, c
 // one instruction on pipe V: inputs are read (ordering checked), then the output is written.
 namespace detail {
 template <typename T>
-inline float ld(const LocalTensor<T>& t, uint32_t i) { return float(t.ptr()[i]); }
+inline float ld(const LocalTensor<T>& t, uint32_t i) { return float(t.at(i)); }
 template <typename T>
-inline void st(const LocalTensor<T>& t, uint32_t i, float v) { t.ptr()[i] = T(v); }
+inline void st(const LocalTensor<T>& t, uint32_t i, float v) { t.put(i, T(v)); }
 template <typename T>
 inline void in(const sim::Ins& ins, const LocalTensor<T>& t, int32_t n, const char* api) {
     t.ub_only(api);
@@ -945,7 +956,7 @@ inline void Duplicate(const LocalTensor<T>& d, const U& s, const int32_t& n, sim
     sim::Ins ins = sim::issue(sim::P_V, "Duplicate", loc);
     detail::out(d, n, "Duplicate");
     sim::count_vec(uint64_t(n), sizeof(T));
-    for (int32_t i = 0; i < n; i++) d.ptr()[i] = T(s);
+    for (int32_t i = 0; i < n; i++) d.put(uint32_t(i), T(s));
     detail::done(ins, d, n);
 }
 // Axpy: dst[i] = src[i] * scalar + dst[i] (dst is read too); float/float and half/half used here.
@@ -1104,10 +1115,10 @@ inline void Brcb(const LocalTensor<T>& d, const LocalTensor<T>& a, const uint8_t
             a.need(si + 1, api);
             sim::check_written(a.addr_ + uint32_t(si * sizeof(T)), sizeof(T), api);
             sim::ub_read(ins, a.addr_ + uint32_t(si * sizeof(T)), sizeof(T));
-            const T v = a.ptr()[si];
+            const T v = a.at(si);
             const uint64_t d0 = (uint64_t(r) * p.dstRepStride + uint64_t(i) * p.dstBlkStride) * perBlk;
             d.need(d0 + perBlk, api);
-            for (uint32_t e = 0; e < perBlk; e++) d.ptr()[d0 + e] = v;
+            for (uint32_t e = 0; e < perBlk; e++) d.put(d0 + e, v);
             sim::ub_write(ins, d.addr_ + uint32_t(d0 * sizeof(T)), 32);
             sim::mark(d.addr_ + uint32_t(d0 * sizeof(T)), 32);
         }
@@ -1177,8 +1188,8 @@ inline void Cast(const LocalTensor<D>& d, const LocalTensor<S>& s, const RoundMo
     detail::in(ins, s, int32_t(n), "Cast");
     sim::count_vec(n, sizeof(D) > sizeof(S) ? sizeof(D) : sizeof(S));
     std::vector<D> r(n);
-    for (uint32_t i = 0; i < n; i++) r[i] = detail::cast_one<D>(s.ptr()[i]);
-    std::memcpy(d.ptr(), r.data(), n * sizeof(D));
+    for (uint32_t i = 0; i < n; i++) r[i] = detail::cast_one<D>(s.at(i));
+    std::memcpy(d.raw(), r.data(), n * sizeof(D));
     detail::done(ins, d, int32_t(n));
 }
 
@@ -1329,7 +1340,7 @@ inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, cons
                                    uint64_t(k) * p.dstNzC0Stride * c0;
                 detail::need_bytes(dst.bytes_, (d + c0) * sizeof(T), api, "the NZ destination");
                 T blk[32];
-                for (uint32_t e = 0; e < c0; e++) blk[e] = (k * c0 + e < p.dValue) ? src.base_[s + k * c0 + e] : T(0.0f);
+                for (uint32_t e = 0; e < c0; e++) blk[e] = (k * c0 + e < p.dValue) ? sim::load_as<T>(src.base_ + s + k * c0 + e) : T(0.0f);
                 sim::sp_write(in, sim::MEM_L1, dst.addr_ + uint32_t(d * sizeof(T)), 32);
                 std::memcpy(sim::space(sim::MEM_L1).data.data() + dst.addr_ + d * sizeof(T), blk, 32);
                 bytes += 32;
@@ -1498,9 +1509,10 @@ inline void Mmad(const LocalTensor<T>& c, const LocalTensor<U>& a, const LocalTe
             sim::sp_check_written(sim::MEM_L0B, o, E, api);
             sim::sp_read(in, sim::MEM_L0B, o, E);
         }
-    const U* A = reinterpret_cast<const U*>(sim::space(sim::MEM_L0A).data.data() + a.addr_);
-    const U* B = reinterpret_cast<const U*>(sim::space(sim::MEM_L0B).data.data() + b.addr_);
-    T* C = reinterpret_cast<T*>(sim::space(sim::MEM_L0C).data.data() + c.addr_);
+    const uint8_t *pa = a.raw(), *pb = b.raw(), *pc = c.raw();
+    auto A = [pa](uint32_t i) { return sim::load_as<U>(pa + i * sizeof(U)); };
+    auto B = [pb](uint32_t i) { return sim::load_as<U>(pb + i * sizeof(U)); };
+    auto C = [pc](uint32_t i) { return sim::load_as<T>(pc + i * sizeof(T)); };
     const T pad = kInt ? T(std::numeric_limits<int32_t>::min()) : T(std::numeric_limits<float>::quiet_NaN());
     std::vector<T> out(size_t(M1) * N1 * 256, pad);
     for (uint32_t r = 0; r < p.m; r++)
@@ -1509,22 +1521,22 @@ inline void Mmad(const LocalTensor<T>& c, const LocalTensor<U>& a, const LocalTe
             if constexpr (kInt) {
                 uint32_t u = 0;  // two's complement wrap without signed overflow
                 for (uint32_t kk = 0; kk < p.k; kk++)
-                    u += uint32_t(int32_t(A[aoff(r, kk)]) * int32_t(B[boff(kk, col)]));
+                    u += uint32_t(int32_t(A(aoff(r, kk))) * int32_t(B(boff(kk, col))));
                 acc = T(int32_t(u));
             } else {
-                for (uint32_t kk = 0; kk < p.k; kk++) acc += float(A[aoff(r, kk)]) * float(B[boff(kk, col)]);
+                for (uint32_t kk = 0; kk < p.k; kk++) acc += float(A(aoff(r, kk))) * float(B(boff(kk, col)));
             }
             const uint32_t co = coff(r, col);
             if (!init) {
                 sim::sp_check_written(sim::MEM_L0C, c.addr_ + co * 4, 4, "Mmad (accumulate)");
                 sim::sp_read(in, sim::MEM_L0C, c.addr_ + co * 4, 4);
-                if constexpr (kInt) acc = T(int32_t(uint32_t(C[co]) + uint32_t(acc)));
-                else acc = C[co] + acc;
+                if constexpr (kInt) acc = T(int32_t(uint32_t(C(co)) + uint32_t(acc)));
+                else acc = C(co) + acc;
             }
             out[co] = acc;
         }
     sim::sp_write(in, sim::MEM_L0C, c.addr_, M1 * N1 * 1024);
-    std::memcpy(C, out.data(), out.size() * 4);
+    std::memcpy(c.raw(), out.data(), out.size() * sizeof(T));
     sim::Stats& st = sim::core().st;
     st.mmadCalls++;
     st.cubeFractalMacs += uint64_t(M1) * N1 * K1;  // one 16 x 16 x K0 block: 16-bit 16 x 16 x 16, int8 16 x 16 x 32
@@ -1566,14 +1578,14 @@ inline void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const
     detail::need_bytes(src.bytes_, (uint64_t(N1 - 1) * p.srcStride * 16 + uint64_t(p.mSize) * 16) * 4, api, "the L0C source");
     dst.need(uint64_t(p.mSize - 1) * p.dstStride + p.nSize, api);
     sim::Ins in = sim::issue(sim::P_FIX, api, loc);
-    const S* C = reinterpret_cast<const S*>(sim::space(sim::MEM_L0C).data.data() + src.addr_);
     std::vector<D> row(p.nSize);
+    const uint8_t* pc = src.raw();
     for (uint32_t r = 0; r < p.mSize; r++) {
         for (uint32_t col = 0; col < p.nSize; col++) {
             const uint32_t e = (col / 16) * p.srcStride * 16u + r * 16u + col % 16;
             sim::sp_check_written(sim::MEM_L0C, src.addr_ + e * 4, 4, api);
             sim::sp_read(in, sim::MEM_L0C, src.addr_ + e * 4, 4);
-            S v = C[e];
+            S v = sim::load_as<S>(pc + e * sizeof(S));
             if (p.reluEn && v < S(0)) v = S(0);
             row[col] = D(v);
         }

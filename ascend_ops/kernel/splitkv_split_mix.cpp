@@ -187,6 +187,10 @@ private:
     }
     // rows of the cube's QK product (int8 KV: kQSteps blocks of M) and the C0 stride of q in L1
     __aicore__ inline int32_t QRows(int32_t M) const { return c_.quant ? kQSteps * M : M; }
+    // Mmad's m for `rows` rows of A: dav-c220 computes m = 1 in GEMV mode (A read as one contiguous
+    // vector, not ZZ fractals), so one row (MHA, one query) is computed as m = 16, as CANN's decode
+    // kernels do: rows 1-15 of A are stale and feed only C rows the Fixpipe (mSize = rows) never reads.
+    __aicore__ static inline uint16_t MmadRows(int32_t rows) { return static_cast<uint16_t>(rows == 1 ? 16 : rows); }
     __aicore__ inline int32_t QStride(int32_t M) const { return c_.quant ? RoundUp(kQSteps * M, 16) : c_.MP; }
 
     __aicore__ inline void LoadQ(const MixItem& it, int32_t M) {
@@ -272,7 +276,7 @@ private:
         WaitFor<HardEvent::MTE1_M>();
         WaitFor<HardEvent::FIX_M>();  // the S region of L0C was read out
         LocalTensor<A> s0 = sL0C_.Get<A>();
-        Mmad(s0, q0, b0, MmadParams(static_cast<uint16_t>(rows), static_cast<uint16_t>(c_.quant ? nA : n),
+        Mmad(s0, q0, b0, MmadParams(MmadRows(rows), static_cast<uint16_t>(c_.quant ? nA : n),
                                     static_cast<uint16_t>(D), 0, false, true));
         WaitFor<HardEvent::M_FIX>();
         // L0C column blocks are ceil(rows / 16) fractals apart (the Mmad's own m)
@@ -320,7 +324,7 @@ private:
         WaitFor<HardEvent::MTE1_M>();
         WaitFor<HardEvent::FIX_M>();
         LocalTensor<A> o0 = oL0C_.Get<A>();
-        Mmad(o0, p0, b0, MmadParams(static_cast<uint16_t>(rows), static_cast<uint16_t>(D), static_cast<uint16_t>(nk), 0,
+        Mmad(o0, p0, b0, MmadParams(MmadRows(rows), static_cast<uint16_t>(D), static_cast<uint16_t>(nk), 0,
                                     false, true));
         WaitFor<HardEvent::M_FIX>();
         FixpipeParamsV220 fp(static_cast<uint16_t>(D), static_cast<uint16_t>(rows), static_cast<uint16_t>(RoundUp(rows, 16)),

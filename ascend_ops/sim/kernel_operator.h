@@ -1483,6 +1483,11 @@ inline void Mmad(const LocalTensor<T>& c, const LocalTensor<U>& a, const LocalTe
     sim::check_range("cube-param", api, "n", p.n, 0, sim::limits::kMmadMaxMNK, kSrc);
     sim::check_range("cube-param", api, "k", p.k, 0, sim::limits::kMmadMaxMNK, kSrc);
     if (p.cmatrixSource) sim::fail("bounds", "twin: Mmad with the C matrix from the bias table is not emulated");
+    if (p.m == 1)
+        sim::fail("gemv", std::string(api) + " with m = 1 (" + sim::site_str(sim::intern(api, loc)) +
+                              "): dav-c220 computes it in GEMV mode, reading A as one contiguous 1 x k vector instead "
+                              "of ZZ fractals; pad the rows to m = 16 and read back only row 0 (" +
+                              sim::limits::kGemvSource + ")");
     detail::check_mem_align(a.addr_, sim::limits::kMmadL0ABAlign, sim::MEM_L0A, api, "fmLocal", "CheckMmadAlign");
     detail::check_mem_align(b.addr_, sim::limits::kMmadL0ABAlign, sim::MEM_L0B, api, "filterLocal", "CheckMmadAlign");
     detail::check_mem_align(c.addr_, sim::limits::kMmadL0CFloatAlign, sim::MEM_L0C, api, "dstLocal", "CheckMmadAlign");
@@ -1496,17 +1501,24 @@ inline void Mmad(const LocalTensor<T>& c, const LocalTensor<U>& a, const LocalTe
     auto aoff = [&](uint32_t r, uint32_t kk) { return ((r / 16) * K1 + kk / K0) * 16u * K0 + (r % 16) * K0 + kk % K0; };
     auto boff = [&](uint32_t kk, uint32_t col) { return ((kk / K0) * N1 + col / 16) * 16u * K0 + (col % 16) * K0 + kk % K0; };
     auto coff = [&](uint32_t r, uint32_t col) { return ((col / 16) * M1 + r / 16) * 256u + (r % 16) * 16u + col % 16; };
-    // reads (ordering and initialisation) of the valid elements
+    // Reads (ordering) of the valid elements. An element nothing wrote does not fail here: it
+    // poisons the C row (A) or column (B) it feeds, and only a later read of a poisoned C element
+    // fails ([uninit-read]): CANN's one-query-row product pads m to 16 with stale A rows whose C
+    // rows nobody reads (see the [gemv] rule above).
+    sim::Space& sa = sim::space(sim::MEM_L0A);
+    sim::Space& sb = sim::space(sim::MEM_L0B);
+    sim::Space& sc = sim::space(sim::MEM_L0C);
+    std::vector<uint8_t> badRow(p.m, 0), badCol(p.n, 0);
     for (uint32_t r = 0; r < p.m; r++)
         for (uint32_t kk = 0; kk < p.k; kk++) {
             const uint32_t o = a.addr_ + aoff(r, kk) * E;
-            sim::sp_check_written(sim::MEM_L0A, o, E, api);
+            if (std::memchr(sa.written.data() + o, 0, E)) badRow[r] = 1;
             sim::sp_read(in, sim::MEM_L0A, o, E);
         }
     for (uint32_t kk = 0; kk < p.k; kk++)
         for (uint32_t col = 0; col < p.n; col++) {
             const uint32_t o = b.addr_ + boff(kk, col) * E;
-            sim::sp_check_written(sim::MEM_L0B, o, E, api);
+            if (std::memchr(sb.written.data() + o, 0, E)) badCol[col] = 1;
             sim::sp_read(in, sim::MEM_L0B, o, E);
         }
     const uint8_t *pa = a.raw(), *pb = b.raw(), *pc = c.raw();
@@ -1515,6 +1527,7 @@ inline void Mmad(const LocalTensor<T>& c, const LocalTensor<U>& a, const LocalTe
     auto C = [pc](uint32_t i) { return sim::load_as<T>(pc + i * sizeof(T)); };
     const T pad = kInt ? T(std::numeric_limits<int32_t>::min()) : T(std::numeric_limits<float>::quiet_NaN());
     std::vector<T> out(size_t(M1) * N1 * 256, pad);
+    std::vector<uint8_t> poisoned(out.size(), 0);
     for (uint32_t r = 0; r < p.m; r++)
         for (uint32_t col = 0; col < p.n; col++) {
             T acc = T(0);
@@ -1527,8 +1540,9 @@ inline void Mmad(const LocalTensor<T>& c, const LocalTensor<U>& a, const LocalTe
                 for (uint32_t kk = 0; kk < p.k; kk++) acc += float(A(aoff(r, kk))) * float(B(boff(kk, col)));
             }
             const uint32_t co = coff(r, col);
+            poisoned[co] = badRow[r] | badCol[col];
             if (!init) {
-                sim::sp_check_written(sim::MEM_L0C, c.addr_ + co * 4, 4, "Mmad (accumulate)");
+                if (std::memchr(sc.written.data() + c.addr_ + co * 4, 0, 4)) poisoned[co] = 1;
                 sim::sp_read(in, sim::MEM_L0C, c.addr_ + co * 4, 4);
                 if constexpr (kInt) acc = T(int32_t(uint32_t(C(co)) + uint32_t(acc)));
                 else acc = C(co) + acc;
@@ -1537,6 +1551,11 @@ inline void Mmad(const LocalTensor<T>& c, const LocalTensor<U>& a, const LocalTe
         }
     sim::sp_write(in, sim::MEM_L0C, c.addr_, M1 * N1 * 1024);
     std::memcpy(c.raw(), out.data(), out.size() * sizeof(T));
+    for (size_t e = 0; e < out.size(); e++) {
+        const uint32_t byte = c.addr_ + uint32_t(e) * 4;
+        if (poisoned[e]) std::memset(sc.written.data() + byte, 0, 4);
+        for (uint32_t q = 0; q < 4; q++) sc.poison[byte + q] = poisoned[e] ? in.site : 0;
+    }
     sim::Stats& st = sim::core().st;
     st.mmadCalls++;
     st.cubeFractalMacs += uint64_t(M1) * N1 * K1;  // one 16 x 16 x K0 block: 16-bit 16 x 16 x 16, int8 16 x 16 x 32

@@ -64,6 +64,12 @@ constexpr uint32_t kFractalBytes = 512;
 // kernel_operator_fixpipe_v2_impl.h): L0C source 16 x sizeof(float) = 64-byte aligned
 // (L0C_SRC_ALIGN); nSize in [1, 4095] (UINT12_MAX); mSize in [1, 8192] for ROW_MAJOR output;
 // dstStride != 0.
+// GEMV mode: on dav-c220 an Mmad with m = 1 reads A as one contiguous vector, not ZZ fractals, and
+// the mode cannot be switched off; CANN's decode kernels pad one query row to m = 16 for that reason
+// (hicann/ops-transformer attention/common/op_kernel/matmul.h:330-331 and 499-500,
+// incre_flash_attention_preload.h:3537-3538 and 3913-3914; the Mmad GEMV feature page).
+constexpr const char* kGemvSource =
+    "ops-transformer attention/common/op_kernel/matmul.h:330, incre_flash_attention_preload.h:3537";
 constexpr uint32_t kFixpipeSrcAlign = 64;
 constexpr uint32_t kFixpipeMaxN = 4095;
 constexpr uint32_t kFixpipeMaxMRowMajor = 8192;

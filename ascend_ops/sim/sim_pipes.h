@@ -150,9 +150,25 @@ struct L2Range { uintptr_t lo = 0, hi = 0; };
 inline L2Range& l2_range() { static L2Range r; return r; }
 
 // ---- global memory shadow (per launch): byte -> last writer (block, epoch, pipe, seq, site),
-// pending cache state. Pages of 4 KiB allocated on first write.
+// every reader since that write, pending cache state. Pages of 4 KiB allocated on first access.
+//
+// Readers: the first reader of a byte since its last write is kept inline (rctx ...); any other
+// (context, pipe) that reads it before the next write goes on a list in Gm::readers. A write
+// checks every one of them, so the verdict does not depend on which reader came last (or on the
+// block order): another context's read needs a SyncAll (vector launch: a read in this SyncAll
+// epoch) or a cross-core edge (mixed launch) before the write; this context's own read on
+// another pipe needs a local edge.
+struct GmReader {
+    uint16_t ctx = 0;  // context + 1 (block + 1 in a vector launch); 0: none
+    uint8_t pipe = 0;
+    uint16_t site = 0;
+    uint16_t epoch = 0;
+    uint32_t seq = 0;
+    uint32_t next = 0;  // index + 1 in Gm::readers of the next reader of the same byte
+};
 struct GmPage {
     static constexpr uint32_t kBytes = 4096;
+    static constexpr uint32_t kLine = 64;  // scalar data cache line (DataCacheCleanAndInvalid)
     uint16_t wblock[kBytes];  // writer block + 1 (0: written by nobody in this launch)
     uint16_t wepoch[kBytes];  // SyncAll epoch of the write
     uint32_t wseq[kBytes];
@@ -160,18 +176,17 @@ struct GmPage {
     uint8_t wpipe[kBytes];
     uint16_t dmaw[kBytes];    // block + 1 whose DMA wrote it and has not invalidated its data cache since
     uint16_t sdirty[kBytes];  // block + 1 whose scalar wrote it and has not cleaned its data cache since
-    // mixed launches only: the last reader (context + 1, pipe, seq, site) of each byte
-    uint16_t rctx[kBytes];
-    uint8_t rpipe[kBytes];
-    uint32_t rseq[kBytes];
-    uint16_t rsite[kBytes];
+    GmReader r0[kBytes];      // the first reader since the last write (ctx 0: none); its .next: more readers
+    uint32_t lver[kBytes / kLine];  // writes to each 64-byte line so far (data cache staleness)
 };
 struct Gm {
     std::unordered_map<uintptr_t, GmPage*> pages;
+    std::vector<GmReader> readers;  // overflow reader lists (GmReader::next)
     uint16_t epoch = 0;
     void clear() {
         for (auto& kv : pages) std::free(kv.second);
         pages.clear();
+        readers.clear();
         epoch = 0;
     }
     GmPage* find(uintptr_t pg) const {
@@ -217,7 +232,11 @@ struct Space {
     std::vector<uint16_t> wsite;
     std::vector<uint32_t> rseq[kReaders];
     std::vector<uint16_t> rsite[kReaders];
-    explicit Space(uint32_t n) : cap(n), data(n, 0xA5), written(n, 0), wpipe(n, 0), wseq(n, 0), wsite(n, 0) {
+    // L0C: the Mmad (site) that computed an unwritten ("poisoned") byte from operand elements nothing
+    // wrote (a row of A or a column of B, e.g. rows 1-15 of CANN's m = 16 for one query row)
+    std::vector<uint16_t> poison;
+    explicit Space(uint32_t n)
+        : cap(n), data(n, 0xA5), written(n, 0), wpipe(n, 0), wseq(n, 0), wsite(n, 0), poison(n, 0) {
         for (int r = 0; r < kReaders; r++) { rseq[r].assign(n, 0); rsite[r].assign(n, 0); }
     }
 };
@@ -251,6 +270,10 @@ struct Core {
     uint32_t issued[P_NUM] = {0};
     VC know[P_NUM];
     Stats st;
+    // scalar data cache: 64-byte GM line -> (its write count when a scalar access brought it in,
+    // that access's call site); a line written since (by anyone but this core's scalar) is stale
+    struct CachedLine { uint32_t ver; uint16_t site; };
+    std::unordered_map<uintptr_t, CachedLine> dcache;
 
     Core() {
         ub = static_cast<uint8_t*>(std::malloc(kUbBytes));
@@ -370,8 +393,11 @@ inline void sp_check_written(uint8_t m, uint32_t addr, uint32_t n, const char* a
     if (hole) {
         uint32_t at = addr + uint32_t(static_cast<const uint8_t*>(hole) - (s.written.data() + addr));
         fail("uninit-read", std::string(api) + " reads " + mem_name(m) + " byte " + std::to_string(at) +
-                                " (operand at " + std::to_string(addr) + ", " + std::to_string(n) +
-                                " bytes) that nothing has written");
+                                " (operand at " + std::to_string(addr) + ", " + std::to_string(n) + " bytes) that " +
+                                (s.poison[at] ? site_str(s.poison[at]) +
+                                                    " computed from A rows / B columns nothing wrote (the unwritten "
+                                                    "operand elements reach only the C rows / columns read here)"
+                                              : std::string("nothing has written")));
     }
 }
 inline void sp_read(const Ins& i, uint8_t m, uint32_t addr, uint32_t n) {
@@ -418,7 +444,42 @@ inline bool x_ordered(const Ins& i, int wctx, uint8_t q, uint32_t n) {
 
 // Global memory: `block` is the running block; cross-block conflicts need a SyncAll between (or,
 // in a mixed launch, a cross-core edge: then the reader's clock must cover the write, and a write
-// must be ordered after the last read of another context).
+// must be ordered after every read of another context since the last write).
+[[noreturn]] inline void gm_war(const Ins& i, bool mixed, uint16_t me, const GmReader& r, uint64_t at) {
+    if (r.ctx == me) race("write-after-read", i, r.pipe, r.site, "GM", at, 0);
+    fail("gm-race", "write of GM byte " + std::to_string(at) + " of an operand by " + ctx_name(mixed, me - 1) + " (" +
+                        site_str(i.site) + ") while " + ctx_name(mixed, r.ctx - 1) + " may still read it (" +
+                        site_str(r.site) + "): no " +
+                        (mixed ? "cross-core edge (CrossCoreSetFlag/CrossCoreWaitFlag) or SyncAll" : "SyncAll") +
+                        " between the read and the write");
+}
+// Is a write `i` by `me` ordered after the read `r`?
+inline bool gm_war_ok(const Ins& i, bool mixed, uint16_t me, uint16_t epoch, const GmReader& r) {
+    // (a scalar read completes before S issues anything else: the model's assumption above)
+    if (r.ctx == me) return r.pipe == i.pipe || r.pipe == P_S || ordered(i, r.pipe, r.seq);
+    if (mixed) return x_ordered(i, r.ctx - 1, r.pipe, r.seq);
+    return r.epoch != epoch;  // vector launch: only a SyncAll orders blocks
+}
+inline void gm_note_read(Gm& g, GmReader& head, const Ins& i, uint16_t me) {
+    const GmReader mine{me, i.pipe, i.site, g.epoch, i.seq, 0};
+    if (!head.ctx) {
+        head = mine;
+        return;
+    }
+    for (GmReader* r = &head;; r = &g.readers[r->next - 1]) {
+        if (r->ctx == me && r->pipe == i.pipe) {  // the later read of the same context and pipe stands for both
+            r->site = i.site;
+            r->seq = i.seq;
+            r->epoch = g.epoch;
+            return;
+        }
+        if (!r->next) break;
+    }
+    GmReader extra = mine;
+    extra.next = head.next;
+    g.readers.push_back(extra);
+    head.next = uint32_t(g.readers.size());
+}
 inline void gm_access(const Ins& i, const void* ptr, uint64_t n, bool write) {
     Core& c = core();
     Gm& g = gm();
@@ -429,62 +490,69 @@ inline void gm_access(const Ins& i, const void* ptr, uint64_t n, bool write) {
     for (uintptr_t a = a0; a < a0 + n;) {
         const uintptr_t pg = a / GmPage::kBytes;
         const uintptr_t end = std::min<uintptr_t>(a0 + n, (pg + 1) * GmPage::kBytes);
-        GmPage* p = (write || mixed) ? g.get(pg) : g.find(pg);
-        if (p) {
-            for (uintptr_t x = a; x < end; x++) {
-                const uint32_t o = uint32_t(x % GmPage::kBytes);
-                const uint16_t wb = p->wblock[o];
-                if (wb && wb != me && p->wepoch[o] == g.epoch &&
-                    !(mixed && x_ordered(i, wb - 1, p->wpipe[o], p->wseq[o])))
-                    fail("gm-race", std::string(write ? "write" : "read") + " of GM byte " + std::to_string(x - a0) +
-                                        " of an operand by " + ctx_name(mixed, me - 1) + " (" + site_str(i.site) +
-                                        ") and a write of it by " + ctx_name(mixed, wb - 1) + " (" +
-                                        site_str(p->wsite[o]) + ") with " +
-                                        (mixed ? "no cross-core edge (CrossCoreSetFlag/CrossCoreWaitFlag) or SyncAll"
-                                               : "no SyncAll") + " between");
-                if (mixed && write && p->rctx[o] && p->rctx[o] != me &&
-                    !x_ordered(i, p->rctx[o] - 1, p->rpipe[o], p->rseq[o]))
-                    fail("gm-race", "write of GM byte " + std::to_string(x - a0) + " of an operand by " +
-                                        ctx_name(mixed, me - 1) + " (" + site_str(i.site) + ") while " +
-                                        ctx_name(mixed, p->rctx[o] - 1) + " may still read it (" +
-                                        site_str(p->rsite[o]) +
-                                        "): no cross-core edge (CrossCoreSetFlag/CrossCoreWaitFlag) or SyncAll between");
-                if (mixed && !write) {
-                    p->rctx[o] = me;
-                    p->rpipe[o] = i.pipe;
-                    p->rseq[o] = i.seq;
-                    p->rsite[o] = i.site;
-                }
-                if (wb == me && p->wepoch[o] == g.epoch) {
-                    const uint8_t wp = p->wpipe[o];
-                    if (!(write && wp == P_V && i.pipe == P_V) && !ordered(i, wp, p->wseq[o]))
-                        race(write ? "write-after-write" : "read-after-write", i, wp, p->wsite[o], "GM", x - a0,
-                             uint32_t(n));
-                }
-                if (!write && i.pipe == P_S && p->dmaw[o] == me)
-                    fail("dcache", "scalar read of GM (" + site_str(i.site) + ") of bytes this core's DMA wrote (" +
-                                       site_str(p->wsite[o]) +
-                                       ") without DataCacheCleanAndInvalid: the scalar data cache may hold the old line");
-                if (!write && i.pipe != P_S && p->sdirty[o])
-                    fail("dcache", "DMA read of GM (" + site_str(i.site) + ") of bytes a scalar SetValue wrote (" +
-                                       site_str(p->wsite[o]) +
-                                       ") without DataCacheCleanAndInvalid: the line may still sit in the data cache");
-                if (write) {
-                    p->wblock[o] = me;
-                    p->wepoch[o] = g.epoch;
-                    p->wpipe[o] = i.pipe;
-                    p->wseq[o] = i.seq;
-                    p->wsite[o] = i.site;
-                    if (mixed) p->rctx[o] = 0;
-                    if (i.pipe == P_S) {
-                        p->sdirty[o] = me;
-                        p->dmaw[o] = 0;
-                    } else {
-                        p->dmaw[o] = me;
-                        p->sdirty[o] = 0;
-                    }
-                }
+        GmPage* p = g.get(pg);
+        for (uintptr_t x = a; x < end; x++) {
+            const uint32_t o = uint32_t(x % GmPage::kBytes);
+            const uint16_t wb = p->wblock[o];
+            if (wb && wb != me && p->wepoch[o] == g.epoch && !(mixed && x_ordered(i, wb - 1, p->wpipe[o], p->wseq[o])))
+                fail("gm-race", std::string(write ? "write" : "read") + " of GM byte " + std::to_string(x - a0) +
+                                    " of an operand by " + ctx_name(mixed, me - 1) + " (" + site_str(i.site) +
+                                    ") and a write of it by " + ctx_name(mixed, wb - 1) + " (" + site_str(p->wsite[o]) +
+                                    ") with " +
+                                    (mixed ? "no cross-core edge (CrossCoreSetFlag/CrossCoreWaitFlag) or SyncAll"
+                                           : "no SyncAll") + " between");
+            if (wb == me && p->wepoch[o] == g.epoch) {
+                const uint8_t wp = p->wpipe[o];
+                if (!(write && wp == P_V && i.pipe == P_V) && !ordered(i, wp, p->wseq[o]))
+                    race(write ? "write-after-write" : "read-after-write", i, wp, p->wsite[o], "GM", x - a0,
+                         uint32_t(n));
             }
+            if (!write && i.pipe == P_S && p->dmaw[o] == me)
+                fail("dcache", "scalar read of GM (" + site_str(i.site) + ") of bytes this core's DMA wrote (" +
+                                   site_str(p->wsite[o]) +
+                                   ") without DataCacheCleanAndInvalid: the scalar data cache may hold the old line");
+            if (!write && i.pipe != P_S && p->sdirty[o])
+                fail("dcache", "DMA read of GM (" + site_str(i.site) + ") of bytes a scalar SetValue wrote (" +
+                                   site_str(p->wsite[o]) +
+                                   ") without DataCacheCleanAndInvalid: the line may still sit in the data cache");
+            if (!write) {
+                gm_note_read(g, p->r0[o], i, me);
+                continue;
+            }
+            for (const GmReader* r = &p->r0[o]; r && r->ctx; r = r->next ? &g.readers[r->next - 1] : nullptr)
+                if (!gm_war_ok(i, mixed, me, g.epoch, *r)) gm_war(i, mixed, me, *r, x - a0);
+            p->r0[o] = GmReader();
+            p->wblock[o] = me;
+            p->wepoch[o] = g.epoch;
+            p->wpipe[o] = i.pipe;
+            p->wseq[o] = i.seq;
+            p->wsite[o] = i.site;
+            if (i.pipe == P_S) {
+                p->sdirty[o] = me;
+                p->dmaw[o] = 0;
+            } else {
+                p->dmaw[o] = me;
+                p->sdirty[o] = 0;
+            }
+        }
+        // the scalar data cache, by 64-byte line: a write makes every other copy of the line stale
+        // (this core's scalar write updates its own copy); a scalar read of a stale copy fails,
+        // else it caches the line
+        for (uintptr_t line = a / GmPage::kLine; line * GmPage::kLine < end; line++) {
+            uint32_t& ver = p->lver[(line * GmPage::kLine % GmPage::kBytes) / GmPage::kLine];
+            if (write) ver++;
+            if (i.pipe != P_S) continue;
+            auto it = c.dcache.find(line);
+            if (!write && it != c.dcache.end() && it->second.ver != ver) {
+                const uint64_t at = std::max<uintptr_t>(line * GmPage::kLine, a0) - a0;
+                const uint32_t o = uint32_t((a0 + at) % GmPage::kBytes);
+                fail("dcache", "scalar read of GM (" + site_str(i.site) + ") of a 64-byte line this core's data cache "
+                                   "holds since " + site_str(it->second.site) + ", written since by " +
+                                   ctx_name(mixed, p->wblock[o] ? p->wblock[o] - 1 : me - 1) + " (" +
+                                   site_str(p->wsite[o]) +
+                                   ") with no DataCacheCleanAndInvalid between: the read returns the stale line");
+            }
+            c.dcache[line] = Core::CachedLine{ver, i.site};
         }
         a = end;
     }
@@ -493,6 +561,7 @@ inline void gm_access(const Ins& i, const void* ptr, uint64_t n, bool write) {
 // written back and dropped.
 inline void gm_dcci(const void* ptr, uint64_t n, bool entire) {
     Gm& g = gm();
+    Core& c = core();
     const uint16_t me = gm_me();
     auto clean = [me](GmPage* p, uint32_t o0, uint32_t o1) {
         for (uint32_t o = o0; o < o1; o++) {
@@ -502,9 +571,11 @@ inline void gm_dcci(const void* ptr, uint64_t n, bool entire) {
     };
     if (entire) {
         for (auto& kv : g.pages) clean(kv.second, 0, GmPage::kBytes);
+        c.dcache.clear();
         return;
     }
     const uintptr_t a0 = reinterpret_cast<uintptr_t>(ptr), a1 = a0 + n;
+    for (uintptr_t line = a0 / GmPage::kLine; line * GmPage::kLine < a1; line++) c.dcache.erase(line);
     for (uintptr_t a = a0; a < a1;) {
         const uintptr_t pg = a / GmPage::kBytes;
         const uintptr_t end = std::min<uintptr_t>(a1, (pg + 1) * GmPage::kBytes);

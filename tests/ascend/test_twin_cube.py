@@ -290,7 +290,7 @@ BAD = [
     ("mte1_m_missing", "pipe-race", "MTE1_M"),
     ("m_fix_missing", "pipe-race", "M_FIX"),
     ("l0a_overflow", "cube-capacity", "L0A"),
-    ("mmad_k_unaligned_floor", "uninit-read", "Mmad reads L0A"),
+    ("mmad_k_unaligned_floor", "uninit-read", "computed from A rows / B columns nothing wrote"),
     ("mmad_k_over_4095", "cube-param", "k = 4096"),
     ("vector_reads_without_cross_wait", "gm-race", "no cross-core edge"),
     ("cross_flag_never_waited", "cross-flag", "never waits"),

@@ -63,6 +63,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -375,7 +376,8 @@ constexpr uint8_t mem_of(TPosition p) {
 }
 }  // namespace detail
 class TPipe;
-inline TPipe*& current_pipe() { static TPipe* p = nullptr; return p; }
+// the running context's live TPipe (one per core: GetTPipePtr)
+inline TPipe*& current_pipe() { return reinterpret_cast<TPipe*&>(sim::core().pipe); }
 
 // TQue: `num` buffers of `len` bytes from TPipe::InitBuffer; at most `depth` tensors queued.
 // The queue carries the documented implicit edges (GetQueEvt, ascendc/basic_api/impl/kernel_event.h):
@@ -482,18 +484,43 @@ public:
     }
 };
 
+// TPipe (CANN 8.1 ascendc/basic_api/impl/kernel_tpipe_impl.h, cited by line below):
+//   * construction runs Init (:40-43), which starts with ResetPool (:59; :833-847): every buffer
+//     pool starts again at its base and every event id is free. Two TPipes alive at once would hand
+//     out the same addresses: the twin refuses the second ([tpipe]); one after the other is legal;
+//   * on a cube core (AIC) Init then allocates M_MTE1 ids 0, 1, 2 and sets them (:63-75), so
+//     FetchEventID / AllocEventID of M_MTE1 start at 3, and a kernel that sets those ids by hand
+//     sets a set flag ([flag]);
+//   * Destroy (:395-430; the destructor calls it unless done) waits M_MTE1 ids 0-2 on an AIC
+//     (:405-415) and ends with pipe_barrier(PIPE_ALL) (:424-426): every pipe drained. The twin
+//     also marks the pipe's bytes unwritten again, so the next pipe's buffers start as garbage;
+//   * AllocEventID takes the lowest free id of the event's bitmap (:340-352), ReleaseEventID frees
+//     it (:354-364), FetchEventID returns the lowest free id without taking it (:366-386); ids are
+//     0..7 (QUE_MAX_EVENT, kernel_macros.h:101-104).
 class TPipe {
 public:
-    // A TPipe's buffers start where the live pipes' end; a destroyed pipe's UB is free again (CANN
-    // 8.1 kernel_tpipe_impl.h: TPipe::Init -> ResetPool, the next pipe allocates from the pool's
-    // base): the fused launch's combine reuses the split stage's UB after its pipe is gone.
-    TPipe() : ubBase_(sim::core().ubUsed) { current_pipe() = this; }
-    ~TPipe() {
-        if (current_pipe() == this) current_pipe() = nullptr;
+    explicit TPipe(sim::Loc loc = {}) {
         sim::Core& c = sim::core();
-        if (c.ubUsed > ubBase_) sim::unmark(ubBase_, c.ubUsed - ubBase_);  // the next pipe's bytes start unwritten
-        c.ubUsed = ubBase_;
+        if (current_pipe())
+            sim::fail("tpipe", "a second TPipe (" + sim::site_str(sim::intern("TPipe", loc)) +
+                                   ") while another is alive: TPipe::Init resets every buffer pool "
+                                   "(kernel_tpipe_impl.h:59, ResetPool), so both would hand out the same addresses");
+        current_pipe() = this;
+        c.ubUsed = 0;
+        for (sim::Space* sp : c.sp)
+            if (sp) sp->used = 0;
+        if (c.coreType == sim::CT_AIC) {
+            for (int id = 0; id < kTPipeMte1Ids; id++) {
+                occupy_[int(HardEvent::M_MTE1)] |= uint8_t(1u << id);
+                preset(id, loc);
+            }
+        }
     }
+    ~TPipe() noexcept(false) {
+        if (!destroyed_) Destroy();
+    }
+    TPipe(const TPipe&) = delete;
+    TPipe& operator=(const TPipe&) = delete;
     template <class Q>
     bool InitBuffer(Q& que, uint8_t num, uint32_t len) {
         if (Q::kPos != TPosition::VECIN && Q::kPos != TPosition::VECOUT && Q::kPos != TPosition::VECCALC)
@@ -521,12 +548,50 @@ public:
         buf.inited_ = true;
         return true;
     }
-    TEventID FetchEventID(HardEvent) { return 0; }
-    void Destroy() {}
-    void Reset() {}
+    // The lowest id of `evt` no AllocEventID holds (not taken).
+    TEventID FetchEventID(HardEvent evt, sim::Loc loc = {}) { return TEventID(free_id(evt, "FetchEventID", loc)); }
+    template <HardEvent evt>
+    TEventID FetchEventID(sim::Loc loc = {}) { return FetchEventID(evt, loc); }
+    template <HardEvent evt>
+    TEventID AllocEventID(sim::Loc loc = {}) {
+        const int id = free_id(evt, "AllocEventID", loc);
+        occupy_[int(evt)] |= uint8_t(1u << id);
+        return TEventID(id);
+    }
+    template <HardEvent evt>
+    void ReleaseEventID(TEventID id, sim::Loc loc = {}) {
+        if (id < 0 || id >= kIds || !(occupy_[int(evt)] & (1u << id)))
+            sim::fail("flag", "ReleaseEventID<" + std::string(detail::ev_name(evt)) + ">(" + std::to_string(id) +
+                                  ") of an id AllocEventID does not hold (" +
+                                  sim::site_str(sim::intern("ReleaseEventID", loc)) + ")");
+        occupy_[int(evt)] &= uint8_t(~(1u << id));
+    }
+    void Destroy(sim::Loc loc = {});
+    // ResetPool without the cube core's M_MTE1 presets (kernel_tpipe_impl.h:432-448).
+    void Reset() { release_memory(); }
 
 private:
-    uint32_t ubBase_ = 0;
+    static constexpr int kIds = 8;            // QUE_MAX_EVENT
+    static constexpr int kTPipeMte1Ids = 3;   // M_MTE1 ids 0-2 a TPipe holds on an AIC
+    uint8_t occupy_[sim::kEvents] = {0};
+    bool destroyed_ = false;
+    void preset(int id, const sim::Loc& loc);
+    int free_id(HardEvent evt, const char* api, const sim::Loc& loc) const {
+        for (int id = 0; id < kIds; id++)
+            if (!(occupy_[int(evt)] & (1u << id))) return id;
+        sim::fail("flag", std::string(api) + "<" + detail::ev_name(evt) + ">: all 8 ids are allocated (" +
+                              sim::site_str(sim::intern(api, loc)) + ")");
+    }
+    void release_memory() {
+        sim::Core& c = sim::core();
+        if (c.ubUsed) sim::unmark(0, c.ubUsed);  // the next pipe's bytes start unwritten
+        c.ubUsed = 0;
+        for (sim::Space* sp : c.sp)
+            if (sp) {
+                std::fill(sp->written.begin(), sp->written.begin() + sp->used, uint8_t(0));
+                sp->used = 0;
+            }
+    }
     static uint32_t round32(uint32_t x) { return (x + 31u) / 32u * 32u; }
     static uint32_t round_to(uint32_t x, uint32_t a) { return (x + a - 1u) / a * a; }
     // L1 / L0A / L0B / L0C of a cube core: capacities of sim_limits.h; L1 buffers start 32-byte
@@ -574,27 +639,68 @@ inline void check_pipe_on_core(sim::Pipe p, const char* api) {
                                    (c.coreType == sim::CT_AIC ? "cube core (AIC)" : "vector core (AIV)") + " does not have");
 }
 }  // namespace detail
+// A flag is one hardware bit per (event, id), ids 0..7 (kernel_event.h:505-506 and 540-541 assert
+// 0 <= id < QUE_MAX_EVENT): SetFlag of a flag already set, with no WaitFlag between, is refused
+// ([flag]; the SetFlag/WaitFlag page: SetFlag only sets the bit, and setting it twice is undefined).
+namespace detail {
+inline void check_event_id(int32_t id, HardEvent e, const char* api, const sim::Loc& loc) {
+    if (id < 0 || id > 7)
+        sim::fail("flag", std::string(api) + "<" + ev_name(e) + ">(" + std::to_string(id) +
+                              "): event ids are 0..7 (QUE_MAX_EVENT, kernel_event.h) (" +
+                              sim::site_str(sim::intern(api, loc)) + ")");
+}
+inline void set_flag(HardEvent e, int32_t id, const sim::Loc& loc, const char* api = "SetFlag") {
+    sim::Core& c = sim::core();
+    check_event_id(id, e, api, loc);
+    auto& q = c.flags[int(e)][id];
+    if (!q.empty())
+        sim::fail("flag", std::string(api) + "<" + ev_name(e) + ">(" + std::to_string(id) + ") (" +
+                              sim::site_str(sim::intern(api, loc)) + ") on a flag already set by " +
+                              sim::site_str(q.front().site) +
+                              " with no WaitFlag between: a flag is one bit per (event, id), the second set is lost");
+    q.push_back({sim::source_done(ev_src(e)), sim::intern(api, loc)});
+}
+inline void wait_flag(HardEvent e, int32_t id, const sim::Loc& loc, const char* api = "WaitFlag") {
+    sim::Core& c = sim::core();
+    check_event_id(id, e, api, loc);
+    auto& q = c.flags[int(e)][id];
+    if (q.empty())
+        sim::fail("flag", std::string(api) + "<" + ev_name(e) + ">(" + std::to_string(id) +
+                              ") without a matching SetFlag (" + sim::site_str(sim::intern(api, loc)) + ")");
+    sim::wait_on(ev_dst(e), q.front().vc);
+    q.pop_front();
+}
+}  // namespace detail
 template <HardEvent e>
 inline void SetFlag(int32_t id, sim::Loc loc = {}) {
     sim::Core& c = sim::core();
     detail::check_pipe_on_core(detail::ev_src(e), "SetFlag");
     detail::check_pipe_on_core(detail::ev_dst(e), "SetFlag");
-    c.flags[int(e)][id & 7].push_back({sim::source_done(detail::ev_src(e)), sim::intern("SetFlag", loc)});
+    detail::set_flag(e, id, loc);
     c.st.setFlags++;
 }
 template <HardEvent e>
 inline void WaitFlag(int32_t id, sim::Loc loc = {}) {
     sim::Core& c = sim::core();
-    auto& q = c.flags[int(e)][id & 7];
-    if (q.empty())
-        sim::fail("flag", std::string("WaitFlag<") + detail::ev_name(e) + ">(" + std::to_string(id) +
-                              ") without a matching SetFlag (" + sim::site_str(sim::intern("WaitFlag", loc)) + ")");
-    sim::wait_on(detail::ev_dst(e), q.front().vc);
-    q.pop_front();
+    detail::wait_flag(e, id, loc);
     c.st.waitFlags++;
     if (detail::ev_dst(e) == sim::P_S) c.st.waitsToS++;
     if (e == HardEvent::V_S) c.st.vToS++;
 }
+inline void TPipe::preset(int id, const sim::Loc& loc) { detail::set_flag(HardEvent::M_MTE1, id, loc, "TPipe (Init)"); }
+inline void TPipe::Destroy(sim::Loc loc) {
+    if (destroyed_) return;
+    destroyed_ = true;
+    if (current_pipe() == this) current_pipe() = nullptr;
+    if (std::uncaught_exceptions()) return;  // unwinding a failed kernel: nothing to check
+    sim::Core& c = sim::core();
+    if (c.coreType == sim::CT_AIC)
+        for (int id = 0; id < kTPipeMte1Ids; id++) detail::wait_flag(HardEvent::M_MTE1, id, loc, "TPipe::Destroy");
+    sim::barrier_all();
+    c.st.barrierAll++;
+    release_memory();
+}
+
 template <pipe_t p>
 inline void PipeBarrier() {
     sim::Core& c = sim::core();

@@ -263,7 +263,8 @@ struct Core {
     int ctx = 0;
     int nctx = 0;
     Space* sp[MEM_NUM] = {nullptr};
-    uint32_t ubUsed = 0;  // UB bytes held by the live TPipes
+    void* pipe = nullptr;  // the live AscendC::TPipe (kernel_operator.h: one at a time)
+    uint32_t ubUsed = 0;  // UB bytes held by the live TPipe
     uint32_t ubPeak = 0;  // the most held at once (what one kernel needs)
     int allocs[16] = {0};
     std::deque<FlagEntry> flags[kEvents][8];

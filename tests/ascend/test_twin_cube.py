@@ -27,8 +27,9 @@ KERNELS = r'''
 using namespace AscendC;
 
 #define ENTRY(name) extern "C" __global__ __aicore__ void name(GM_ADDR x)
+// a free id of E (under a TPipe on the cube core, M_MTE1 ids 0-2 are the pipe's: FetchEventID skips them)
 template <HardEvent E>
-__aicore__ inline void Sync() { SetFlag<E>(0); WaitFlag<E>(0); }
+__aicore__ inline void Sync() { const int id = GetTPipePtr()->FetchEventID(E); SetFlag<E>(id); WaitFlag<E>(id); }
 constexpr int M = 16, D = 64, N = 64, REGION = 32768;
 constexpr int Q_OFF = 0, K_OFF = 2048, S_OFF = 10240, O_OFF = 14336;
 

@@ -1423,6 +1423,58 @@ inline void check_mem_align(uint32_t addr, uint32_t align, uint8_t m, const char
 template <typename T> constexpr bool is16() { return std::is_same<T, half>::value || std::is_same<T, bfloat16_t>::value; }
 }  // namespace detail
 
+// Unit flags (Mmad / Fixpipe unitFlag; the UnitFlag feature page of the Ascend C reference, sim_limits.h
+// kUnitFlagSource): one bit per 512-byte block of L0C. An Mmad with unitFlag 2 or 3 waits while a
+// block's bit is 1 and, with 3, sets it when done; a Fixpipe with unitFlag 2 or 3 waits while the
+// bit is 0 and, with 3, clears it when done. A matching pair is therefore the M -> FIX edge of that
+// L0C, and the clearing Fixpipe the FIX -> M edge of the next unit-flag Mmad: no M_FIX / FIX_M flag
+// is needed (ops-transformer ifa_service_matmul_full_quant.h:1167, 1186). The twin runs in program
+// order, so it refuses what that order cannot express: an Mmad onto a set bit (the Fixpipe after
+// it would read the earlier product) and a Fixpipe onto a clear bit (it waits forever).
+namespace detail {
+template <typename F>
+inline void unit_blocks(uint32_t lo, uint32_t hi, F f) {
+    sim::Space& sc = sim::space(sim::MEM_L0C);
+    for (uint32_t b = lo / 512; b * 512 < hi && b < sc.unit.size(); b++) f(sc, b);
+}
+inline void unit_flag_mmad(uint8_t flag, uint32_t lo, uint32_t hi, const char* api, const sim::Loc& loc) {
+    if (flag != 2 && flag != 3) return;
+    unit_blocks(lo, hi, [&](sim::Space& sc, uint32_t b) {
+        if (sc.unit[b])
+            sim::fail("unit-flag", std::string(api) + " (" + sim::site_str(sim::intern(api, loc)) + ") with unitFlag " +
+                                       std::to_string(flag) + " writes L0C block " + std::to_string(b) +
+                                       " whose unit flag " + sim::site_str(sc.unitSite[b]) +
+                                       " set and no Fixpipe with unitFlag 3 cleared: it waits for a Fixpipe that "
+                                       "would read the earlier product");
+        sim::wait_on(sim::P_M, sc.unitVc[b]);
+    });
+}
+inline void unit_flag_set(const sim::Ins& in, uint32_t lo, uint32_t hi) {
+    sim::Core& c = sim::core();
+    sim::VC done = c.know[sim::P_M];
+    done.join(c.know[sim::P_S]);
+    done.c[sim::P_M] = in.seq;
+    unit_blocks(lo, hi, [&](sim::Space& sc, uint32_t b) { sc.unit[b] = 1; sc.unitVc[b] = done; sc.unitSite[b] = in.site; });
+}
+inline void unit_flag_fixpipe(uint8_t flag, uint32_t lo, uint32_t hi, const char* api, const sim::Loc& loc) {
+    if (flag != 2 && flag != 3) return;
+    unit_blocks(lo, hi, [&](sim::Space& sc, uint32_t b) {
+        if (!sc.unit[b])
+            sim::fail("unit-flag", std::string(api) + " (" + sim::site_str(sim::intern(api, loc)) + ") with unitFlag " +
+                                       std::to_string(flag) + " reads L0C block " + std::to_string(b) +
+                                       " whose unit flag no Mmad with unitFlag 3 set: it waits forever (a hang)");
+        sim::wait_on(sim::P_FIX, sc.unitVc[b]);
+    });
+}
+inline void unit_flag_clear(const sim::Ins& in, uint32_t lo, uint32_t hi) {
+    sim::Core& c = sim::core();
+    sim::VC done = c.know[sim::P_FIX];
+    done.join(c.know[sim::P_S]);
+    done.c[sim::P_FIX] = in.seq;
+    unit_blocks(lo, hi, [&](sim::Space& sc, uint32_t b) { sc.unit[b] = 0; sc.unitVc[b] = done; sc.unitSite[b] = in.site; });
+}
+}  // namespace detail
+
 // DataCopy GM -> L1 (A1/B1) with ND->NZ (copy_gm_to_cbuf_multi_nd2nz in the CCE intrinsic
 // reference): for each of ndNum matrices, each of nValue rows, each 32-byte C0 block k of the row
 // (C0 = 32 / sizeof(T) elements): source element offset i * srcNdMatrixStride + j * srcDValue +
@@ -1433,6 +1485,13 @@ inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, cons
     const char* api = "DataCopy GM->L1 (Nd2NzParams)";
     detail::need_mem(dst, sim::MEM_L1, api, "destination");
     detail::check_mem_align(dst.addr_, sim::limits::kL1Align, sim::MEM_L1, api, "destination", "CheckDataCopyAlign");
+    const char* kNd2Nz = sim::limits::kNd2NzSource;
+    sim::check_range("cube-param", api, "ndNum", p.ndNum, 0, sim::limits::kNd2NzMaxNdNum, kNd2Nz);
+    sim::check_range("cube-param", api, "nValue", p.nValue, 0, sim::limits::kNd2NzMaxStride, kNd2Nz);
+    sim::check_range("cube-param", api, "dstNzC0Stride", p.dstNzC0Stride, 0, sim::limits::kNd2NzMaxStride, kNd2Nz);
+    sim::check_range("cube-param", api, "dstNzNStride", p.dstNzNStride, 0, sim::limits::kNd2NzMaxStride, kNd2Nz);
+    sim::check_range("cube-param", api, "dstNzMatrixStride", p.dstNzMatrixStride, 0, sim::limits::kNd2NzMaxStride,
+                     kNd2Nz);
     sim::Ins in = sim::issue(sim::P_MTE2, api, loc);
     const uint32_t c0 = 32 / sizeof(T), blocks = (p.dValue + c0 - 1) / c0;
     uint64_t bytes = 0;
@@ -1589,6 +1648,9 @@ inline void Mmad(const LocalTensor<T>& c, const LocalTensor<U>& a, const LocalTe
     sim::check_range("cube-param", api, "n", p.n, 0, sim::limits::kMmadMaxMNK, kSrc);
     sim::check_range("cube-param", api, "k", p.k, 0, sim::limits::kMmadMaxMNK, kSrc);
     if (p.cmatrixSource) sim::fail("bounds", "twin: Mmad with the C matrix from the bias table is not emulated");
+    if (p.unitFlag != 0 && p.unitFlag != 2 && p.unitFlag != 3)
+        sim::fail("cube-param", std::string(api) + ": unitFlag " + std::to_string(p.unitFlag) + " is not 0, 2 or 3 (" +
+                                    sim::limits::kUnitFlagSource + ")");
     if (p.m == 1)
         sim::fail("gemv", std::string(api) + " with m = 1 (" + sim::site_str(sim::intern(api, loc)) +
                               "): dav-c220 computes it in GEMV mode, reading A as one contiguous 1 x k vector instead "
@@ -1603,7 +1665,17 @@ inline void Mmad(const LocalTensor<T>& c, const LocalTensor<U>& a, const LocalTe
     detail::need_bytes(b.bytes_, uint64_t(K1) * N1 * 512, api, "B (ceil(k/K0) x ceil(n/16) fractals)");
     detail::need_bytes(c.bytes_, uint64_t(M1) * N1 * 1024, api, "C (ceil(m/16) x ceil(n/16) 4-byte fractals)");
     const bool init = p.cmatrixInitVal && !p.isBias;
+    sim::Core& core = sim::core();
+    const uint32_t cLo = c.addr_, cHi = c.addr_ + M1 * N1 * 1024;
+    const sim::Core::LastMmad last = core.lastMmad;
+    if (!init && last.small && last.lo < cHi && cLo < last.hi && core.know[sim::P_M].c[sim::P_M] < last.seq)
+        sim::fail("mmad-barrier", std::string(api) + " (" + sim::site_str(sim::intern(api, loc)) +
+                                      ") accumulates into L0C the previous Mmad (" + sim::site_str(last.site) +
+                                      ") wrote, which was small ((m / 16) * (n / 16) < 10), with no "
+                                      "PipeBarrier<PIPE_M> between (" + sim::limits::kSmallMmadSource + ")");
+    detail::unit_flag_mmad(p.unitFlag, cLo, cHi, api, loc);
     sim::Ins in = sim::issue(sim::P_M, api, loc);
+    core.lastMmad = {in.seq, cLo, cHi, (p.m / 16) * (p.n / 16) < 10, in.site};
     auto aoff = [&](uint32_t r, uint32_t kk) { return ((r / 16) * K1 + kk / K0) * 16u * K0 + (r % 16) * K0 + kk % K0; };
     auto boff = [&](uint32_t kk, uint32_t col) { return ((kk / K0) * N1 + col / 16) * 16u * K0 + (col % 16) * K0 + kk % K0; };
     auto coff = [&](uint32_t r, uint32_t col) { return ((col / 16) * M1 + r / 16) * 256u + (r % 16) * 16u + col % 16; };
@@ -1662,6 +1734,7 @@ inline void Mmad(const LocalTensor<T>& c, const LocalTensor<U>& a, const LocalTe
         if (poisoned[e]) std::memset(sc.written.data() + byte, 0, 4);
         for (uint32_t q = 0; q < 4; q++) sc.poison[byte + q] = poisoned[e] ? in.site : 0;
     }
+    if (p.unitFlag == 3) detail::unit_flag_set(in, cLo, cHi);
     sim::Stats& st = sim::core().st;
     st.mmadCalls++;
     st.cubeFractalMacs += uint64_t(M1) * N1 * K1;  // one 16 x 16 x K0 block: 16-bit 16 x 16 x 16, int8 16 x 16 x 32
@@ -1685,7 +1758,15 @@ inline void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const
                   "twin: Fixpipe emulated from a float L0C, or int32 L0C -> int32 GM without quantisation");
     detail::need_mem(src, sim::MEM_L0C, api, "source (CO1)");
     if (config.format != CO2Layout::ROW_MAJOR) sim::fail("bounds", "twin: Fixpipe only with CFG_ROW_MAJOR is emulated");
+    sim::check_range("cube-param", api, "ndNum", p.ndNum, 1, 65535, sim::limits::kFixpipeDocSource);
     if (p.ndNum > 1 || p.isChannelSplit) sim::fail("bounds", "twin: Fixpipe ndNum > 1 / isChannelSplit not emulated");
+    if (p.srcStride % 16)
+        sim::fail("cube-param", std::string(api) + ": srcStride " + std::to_string(p.srcStride) +
+                                    " is not a multiple of 16 (whole fractals: mSize rounded up to 16; " +
+                                    sim::limits::kFixpipeDocSource + ")");
+    if (p.unitFlag != 0 && p.unitFlag != 2 && p.unitFlag != 3)
+        sim::fail("cube-param", std::string(api) + ": unitFlag " + std::to_string(p.unitFlag) + " is not 0, 2 or 3 (" +
+                                    sim::limits::kUnitFlagSource + ")");
     const char* kSrc = "CheckCommonFixpipeParam, dav_c220/kernel_operator_fixpipe_v2_impl.h";
     detail::check_mem_align(src.addr_, sim::limits::kFixpipeSrcAlign, sim::MEM_L0C, api, "srcLocal", kSrc);
     sim::check_range("cube-param", api, "nSize", p.nSize, 1, sim::limits::kFixpipeMaxN, kSrc);
@@ -1702,6 +1783,9 @@ inline void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const
     const uint32_t N1 = (p.nSize + 15) / 16;
     detail::need_bytes(src.bytes_, (uint64_t(N1 - 1) * p.srcStride * 16 + uint64_t(p.mSize) * 16) * 4, api, "the L0C source");
     dst.need(uint64_t(p.mSize - 1) * p.dstStride + p.nSize, api);
+    // the L0C bytes read: mSize rows of each 16-column block
+    const uint32_t fLo = src.addr_, fHi = src.addr_ + (uint32_t(N1 - 1) * p.srcStride * 16u + p.mSize * 16u) * 4u;
+    detail::unit_flag_fixpipe(p.unitFlag, fLo, fHi, api, loc);
     sim::Ins in = sim::issue(sim::P_FIX, api, loc);
     std::vector<D> row(p.nSize);
     const uint8_t* pc = src.raw();
@@ -1717,6 +1801,7 @@ inline void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const
         sim::gm_access(in, dst.base_ + uint64_t(r) * p.dstStride, uint64_t(p.nSize) * sizeof(D), true);
         std::memcpy(dst.base_ + uint64_t(r) * p.dstStride, row.data(), p.nSize * sizeof(D));
     }
+    if (p.unitFlag == 3) detail::unit_flag_clear(in, fLo, fHi);
     sim::Stats& st = sim::core().st;
     st.fixBytes += uint64_t(p.mSize) * p.nSize * sizeof(D);
     st.fixRows += p.mSize;

@@ -70,6 +70,22 @@ constexpr uint32_t kFractalBytes = 512;
 // incre_flash_attention_preload.h:3537-3538 and 3913-3914; the Mmad GEMV feature page).
 constexpr const char* kGemvSource =
     "ops-transformer attention/common/op_kernel/matmul.h:330, incre_flash_attention_preload.h:3537";
+// DataCopy GM -> L1 with ND2NZ (CANN 8.1 ascendc/include/basic_api/inner_interface/
+// inner_kernel_operator_data_copy_intf.cppm:71-78): ndNum in [0, 4095]; nValue, dstNzC0Stride,
+// dstNzNStride in [0, 16384]; dstNzMatrixStride in [0, 16384] (the ND2NZ DataCopy page).
+constexpr uint32_t kNd2NzMaxNdNum = 4095;
+constexpr uint32_t kNd2NzMaxStride = 16384;
+constexpr const char* kNd2NzSource = "CheckDataCopyNd2Nz ranges, inner_kernel_operator_data_copy_intf.cppm:71-78";
+// Fixpipe (V220 parameter table of the L0C-to-GM Fixpipe page): ndNum in [1, 65535]; srcStride in
+// C0 units, mSize rounded up to 16 (ops-transformer incre_flash_attention_preload.h:3556 sets
+// ((mSize + 15) / 16) * 16): the twin requires whole fractals, a multiple of 16.
+constexpr const char* kFixpipeDocSource = "FixpipeParamsV220 table, L0C-to-GM Fixpipe page";
+// unitFlag of Mmad / Fixpipe: 0 (off), 2 or 3 (the Mmad page's parameter table; UnitFlag feature page).
+constexpr const char* kUnitFlagSource = "Mmad / Fixpipe unitFlag, UnitFlag feature page";
+// An Mmad with (m / 16) * (n / 16) < 10 needs PipeBarrier<PIPE_M> before the next Mmad that
+// accumulates onto its L0C (CANN 8.1 highlevel_api/impl/matmul/stage/compute/mmad_compute.h:59-60,
+// LIMIT_MNSIZE = 10; ops-transformer attention/common/op_kernel/matmul.h:511-512).
+constexpr const char* kSmallMmadSource = "mmad_compute.h:59 LIMIT_MNSIZE, ops-transformer matmul.h:511";
 constexpr uint32_t kFixpipeSrcAlign = 64;
 constexpr uint32_t kFixpipeMaxN = 4095;
 constexpr uint32_t kFixpipeMaxMRowMajor = 8192;

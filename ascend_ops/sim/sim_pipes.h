@@ -235,8 +235,14 @@ struct Space {
     // L0C: the Mmad (site) that computed an unwritten ("poisoned") byte from operand elements nothing
     // wrote (a row of A or a column of B, e.g. rows 1-15 of CANN's m = 16 for one query row)
     std::vector<uint16_t> poison;
+    // L0C unit flags (Mmad / Fixpipe unitFlag), one per 512-byte block: the bit, and the clock of the
+    // Mmad that set it or the Fixpipe that cleared it (the edge the next Fixpipe / Mmad inherits)
+    std::vector<uint8_t> unit;
+    std::vector<VC> unitVc;
+    std::vector<uint16_t> unitSite;
     explicit Space(uint32_t n)
-        : cap(n), data(n, 0xA5), written(n, 0), wpipe(n, 0), wseq(n, 0), wsite(n, 0), poison(n, 0) {
+        : cap(n), data(n, 0xA5), written(n, 0), wpipe(n, 0), wseq(n, 0), wsite(n, 0), poison(n, 0),
+          unit(n / 512, 0), unitVc(n / 512), unitSite(n / 512, 0) {
         for (int r = 0; r < kReaders; r++) { rseq[r].assign(n, 0); rsite[r].assign(n, 0); }
     }
 };
@@ -264,6 +270,9 @@ struct Core {
     int nctx = 0;
     Space* sp[MEM_NUM] = {nullptr};
     void* pipe = nullptr;  // the live AscendC::TPipe (kernel_operator.h: one at a time)
+    // the last Mmad issued: its M sequence number, L0C byte range, whether it was small
+    // ((m / 16) * (n / 16) < 10: an accumulating Mmad after it needs PipeBarrier<PIPE_M>)
+    struct LastMmad { uint32_t seq = 0, lo = 0, hi = 0; bool small = false; uint16_t site = 0; } lastMmad;
     uint32_t ubUsed = 0;  // UB bytes held by the live TPipe
     uint32_t ubPeak = 0;  // the most held at once (what one kernel needs)
     int allocs[16] = {0};

@@ -7,7 +7,8 @@ documented constraints into errors (192 KiB UB, 32-byte alignment of buffers and
 queue depth and alloc/free discipline, no read of local memory before it is written, the
 documented DMA/vector/cast limits), and checks the synchronisation between pipes and between
 blocks (``[pipe-race]``, ``[gm-race]``, ``[flag]``; ``sim/sim_pipes.h``). Blocks run one at a time,
-in the order ``set_block_order`` chose. It does not model timing (``last_stats`` gives work
+in the order ``set_block_order`` chose (the parity backend runs each case in every order of
+``CATALOG_ORDERS`` and requires the same bits). It does not model timing (``last_stats`` gives work
 counts for ``scripts/npu_estimate.py``, a paper estimate) or the NPU's own Exp/Ln.
 
 The shared library is built on demand (a few seconds) into ``$SPLITKV_SIM_CACHE`` or
@@ -209,6 +210,33 @@ def run_fused(inputs: DecodeInputs, plan: Plan, til: tl.Tiling) -> tuple[np.ndar
     return from_native(out, inputs.dtype), lse
 
 
+# The block orders the parity backend runs every case in (forward, reverse, a seeded shuffle): a
+# verdict or a result that depends on the order the twin happens to pick is a defect it reports.
+CATALOG_ORDERS = (0, 1, 2026)
+
+
+def run_in_orders(run, orders=CATALOG_ORDERS):
+    """``run()`` once per block order; each must pass the twin's checks and give the same bits.
+
+    Returns the first order's result. A violation names the order it appeared in."""
+    lib = twin_library()
+    first = None
+    try:
+        for order in orders:
+            set_block_order(lib, order)
+            try:
+                res = run()
+            except SimViolation as e:
+                raise SimViolation(f"block order {order}: {e}") from None
+            if first is None:
+                first = res
+            elif any(a.tobytes() != b.tobytes() for a, b in zip(first, res)):
+                raise SimViolation(f"[order] block order {order} gives other bits than block order {orders[0]}")
+    finally:
+        set_block_order(lib, 0)
+    return first
+
+
 def run_twin(inputs: DecodeInputs, plan: Plan, profile: str = PROFILE, kernel: str = "auto",
              fused: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Split then combine on the twin: ``(out [T, Hq, D] float32 values of q's dtype, lse [T, Hq] float32)``.
@@ -264,6 +292,11 @@ def _unsupported(inputs: DecodeInputs) -> str | None:
     return unsupported_reason(int(inputs.q.shape[2]), inputs.dtype, inputs.kv_dtype)
 
 
+def run_catalog(inputs: DecodeInputs, plan: Plan, kernel: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+    """The parity backend's run: ``run_twin`` in every block order of ``CATALOG_ORDERS``."""
+    return run_in_orders(lambda: run_twin(inputs, plan, kernel=kernel))
+
+
 sim_backend = Backend(
-    name="ascend-sim", run=run_twin, unavailable=_unavailable, unsupported=_unsupported, device=PROFILE,
+    name="ascend-sim", run=run_catalog, unavailable=_unavailable, unsupported=_unsupported, device=PROFILE,
     description="Ascend C kernels on the CPU twin (g++ against our API emulation; a test double, not the NPU)")

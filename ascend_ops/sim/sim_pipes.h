@@ -89,9 +89,12 @@ inline std::string site_str(uint16_t id) {
 }
 
 // ---- pipes and clocks
-enum Pipe : uint8_t { P_S = 0, P_V, P_M, P_MTE1, P_MTE2, P_MTE3, P_FIX, P_NUM };
+// P_XW is no pipe: the clock entry that counts a context's CrossCoreWaitFlag calls, so that a
+// cross-core set can be checked against the waits it is ordered after (sim_runtime.cpp).
+enum Pipe : uint8_t { P_S = 0, P_V, P_M, P_MTE1, P_MTE2, P_MTE3, P_FIX, P_XW, P_NUM };
+constexpr int kHwPipes = P_XW;  // the pipes instructions issue to
 inline const char* pipe_name(int p) {
-    static const char* n[] = {"S", "V", "M", "MTE1", "MTE2", "MTE3", "FIX"};
+    static const char* n[] = {"S", "V", "M", "MTE1", "MTE2", "MTE3", "FIX", "cross-core waits"};
     return p >= 0 && p < P_NUM ? n[p] : "?";
 }
 // c: this core's pipes. x: only in a mixed (AIC + AIV) launch: what is known complete on every

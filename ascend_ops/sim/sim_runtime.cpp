@@ -68,6 +68,10 @@ struct Sched {
     sim::VC syncUnion[2];
     std::vector<std::array<std::deque<Token>, 16>> cnt;                      // counters per context, flag id
     std::map<std::tuple<int, int, int>, std::map<int, std::deque<Token>>> pend;  // (mode, group, id) -> member sets
+    // run-ahead (happens-before): per (context, flag id) the cross-wait clock entry (sim::P_XW) of
+    // each of its waits, in order; per (setter, target, flag id) the setter's sets so far
+    std::vector<std::array<std::vector<uint32_t>, 16>> waitIdx;
+    std::map<std::tuple<int, int, int>, uint32_t> setCount;
 
     bool aiv(int b) const { return !mixed || b % 3 != 0; }
     bool runnable(int b) const {
@@ -195,6 +199,25 @@ void push_counter(Sched& s, int target, int id, const Token& t, const char* who)
                              " set more than 15 times without a wait (" + who + ", " + sim::site_str(uint16_t(t.second)) +
                              "; CrossCoreSetFlag page: at most 15 pending sets)");
 }
+// A counter holds at most kCrossFlagMaxPending (15) sets. Whether some schedule overflows it does
+// not depend on the one the twin runs: the k-th set of a setter onto a counter must be ordered
+// (happens-before, through cross-core edges) after that counter's (k - 15)-th wait, or in some
+// schedule the setter runs that far ahead. Checked at every set, whatever the block order.
+void check_run_ahead(Sched& s, int me, int target, int id, const Token& t) {
+    const uint32_t k = ++s.setCount[std::make_tuple(me, target, id)];
+    const uint32_t lim = sim::limits::kCrossFlagMaxPending;
+    if (k <= lim) return;
+    const uint32_t j = k - lim;
+    const auto& waits = s.waitIdx[size_t(target)][size_t(id)];
+    const size_t at = size_t(target) * sim::P_NUM + sim::P_XW;
+    if (j <= waits.size() && at < t.first.x.size() && t.first.x[at] >= waits[j - 1]) return;
+    throw sim::Violation("[cross-flag] CrossCoreSetFlag(" + std::to_string(id) + ") number " + std::to_string(k) + " by " +
+                         sim::ctx_name(true, me) + " (" + sim::site_str(uint16_t(t.second)) + ") onto the counter of " +
+                         sim::ctx_name(true, target) + " runs ahead of its waits: a counter holds at most " +
+                         std::to_string(lim) + " pending sets, so this set must be ordered after that counter's wait "
+                         "number " + std::to_string(j) + ", and no cross-core edge orders it so (in some schedule "
+                         "the counter overflows; CrossCoreSetFlag page: counts 0-15)");
+}
 void cross_set(int mode, int packed, const sim::VC& token) {
     Sched& s = *g_sched;
     std::unique_lock<std::mutex> lk(s.m);
@@ -205,6 +228,8 @@ void cross_set(int mode, int packed, const sim::VC& token) {
     std::vector<int> members, targets;
     int group = -1;
     if (mode == 2 && aic) {  // AIC -> both AIVs of its AI core, at once
+        check_run_ahead(s, me, me + 1, id, t);
+        check_run_ahead(s, me, me + 2, id, t);
         push_counter(s, me + 1, id, t, "CrossCoreSetFlag mode 2");
         push_counter(s, me + 2, id, t, "CrossCoreSetFlag mode 2");
         s.rotateFrom = me;  // a set hands the turn on: the contexts interleave at every cross-core edge
@@ -226,6 +251,7 @@ void cross_set(int mode, int packed, const sim::VC& token) {
         targets = members;
         group = aic ? -1 : -2;
     }
+    for (int tg : targets) check_run_ahead(s, me, tg, id, t);
     auto& per = s.pend[std::make_tuple(mode, group, id)];
     per[me].push_back(t);
     bool all = true;
@@ -258,6 +284,10 @@ sim::VC cross_wait(int /*mode*/, int packed) {
     }
     Token t = q.front();
     q.pop_front();
+    sim::Core& c = sim::core();  // this wait's place on the context's cross-wait clock
+    c.issued[sim::P_XW]++;
+    c.know[sim::P_S].c[sim::P_XW] = c.issued[sim::P_XW];
+    s.waitIdx[size_t(me)][size_t(id)].push_back(c.issued[sim::P_XW]);
     return t.first;
 }
 
@@ -299,7 +329,7 @@ std::string stats_json(const std::vector<std::unique_ptr<sim::Core>>& cores) {
         o << "{\"block\":" << b << ",\"core_type\":\"" << (c.coreType == sim::CT_AIC ? "AIC" : "AIV")
           << "\",\"block_idx\":" << (c.mixed && c.coreType == sim::CT_AIV ? c.blockIdx * 2 + c.subIdx : c.blockIdx)
           << ",\"ins\":{";
-        for (int p = 0; p < sim::P_NUM; p++) o << (p ? "," : "") << "\"" << sim::pipe_name(p) << "\":" << s.ins[p];
+        for (int p = 0; p < sim::kHwPipes; p++) o << (p ? "," : "") << "\"" << sim::pipe_name(p) << "\":" << s.ins[p];
         o << "},\"dma_bytes\":{\"MTE2\":" << s.dmaBytes[sim::P_MTE2] << ",\"MTE3\":" << s.dmaBytes[sim::P_MTE3]
           << "},\"dma_bursts\":{\"MTE2\":" << s.dmaBursts[sim::P_MTE2] << ",\"MTE3\":" << s.dmaBursts[sim::P_MTE3]
           << "},\"vec_repeats\":" << s.vecRepeats << ",\"vec_elems\":" << s.vecElems << ",\"s_ub_reads\":" << s.sUbReads
@@ -332,6 +362,7 @@ int launch(int blockDim, const std::function<void()>& fn, char* err, int errLen,
     s.waitFlag.assign(size_t(n), 0);
     s.syncResult.assign(size_t(n), sim::VC());
     s.cnt.resize(size_t(n));
+    s.waitIdx.resize(size_t(n));
     for (int b = 0; b < n; b++) {
         s.cores.emplace_back(new sim::Core());
         sim::Core& c = *s.cores.back();

@@ -35,7 +35,7 @@ def test_small_catalog(case):
 
 
 _VECTOR = dataclasses.replace(sim.sim_backend, name="ascend-sim-vector",
-                              run=lambda inputs, plan: sim.run_twin(inputs, plan, kernel="vector"))
+                              run=lambda inputs, plan: sim.run_catalog(inputs, plan, kernel="vector"))
 
 
 @pytest.mark.parametrize("case", SMALL, ids=lambda c: c.name)

@@ -62,25 +62,56 @@ def compiler_missing() -> str | None:
     return None
 
 
-def build_library(sources: list[Path], defines: tuple[str, ...] = (), name: str = "twin") -> Path:
-    """Compile ``sources`` + the twin runtime against the emulation headers; cached by content hash."""
-    srcs = [Path(s) for s in sources] + [SIM_DIR / "sim_runtime.cpp"]
+def _digest(paths, *extra: str) -> str:
     h = hashlib.sha256()
-    for p in sorted(set(srcs) | set(SIM_DIR.glob("*.h")) | set(KERNEL_DIR.glob("*.h"))):
+    for p in paths:
         h.update(p.name.encode())
         h.update(p.read_bytes())
-    h.update(" ".join([CXX, *CXXFLAGS, *defines]).encode())
-    out = cache_dir() / f"lib{name}-{h.hexdigest()[:16]}.so"
+    for e in extra:
+        h.update(e.encode())
+    return h.hexdigest()[:16]
+
+
+def build_library(sources: list[Path], defines: tuple[str, ...] = (), name: str = "twin") -> Path:
+    """Compile ``sources`` + the twin runtime against the emulation headers into a shared library.
+
+    Each source becomes an object file cached by the hash of its text, every header, the compiler,
+    flags and defines (the runtime's object is shared by every library built alike); the sources
+    compile in parallel, one process each. The library is cached by the hash of its objects."""
+    srcs = [Path(s) for s in sources] + [SIM_DIR / "sim_runtime.cpp"]
+    headers = sorted(set(SIM_DIR.glob("*.h")) | set(KERNEL_DIR.glob("*.h")))
+    flags = [f for f in CXXFLAGS if f != "-shared"]
+    config = " ".join([CXX, *flags, *defines])
+    objs = [cache_dir() / f"{src.stem}-{_digest([src, *headers], config)}.o" for src in srcs]
+    out = cache_dir() / f"lib{name}-{_digest([], config, *(o.name for o in objs))}.so"
     if out.exists():
         return out
+    jobs = []
+    for src, obj in zip(srcs, objs):
+        if obj.exists():
+            continue
+        fd, tmp = tempfile.mkstemp(suffix=".o", dir=obj.parent)
+        os.close(fd)
+        cmd = [CXX, *flags, *[f"-D{d}" for d in defines], "-I", str(SIM_DIR), "-I", str(KERNEL_DIR), "-c", str(src),
+               "-o", tmp]
+        jobs.append((cmd, tmp, obj, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
+    failed = []
+    for cmd, tmp, obj, proc in jobs:
+        err = proc.communicate()[1]
+        if proc.returncode:
+            failed.append(f"{' '.join(cmd)}\n{err[-4000:]}")
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, obj)
+    if failed:
+        raise RuntimeError("building the CPU twin failed:\n" + "\n".join(failed))
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [CXX, *CXXFLAGS, *[f"-D{d}" for d in defines], "-I", str(SIM_DIR), "-I", str(KERNEL_DIR),
-           *map(str, srcs), "-o", tmp]
+    cmd = [CXX, *CXXFLAGS, *map(str, objs), "-o", tmp]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode:
         os.unlink(tmp)
-        raise RuntimeError(f"building the CPU twin failed:\n{' '.join(cmd)}\n{res.stderr[-4000:]}")
+        raise RuntimeError(f"linking the CPU twin failed:\n{' '.join(cmd)}\n{res.stderr[-4000:]}")
     os.replace(tmp, out)
     return out
 

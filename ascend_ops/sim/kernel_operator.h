@@ -17,26 +17,36 @@
 //   [uninit-read]   a read of a UB byte no instruction has written since its buffer was
 //                   allocated (AllocTensor content is "random" per the AllocTensor page)
 //   [bounds]        an access past the end of a LocalTensor's buffer or a GlobalTensor's size
-//   [flag]          WaitFlag without a matching SetFlag; a SetFlag never waited by the kernel's end
+//   [flag]          WaitFlag without a matching SetFlag; a SetFlag never waited by the kernel's end;
+//                   a SetFlag of a flag already set (one bit per event and id); ids outside 0..7;
+//                   TPipe's M_MTE1 ids 0-2 on a cube core taken by hand (TPipe below)
+//   [tpipe]         a second TPipe while one is alive (TPipe::Init resets every pool)
 //   [pipe-race]     two accesses to the same UB or GM bytes from different pipes (or a V read of
 //                   a V result) with no ordering edge between them (sim_pipes.h: the model)
 //   [gm-race]       GM bytes written by one block and written or read by another with no
 //                   SyncAll between (sim_runtime.cpp runs blocks in a chosen order)
 //   [syncall]       a block ends while others wait in SyncAll
 //   [dcache]        a scalar GM read of bytes this core's DMA wrote, or a DMA read of bytes a
-//                   scalar GM write left in the data cache, without DataCacheCleanAndInvalid
+//                   scalar GM write left in the data cache, without DataCacheCleanAndInvalid; a
+//                   scalar read of a 64-byte line this core's data cache holds that was written since
+//                   (by any other context, or by DMA), without DataCacheCleanAndInvalid of it
 //   [dma-param]     DataCopy / DataCopyPad parameters outside their documented ranges
 //   [vec-param]     repeat-form vector parameters outside their documented ranges
 //   [cast]          a Cast (source, destination, round mode) dav-c220 does not support
 // The cube unit and mixed launches (second half of this file; sim_runtime.cpp sim_launch_mix_1):
 //   [cube-capacity] L1 / L0A / L0B / L0C buffers beyond 512 / 64 / 64 / 128 KiB
-//   [cube-param]    Mmad m/n/k or Fixpipe parameters outside their documented ranges
+//   [cube-param]    Mmad m/n/k/unitFlag, Fixpipe, ND2NZ parameters outside their documented ranges
+//   [gemv]          Mmad with m = 1 (GEMV mode on dav-c220); unwritten A rows / B columns poison their
+//                   C rows / columns instead ([uninit-read] only when a poisoned element is read)
+//   [mmad-barrier]  an Mmad accumulating onto the L0C a small previous Mmad wrote, no PipeBarrier<PIPE_M>
+//   [unit-flag]     Mmad / Fixpipe unit flags that hang or would read the wrong product
 //   [position]      an operand in the wrong memory (a vector API on L1/L0 data, Mmad operands not in
 //                   A2/B2/CO1, Fixpipe L0C -> UB, which dav-c220 does not have)
 //   [core-type]     a vector pipe (V, MTE3) or UB on a cube core, a cube pipe (MTE1, M, FIX) or
 //                   L1/L0 on a vector core (or anywhere in a vector-only launch)
 //   [cross-flag]    CrossCoreSetFlag/WaitFlag outside the documented ids/modes/pipes, a wait no set
-//                   will satisfy (a hang), a set nobody waits for, more than 15 pending sets
+//                   will satisfy (a hang), a set nobody waits for, a set that can run more than 15
+//                   ahead of its counter's waits (happens-before, whatever the context order)
 //   [pipe-race], [gm-race], [uninit-read], [alignment], [bounds] as for the vector core, on the
 //                   cube memories and between the cube and vector contexts of a mixed launch
 // Limits and tables, each with its source: sim_limits.h. Work counters (cost-model inputs):
@@ -787,7 +797,11 @@ inline void CrossCoreWaitFlag(uint16_t flagId, sim::Loc loc = {}) {
 // DataCacheCleanAndInvalid (ascendc/basic_api/interface/kernel_common.h): writes back and drops
 // the scalar data cache lines of dst (SINGLE_CACHE_LINE: the 64-byte line at its start;
 // ENTIRE_DATA_CACHE: all of this core's lines). Needed between a DMA write of GM and a scalar read
-// of it, and between a scalar write of GM and a DMA read of it.
+// of it, between a scalar write of GM and a DMA read of it, and before a scalar read of a line
+// this core's cache may hold when another core may have written it since (the
+// DataCacheCleanAndInvalid page; CANN 8.1 kernel_operator_group_barrier_impl.h:94-96 drops the
+// line before every read of the other cores' arrival counter). Lines are 64 bytes
+// (dav_c220/kfc/kfc_comm.h:482).
 template <typename T, CacheLine entire, DcciDst dst = DcciDst::CACHELINE_OUT>
 inline void DataCacheCleanAndInvalid(const GlobalTensor<T>& t) {
     sim::core().st.dcci++;

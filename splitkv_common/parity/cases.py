@@ -166,6 +166,13 @@ def _build_catalog() -> list[Case]:
              tags=("multi-query",), doc="speculative-verification style rows with the causal tail"))
     add(Case("multi-query/gqa-bf16", _ri(56, [40, 70], q_lens=[2, 5], num_q_heads=8, num_kv_heads=2,
                                               dtype="bfloat16"), policy="size:32", tags=("multi-query",)))
+    # MHA (group size 1) in 16-bit: one query row per KV head, the case dav-c220's cube would compute
+    # in GEMV mode at m = 1 (the mixed Ascend kernel pads it to m = 16)
+    for dt in ("float16", "bfloat16"):
+        add(Case(f"mha/one-row-{dt}", _ri(57, [300, 77, 0], num_q_heads=4, num_kv_heads=4, head_dim=128, page_size=32,
+                                          dtype=dt), policy="size:128", tags=("gqa", "mha")))
+    add(Case("mha/several-rows-bf16", _ri(58, [90, 33], q_lens=[3, 1], num_q_heads=2, num_kv_heads=2,
+                                          dtype="bfloat16"), policy="size:32", tags=("gqa", "mha", "multi-query")))
     # full size: production head counts and long contexts
     add(Case("full/llama-b1-16k", _ri(100, [16384], num_q_heads=32, num_kv_heads=8, head_dim=128, dtype="bfloat16"),
              size="full", policy="auto", plan_kwargs={}, tags=("full",)))

@@ -35,7 +35,7 @@ from splitkv_common.plan import Plan
 from splitkv_common.torch_io import TORCH_DTYPES, torch_dtype_name
 from splitkv_common.validation import check_decode_args, host
 
-from .support import DEFAULT_PROFILE, KV_QUANT_DTYPE, Q_DTYPES, supported_head_dims
+from .support import KV_QUANT_DTYPE, Q_DTYPES, supported_head_dims
 
 NAMESPACE = "splitkv_ascend"
 OP_NAME = "decode_attention"
@@ -261,7 +261,7 @@ def pack_kv_quant(k_scale, v_scale, k_offset=None, v_offset=None, *, num_kv_head
 def decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, *, scale=None,
                      soft_cap=None, window_left=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
                      plan: Plan | None = None, policy: str = "auto", out=None, lse=None,
-                     profile: str = DEFAULT_PROFILE) -> tuple[torch.Tensor, torch.Tensor]:
+                     profile: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-KV decode attention on an Ascend NPU: ``(out [T, Hq, D] in q's dtype, lse [T, Hq] float32)``.
 
     Shapes and semantics are ``docs/conventions.md``'s (the same call as ``cuda_ref``): ``q [T, Hq, D]``;

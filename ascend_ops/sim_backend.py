@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from splitkv_common.devices import get_profile
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.plan import Plan
 from splitkv_common.parity.registry import Backend
@@ -134,8 +135,17 @@ def twin_library() -> ctypes.CDLL:
                                                                              ctypes.POINTER(ctypes.c_uint)]
         lib.sim_launch_combine.argtypes = [ctypes.c_int] + [P] * 5 + [ctypes.c_char_p, ctypes.c_int,
                                                                       ctypes.POINTER(ctypes.c_uint)]
+        lib.sim_set_cores.argtypes = [ctypes.c_int, ctypes.c_int]
+        set_cores(lib, PROFILE)
         _LIB = lib
     return _LIB
+
+
+def set_cores(lib: ctypes.CDLL, profile) -> None:
+    """The device the next launches run on: a launch that calls SyncAll with more blocks than its
+    cores (cube cores for a mixed launch, vector cores otherwise) is a ``[syncall]`` hang."""
+    prof = get_profile(profile)
+    lib.sim_set_cores(ctypes.c_int(prof.cube_units), ctypes.c_int(prof.units))
 
 
 def set_block_order(lib: ctypes.CDLL, order: int) -> None:
@@ -279,7 +289,13 @@ def run_twin(inputs: DecodeInputs, plan: Plan, profile: str = PROFILE, kernel: s
     inputs.validate()
     plan.validate(inputs.seq_lens, inputs.query_start_loc, window_left=inputs.window_left,
                   num_kv_heads=inputs.k_cache.shape[2])
-    return run_tiling(inputs, plan, tl.build_tiling(inputs, plan, profile, kernel=kernel), fused)
+    til = tl.build_tiling(inputs, plan, profile, kernel=kernel)
+    lib = twin_library()
+    set_cores(lib, profile)
+    try:
+        return run_tiling(inputs, plan, til, fused)
+    finally:
+        set_cores(lib, PROFILE)
 
 
 def with_seq_lens(til: tl.Tiling, seq_lens) -> tl.Tiling:

@@ -9,20 +9,24 @@ Every check of "can the Ascend kernels run this?" reads this module: the wrapper
   per-channel scales and offsets).
 * head dims: multiples of 8 in [8, 256] (float32 rows are copied as whole 32-byte blocks; the
   tiling's UB budget is sized for up to 256).
-* the device profile (:mod:`splitkv_common.devices`) NPU plans are made for: ``910b2`` unless
-  ``SPLITKV_ASCEND_PROFILE`` names another.
+* the device profile (:mod:`splitkv_common.devices`) NPU plans are made for: on an NPU the chip's
+  own (its name from the runtime), with the core counts the device reports (:func:`npu_profile`);
+  elsewhere ``910b2`` unless ``SPLITKV_ASCEND_PROFILE`` names another.
 * which split stage serves a call (:func:`mixed_kernel_unsupported`): the mixed AIC + AIV kernel
   (``splitkv_split_mix``) for float16 / bfloat16 q with a KV cache of the same dtype or int8 and
   head dims that are multiples of 16 up to 256; everything else (float32 q, head dims that are
   multiples of 8 only) takes the vector-only kernel (``splitkv_split``), the documented fallback.
 
-Needs neither torch nor NumPy.
+Needs neither torch nor NumPy (torch only when an NPU's profile is queried).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from dataclasses import replace
 
+from splitkv_common.devices import PROFILES, DeviceProfile, get_profile
 from splitkv_common.npu_probe import DEFAULT_NPU_PROFILE
 
 #: The device profile the Ascend side plans for unless told otherwise.
@@ -42,6 +46,68 @@ MAX_HEAD_DIM = 256
 def profile() -> str:
     """The device profile to plan for: ``SPLITKV_ASCEND_PROFILE``, else :data:`DEFAULT_PROFILE`."""
     return os.environ.get(PROFILE_ENV, DEFAULT_PROFILE)
+
+
+def npu_cores(index: int) -> tuple[int, int]:
+    """``(cube cores, vector cores)`` the kernels may use on NPU ``index``: torch_npu's device
+    properties (``cube_core_num``, ``vector_core_num``), lowered to its current stream's limit where
+    torch_npu has one (``torch.npu.get_stream_limit``). ``RuntimeError`` when it reports none."""
+    import torch
+
+    props = torch.npu.get_device_properties(index)
+    aic = int(getattr(props, "cube_core_num", 0) or 0)
+    aiv = int(getattr(props, "vector_core_num", 0) or 0) or 2 * aic
+    get_limit = getattr(torch.npu, "get_stream_limit", None)
+    if get_limit is not None:
+        try:
+            limit = get_limit(torch.npu.current_stream(index))
+        except Exception:  # noqa: BLE001 - an older torch_npu or no limit set: the device's counts stand
+            limit = {}
+        aic = min(aic, int(limit.get("cube_core_num") or aic))
+        aiv = min(aiv, int(limit.get("vector_core_num") or aiv))
+    if aic <= 0 or aiv <= 0:
+        raise RuntimeError(f"NPU {index}: torch_npu reports {aic} cube / {aiv} vector cores; the Ascend kernels need "
+                           "the device's core counts to size their launches")
+    return aic, aiv
+
+
+def npu_profile(device, name: str | None = None) -> DeviceProfile:
+    """The profile the kernels plan and launch for on the NPU ``device`` (a torch device or index).
+
+    ``name`` (or ``SPLITKV_ASCEND_PROFILE``) picks the planner's constants; by default the chip's own
+    profile, found by the name the runtime gives it (``torch.npu.get_device_name``: ``Ascend910B3``,
+    ``Ascend910_9391``...); a chip without a profile is refused. The core counts are always the
+    device's (:func:`npu_cores`), never more than the profile's: a fused launch synchronizes all its
+    AI cores, and more blocks than the device runs at once would hang."""
+    import torch
+
+    index = device if isinstance(device, int) else (device.index if device.index is not None
+                                                    else torch.npu.current_device())
+    return _npu_profile(int(index), name or os.environ.get(PROFILE_ENV))
+
+
+@functools.lru_cache(maxsize=None)
+def _npu_profile(index: int, name: str | None) -> DeviceProfile:
+    """:func:`npu_profile`, once per (device, name): a wrapper made every step queries nothing."""
+    import torch
+
+    chip = torch.npu.get_device_name(index)
+    name = name or chip
+    try:
+        prof = get_profile(name)
+    except ValueError:
+        raise ValueError(f"device: NPU {index} is a {chip}, which has no device profile (known: "
+                         f"{', '.join(sorted(PROFILES))}); name one with {PROFILE_ENV} or profile=") from None
+    aic, aiv = npu_cores(index)
+    return replace(prof, cube_units=min(prof.cube_units or aic, aic), units=min(prof.units, aiv))
+
+
+def launch_profile(device, name: str | None = None) -> str | DeviceProfile:
+    """The profile a wrapper on ``device`` plans for: :func:`npu_profile` on an NPU; elsewhere (the
+    op's CPU kernel, the twin) ``name``, else :func:`profile`."""
+    if getattr(device, "type", "cpu") == "cpu":
+        return name or profile()
+    return npu_profile(device, name)
 
 
 def q_dtype_supported(dtype: str) -> bool:

@@ -359,6 +359,14 @@ def _tiling_max_splits(plan: Plan, seq_lens, device_split_tokens: int, page_size
     return max_splits
 
 
+def _check_sync_all_blocks(block_dim: int, cores: int, device: str) -> None:
+    """The fused mixed launch synchronizes all its AI cores (SyncAll): more blocks than the device
+    has cores never all run at once, and the launch hangs."""
+    if block_dim > cores:
+        raise ValueError(f"block_dim: {block_dim} AI cores for the fused mixed launch, but the device ({device}) has "
+                         f"{cores}: its SyncAll needs every block resident at once (more would hang)")
+
+
 def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page_size: int, max_pages: int,
                   num_pages: int, dtype: str, kv_dtype: str, scale: float, soft_cap: float | None = None,
                   window_left: int | None = None, profile: str = DEFAULT_PROFILE,
@@ -436,6 +444,7 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
         cores = prof.cube_units or prof.units
         if block_dim is None:
             block_dim = cores if all_cores else max(1, min(cores, plan.num_valid_items))
+        _check_sync_all_blocks(int(block_dim), cores, prof.name)
         core_range = balance_items(plan, int(block_dim))
         scratch_off = _ru(ws, 512)
         # all_cores (graph-stable): the scratch is sized for the largest tile and row count, so that
@@ -653,9 +662,10 @@ class TilingBuilder:
         balanced = 0   # AI cores the mixed kernel's items are balanced over (balance_items), 0: none
         scratch_off = ws
         if st["kernelKind"] == 1:
+            cores = self._prof.cube_units or self._prof.units
             if block_dim is None:
-                cores = self._prof.cube_units or self._prof.units
                 block_dim = cores if all_cores else max(1, min(cores, plan.num_valid_items))
+            _check_sync_all_blocks(int(block_dim), cores, self._prof.name)
             balanced = int(block_dim)
             scratch_off = _ru(ws, 512)
             ws = scratch_off + int(block_dim) * st["scratchCoreBytes"]

@@ -23,7 +23,7 @@ from splitkv_common.validation import (check_decode_args, check_gqa, check_scala
 from . import ops
 from .ops import QUALNAME, pack_kv_quant
 from .runtime import require_npu_kernel, resolve_device
-from .support import DEFAULT_PROFILE, supported_head_dims, unsupported_reason
+from .support import launch_profile, supported_head_dims, unsupported_reason
 from .tiling import TILING_BYTES
 
 # int32 words of the meta buffer that hold the tiling (its bytes, a multiple of 4, rounded up to 32): the
@@ -58,8 +58,9 @@ class AscendDecodeWrapper(PlannedWrapper):
         num_q_heads, num_kv_heads, head_dim, page_size: the model's shape (``Hq % Hkv == 0``).
         dtype: q's and the output's dtype; kv_dtype: the cache's (default ``dtype``; or int8).
         device: ``npu`` (default: the current NPU) or ``cpu`` (the op's CPU kernel, for tests).
-        profile: device profile of the planner (default :data:`~ascend_ops.support.DEFAULT_PROFILE`,
-            ``910b2``; or ``910b3``...); policy: ``auto``, ``none``, ``size:N``, ``count:N``;
+        profile: device profile of the planner (default: on an NPU the chip's own, with the core
+            counts the device reports, :func:`~ascend_ops.support.npu_profile`; elsewhere
+            :data:`~ascend_ops.support.DEFAULT_PROFILE`, ``910b2``; or ``910b3``...); policy: ``auto``, ``none``, ``size:N``, ``count:N``;
             graph_stable, max_splits, max_work_items, min_split_tokens: as
             :func:`splitkv_common.plan.make_plan`.
 
@@ -68,7 +69,7 @@ class AscendDecodeWrapper(PlannedWrapper):
     """
 
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
-                 dtype=torch.bfloat16, kv_dtype=None, device=None, profile: str = DEFAULT_PROFILE, policy: str = "auto",
+                 dtype=torch.bfloat16, kv_dtype=None, device=None, profile: str | None = None, policy: str = "auto",
                  graph_stable: bool = False, max_splits: int | None = None, max_work_items: int | None = None,
                  min_split_tokens: int | None = None, device_split_tokens: int | None = None):
         check_gqa(num_q_heads, num_kv_heads)
@@ -90,6 +91,7 @@ class AscendDecodeWrapper(PlannedWrapper):
             raise ValueError(f"{QUALNAME}: {why}")
         self.device = resolve_device(device)
         require_npu_kernel(self.device)
+        profile = launch_profile(self.device, profile)  # on an NPU: the chip's, with its own core counts
         self.spec = PlanSpec(int(num_q_heads), int(num_kv_heads), int(head_dim), int(page_size),
                              kv_elem_bytes=torch.empty(0, dtype=self.kv_dtype).element_size(), policy=policy,
                              device=profile, graph_stable=graph_stable, max_splits=max_splits,

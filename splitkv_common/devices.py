@@ -78,8 +78,16 @@ PROFILES: dict[str, DeviceProfile] = {
         unit_bandwidth_gbps=10.0, item_overhead_us=20.0, launch_us=50.0, min_split_tokens=1024,
         max_splits=16, note="generic CPU: one work item per core"),
 }
-PROFILES["910b4"] = replace(PROFILES["910b3"], name="910b4")
-PROFILES["910b1"] = replace(PROFILES["910b2"], name="910b1")
+# The other dav-c220 chips, by the core counts of CANN 8.1's platform files
+# (data/platform_config/<SoC>.ini, lines 16-18: ai_core_cnt, cube_core_cnt, vector_core_cnt;
+# UB 196608 bytes at line 48, 47 for B4-1 / 9362): 24 cube / 48 vector cores for Ascend910B1, B2,
+# B2C and the A3 (910_93) chips 9381, 9382, 9391, 9392; 20 / 40 for Ascend910B3, B4, B4-1, 9362, 9372.
+# Their planner constants are the 910B's placeholders (nothing measured on any of them).
+for _name in ("910b1", "910b2c", "910_9381", "910_9382", "910_9391", "910_9392"):
+    PROFILES[_name] = replace(PROFILES["910b2"], name=_name)
+for _name in ("910b4", "910b4-1", "910_9362", "910_9372"):
+    PROFILES[_name] = replace(PROFILES["910b3"], name=_name)
+del _name
 
 
 def get_profile(device: str | DeviceProfile) -> DeviceProfile:

@@ -45,6 +45,7 @@ extern "C" void splitkv_attention_mix(GM_ADDR q, GM_ADDR kCache, GM_ADDR vCache,
 
 namespace {
 int g_order = 0;  // 0 forward, 1 reverse, >= 2: shuffle seeded with the value
+int g_aic = 0, g_aiv = 0;  // the device's AI (cube) and vector cores: a SyncAll launch may not exceed them (0: unchecked)
 std::string g_stats = "[]";
 
 using Token = std::pair<sim::VC, int>;  // a cross-core counter unit: the setter's clock, its call site
@@ -181,6 +182,14 @@ sim::VC sync_all_turn(int kind, const sim::VC& token) {
     Sched& s = *g_sched;
     std::unique_lock<std::mutex> lk(s.m);
     const int me = s.cur;
+    // SyncAll needs every block resident at once: blocks beyond the cores wait for a core that the
+    // blocks in SyncAll never give back (a hang on the device)
+    const int blocks = s.mixed ? int(s.state.size()) / 3 : int(s.state.size()), cores = s.mixed ? g_aic : g_aiv;
+    if (cores > 0 && blocks > cores)
+        throw sim::Violation("[syncall] SyncAll in a launch of " + std::to_string(blocks) + (s.mixed ? " AI cores" : " blocks") +
+                             " on a device with " + std::to_string(cores) + (s.mixed ? " AI (cube) cores" : " vector cores") +
+                             ": the blocks past the cores start only when others end, and those wait in SyncAll "
+                             "(a hang on the device)");
     s.state[size_t(me)] = 1;
     if (s.mixed) {
         s.syncKind[size_t(me)] = kind;
@@ -449,6 +458,11 @@ int launch(int blockDim, const std::function<void()>& fn, char* err, int errLen,
 }  // namespace
 
 extern "C" void sim_set_block_order(int order) { g_order = order; }
+// The device's cores (the launch's profile): a launch that calls SyncAll with more blocks hangs.
+extern "C" void sim_set_cores(int aic, int aiv) {
+    g_aic = aic;
+    g_aiv = aiv;
+}
 // Cost-model counting only: GM bytes in [lo, hi) are counted as L2-resident (Stats::l2Bytes).
 extern "C" void sim_set_l2_range(uint8_t* lo, uint8_t* hi) {
     sim::l2_range().lo = reinterpret_cast<uintptr_t>(lo);

@@ -43,6 +43,11 @@ def _setup_python_npu():
         def manual_seed_all(self, seed): pass
         def get_rng_state(self, device=None): return torch.zeros(1, dtype=torch.uint8)
         def set_rng_state(self, state, device=None): pass
+        # what the operator asks of the device: the chip (its profile) and its cores (a 910B2's)
+        def get_device_name(self, device=None): return "Ascend910B2"
+        def get_device_properties(self, device=None):
+            import types
+            return types.SimpleNamespace(name="Ascend910B2", cube_core_num=24, vector_core_num=48)
 
     _setup_privateuseone_for_python_backend("npu", backend_module=StubNPUModule())
     host_syncs: list[str] = []

@@ -240,6 +240,11 @@ __aicore__ inline void RunAhead(GM_ADDR) {
         }
     }
 }
+// ---- SyncAll over every AI core: more blocks than the device has cores can never all arrive
+ENTRY(sync_all_every_core) {
+    if ASCEND_IS_AIV { TPipe pipe; }
+    SyncAll<false>();
+}
 ENTRY(cross_sets_run_ahead) { RunAhead<false>(x); }
 ENTRY(cross_sets_with_credit_ok) { RunAhead<true>(x); }
 '''
@@ -378,3 +383,29 @@ def test_the_second_tpipe_scope_reads_what_the_first_wrote(lib, order):
     rc, msg, buf = run(lib, "two_tpipe_scopes_ok", order, buf=buf)
     assert rc == 0, msg
     np.testing.assert_array_equal(buf.view(np.float32)[:4 * 64], 2.0)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_sync_all_launch_beyond_the_devices_cores_is_a_hang(lib, order):
+    """A 910B3 has 20 AI cores: a fused launch of 24 (the 910B2's) would wait in SyncAll forever."""
+    lib.sim_set_cores.argtypes = [ctypes.c_int, ctypes.c_int]
+    try:
+        lib.sim_set_cores(2, 4)
+        assert run(lib, "sync_all_every_core", order, blocks=2)[0] == 0
+        lib.sim_set_cores(1, 2)
+        rc, msg, _ = run(lib, "sync_all_every_core", order, blocks=2)
+        assert rc == 1 and "[syncall]" in msg and "a launch of 2 AI cores on a device with 1" in msg, msg
+    finally:
+        lib.sim_set_cores(0, 0)
+
+
+def test_the_tiling_never_launches_more_ai_cores_than_the_device_has():
+    from ascend_ops import tiling as tl
+    from splitkv_common.parity.cases import random_inputs
+
+    inp = random_inputs(3, [4000, 900], num_q_heads=16, num_kv_heads=4, head_dim=128, page_size=64, dtype="bfloat16")
+    plan = inp.plan("size:128", device="910b3")
+    til = tl.build_tiling(inp, plan, "910b3")
+    assert til.mixed and til.block_dim == 20  # every one of the 910B3's cube cores, no more
+    with pytest.raises(ValueError, match="block_dim: 24 AI cores .* has 20"):
+        tl.build_tiling(inp, plan, "910b3", block_dim=24)

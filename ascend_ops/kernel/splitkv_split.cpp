@@ -264,21 +264,8 @@ private:
         // +inf into finite values): their sum is NaN or inf iff one of them is (K or q held NaN or
         // inf); read with the running max below (no extra round trip)
         ReduceSum(tmp, sc, work, c);
-        if (t_.softCap > 0.0f) {  // cap * tanh(s / cap) = cap - 2 cap / (exp(2 s / cap) + 1)
-            LocalTensor<float> two = cap_.Get<float>();
-            Muls(sc, sc, 2.0f / t_.softCap, c);
-            Duplicate(two, 2.0f, c);
-            PipeBarrier<PIPE_V>();
-            Exp(sc, sc, c);
-            PipeBarrier<PIPE_V>();
-            Adds(sc, sc, 1.0f, c);
-            PipeBarrier<PIPE_V>();
-            Div(sc, two, sc, c);
-            PipeBarrier<PIPE_V>();
-            Muls(sc, sc, -t_.softCap, c);
-            PipeBarrier<PIPE_V>();
-            Adds(sc, sc, t_.softCap, c);
-            PipeBarrier<PIPE_V>();
+        if (t_.softCap > 0.0f) {  // cap * tanh(s / cap), accurate for any cap (SoftCapInPlace)
+            SoftCapInPlace(sc, cap_.Get<float>(), t_.softCap, c);
         }
         // running max over visible scores only: m_new is finite, so exp(s - m_new) is safe
         ReduceMax(red, sc, work, c);

@@ -681,50 +681,8 @@ private:
         je = Max(js, Min(n, qpos + 1 - p0));
     }
 
-    // cap * tanh(x / cap) without cancellation when the cap is large against the scores: x / cap
-    // clamped to [-10, 10] (tanh is 1 in float beyond), halved 9 times, tanh of the small argument
-    // (|y| < 0.02) by its Taylor series y (1 + y^2 (-1/3 + 2 y^2 / 15)) (next term < 1e-13
-    // relative), then doubled back 9 times with tanh(2y) = 2 t / (1 + t^2) (condition number at
-    // most 1: relative errors do not grow). Whole-block vector instructions only.
     __aicore__ inline void SoftCap(const LocalTensor<float>& s, int32_t cnt) {
-        const float cap = c_.t.softCap;
-        LocalTensor<float> u = cap_.Get<float>();
-        Muls(s, s, 1.0f / cap, cnt);
-        Duplicate(u, -10.0f, cnt);
-        PipeBarrier<PIPE_V>();
-        Max(s, s, u, cnt);  // x >= -10
-        PipeBarrier<PIPE_V>();
-        Muls(s, s, -1.0f, cnt);
-        PipeBarrier<PIPE_V>();
-        Max(s, s, u, cnt);  // -x >= -10
-        PipeBarrier<PIPE_V>();
-        Muls(s, s, -1.0f / 512.0f, cnt);  // y = x / 2^9
-        PipeBarrier<PIPE_V>();
-        Mul(u, s, s, cnt);
-        PipeBarrier<PIPE_V>();
-        Muls(u, u, 2.0f / 15.0f, cnt);
-        PipeBarrier<PIPE_V>();
-        Adds(u, u, -1.0f / 3.0f, cnt);
-        PipeBarrier<PIPE_V>();
-        Mul(u, u, s, cnt);
-        PipeBarrier<PIPE_V>();
-        Mul(u, u, s, cnt);
-        PipeBarrier<PIPE_V>();
-        Adds(u, u, 1.0f, cnt);
-        PipeBarrier<PIPE_V>();
-        Mul(s, s, u, cnt);  // t = tanh(y)
-        for (int32_t i = 0; i < 9; i++) {
-            PipeBarrier<PIPE_V>();
-            Mul(u, s, s, cnt);
-            Muls(s, s, 2.0f, cnt);
-            PipeBarrier<PIPE_V>();
-            Adds(u, u, 1.0f, cnt);
-            PipeBarrier<PIPE_V>();
-            Div(s, s, u, cnt);
-        }
-        PipeBarrier<PIPE_V>();
-        Muls(s, s, cap, cnt);
-        PipeBarrier<PIPE_V>();
+        SoftCapInPlace(s, cap_.Get<float>(), c_.t.softCap, cnt);
     }
 
     // Tile j of the item: S rows -> P rows (the cube's dtype; int8 KV: kPSteps int8 rows each) in the

@@ -10,7 +10,8 @@ binding against torch and torch_npu, and copies the library where :func:`ascend_
 looks for it. ``--route bisheng`` instead compiles ``csrc/launch_split.asc``,
 ``csrc/launch_combine.asc`` and ``csrc/launch_attention_mix.asc`` (each: a kernel source and its
 ``<<<>>>`` launch function) with
-``bisheng -x asc --npu-arch=dav-2201`` into ``libsplitkv_ascend_kernels.so``, then the binding with
+``bisheng -x asc --npu-arch=dav-2201`` (CANN 8.3 and later: :func:`bisheng_lang_flags`) into
+``libsplitkv_ascend_kernels.so``, then the binding with
 the host compiler, linked to it. Every missing piece is reported in a sentence, with exit status 2.
 
 Anywhere with a host C++ compiler and torch::
@@ -185,20 +186,26 @@ def cann_version(home: Path) -> tuple[int, int] | None:
     return None
 
 
+#: The first CANN release whose bisheng builds a mixed (AIC + AIV) kernel in one call.
+BISHENG_MIN_CANN = (8, 3)
+
+
 def bisheng_lang_flags(version: tuple[int, int] | None, soc: str) -> list[str]:
-    """bisheng's language / target flags for the installed CANN.
+    """bisheng's language / target flags for the installed CANN: ``-x asc --npu-arch=dav-2201``, the
+    Ascend C language mode of the BiSheng compiler docs ("Compilation Using BiSheng Command Lines"),
+    CANN 8.3 and later (and an unknown version).
 
-    * 8.3 and later (and an unknown version): ``-x asc --npu-arch=dav-2201``, the Ascend C language
-      mode of the BiSheng compiler docs ("Compilation Using BiSheng Command Lines").
-    * 8.1 / 8.2: ``-xcce --cce-soc-version=<SoC> --cce-auto-sync``. The compiler docs ("Automatic
-      Synchronization") say ``--cce-auto-sync`` is on by default in kernel-launch and custom-op
-      projects, i.e. in the CMake route's ``ascendc_library()``, but a direct bisheng call must
-      pass it; the kernels place their own syncs (checked on the twin), so this keeps the bisheng
-      route equal to the CMake one rather than making the kernels correct.
+    CANN 8.1 / 8.2 are refused (``BuildError``): there a direct bisheng call compiles one core type,
+    while the mixed kernel needs a cube pass (``--cce-aicore-arch=dav-c220-cube``) and a vector pass
+    (``dav-c220-vec``) merged into one mixed object, which only CANN's ``ascendc_library()`` does
+    (8.1 ``tikcpp/ascendc_kernel_cmake/bisheng_intf.cmake``: ``aic_intf_pub`` / ``aiv_intf_pub``;
+    ``util/merge_mix_obj.sh``): a vector-only binary would hang at the first cross-core wait.
 
-    NOT RUN: no CANN toolkit was available to try either spelling."""
-    if version is not None and version < (8, 3):
-        return ["-xcce", f"--cce-soc-version={soc}", "--cce-auto-sync"]
+    NOT RUN: no CANN toolkit was available to try the 8.3 spelling."""
+    if version is not None and version < BISHENG_MIN_CANN:
+        raise BuildError(f"route bisheng: CANN {version[0]}.{version[1]} has no one-call build of the mixed AIC + AIV "
+                         "kernel (its ascendc_library() compiles a dav-c220-cube and a dav-c220-vec pass and merges "
+                         "them); use the default cmake route there, or CANN 8.3 or later")
     return ["-x", "asc", f"--npu-arch={npu_arch(soc)}"]
 
 

@@ -81,9 +81,7 @@ def fake_node(tmp_path, monkeypatch):
 # stand-in: check the flags the real bisheng gets, then build the launch functions from stubs
 set -euo pipefail
 echo "$@" > {tmp_path / 'bisheng.args'}
-[[ " $* " == *" -x asc "* && " $* " == *" --npu-arch=dav-2201 "* ]] || \
-    [[ " $* " == *" -xcce "* && " $* " == *" --cce-soc-version=Ascend910B"* && " $* " == *" --cce-auto-sync "* ]] || \
-    {{ echo "bad flags: $*" >&2; exit 1; }}
+[[ " $* " == *" -x asc "* && " $* " == *" --npu-arch=dav-2201 "* ]] || {{ echo "bad flags: $*" >&2; exit 1; }}
 out=""; prev=""
 for a in "$@"; do [[ "$prev" == "-o" ]] && out="$a"; prev="$a"; done
 exec {cxx} -shared -fPIC -x c {stub_c} -o "$out"
@@ -135,14 +133,13 @@ def test_node_build_bisheng_route_with_stand_ins(fake_node, tmp_path):
 
 
 @pytest.mark.slow
-def test_node_build_bisheng_route_for_cann_8_1(fake_node, tmp_path, monkeypatch):
-    """With an 8.1 toolkit (here: SPLITKV_CANN_VERSION) the bisheng route passes 8.1's spelling."""
+def test_node_build_bisheng_route_refuses_cann_8_1(fake_node, tmp_path, monkeypatch):
+    """CANN 8.1's direct bisheng call compiles one core type: a mixed kernel built that way would hang
+    at its first cross-core wait, so the route refuses before compiling anything."""
     monkeypatch.setenv(build.CANN_VERSION_ENV, "8.1")
-    logs = []
-    build.node_build(build_dir=tmp_path / "build", route="bisheng", log=logs.append)
-    args = (tmp_path / "bisheng.args").read_text().split()
-    assert {"-xcce", "--cce-soc-version=Ascend910B3", "--cce-auto-sync"} <= set(args)
-    assert "asc" not in args and any("CANN 8.1" in x for x in logs)
+    with pytest.raises(build.BuildError, match="route bisheng: CANN 8.1 .* use the default cmake route"):
+        build.node_build(build_dir=tmp_path / "build", route="bisheng", log=lambda *a: None)
+    assert not (tmp_path / "bisheng.args").exists()
 
 
 def test_bisheng_flags_follow_the_installed_cann_version(tmp_path, monkeypatch):
@@ -153,9 +150,9 @@ def test_bisheng_flags_follow_the_installed_cann_version(tmp_path, monkeypatch):
     (tmp_path / "aarch64-linux").mkdir()
     (tmp_path / "aarch64-linux" / "ascend_toolkit_install.info").write_text("package_name=x\nversion=8.1.RC1\n")
     assert build.cann_version(tmp_path) == (8, 1)
-    assert build.bisheng_lang_flags((8, 1), "Ascend910B2") == ["-xcce", "--cce-soc-version=Ascend910B2",
-                                                               "--cce-auto-sync"]
-    assert build.bisheng_lang_flags((8, 2), "Ascend910B3")[:2] == ["-xcce", "--cce-soc-version=Ascend910B3"]
+    for old in ((8, 1), (8, 2)):
+        with pytest.raises(build.BuildError, match="dav-c220-cube and a dav-c220-vec pass"):
+            build.bisheng_lang_flags(old, "Ascend910B2")
     (tmp_path / "ascend_toolkit_install.info").write_text("version=8.3.RC1\n")
     assert build.cann_version(tmp_path) == (8, 3)
     assert build.bisheng_lang_flags((8, 3), "Ascend910B2") == ["-x", "asc", "--npu-arch=dav-2201"]

@@ -168,7 +168,7 @@ public:
             WaitFor<HardEvent::MTE2_MTE1>();
             QK(it, M, 0, tile, true);
             for (int32_t j = 0; j < nt; j++) {
-                if (j + 1 < nt) {  // K/V of tile j + 1 stream in while the cube and vector cores work on j
+                if (j + 1 < nt) {  // K/V of tile j + 1 issued now; PV(j)'s MTE2_MTE1 wait covers them (no overlap yet)
                     WaitFor<HardEvent::MTE1_MTE2>();
                     LoadKV(it, j + 1, (j + 1) % 2);
                 }

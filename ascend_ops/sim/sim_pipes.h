@@ -155,7 +155,7 @@ inline L2Range& l2_range() { static L2Range r; return r; }
 // ---- global memory shadow (per launch): byte -> last writer (block, epoch, pipe, seq, site),
 // every reader since that write, pending cache state. Pages of 4 KiB allocated on first access.
 //
-// Readers: the first reader of a byte since its last write is kept inline (rctx ...); any other
+// Readers: the first reader of a byte since its last write is kept inline (r0); any other
 // (context, pipe) that reads it before the next write goes on a list in Gm::readers. A write
 // checks every one of them, so the verdict does not depend on which reader came last (or on the
 // block order): another context's read needs a SyncAll (vector launch: a read in this SyncAll

@@ -73,7 +73,8 @@ def _digest(paths, *extra: str) -> str:
     return h.hexdigest()[:16]
 
 
-def build_library(sources: list[Path], defines: tuple[str, ...] = (), name: str = "twin") -> Path:
+def build_library(sources: list[Path], defines: tuple[str, ...] = (), name: str = "twin",
+                  extra_flags: tuple[str, ...] = ()) -> Path:
     """Compile ``sources`` + the twin runtime against the emulation headers into a shared library.
 
     Each source becomes an object file cached by the hash of its text, every header, the compiler,
@@ -81,7 +82,7 @@ def build_library(sources: list[Path], defines: tuple[str, ...] = (), name: str 
     compile in parallel, one process each. The library is cached by the hash of its objects."""
     srcs = [Path(s) for s in sources] + [SIM_DIR / "sim_runtime.cpp"]
     headers = sorted(set(SIM_DIR.glob("*.h")) | set(KERNEL_DIR.glob("*.h")))
-    flags = [f for f in CXXFLAGS if f != "-shared"]
+    flags = [f for f in (*CXXFLAGS, *extra_flags) if f != "-shared"]
     config = " ".join([CXX, *flags, *defines])
     objs = [cache_dir() / f"{src.stem}-{_digest([src, *headers], config)}.o" for src in srcs]
     out = cache_dir() / f"lib{name}-{_digest([], config, *(o.name for o in objs))}.so"
@@ -108,13 +109,27 @@ def build_library(sources: list[Path], defines: tuple[str, ...] = (), name: str 
         raise RuntimeError("building the CPU twin failed:\n" + "\n".join(failed))
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [CXX, *CXXFLAGS, *map(str, objs), "-o", tmp]
+    cmd = [CXX, *CXXFLAGS, *extra_flags, *map(str, objs), "-o", tmp]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode:
         os.unlink(tmp)
         raise RuntimeError(f"linking the CPU twin failed:\n{' '.join(cmd)}\n{res.stderr[-4000:]}")
     os.replace(tmp, out)
     return out
+
+
+def load_kernels(source_text: str, directory: Path, name: str) -> ctypes.CDLL:
+    """One translation unit of kernel entries compiled with the twin runtime and loaded, its
+    launchers' argument types set (the twin's own tests: planted kernels, which may leave variables
+    and parameters unused on purpose, so those warnings are not errors here)."""
+    src = Path(directory) / f"{name}.cpp"
+    src.write_text(source_text)
+    path = build_library([src], name=name,
+                         extra_flags=("-Wno-error", "-Wno-unused-variable", "-Wno-unused-parameter"))
+    dll = ctypes.CDLL(str(path))
+    for f in (dll.sim_launch_1, dll.sim_launch_mix_1):
+        f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    return dll
 
 
 _LIB = None

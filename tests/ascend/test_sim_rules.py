@@ -110,17 +110,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    src = tmp_path_factory.mktemp("rules") / "rule_kernels.cpp"
-    src.write_text(KERNELS)
-    sim_flags = list(sim.CXXFLAGS)
-    try:  # the bad kernels have unused variables on purpose
-        sim.CXXFLAGS[:] = [f for f in sim_flags if f != "-Werror"] + ["-Wno-unused-variable"]
-        path = sim.build_library([src], name="rule-kernels")
-    finally:
-        sim.CXXFLAGS[:] = sim_flags
-    dll = ctypes.CDLL(str(path))
-    dll.sim_launch_1.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
-    return dll
+    return sim.load_kernels(KERNELS, tmp_path_factory.mktemp("rules"), "rule_kernels")
 
 
 def _run(lib, name):

@@ -17,7 +17,6 @@ import pytest
 sim = pytest.importorskip("ascend_ops.sim_backend")
 pytestmark = pytest.mark.skipif(sim.compiler_missing() is not None, reason=str(sim.compiler_missing()))
 
-SRC_NAME = "twin_cube_kernels.cpp"
 M, D, N = 16, 64, 64          # query rows (a GQA group padded to one fractal row), head dim, tokens
 REGION = 32768                # bytes of GM per AI core: Q, K, S workspace, softmax output
 Q_OFF, K_OFF, S_OFF, O_OFF = 0, 2048, 10240, 14336
@@ -312,17 +311,7 @@ ORDERS = [0, 1, 12345]  # forward, reverse, a seeded shuffle
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    src = tmp_path_factory.mktemp("cube") / SRC_NAME
-    src.write_text(KERNELS)
-    flags = list(sim.CXXFLAGS)
-    try:
-        sim.CXXFLAGS[:] = [f for f in flags if f != "-Werror"] + ["-Wno-unused-variable", "-Wno-unused-parameter"]
-        path = sim.build_library([src], name="twin-cube-kernels")
-    finally:
-        sim.CXXFLAGS[:] = flags
-    dll = ctypes.CDLL(str(path))
-    for f in (dll.sim_launch_1, dll.sim_launch_mix_1):
-        f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    dll = sim.load_kernels(KERNELS, tmp_path_factory.mktemp("cube"), "twin_cube_kernels")
     yield dll
     sim.set_block_order(dll, 0)
 

@@ -282,17 +282,7 @@ ORDERS = [0, 1, 12345, 777]  # forward, reverse, two seeded shuffles
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    src = tmp_path_factory.mktemp("cube2") / "twin_cube_rules.cpp"
-    src.write_text(KERNELS)
-    flags = list(sim.CXXFLAGS)
-    try:
-        sim.CXXFLAGS[:] = [f for f in flags if f != "-Werror"] + ["-Wno-unused-variable", "-Wno-unused-parameter"]
-        path = sim.build_library([src], name="twin-cube-rules")
-    finally:
-        sim.CXXFLAGS[:] = flags
-    dll = ctypes.CDLL(str(path))
-    for f in (dll.sim_launch_1, dll.sim_launch_mix_1):
-        f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    dll = sim.load_kernels(KERNELS, tmp_path_factory.mktemp("cube2"), "twin_cube_rules")
     yield dll
     sim.set_block_order(dll, 0)
 

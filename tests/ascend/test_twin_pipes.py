@@ -340,16 +340,7 @@ ORDERS = [0, 1, 12345]  # forward, reverse, a seeded shuffle
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    src = tmp_path_factory.mktemp("pipes") / SRC_NAME
-    src.write_text(KERNELS)
-    flags = list(sim.CXXFLAGS)
-    try:
-        sim.CXXFLAGS[:] = [f for f in flags if f != "-Werror"] + ["-Wno-unused-variable"]
-        path = sim.build_library([src], name="twin-pipes-kernels")
-    finally:
-        sim.CXXFLAGS[:] = flags
-    dll = ctypes.CDLL(str(path))
-    dll.sim_launch_1.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    dll = sim.load_kernels(KERNELS, tmp_path_factory.mktemp("pipes"), SRC_NAME.removesuffix(".cpp"))
     yield dll
     sim.set_block_order(dll, 0)
 

@@ -113,12 +113,13 @@ inline void unit_flag_mmad(uint8_t flag, uint32_t lo, uint32_t hi, const char* a
         sim::wait_on(sim::P_M, sc.unitVc[b]);
     });
 }
-inline void unit_flag_set(const sim::Ins& in, uint32_t lo, uint32_t hi) {
+// After the Mmad (bit 1) or Fixpipe (bit 0) `in`: the blocks' bit, and the clock of `in` done.
+inline void unit_flag_mark(const sim::Ins& in, uint32_t lo, uint32_t hi, uint8_t bit) {
     sim::Core& c = sim::core();
-    sim::VC done = c.know[sim::P_M];
+    sim::VC done = c.know[in.pipe];
     done.join(c.know[sim::P_S]);
-    done.c[sim::P_M] = in.seq;
-    unit_blocks(lo, hi, [&](sim::Space& sc, uint32_t b) { sc.unit[b] = 1; sc.unitVc[b] = done; sc.unitSite[b] = in.site; });
+    done.c[in.pipe] = in.seq;
+    unit_blocks(lo, hi, [&](sim::Space& sc, uint32_t b) { sc.unit[b] = bit; sc.unitVc[b] = done; sc.unitSite[b] = in.site; });
 }
 inline void unit_flag_fixpipe(uint8_t flag, uint32_t lo, uint32_t hi, const char* api, const sim::Loc& loc) {
     if (flag != 2 && flag != 3) return;
@@ -129,13 +130,6 @@ inline void unit_flag_fixpipe(uint8_t flag, uint32_t lo, uint32_t hi, const char
                                        " whose unit flag no Mmad with unitFlag 3 set: it waits forever (a hang)");
         sim::wait_on(sim::P_FIX, sc.unitVc[b]);
     });
-}
-inline void unit_flag_clear(const sim::Ins& in, uint32_t lo, uint32_t hi) {
-    sim::Core& c = sim::core();
-    sim::VC done = c.know[sim::P_FIX];
-    done.join(c.know[sim::P_S]);
-    done.c[sim::P_FIX] = in.seq;
-    unit_blocks(lo, hi, [&](sim::Space& sc, uint32_t b) { sc.unit[b] = 0; sc.unitVc[b] = done; sc.unitSite[b] = in.site; });
 }
 }  // namespace detail
 
@@ -398,7 +392,7 @@ inline void Mmad(const LocalTensor<T>& c, const LocalTensor<U>& a, const LocalTe
         if (poisoned[e]) std::memset(sc.written.data() + byte, 0, 4);
         for (uint32_t q = 0; q < 4; q++) sc.poison[byte + q] = poisoned[e] ? in.site : 0;
     }
-    if (p.unitFlag == 3) detail::unit_flag_set(in, cLo, cHi);
+    if (p.unitFlag == 3) detail::unit_flag_mark(in, cLo, cHi, 1);
     sim::Stats& st = sim::core().st;
     st.mmadCalls++;
     st.cubeFractalMacs += uint64_t(M1) * N1 * K1;  // one 16 x 16 x K0 block: 16-bit 16 x 16 x 16, int8 16 x 16 x 32
@@ -465,7 +459,7 @@ inline void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const
         sim::gm_access(in, dst.base_ + uint64_t(r) * p.dstStride, uint64_t(p.nSize) * sizeof(D), true);
         std::memcpy(dst.base_ + uint64_t(r) * p.dstStride, row.data(), p.nSize * sizeof(D));
     }
-    if (p.unitFlag == 3) detail::unit_flag_clear(in, fLo, fHi);
+    if (p.unitFlag == 3) detail::unit_flag_mark(in, fLo, fHi, 0);
     sim::Stats& st = sim::core().st;
     st.fixBytes += uint64_t(p.mSize) * p.nSize * sizeof(D);
     st.fixRows += p.mSize;

@@ -1,9 +1,10 @@
 """The twin and the kernel sources under a second compiler and under AddressSanitizer + UBSan.
 
 A result of the twin that depends on the optimiser is undefined behaviour in the twin or in the
-kernel sources (which bisheng optimises too): gcc 13.3 at -O2 once crashed on a strict-aliasing
-violation that gcc 12 and clang happened to compile as meant. Each toolchain below rebuilds every
-twin library (its own cache) and reruns the twin's tests in a child pytest:
+kernel sources (which bisheng optimises too): the twin built by gcc 13.3 at -O2 crashed where
+gcc 12 and clang ran, most likely on a strict-aliasing violation (docs/ascend-kernel.md). Each
+toolchain below rebuilds every twin library (its own cache) and reruns the twin's tests in a child
+pytest:
 
 * ``clang``: the twin tests at the default -O2 with clang++ (the system's default compiler is
   what the rest of the suite uses);

@@ -426,7 +426,9 @@ public:
                 continue;
             }
             const int32_t M = it.qLen * c_.G;
-            const int32_t r0 = Min(M, sub_ * RH_), nr = Min(M, r0 + RH_) - r0;  // this core's rows
+            // this core's rows: half each, the first ceil(M / 2) to sub-block 0 (at most RH_ = MP / 2),
+            // so both vector cores work for any M > 1 (a split at MP / 2 left sub-block 1 idle for M <= 8)
+            const int32_t first = CeilDiv(M, 2), r0 = sub_ ? first : 0, nr = sub_ ? M - first : first;
             StartItem(nr);
             const int32_t nt = it.end > it.start ? CeilDiv(it.end - it.start, c_.TT) : 0;
             if (c_.quant && nt > 0) {

@@ -336,25 +336,26 @@ def test_a_write_after_two_blocks_read_is_a_race_in_every_order(lib, order):
         assert "block 0 may still read it" in msg, msg
 
 
+def products(lib, name, order):
+    """Run a legal product kernel on two AI cores: per core, its S [16, 16] float and its (q, k)."""
+    buf, qk = inputs(2, seed=order)
+    rc, msg, buf = run(lib, name, order, buf=buf)
+    assert rc == 0, msg
+    return [(buf[b * REGION + S_OFF:b * REGION + S_OFF + 16 * 16 * 4].view(np.float32).reshape(16, 16), qk[b])
+            for b in range(2)]
+
+
 @pytest.mark.parametrize("order", ORDERS)
 def test_one_query_row_as_m16_gives_the_product_of_row_0(lib, order):
     """CANN's workaround for GEMV mode: one row in L1, m = 16, the Fixpipe writes row 0 only."""
-    buf, qk = inputs(2, seed=order)
-    rc, msg, buf = run(lib, "one_row_as_m16_ok", order, buf=buf)
-    assert rc == 0, msg
-    for b, (q, k) in enumerate(qk):
-        s = buf[b * REGION + S_OFF:b * REGION + S_OFF + 16 * 16 * 4].view(np.float32).reshape(16, 16)
+    for s, (q, k) in products(lib, "one_row_as_m16_ok", order):
         np.testing.assert_allclose(s[0], q[0].astype(np.float64) @ k.astype(np.float64).T, rtol=0, atol=1e-4)
         assert np.isnan(s[1:]).all()  # rows the Fixpipe did not write
 
 
 @pytest.mark.parametrize("order", ORDERS)
 def test_unit_flag_pair_orders_the_fixpipe_after_the_mmad(lib, order):
-    buf, qk = inputs(2, seed=order)
-    rc, msg, buf = run(lib, "unit_flag_pair_ok", order, buf=buf)
-    assert rc == 0, msg
-    for b, (q, k) in enumerate(qk):
-        s = buf[b * REGION + S_OFF:b * REGION + S_OFF + 16 * 16 * 4].view(np.float32).reshape(16, 16)
+    for s, (q, k) in products(lib, "unit_flag_pair_ok", order):
         np.testing.assert_allclose(s, q.astype(np.float64) @ k.astype(np.float64).T, rtol=0, atol=1e-4)
 
 

@@ -43,6 +43,11 @@ CXX = os.environ.get("CXX", "g++")
 # then be preloaded into Python: scripts/twin_sanitizers.sh).
 CXXFLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror",
             *os.environ.get("SPLITKV_SIM_CXXFLAGS", "").split()]
+# Link flags. Where the toolchain links the C++ runtime statically into a shared library (as g++ 13
+# on Ubuntu 24.04 may), its symbols must stay private: exported, they are interposed by the process's
+# own libstdc++.so (numpy loads one), the two copies' locale and iostream state mix, and the first
+# std::ostringstream faults. SPLITKV_SIM_LDFLAGS adds flags (e.g. "-static-libstdc++").
+LDFLAGS = ["-Wl,--exclude-libs,ALL", *os.environ.get("SPLITKV_SIM_LDFLAGS", "").split()]
 PROFILE = DEFAULT_PROFILE
 
 
@@ -85,7 +90,7 @@ def build_library(sources: list[Path], defines: tuple[str, ...] = (), name: str 
     flags = [f for f in (*CXXFLAGS, *extra_flags) if f != "-shared"]
     config = " ".join([CXX, *flags, *defines])
     objs = [cache_dir() / f"{src.stem}-{_digest([src, *headers], config)}.o" for src in srcs]
-    out = cache_dir() / f"lib{name}-{_digest([], config, *(o.name for o in objs))}.so"
+    out = cache_dir() / f"lib{name}-{_digest([], config, *LDFLAGS, *(o.name for o in objs))}.so"
     if out.exists():
         return out
     jobs = []
@@ -109,7 +114,7 @@ def build_library(sources: list[Path], defines: tuple[str, ...] = (), name: str 
         raise RuntimeError("building the CPU twin failed:\n" + "\n".join(failed))
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [CXX, *CXXFLAGS, *extra_flags, *map(str, objs), "-o", tmp]
+    cmd = [CXX, *CXXFLAGS, *extra_flags, *LDFLAGS, *map(str, objs), "-o", tmp]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode:
         os.unlink(tmp)

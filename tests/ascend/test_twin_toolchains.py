@@ -2,7 +2,7 @@
 
 A result of the twin that depends on the optimiser is undefined behaviour in the twin or in the
 kernel sources (which bisheng optimises too): the twin built by gcc 13.3 at -O2 crashed where
-gcc 12 and clang ran, most likely on a strict-aliasing violation (docs/ascend-kernel.md). Each
+gcc 12 and clang ran, because its link exported a static copy of the C++ runtime (below). Each
 toolchain below rebuilds every twin library (its own cache) and reruns the twin's tests in a child
 pytest:
 
@@ -11,6 +11,11 @@ pytest:
 * ``sanitizers``: g++ with ``-O1 -fsanitize=address,undefined`` (undefined behaviour is fatal; -O1,
   the sanitizers' usual level, builds faster than -O2), the sanitizer runtimes preloaded into the
   child Python.
+
+A toolchain may link the C++ runtime statically into a shared library (g++ 13 on Ubuntu 24.04 did):
+the twin then crashed in its first ``std::ostringstream`` at every optimisation level, because the
+runtime's symbols were exported and bound half to the process's own libstdc++.so. The twin's link
+keeps archives' symbols private; ``test_a_static_cxx_runtime_stays_private`` checks it.
 
 A toolchain this machine lacks skips with the reason, unless ``SPLITKV_TWIN_TOOLCHAINS=required``
 (CI sets it and installs clang), where a skip is a failure.
@@ -119,3 +124,34 @@ def test_twin_tests_pass_under_the_toolchain(children, toolchain):
     if isinstance(kid, str):
         _missing(kid)
     kid.check()
+
+
+def test_a_static_cxx_runtime_stays_private(tmp_path):
+    """Linked with ``-static-libstdc++``, the twin exports its own C entry points and nothing else
+    strong: no ``std::`` runtime symbol another libstdc++ in the process could bind to or interpose.
+    Then it runs a kernel (its launcher formats statistics through ``std::ostringstream``)."""
+    if shutil.which("nm") is None:
+        _missing("no nm on PATH (binutils)")
+    lib = sim.build_library(sorted(sim.KERNEL_DIR.glob("*.cpp")), defines=("SPLITKV_SIM_KERNELS",),
+                            name="static-runtime", extra_flags=("-static-libstdc++",))
+    out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
+    strong = sorted({f[2] for f in map(str.split, out.splitlines()) if len(f) == 3 and f[1] in "TDBR"})
+    assert strong and all(s.startswith(("sim_", "splitkv_")) for s in strong), strong[:20]
+    needed = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True, check=True).stdout
+    assert "libstdc++" not in needed  # the flag took: the runtime is inside
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPLITKV_SIM_", "LD_PRELOAD"))}
+    env.update(SPLITKV_SIM_LDFLAGS="-static-libstdc++", SPLITKV_SIM_CACHE=str(tmp_path), PYTHONFAULTHANDLER="1")
+    res = subprocess.run([sys.executable, "-c", _ONE_CASE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0 and "error" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
+    assert float(res.stdout.split()[-1]) < 1e-5, res.stdout
+
+
+_ONE_CASE = """
+import numpy as np
+from ascend_ops import sim_backend as sim
+from splitkv_common.parity.cases import random_inputs
+from splitkv_common.reference import dense_attention
+inp = random_inputs(0, seq_lens=[54, 7, 0], num_q_heads=4, num_kv_heads=4, head_dim=64, dtype="float32")
+out, lse = sim.run_twin(inp, inp.plan("auto", device="910b2"))
+print("max abs error", float(np.nanmax(np.abs(out - dense_attention(inp)[0]))))
+"""

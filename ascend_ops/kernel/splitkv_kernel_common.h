@@ -23,8 +23,8 @@ __aicore__ inline int32_t Max(int32_t a, int32_t b) { return a > b ? a : b; }
 // The tiling struct is plain 4-byte words in device memory: read it word by word (scalar GM loads
 // of int32, as CANN's samples do) and place each word's bytes in the struct with a 4-byte memcpy.
 // Storing through an int32_t* into the struct instead (the samples' pattern) writes its float
-// fields (scale, softCap) through the wrong type, undefined behaviour an optimiser may act on (the
-// likely cause of the twin's crash when built by gcc 13.3 at -O2). __builtin_memcpy of a constant
+// fields (scale, softCap) through the wrong type, undefined behaviour an optimiser (bisheng's
+// included) may act on. __builtin_memcpy of a constant
 // 4 bytes between locals is one load and one store on every compiler we build with.
 __aicore__ inline void LoadTiling(GM_ADDR tiling, SplitKVTiling& t) {
     const __gm__ int32_t* src = reinterpret_cast<const __gm__ int32_t*>(tiling);

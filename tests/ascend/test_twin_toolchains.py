@@ -1,9 +1,7 @@
 """The twin and the kernel sources under a second compiler and under AddressSanitizer + UBSan.
 
-A result of the twin that depends on the optimiser is undefined behaviour in the twin or in the
-kernel sources (which bisheng optimises too): the twin built by gcc 13.3 at -O2 crashed where
-gcc 12 and clang ran, because its link exported a static copy of the C++ runtime (below). Each
-toolchain below rebuilds every twin library (its own cache) and reruns the twin's tests in a child
+Undefined behaviour in the twin or in the kernel sources (which bisheng optimises too) shows as
+results that change with the compiler and its flags. Each toolchain below rebuilds every twin library (its own cache) and reruns the twin's tests in a child
 pytest:
 
 * ``clang``: the twin tests at the default -O2 with clang++ (the system's default compiler is

@@ -69,6 +69,7 @@
 #ifndef SPLITKV_SIM_KERNEL_OPERATOR_H
 #define SPLITKV_SIM_KERNEL_OPERATOR_H
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -285,6 +286,15 @@ inline int64_t GetBlockIdx() {
     return c.mixed && c.coreType == sim::CT_AIV ? c.blockIdx * 2 + c.subIdx : c.blockIdx;
 }
 inline int64_t GetBlockNum() { return sim::core().blockNum; }
+// GetSystemCycle (Ascend C API reference, CANN 8.0, atlasascendc_api_07_0282; Atlas A2): the system
+// counter, 50 ticks per microsecond (time in us = cycles / 50); a scalar (PIPE_S) instruction, so a
+// timing of another pipe's work needs a PipeBarrier of that pipe first. The twin returns the host's
+// steady clock in the same 50 MHz units: monotonic, and meaningless as a device time.
+inline int64_t GetSystemCycle() {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now().time_since_epoch()).count();
+    return int64_t(ns / 20);
+}
 
 template <typename T>
 class LocalTensor {

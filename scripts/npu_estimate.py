@@ -27,7 +27,7 @@ import argparse
 import dataclasses
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+from ascend_ops import cost_model as cm  # noqa: E402
 from splitkv_common.devices import get_profile  # noqa: E402  (the one source of the core counts)
 
 if str(ROOT / "scripts") not in sys.path:
@@ -297,6 +298,126 @@ def estimate(shapes=SHAPES, c: Constants = C, kernels=("vector", "mix")) -> dict
             "constants": asdict(c), "rows": rows}
 
 
+# ---------------------------------------------------------------------------------------------
+# The critical-path model (ascend_ops/cost_model.py): the same twin counts, timed as a dependency chain
+
+def vec_work_from_twin(shape: Shape, tile_points=(4, 8)) -> "cm.VecWork":
+    """Per-tile and per-item vector-core work of the mixed kernel from the twin: one request of
+    ``k`` 256-token tiles per KV head (no split), at two ``k``; the busier vector core of the first
+    AI core. Per tile: the difference over the extra tiles; per item: the rest."""
+    from ascend_ops import sim_backend as sim
+    lib = sim.twin_library()
+    sim.set_block_order(lib, 0)
+    pts = []
+    for k in tile_points:
+        inp = _inputs(replace(shape, batch=1), k * 256)
+        sim.run_twin(inp, inp.plan("none", device="910b2"), kernel="mix", fused=True)
+        aiv = [s for s in sim.last_stats(lib) if s.get("core_type") == "AIV" and s["ins"]["V"] > 0]
+        s = max(aiv, key=lambda s: s["vec_repeats"])
+        pts.append((k, s))
+    (k1, a), (k2, b) = pts
+
+    def per_tile(f):
+        return (f(b) - f(a)) / (k2 - k1)
+
+    fields = {"ins": lambda s: s["ins"]["V"], "drains": lambda s: s["barrier_v"] + s.get("vec_reduces", 0),
+              "v_to_s": lambda s: s["v_to_s"], "repeats": lambda s: s["vec_repeats"]}
+    tile = {k: per_tile(f) for k, f in fields.items()}
+    item = {k: max(0.0, f(a) - k1 * tile[k]) for k, f in fields.items()}
+    return cm.VecWork(ins=tile["ins"], drains=tile["drains"], v_to_s=tile["v_to_s"],
+                      repeats_per_token=tile["repeats"] / 256, item_ins=item["ins"], item_drains=item["drains"],
+                      item_v_to_s=item["v_to_s"], item_repeats=item["repeats"])
+
+
+def ifa_program(sh: Shape, prof) -> tuple["cm.Pipeline", int, int]:
+    """CANN IFA's structure for a decode shape, read from its public source (hicann/ops-transformer,
+    attention/incre_flash_attention, at c29bc10): ``(pipeline, splits, model cores)``.
+
+    * Template: the preload one (``CUBE_VIEW_MM``, ``incre_flash_attention_preload.h``) when G <= 16,
+      D = 128, paged bf16 KV in BNSD layout and B * Hkv * ceil(max_seq / 2048) > 128
+      (``incre_flash_attention_tiling_check.cpp`` EnableCubeViewMM, l. 1052-1111); else the serial
+      ``split_Bbn2s2_Us2`` template (mm1 -> vec1 -> mm2 -> vec2 per step, each vector core driving
+      its own matmuls on the shared cube: modelled as 48 independent serial chains).
+    * Step (sInnerSize): 8192 / 4096 / 2048 tokens for G // 5 = 0 / 1 / >= 2, in whole pages, at
+      most the length (tiling.cpp CalcInnerSize, l. 2270-2344); K and V stream through L1 in
+      256-token chunks, two L1 buffers (preload.h l. 362, 771-784).
+    * Preload: the cube runs QK up to 4 steps ahead (PRE_LOAD_NUM = 4, preload.h l. 30), over the
+      core's flattened steps across items, the O update lagging (l. 3997-4061).
+    * Splits (flash decoding): when paged, max_seq > 1024 (>= 2048 for G > 1) and B * Hkv <= 0.5 x
+      cores (preload) or < 0.4 x cores (serial), ``cores / (B * Hkv)`` splits, fewer while a split
+      would be under 512 tokens (tiling_check.cpp l. 990-1050, tiling.cpp SplitBNS l. 2246-2268);
+      cores: 24 cube cores (preload) or 48 vector cores (serial).
+    """
+    g = sh.hq // sh.hkv
+    preload = g <= 16 and sh.head_dim == 128 and not sh.kv_quant and \
+        sh.batch * sh.hkv * -(-sh.context // 2048) > 128
+    cores = prof.cube_units if preload else prof.units
+    bn = sh.batch * sh.hkv
+    fd = sh.context > 1024 and (g == 1 or sh.context >= 2048) and \
+        (bn <= 0.5 * cores if preload else bn < 0.4 * cores)
+    splits = 1
+    if fd:
+        splits = max(1, cores // bn)
+        while splits > 1 and sh.context / splits < 512:
+            splits -= 1
+    step = (8192, 4096, 2048)[min(g // 5, 2)]
+    step = max(sh.page, step // sh.page * sh.page)
+    if preload:
+        return cm.Pipeline("CANN IFA (preload template)", step, 256, 4, True, True, True, 2), splits, cores
+    return cm.Pipeline("CANN IFA (serial template)", step, 256, 1, False, True, False, 2), splits, cores
+
+
+# our kernels: as built, and the pipelined design (not built yet: a target, labelled as such)
+OURS = {
+    "ours: mixed kernel as built (serial, 256-token tiles)": cm.SERIAL_256,
+    "ours: pipelined design (NOT BUILT): 2048-token steps, preload 2": cm.Pipeline(
+        "pipelined design", 2048, 256, 2, True, True, True, 4),
+}
+
+
+def critical_path(shapes=SHAPES, c=None, ours=None, with_ifa: bool = True) -> dict:
+    """Each shape by the critical-path model: our programs (``ours``: label -> Pipeline) and CANN
+    IFA's structure (:func:`ifa_program`), all with our kernel's twin-counted vector work per step
+    (like for like)."""
+    c = c or cm.load_constants()
+    ours = OURS if ours is None else ours
+    from ascend_ops import tiling as tl
+    prof = get_profile("910b2")
+    rows = []
+    for sh in shapes:
+        vec = vec_work_from_twin(sh)
+        splits = tl.npu_split_count([sh.context] * sh.batch, sh.hkv, sh.page, "910b2", num_q_heads=sh.hq,
+                                    head_dim=sh.head_dim)
+        eb = 1 if sh.kv_quant else 2
+        floor = cm.hbm_floor_us(sh.batch, sh.context, sh.hkv, sh.head_dim, eb, c)
+        programs = [(label, p, splits, prof.cube_units) for label, p in ours.items()]
+        if with_ifa:
+            p, sp, cores = ifa_program(sh, prof)
+            programs.append((p.name, p, sp, cores))
+        for label, p, sp, cores in programs:
+            r = cm.launch_us(sh.batch, sh.context, sh.hq, sh.hkv, sh.head_dim, eb, sp, p, vec, c,
+                             cube_cores=cores, vector_cores=prof.units)
+            w = r["worst_core"]
+            rows.append({"shape": sh.name, "program": label, "step_tokens": p.step_tokens, "preload": p.preload,
+                         "splits": sp, "us": r["us"], "x_floor": r["us"] / floor, "hbm_floor_us": floor,
+                         "split_us": r["split_us"], "combine_us": r["combine_us"], "launch_us": r["launch_us"],
+                         "worst_core_items": w.get("items"), "worst_core_tokens": w.get("tokens"),
+                         "cube_busy_us": w.get("cube_busy_us"), "vec_busy_us": w.get("vec_busy_us")})
+    return {"kind": "ESTIMATE (critical-path model over CPU-twin counts and paper constants; nothing ran on an NPU)",
+            "constants": dict(c.values), "constants_origin": c.origin, "constant_sources": dict(c.sources),
+            "rows": rows}
+
+
+def critical_path_markdown(est: dict) -> str:
+    out = ["| shape (D 128, bf16, page 128) | program | step tokens | preload | splits | est. µs | x HBM floor "
+           "| HBM floor µs | worst AI core: items / tokens |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in est["rows"]:
+        out.append(f"| {r['shape']} | {r['program']} | {r['step_tokens']} | {r['preload']} | {r['splits']} | "
+                   f"{r['us']:,.0f} | {r['x_floor']:.2f} | {r['hbm_floor_us']:,.0f} | "
+                   f"{r['worst_core_items']} / {r['worst_core_tokens']:,} |")
+    return "\n".join(out) + "\n"
+
+
 def to_markdown(est: dict) -> str:
     out = ["| shape (D 128, bf16, page 128) | kernel | splits | split stage (est. µs) | combine (est. µs) "
            "| total (est. µs) | x HBM floor | split: worst context, slowest pipe / serial (µs) | HBM floor (µs) "
@@ -311,6 +432,11 @@ def to_markdown(est: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+# the grid the critical-path table is judged on: Hq 32 with Hkv 8 and 4
+CP_SHAPES = [Shape(f"B{b} {c // 1024}k, Hq32/Hkv{h}", b, c, 32, hkv=h)
+             for h in (8, 4) for b, c in ((1, 16384), (1, 65536), (16, 8192), (64, 2048))]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out-json", type=Path)
@@ -321,6 +447,12 @@ def main(argv=None) -> int:
                     help="sensitivity: charge the mixed kernel's scratch to HBM (no L2 residency)")
     ap.add_argument("--int8", action="store_true",
                     help="the same shapes with int8 KV (per-channel scales and offsets); floor at 1 byte per element")
+    ap.add_argument("--model", choices=("critical-path", "throughput", "both"), default="both",
+                    help="critical-path: ascend_ops/cost_model.py on the Hq32 / Hkv 8 and 4 grid (ours as built, "
+                         "the pipelined design, CANN IFA); throughput: the first model, per kernel and shape")
+    ap.add_argument("--constants", type=Path, default=None,
+                    help="a constants file (npu_constants.json schema, e.g. written by the node-day command) "
+                         "over the paper constants of the critical-path model")
     ap.add_argument("--dma-block-cycles", type=float, default=None,
                     help="sensitivity: cycles per block (row) of a strided DMA (the first model used 30)")
     a = ap.parse_args(argv)
@@ -333,12 +465,22 @@ def main(argv=None) -> int:
         c = replace(c, scratch_in_l2=False)
     if a.dma_block_cycles is not None:
         c = replace(c, dma_block_cycles=a.dma_block_cycles)
-    est = estimate(shapes, c, kernels=tuple(a.kernels.split(",")))
-    md = to_markdown(est)
-    print(est["kind"])
+    result, md = {}, ""
+    if a.model in ("throughput", "both"):
+        est = estimate(shapes, c, kernels=tuple(a.kernels.split(",")))
+        result["throughput"] = est
+        md += f"## Throughput model\n\n{est['kind']}\n\n{to_markdown(est)}\n"
+    if a.model in ("critical-path", "both"):
+        cp_shapes = CP_SHAPES if a.shapes == "all" else [CP_SHAPES[int(i)] for i in a.shapes.split(",")]
+        if a.int8:
+            cp_shapes = [replace(s, name=s.name + ", int8 KV", kv_quant="channel") for s in cp_shapes]
+        cp = critical_path(cp_shapes, cm.load_constants(a.constants))
+        result["critical_path"] = cp
+        md += f"## Critical-path model\n\n{cp['kind']}; constants: {cp['constants_origin']}\n\n" \
+              f"{critical_path_markdown(cp)}\n"
     print(md)
     if a.out_json:
-        a.out_json.write_text(json.dumps(est, indent=1))
+        a.out_json.write_text(json.dumps(result, indent=1))
     if a.out_md:
         a.out_md.write_text(md)
     return 0

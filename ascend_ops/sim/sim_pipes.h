@@ -131,6 +131,7 @@ struct Stats {
     uint64_t waitsToS = 0;           // waits whose destination is S (X -> S round trips)
     uint64_t vToS = 0;               // V -> S waits: a vector result the scalar unit reads
     uint64_t barrierV = 0, barrierAll = 0;
+    uint64_t vecReduces = 0;         // count-mode ReduceSum / ReduceMax: each waits for its own result (a V drain)
     uint64_t queueWaits = 0;         // implicit TQue waits (DeQue, AllocTensor after FreeTensor)
     uint64_t syncAll = 0;
     uint64_t dcci = 0;
@@ -346,6 +347,7 @@ inline Ins issue(Pipe p, const char* api, const Loc& loc) {
     i.k = c.know[p];
     i.k.join(c.know[P_S]);
     c.st.ins[p]++;
+    if (p == P_V && std::strncmp(api, "Reduce", 6) == 0) c.st.vecReduces++;
     return i;
 }
 // Is the earlier access (pipe q, seq n) complete before instruction `i` starts?

@@ -344,7 +344,7 @@ std::string stats_json(const std::vector<std::unique_ptr<sim::Core>>& cores) {
           << "},\"vec_repeats\":" << s.vecRepeats << ",\"vec_elems\":" << s.vecElems << ",\"s_ub_reads\":" << s.sUbReads
           << ",\"s_ub_writes\":" << s.sUbWrites << ",\"s_gm_reads\":" << s.sGmReads << ",\"s_gm_writes\":" << s.sGmWrites
           << ",\"set_flags\":" << s.setFlags << ",\"wait_flags\":" << s.waitFlags << ",\"waits_to_s\":" << s.waitsToS
-          << ",\"v_to_s\":" << s.vToS << ",\"barrier_v\":" << s.barrierV << ",\"barrier_all\":" << s.barrierAll
+          << ",\"v_to_s\":" << s.vToS << ",\"barrier_v\":" << s.barrierV << ",\"vec_reduces\":" << s.vecReduces << ",\"barrier_all\":" << s.barrierAll
           << ",\"queue_waits\":" << s.queueWaits << ",\"sync_all\":" << s.syncAll << ",\"dcci\":" << s.dcci
           << ",\"ub_used\":" << c.ubPeak << ",\"mmad_calls\":" << s.mmadCalls
           << ",\"cube_fractal_macs\":" << s.cubeFractalMacs << ",\"cube_macs\":" << s.cubeMacs

@@ -14,6 +14,14 @@ looks for it. ``--route bisheng`` instead compiles ``csrc/launch_split.asc``,
 ``libsplitkv_ascend_kernels.so``, then the binding with
 the host compiler, linked to it. Every missing piece is reported in a sentence, with exit status 2.
 
+The node-day probe kernels (``kernel/probes/``, ``scripts/npu_node_day.sh``), a library of their
+own that the operator's build never includes::
+
+    python -m ascend_ops.build --probes [--soc Ascend910B2] [--build-dir build/probes]
+
+configures ``kernel/probes/CMakeLists.txt`` (CANN's ``ascendc_library()``, no torch) and copies
+``libsplitkv_probes.so`` next to the operator's library.
+
 Anywhere with a host C++ compiler and torch::
 
     python -m ascend_ops.build --offline-check
@@ -236,6 +244,37 @@ def _bisheng_build(home, torch_dir, npu_dir, soc, build_dir, log) -> tuple[Path,
     return out, kernels
 
 
+# --- the node-day probe library ----------------------------------------------------------
+
+PROBE_DIR = KERNEL_DIR / "probes"
+PROBE_LIB_FILE = "libsplitkv_probes.so"
+
+
+def probe_build(soc: str | None = None, build_dir: Path | None = None, jobs: int | None = None,
+                log=print) -> Path:
+    """Compile the node-day probe kernels (``kernel/probes/*.cpp``) with CANN's ``ascendc_library()``
+    into ``libsplitkv_probes.so`` (their ``aclrtlaunch_<kernel>`` functions), copy it into the
+    package and return its path. Needs CANN and cmake, not torch. NOT RUN with a real toolkit."""
+    home = cann_home()
+    if shutil.which("cmake") is None:
+        raise BuildError("cmake is not on PATH (3.16 or newer is needed)")
+    soc = soc or detect_soc()
+    npu_arch(soc)  # a SoC the kernels are not written for is refused here
+    build_dir = Path(build_dir or Path.cwd() / "build" / "probes")
+    build_dir.mkdir(parents=True, exist_ok=True)
+    _run(["cmake", "-S", str(PROBE_DIR), "-B", str(build_dir), f"-DSOC_VERSION={soc}",
+          f"-DASCEND_CANN_PACKAGE_PATH={home}", "-DCMAKE_BUILD_TYPE=Release"], log)
+    _run(["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 4)], log)
+    built = sorted(build_dir.rglob(PROBE_LIB_FILE))
+    if not built:
+        raise BuildError(f"the probe build finished but produced no {PROBE_LIB_FILE} under {build_dir}")
+    LIB_DIR.mkdir(exist_ok=True)
+    dest = LIB_DIR / PROBE_LIB_FILE
+    shutil.copy2(built[0], dest)
+    log(f"built {dest} for {soc} (node-day probes)")
+    return dest
+
+
 # --- offline check --------------------------------------------------------------------------
 
 _LOAD_CHECK = """
@@ -337,6 +376,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, help="parallel compile jobs")
     ap.add_argument("--route", choices=("cmake", "bisheng"), default="cmake",
                     help="cmake: CANN's ascendc_library() (default); bisheng: bisheng -x asc on csrc/launch_*.asc")
+    ap.add_argument("--probes", action="store_true",
+                    help="build the node-day probe kernels (kernel/probes/) into libsplitkv_probes.so instead")
     ap.add_argument("--offline-check", action="store_true",
                     help="no CANN needed: compile binding.cpp with stand-in NPU headers, check it against the schema")
     ap.add_argument("--torch-npu-headers", type=Path, metavar="WHEEL_OR_DIR",
@@ -347,6 +388,8 @@ def main(argv=None) -> int:
             print(offline_check())
             if args.torch_npu_headers:
                 print(torch_npu_headers_check(args.torch_npu_headers))
+        elif args.probes:
+            probe_build(args.soc, args.build_dir, args.jobs)
         else:
             node_build(args.soc, args.build_dir, args.jobs, route=args.route)
     except BuildError as e:

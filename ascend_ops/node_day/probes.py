@@ -23,9 +23,9 @@ from typing import Callable
 
 import numpy as np
 
-PROBE_DIR = Path(__file__).resolve().parents[1] / "kernel" / "probes"
+from ..build import PROBE_DIR, PROBE_LIB_FILE  # noqa: E402,F401  (the probe library's sources and name)
+
 SOURCES = ("probes_vector.cpp", "probes_mix.cpp")
-PROBE_LIB_FILE = "libsplitkv_probes.so"
 
 # probe_layout.h
 PARAMS_OFFSET, RECORDS_OFFSET, RECORD_BYTES, MAX_CONTEXTS, DATA_OFFSET, SLOT_BYTES = 0, 1024, 64, 192, 16384, 4096

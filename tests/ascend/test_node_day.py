@@ -215,3 +215,49 @@ def test_the_npu_code_path_runs_on_the_ops_cpu_kernel():
         it = smoke.run_smoke(name, runner)
         assert it["status"] == "pass" and it["kernel"] == "mix", it
     assert smoke.run_determinism("splits-combine", runner, 2)["status"] == "pass"
+
+
+FAKE_ASCENDC_CMAKE = r"""
+# Stand-in for CANN's ascendc.cmake: ascendc_library() records what it was given and links a stub
+# with the launch functions the real one would generate (no kernel is compiled: no bisheng here).
+function(ascendc_library name kind)
+    foreach(src ${ARGN})
+        if(NOT EXISTS "${src}")
+            message(FATAL_ERROR "ascendc_library: no such kernel source ${src}")
+        endif()
+    endforeach()
+    file(WRITE "@RECORD@" "${kind};${ARGN}")
+    add_library(${name} ${kind} "@STUB@")
+endfunction()
+"""
+
+
+def test_probe_library_build_plumbing_with_a_stand_in_cann(tmp_path, monkeypatch):
+    """``python -m ascend_ops.build --probes``: the CMakeLists hands both probe sources to
+    ascendc_library() as a SHARED library and the result lands in the package with every probe's
+    launch function. Says nothing about a real toolkit."""
+    import shutil
+
+    from ascend_ops import build
+    from ascend_ops.node_day.cli import exported_symbols
+
+    if shutil.which("cmake") is None:
+        pytest.skip("needs cmake")
+    cann = tmp_path / "cann"
+    cm = cann / "tools" / "tikcpp" / "ascendc_kernel_cmake"
+    cm.mkdir(parents=True)
+    stub, record = tmp_path / "stub.c", tmp_path / "record.txt"
+    stub.write_text("".join(f"unsigned aclrtlaunch_{k}(unsigned b, void *s, void *buf) {{ return 0; }}\n"
+                            for k in probes.PROBE_KERNELS))
+    (cm / "ascendc.cmake").write_text(FAKE_ASCENDC_CMAKE.replace("@RECORD@", str(record)).replace("@STUB@", str(stub)))
+    monkeypatch.setenv("ASCEND_HOME_PATH", str(cann))
+    monkeypatch.setattr(build, "LIB_DIR", tmp_path / "_lib")
+    logs = []
+    lib = build.probe_build("Ascend910B3", tmp_path / "b", 2, log=logs.append)
+    assert lib == tmp_path / "_lib" / probes.PROBE_LIB_FILE and lib.is_file()
+    kind, *srcs = record.read_text().split(";")
+    assert kind == "SHARED" and sorted(Path(s).name for s in srcs) == sorted(probes.SOURCES)
+    assert any("-DSOC_VERSION=Ascend910B3" in x for x in logs)
+    assert {f"aclrtlaunch_{k}" for k in probes.PROBE_KERNELS} <= exported_symbols(lib)
+    with pytest.raises(build.BuildError, match="dav-2201"):
+        build.probe_build("Ascend310P3", tmp_path / "c", 1, log=logs.append)

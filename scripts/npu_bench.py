@@ -16,7 +16,8 @@ bandwidth, not measured) so the table also shows "x floor".
 
 Shapes (``--set``): ``main`` is the issue's grid, B1 16k, B1 64k, B16 8k, B64 2k at GQA 4 (Hq 32 /
 Hkv 8) and GQA 8 (Hq 64 / Hkv 8); ``small`` is small batches (B 1-8 at 1k and 4k, GQA 4), where
-vLLM Ascend still takes ATB's op. All bf16, D 128, page 128, one query row per request.
+vLLM Ascend still takes ATB's op; ``hkv4`` is the main grid's batches and contexts at Hq 32 /
+Hkv 4. All bf16, D 128, page 128, one query row per request.
 
 Without torch_npu or an NPU it stops at once (exit 2) with the reason; ``--list`` prints the
 shapes and exits anywhere. The timing loop, the shape list and the writers take a timer and
@@ -66,7 +67,10 @@ def shape_sets() -> dict[str, list[Shape]]:
     main = [Shape(f"B{b} {c // 1024}k, Hq{hq}/Hkv8", b, c, hq)
             for hq in (32, 64) for b, c in ((1, 16384), (1, 65536), (16, 8192), (64, 2048))]
     small = [Shape(f"B{b} {c // 1024}k, Hq32/Hkv8", b, c, 32) for c in (1024, 4096) for b in (1, 2, 4, 8)]
-    return {"main": main, "small": small}
+    # the main grid's batches and contexts at Hkv 4 (Hq 32: GQA 8); the node day times main and hkv4
+    hkv4 = [Shape(f"B{b} {c // 1024}k, Hq32/Hkv4", b, c, 32, hkv=4)
+            for b, c in ((1, 16384), (1, 65536), (16, 8192), (64, 2048))]
+    return {"main": main, "small": small, "hkv4": hkv4}
 
 
 def select_shapes(sets: str, names: str | None = None) -> list[Shape]:
@@ -87,7 +91,7 @@ def select_shapes(sets: str, names: str | None = None) -> list[Shape]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--set", default="main,small", help="shape sets: main, small (comma-separated)")
+    ap.add_argument("--set", default="main,small", help="shape sets: main, small, hkv4 (comma-separated)")
     ap.add_argument("--shapes", default=None, help="only shapes whose name contains one of these (comma-separated)")
     ap.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, of {', '.join(BACKENDS)}")
     ap.add_argument("--warmup", type=int, default=10, help="untimed calls per (shape, backend) first")

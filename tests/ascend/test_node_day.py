@@ -261,3 +261,17 @@ def test_probe_library_build_plumbing_with_a_stand_in_cann(tmp_path, monkeypatch
     assert {f"aclrtlaunch_{k}" for k in probes.PROBE_KERNELS} <= exported_symbols(lib)
     with pytest.raises(build.BuildError, match="dav-2201"):
         build.probe_build("Ascend310P3", tmp_path / "c", 1, log=logs.append)
+
+
+def test_the_timing_stage_grid_is_one_every_backend_takes():
+    """Stage 7's default shapes (npu_bench.py --set main,hkv4): Hkv 8 and 4, B1 to B64, 2k to 64k."""
+    from ascend_ops.node_day.cli import parse_args
+    from tests.script_module import load_script
+
+    nb = load_script("npu_bench", register=True)
+    shapes = nb.select_shapes(parse_args(["--twin"]).bench_args.split("--set")[1].split()[0])
+    assert {s.hkv for s in shapes} == {8, 4} and {s.batch for s in shapes} == {1, 16, 64}
+    assert {s.context for s in shapes} == {2048, 8192, 16384, 65536}
+    for sh in shapes:
+        for b in nb.BACKENDS:
+            assert nb.unsupported(b, sh) is None, (sh.name, b)

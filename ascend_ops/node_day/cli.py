@@ -353,21 +353,27 @@ def stage_parity(run: Run, st) -> None:
         data = json.loads(js.read_text()) if js.is_file() else {}
         counts = data.get("counts", {})
         unavailable = data.get("unavailable", {})
-        it = {"name": f"catalog {size}", "status": "pass" if rc == 0 else ("timeout" if rc is None else "fail"),
+        it = {"name": f"catalog {size}", "status": "timeout" if rc is None else "fail",
               "counts": counts, "unavailable": unavailable, "report": run.report.rel(md) if md.is_file() else None}
+        bad = [r for r in data.get("results", []) if r.get("status") in ("fail", "error")]
+        ours_bad = [r for r in bad if r.get("backend") == ours]
+        peers_bad = [r for r in bad if r.get("backend") != ours]
+        c = counts.get(ours, {})
         if ours in unavailable:
             it["status"] = "fail"
             it["message"] = f"our backend {ours} could not run: {unavailable[ours]}"
         elif rc is None:
             it["message"] = f"no answer in {limit} s (killed)"
-        elif rc != 0:
-            bad = [r for r in data.get("results", []) if r.get("status") in ("fail", "error")]
-            it["message"] = ("; ".join(f"{r['backend']} {r['case']}: {r['status']}" for r in bad[:8])
+        elif ours_bad or not js.is_file() or ours not in counts:
+            it["status"] = "fail"
+            it["message"] = ("; ".join(f"{r['case']}: {r['status']}: {r.get('message', '')[:120]}" for r in ours_bad[:6])
                              or f"exit status {rc}: {tail[-300:]}")
-        else:
-            c = counts.get(ours, {})
+        else:  # our backend passed; a peer's failure is recorded, not ours
+            it["status"] = "pass"
             it["message"] = (f"{ours}: {c.get('pass', 0)} pass, {c.get('unsupported', 0)} unsupported"
-                             + (f"; unavailable peers: {', '.join(unavailable)}" if unavailable else ""))
+                             + (f"; unavailable peers: {', '.join(unavailable)}" if unavailable else "")
+                             + (f"; peers failed {len(peers_bad)} case(s): "
+                                + ", ".join(f"{r['backend']} {r['case']}" for r in peers_bad[:6]) if peers_bad else ""))
         st.items.append(it)
         run.report.write()
         if it["status"] != "pass":

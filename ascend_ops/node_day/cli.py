@@ -138,7 +138,8 @@ def _item_from(res: dict, name: str, **extra) -> dict:
     else:
         it = {"name": name, "status": "timeout" if res["status"] == "timeout" else "error",
               "message": res["message"] or f"the child ended with status {res['status']}"}
-    it.update(extra)
+    for k, v in extra.items():
+        it.setdefault(k, v)
     it.setdefault("seconds", res["seconds"])
     it["log"] = res["log"]
     for k in ("device_log", "msaicerr"):
@@ -162,8 +163,13 @@ def _run_cmd(cmd: list[str], log: Path, timeout: float, env: dict | None = None)
 
             _kill_group(p)
             rc = None
-    tail = " ".join(log.read_text(errors="replace")[-1500:].split())
-    return rc, tail
+    return rc, _last_lines(log)
+
+
+def _last_lines(log: Path, n: int = 3) -> str:
+    """The last ``n`` non-empty lines of a log, joined: where a traceback or a tool says what went wrong."""
+    lines = [x.strip() for x in log.read_text(errors="replace").splitlines() if x.strip()]
+    return " | ".join(lines[-n:])[-1500:]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,13 +296,14 @@ def stage_smoke(run: Run, st) -> None:
     passed = []
     for i, name in enumerate(names):
         res = run.child({"kind": "smoke", "case": name}, f"smoke-{name}")
-        it = _item_from(res, name)
+        it = _item_from(res, name, feature=smoke.get_case(name).feature)
         st.items.append(it)
         st.logs.append(res["log"])
         run.report.write()
         if it["status"] != "pass":
             for rest in names[i + 1:]:
-                st.items.append({"name": rest, "status": "not-run", "message": f"the stage stopped at {name}"})
+                st.items.append({"name": rest, "feature": smoke.get_case(rest).feature, "status": "not-run",
+                                 "message": f"the stage stopped at {name}"})
             st.status = "fail"
             st.summary = f"{name}: {it['status']}: {it.get('message', '')[:300]}"
             break
@@ -330,7 +337,7 @@ def stage_determinism(run: Run, st) -> None:
             st.status, st.summary = "fail", f"{name}: {it['status']}: {it.get('message', '')[:300]}"
             return
     st.status = "pass"
-    st.summary = (f"{len(names)} cases: {run.args.repeats} repeats and block counts 1, 2, 8, all"
+    st.summary = (f"{len(names)} cases, each launched {run.args.repeats}x as planned and at block counts 1, 2, 8, all"
                   + (f" in block orders {orders}" if len(orders) > 1 else "") + ": the same bits every time")
 
 

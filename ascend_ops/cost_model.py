@@ -196,6 +196,8 @@ class Pipeline:
     under the current chunk's LoadData / Mmad / Fixpipe (double-buffered L1 and L0 with event ids;
     False: every copy waits for the previous stage to drain, as the first kernel's WaitFor pairs);
     ``cross_item``: the pipeline runs on across the core's items (False: it drains per item);
+    ``vec_cross_item``: the vector cores' lag crosses items too (False: they finish an item, update
+    and output, before the next item's first softmax, while the cube may already run its QK);
     ``l1_buffers``: with ``cube_overlap``, the K / V chunks stream GM -> L1 in the order the Mmads
     use them, each as soon as its buffer's previous chunk was moved to L0 (issued before the cube
     waits for a flag), so loads run ahead of the flags by up to that many chunks."""
@@ -208,6 +210,7 @@ class Pipeline:
     cube_overlap: bool
     cross_item: bool
     l1_buffers: int = 2  # K / V chunk buffers in L1 (cube_overlap: loads run this far ahead of use)
+    vec_cross_item: bool | None = None  # the vector cores' lag runs across items (None: as cross_item)
 
 
 # the mixed kernel before the pipeline (ascend_ops/kernel/splitkv_split_mix.cpp up to the commit
@@ -422,7 +425,8 @@ def core_time_us(w: CoreWork, p: Pipeline, vec: VecWork, c: Constants, detail: d
             if pending is not None:
                 yield from update(pending)
                 pending = None
-            if not p.vec_lag or (steps[s][3] and not p.cross_item):
+            vec_cross = p.cross_item if p.vec_cross_item is None else p.vec_cross_item
+            if not p.vec_lag or (steps[s][3] and not vec_cross):
                 yield from update(s)
             else:
                 pending = s

@@ -169,6 +169,10 @@ def choose_tiles(head_dim: int, dtype: str, kv_dtype: str, rows: int, soft_cap: 
 # ---- the mixed (AIC + AIV) split stage -----------------------------------------------------------
 L1_BYTES, L0A_BYTES, L0B_BYTES, L0C_BYTES = 512 * 1024, 64 * 1024, 64 * 1024, 128 * 1024  # per AIC, 910B
 MIX_TILE_CANDIDATES = (256, 128, 64, 32, 16)  # KV tokens per cube tile, largest first
+# KV tokens per cube <-> vector exchange step, at most (a whole number of tiles; the largest whose
+# S / P rows fit the UB and the P rows the L1): each exchange costs a chain of GM round trips and
+# cross-core flags, so fewer, longer steps (CANN IFA: 2048-8192 tokens)
+MIX_MAX_STEP_TOKENS = 2048
 MIX_MAX_ROWS = 128  # query rows of one item (q_len x G), padded to 16
 MIX_ITEM_OVERHEAD_TOKENS = 64  # balance weight of an item's fixed cost, in tokens (ASSUMPTION)
 MIX_Q_STEPS = 3  # int8 KV (MSD): int8 rows per q row on the cube (kQSteps)
@@ -188,17 +192,17 @@ def mix_cube_rows(rows_pad: int, kv_dtype: str | None) -> tuple[int, int]:
     return rows_pad, rows_pad
 
 
-def mix_ub_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int, soft_cap: bool,
+def mix_ub_bytes(head_dim: int, dtype: str, step_tokens: int, rows_pad: int, soft_cap: bool,
                  kv_dtype: str | None = None, multi_query: bool = False) -> dict[str, int]:
     """Every UB buffer of one vector core of the mixed split stage (``MixVec::Init`` and, for int8
-    KV, ``MixVec::InitQuant``), bytes (``multi_query``: a request has several query rows, the
-    causal band's V row buffers of ``AddBand``, 16-bit KV only)."""
-    D, TT, RH = head_dim, tile_tokens, rows_pad // 2
+    KV, ``MixVec::InitQuant``), bytes, for exchange steps of ``step_tokens`` (``multi_query``: a
+    request has several query rows, the causal band's V row buffers of ``AddBand``, 16-bit KV only)."""
+    D, TT, RH = head_dim, step_tokens, rows_pad // 2
     cube = mix_cube_dtype(dtype, kv_dtype or dtype)
     p_rows = MIX_P_STEPS * RH if kv_dtype == "int8" else RH
     b = {"s (scores)": _r32(RH * TT * 4), "p (probabilities, cube dtype)": _r32(p_rows * TT * ITEMSIZE[cube]),
          "o (P V tile)": _r32(RH * D * 4), "acc": _r32(RH * D * 4), "red": 2 * _r32(_ru(2 * RH, 8) * 4),
-         "blocks (running max x2, l, lr, alpha, two sums: a 32-byte block per row slot)": 7 * _r32(_ru(2 * RH, 8) * 32),
+         "blocks (running max x2, l, lr, alpha x2, two sums: a 32-byte block per row slot)": 8 * _r32(_ru(2 * RH, 8) * 32),
          "work": 256}
     if soft_cap:
         b["cap (soft-cap scratch)"] = _r32(RH * TT * 4)
@@ -215,22 +219,24 @@ def mix_ub_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int, sof
     return b
 
 
-def mix_cube_bytes(head_dim: int, tile_tokens: int, rows_pad: int, kv_dtype: str | None = None) -> dict[str, int]:
+def mix_cube_bytes(head_dim: int, tile_tokens: int, rows_pad: int, kv_dtype: str | None = None,
+                   step_tokens: int | None = None) -> dict[str, int]:
     """The cube core's buffers (``MixCube::Init``) per memory, bytes: 16-bit q and KV, or for int8
-    KV int8 inputs with the expanded q and P rows and int32 results."""
-    D, TT = head_dim, tile_tokens
+    KV int8 inputs with the expanded q and P rows and int32 results. L1 holds q, two K and two V
+    tile buffers and a step's P rows (``step_tokens``, default one tile)."""
+    D, TT, ST = head_dim, tile_tokens, step_tokens or tile_tokens
     SR, PR = mix_cube_rows(rows_pad, kv_dtype)
     e = 1 if kv_dtype == "int8" else 2
-    return {"L1": e * (SR * D + 4 * TT * D + PR * TT), "L0A": e * (SR * D + PR * TT), "L0B": e * TT * D,
+    return {"L1": e * (SR * D + 4 * TT * D + PR * ST), "L0A": e * (SR * D + PR * TT), "L0B": e * TT * D,
             "L0C": 4 * (SR * TT + PR * D)}
 
 
-def mix_scratch_core_bytes(head_dim: int, dtype: str, tile_tokens: int, rows_pad: int,
+def mix_scratch_core_bytes(head_dim: int, dtype: str, step_tokens: int, rows_pad: int,
                            kv_dtype: str | None = None) -> int:
-    """Scratch of one AI core: S, P, O slots (two each) and a zero row (``MixCommon::ZOff``); for
-    int8 KV the slots hold the expanded rows (``mix_cube_rows``) and the expanded q rows
-    ``[MIX_Q_STEPS * MP, D]`` int8 follow (``QOff``)."""
-    D, TT, MP = head_dim, tile_tokens, rows_pad
+    """Scratch of one AI core: S, P, O slots (two each, S and P of a whole exchange step of
+    ``step_tokens``) and a zero row (``MixCommon::ZOff``); for int8 KV the slots hold the expanded
+    rows (``mix_cube_rows``) and the expanded q rows ``[MIX_Q_STEPS * MP, D]`` int8 follow (``QOff``)."""
+    D, TT, MP = head_dim, step_tokens, rows_pad
     SR, PR = mix_cube_rows(MP, kv_dtype)
     e = ITEMSIZE[mix_cube_dtype(dtype, kv_dtype or dtype)]
     n = 2 * (SR * TT * 4 + PR * (TT * e + D * 4)) + D * e
@@ -246,19 +252,40 @@ def mix_unsupported(head_dim: int, dtype: str, kv_dtype: str, num_q_heads: int, 
 
 def choose_mix_tiles(head_dim: int, dtype: str, rows: int, soft_cap: bool, ub_bytes: int = UB_BYTES,
                      kv_dtype: str | None = None, multi_query: bool = False):
-    """``(tile_tokens, rows_pad)`` of the mixed split stage, or None when no tile fits every unit."""
+    """``(tile_tokens, rows_pad, step_tiles)`` of the mixed split stage, or None when no tile fits
+    every unit: the largest tile whose buffers fit with a one-tile step, then the longest exchange
+    step (a power of two tiles, at most ``MIX_MAX_STEP_TOKENS``) whose UB and L1 buffers fit."""
     MP = max(16, _ru(rows, 16))
     if MP > MIX_MAX_ROWS:
         return None
+
+    def fits(tt: int, st: int) -> bool:
+        cube = mix_cube_bytes(head_dim, tt, MP, kv_dtype, st)
+        return (cube["L1"] <= L1_BYTES and cube["L0A"] <= L0A_BYTES and cube["L0B"] <= L0B_BYTES
+                and cube["L0C"] <= L0C_BYTES and (MP // 2) * st >= head_dim
+                and sum(mix_ub_bytes(head_dim, dtype, st, MP, soft_cap, kv_dtype, multi_query).values()) <= ub_bytes)
+
     for tt in MIX_TILE_CANDIDATES:
         if kv_dtype == "int8" and tt % 32:  # whole int8 fractals of 32 tokens
             continue
-        cube = mix_cube_bytes(head_dim, tt, MP, kv_dtype)
-        if (cube["L1"] <= L1_BYTES and cube["L0A"] <= L0A_BYTES and cube["L0B"] <= L0B_BYTES
-                and cube["L0C"] <= L0C_BYTES and (MP // 2) * tt >= head_dim
-                and sum(mix_ub_bytes(head_dim, dtype, tt, MP, soft_cap, kv_dtype, multi_query).values()) <= ub_bytes):
-            return tt, MP
+        if not fits(tt, tt):
+            continue
+        steps = 1
+        while tt * steps * 2 <= MIX_MAX_STEP_TOKENS and fits(tt, tt * steps * 2):
+            steps *= 2
+        return tt, MP, steps
     return None
+
+
+def mix_scratch_max_bytes(head_dim: int, dtype: str, kv_dtype: str | None, soft_cap: bool) -> int:
+    """The largest per-core scratch any row count, with one query row or several, may need
+    (graph-stable workspaces keep it whatever the next batch holds)."""
+    best = 0
+    for rows, multi_query in [(r, m) for r in range(16, MIX_MAX_ROWS + 1, 16) for m in (False, True)]:
+        mix = choose_mix_tiles(head_dim, dtype, rows, soft_cap, kv_dtype=kv_dtype, multi_query=multi_query)
+        if mix:
+            best = max(best, mix_scratch_core_bytes(head_dim, dtype, mix[0] * mix[2], mix[1], kv_dtype))
+    return best
 
 
 def balance_items(plan: Plan, cores: int, overhead_tokens: int = MIX_ITEM_OVERHEAD_TOKENS) -> np.ndarray:
@@ -437,10 +464,10 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
     reason = ("mixed AIC + AIV split stage, fused launch (split, SyncAll, combine)" if mix
               else f"vector-only split stage + combine (fallback: {why})")
     mix_fields = dict(kernelKind=0, mixTileTokens=0, mixRowsPad=0, scratchOffsetBytes=ws, scratchCoreBytes=0,
-                      mixUbBytes=0)
+                      mixUbBytes=0, mixStepTiles=0)
     core_range = None
     if mix:
-        tt_m, mp = mix
+        tt_m, mp, steps_m = mix
         cores = prof.cube_units or prof.units
         if block_dim is None:
             block_dim = cores if all_cores else max(1, min(cores, plan.num_valid_items))
@@ -450,12 +477,13 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
         # all_cores (graph-stable): the scratch is sized for the largest tile and row count, so that
         # the workspace keeps its size whatever rows the next batch has (its layout follows the
         # batch's own tile and rows, which fit)
-        per_core = (mix_scratch_core_bytes(head_dim, dtype, MIX_TILE_CANDIDATES[0], MIX_MAX_ROWS, kv_dtype)
-                    if all_cores else mix_scratch_core_bytes(head_dim, dtype, tt_m, mp, kv_dtype))
+        capped = soft_cap is not None and soft_cap > 0
+        per_core = (mix_scratch_max_bytes(head_dim, dtype, kv_dtype, capped)
+                    if all_cores else mix_scratch_core_bytes(head_dim, dtype, tt_m * steps_m, mp, kv_dtype))
         ws = scratch_off + int(block_dim) * per_core
         mix_fields = dict(kernelKind=1, mixTileTokens=tt_m, mixRowsPad=mp, scratchOffsetBytes=scratch_off,
-                          scratchCoreBytes=per_core,
-                          mixUbBytes=sum(mix_ub_bytes(head_dim, dtype, tt_m, mp, soft_cap is not None and soft_cap > 0,
+                          scratchCoreBytes=per_core, mixStepTiles=steps_m,
+                          mixUbBytes=sum(mix_ub_bytes(head_dim, dtype, tt_m * steps_m, mp, capped,
                                                       kv_dtype, multi_query=max_q > 1).values()))
     if ws >= 2 ** 31:
         raise ValueError(f"workspace: {ws} bytes does not fit the tiling's int32 workspaceBytes")

@@ -301,31 +301,32 @@ def estimate(shapes=SHAPES, c: Constants = C, kernels=("vector", "mix")) -> dict
 # ---------------------------------------------------------------------------------------------
 # The critical-path model (ascend_ops/cost_model.py): the same twin counts, timed as a dependency chain
 
-def vec_work_from_twin(shape: Shape, tile_points=(4, 8)) -> "cm.VecWork":
-    """Per-tile and per-item vector-core work of the mixed kernel from the twin: one request of
-    ``k`` 256-token tiles per KV head (no split), at two ``k``; the busier vector core of the first
-    AI core. Per tile: the difference over the extra tiles; per item: the rest."""
+def vec_work_from_twin(shape: Shape, step_points=(1, 2)) -> "cm.VecWork":
+    """Per-step and per-item vector-core work of the mixed kernel from the twin: one request of ``k``
+    exchange steps per KV head (no split), at two ``k``; the busier vector core of the first AI
+    core. Per step: the difference over the extra steps (its 256-byte repeats per token); per item:
+    the rest. The vector code of an exchange is the same whatever the step's length, so these
+    counts also stand for the first kernel's 256-token exchanges."""
     from ascend_ops import sim_backend as sim
+    from ascend_ops import tiling as tl
+    tt, _, steps = tl.choose_mix_tiles(shape.head_dim, shape.dtype, shape.hq // shape.hkv, False,
+                                       kv_dtype="int8" if shape.kv_quant else None)
+    st = tt * steps
     lib = sim.twin_library()
     sim.set_block_order(lib, 0)
     pts = []
-    for k in tile_points:
-        inp = _inputs(replace(shape, batch=1), k * 256)
+    for k in step_points:
+        inp = _inputs(replace(shape, batch=1), k * st)
         sim.run_twin(inp, inp.plan("none", device="910b2"), kernel="mix", fused=True)
         aiv = [s for s in sim.last_stats(lib) if s.get("core_type") == "AIV" and s["ins"]["V"] > 0]
-        s = max(aiv, key=lambda s: s["vec_repeats"])
-        pts.append((k, s))
+        pts.append((k, max(aiv, key=lambda s: s["vec_repeats"])))
     (k1, a), (k2, b) = pts
-
-    def per_tile(f):
-        return (f(b) - f(a)) / (k2 - k1)
-
     fields = {"ins": lambda s: s["ins"]["V"], "drains": lambda s: s["barrier_v"] + s.get("vec_reduces", 0),
               "v_to_s": lambda s: s["v_to_s"], "repeats": lambda s: s["vec_repeats"]}
-    tile = {k: per_tile(f) for k, f in fields.items()}
-    item = {k: max(0.0, f(a) - k1 * tile[k]) for k, f in fields.items()}
-    return cm.VecWork(ins=tile["ins"], drains=tile["drains"], v_to_s=tile["v_to_s"],
-                      repeats_per_token=tile["repeats"] / 256, item_ins=item["ins"], item_drains=item["drains"],
+    step = {k: (f(b) - f(a)) / (k2 - k1) for k, f in fields.items()}
+    item = {k: max(0.0, f(a) - k1 * step[k]) for k, f in fields.items()}
+    return cm.VecWork(ins=step["ins"], drains=step["drains"], v_to_s=step["v_to_s"],
+                      repeats_per_token=step["repeats"] / st, item_ins=item["ins"], item_drains=item["drains"],
                       item_v_to_s=item["v_to_s"], item_repeats=item["repeats"])
 
 
@@ -367,20 +368,26 @@ def ifa_program(sh: Shape, prof) -> tuple["cm.Pipeline", int, int]:
     return cm.Pipeline("CANN IFA (serial template)", step, 256, 1, False, True, False, 2), splits, cores
 
 
-# our kernels: as built, and the pipelined design (not built yet: a target, labelled as such)
-OURS = {
-    "ours: mixed kernel as built (serial, 256-token tiles)": cm.SERIAL_256,
-    "ours: pipelined design (NOT BUILT): 2048-token steps, preload 2": cm.Pipeline(
-        "pipelined design", 2048, 256, 2, True, True, True, 4),
-}
+# our mixed kernel before the pipeline, and as built now (ascend_ops/kernel/splitkv_split_mix.cpp:
+# steps of mixTileTokens x mixStepTiles tokens, K / V in rings of two 256-token L1 buffers each, the
+# next tile's copy issued before the current one is used, QK one step ahead of PV across items,
+# the vector cores' update one step behind their softmax within an item); the step is the tiling's
+# (tiling.choose_mix_tiles) for the shape's rows
+def ours(sh: Shape) -> dict:
+    from ascend_ops import tiling as tl
+    tt, _, steps = tl.choose_mix_tiles(sh.head_dim, sh.dtype, sh.hq // sh.hkv, False,
+                                       kv_dtype="int8" if sh.kv_quant else None)
+    return {"ours: first mixed kernel (serial, 256-token tiles)": cm.SERIAL_256,
+            "ours: pipelined mixed kernel": cm.Pipeline("pipelined mixed kernel", tt * steps, tt, 2, True, True, True,
+                                                        4, vec_cross_item=False)}
 
 
-def critical_path(shapes=SHAPES, c=None, ours=None, with_ifa: bool = True) -> dict:
-    """Each shape by the critical-path model: our programs (``ours``: label -> Pipeline) and CANN
-    IFA's structure (:func:`ifa_program`), all with our kernel's twin-counted vector work per step
-    (like for like)."""
+def critical_path(shapes=SHAPES, c=None, programs=None, with_ifa: bool = True) -> dict:
+    """Each shape by the critical-path model: our programs (``programs(shape)``: label -> Pipeline,
+    default :func:`ours`) and CANN IFA's structure (:func:`ifa_program`), all with our kernel's
+    twin-counted vector work per exchange step (like for like)."""
     c = c or cm.load_constants()
-    ours = OURS if ours is None else ours
+    programs_of = programs or ours
     from ascend_ops import tiling as tl
     prof = get_profile("910b2")
     rows = []
@@ -390,11 +397,11 @@ def critical_path(shapes=SHAPES, c=None, ours=None, with_ifa: bool = True) -> di
                                     head_dim=sh.head_dim)
         eb = 1 if sh.kv_quant else 2
         floor = cm.hbm_floor_us(sh.batch, sh.context, sh.hkv, sh.head_dim, eb, c)
-        programs = [(label, p, splits, prof.cube_units) for label, p in ours.items()]
+        runs = [(label, p, splits, prof.cube_units) for label, p in programs_of(sh).items()]
         if with_ifa:
             p, sp, cores = ifa_program(sh, prof)
-            programs.append((p.name, p, sp, cores))
-        for label, p, sp, cores in programs:
+            runs.append((p.name, p, sp, cores))
+        for label, p, sp, cores in runs:
             r = cm.launch_us(sh.batch, sh.context, sh.hq, sh.hkv, sh.head_dim, eb, sp, p, vec, c,
                              cube_cores=cores, vector_cores=prof.units)
             w = r["worst_core"]

@@ -6,22 +6,26 @@
 // by length on the host; graph mode, deviceSplitTokens > 0: items c, c + blockDim, ... of the grid
 // derived from seqLens). An item (request b, KV head h, split, [start, end)) has M = q_len * G
 // query rows (all query rows of the request and the whole GQA group): the M dimension of the cube.
-// Per tile of TT tokens:
-//   cube (AIC): K, V pages GM -> L1 through the block table (ND -> NZ, one copy per page segment;
-//     what no row may see is copied from a zero row: masked page ids (never dereferenced), positions
-//     before the window, the tail to a whole fractal; several query rows with 16-bit KV: V's causal
-//     band too, which the vector cores add per row (AddBand));
-//     S = Q K^T on the cube (fp16/bf16 in, fp32 out) -> scratch S slot, flag S;
-//     after flag P: P (q's dtype) scratch -> L1 -> L0A, V -> L0B (transposed fractals),
-//     O = P V -> scratch O slot, flag O.
+// The item's KV is exchanged between the cube and the vector cores in steps of ST = TT x
+// mixStepTiles tokens (up to 2048; the tiling takes the longest step whose S / P rows fit the UB and
+// L1), one S, P and O scratch slot per step, two slots each:
+//   cube (AIC): S = Q K^T tile by tile (K pages GM -> L1 through the block table, ND -> NZ, one copy
+//     per page segment, in a ring of two TT-token buffers whose next copy is issued before the
+//     current tile is used; what no row may see is copied from a zero row: masked page ids (never
+//     dereferenced), positions before the window, the tail to a whole fractal), fp16/bf16 in, fp32
+//     out, each tile's columns Fixpiped into the step's S slot, then flag S. After flag P: P (q's
+//     dtype) scratch -> L1, tile by tile -> L0A with V's tile (V's ring, its first two copies issued
+//     before the wait for P; several query rows with 16-bit KV: V's causal band zero, which the
+//     vector cores add per row (AddBand)), O = P V accumulated over the tiles in L0C -> O slot,
+//     flag O. QK of step s + 1 is issued before the wait for P of step s (across the core's items
+//     for 16-bit KV), so the cube multiplies while the vector cores run the softmax.
 //   vector (AIV sub-block v takes rows [v * ceil(M / 2), ...)): S rows -> UB, scale, soft cap,
-//     masks (causal tail, window, tile tail, masked pages) as whole-row ranges, row max, exp, row
-//     sum, all as vector instructions over [rows x tile]; the running m, alpha and l as vectors of
-//     row blocks (Brcb; no V->S round trip per tile, one per item); P -> scratch, flag P; after
-//     flag O: acc = acc * alpha + O. NaN rule: a row whose visible scores or
+//     masks (causal tail, window, step tail, masked pages) as whole-row ranges, row max, exp, row
+//     sum, all as vector instructions over [rows x step]; the running m, alpha and l as vectors of
+//     row blocks (Brcb; no V->S round trip per step, one per item); P -> scratch, flag P; the
+//     update of step s (after flag O: acc = acc * alpha_s + O) runs after the softmax of step
+//     s + 1 (alpha kept per step parity), within an item. NaN rule: a row whose visible scores or
 //     accumulator hold NaN / inf writes NaN (out and lse; docs/conventions.md).
-// The scratch (per AI core, after the partials in the workspace) holds two slots of S, P and O:
-// the cube runs QK of tile j + 1 and loads K/V of tile j + 2 while the vector cores work on tile j.
 // Cross-core flags: 1 S ready, 2 P ready, 3 O ready (all mode 2), 4 zero row ready (once), 5 the
 // expanded q rows ready (int8 KV, once per item).
 // int8 KV (kvDtype INT8), CANN IFA's MSD route: int8 x int8 -> int32 on the cube, the cube reading
@@ -62,7 +66,7 @@ struct MixItem {
 
 struct MixCommon {
     SplitKVTiling t;
-    int32_t G, D, TT, MP, core, w0, w1, wStep;
+    int32_t G, D, TT, ST, MP, core, w0, w1, wStep;  // TT: tokens per cube tile (an L1 buffer); ST: per step
     bool quant;          // int8 KV: MSD (int8 x int8 on the cube, q and P expanded into int8 rows)
     int32_t SR, PR, NA;  // cube rows of an S slot, of a P / O slot; a tile's tail is padded to NA tokens
     GlobalTensor<int32_t> planGm, btGm;
@@ -74,6 +78,7 @@ struct MixCommon {
         G = t.groupSize;
         D = t.headDim;
         TT = t.mixTileTokens;
+        ST = TT * Max(1, t.mixStepTiles);
         MP = t.mixRowsPad;
         quant = t.kvDtype == SPLITKV_DT_INT8;
         SR = quant ? kQSteps * MP : MP;
@@ -102,23 +107,31 @@ struct MixCommon {
         return btGm.GetValue(uint64_t(it.b) * t.maxPages + p / t.pageSize);
     }
     __aicore__ inline bool PageOk(int32_t page) const { return page >= 0 && page < t.numPages; }
-    // scratch layout (bytes; tb: the cube's element bytes): S [2][SR][TT] f32 / int32, P [2][PR][TT],
+    // scratch layout (bytes; tb: the cube's element bytes): S [2][SR][ST] f32 / int32, P [2][PR][ST],
     // O [2][PR][D] f32 / int32, zero row [D]; int8 KV also the expanded q [kQSteps * MP][D] int8.
     // Rows of step i of an item with M query rows: i * M + r.
-    __aicore__ inline uint64_t SOff(int32_t slot) const { return uint64_t(slot) * SR * TT * 4; }
+    __aicore__ inline uint64_t SOff(int32_t slot) const { return uint64_t(slot) * SR * ST * 4; }
     __aicore__ inline uint64_t POff(int32_t slot, int32_t tb) const {
-        return uint64_t(2) * SR * TT * 4 + uint64_t(slot) * PR * TT * tb;
+        return uint64_t(2) * SR * ST * 4 + uint64_t(slot) * PR * ST * tb;
     }
     __aicore__ inline uint64_t OOff(int32_t slot, int32_t tb) const {
-        return uint64_t(2) * (SR * TT * 4 + PR * TT * tb) + uint64_t(slot) * PR * D * 4;
+        return uint64_t(2) * (SR * ST * 4 + PR * ST * tb) + uint64_t(slot) * PR * D * 4;
     }
-    __aicore__ inline uint64_t ZOff(int32_t tb) const { return uint64_t(2) * (SR * TT * 4 + PR * (TT * tb + D * 4)); }
+    __aicore__ inline uint64_t ZOff(int32_t tb) const { return uint64_t(2) * (SR * ST * 4 + PR * (ST * tb + D * 4)); }
     __aicore__ inline uint64_t QOff() const { return ZOff(1) + uint64_t(D); }
     __aicore__ inline int32_t Tail(int32_t n) const { return RoundUp(n, NA); }
 };
 
 // ------------------------------------------------------------------------------------------------
-// Cube core: T the cube's input dtype (q's, or int8_t for int8 KV), A its accumulator (float, int32_t)
+// Cube core: T the cube's input dtype (q's, or int8_t for int8 KV), A its accumulator (float, int32_t).
+//
+// The pipeline. An item's KV is exchanged with the vector cores in steps of ST = TT x mixStepTiles
+// tokens (one S, P and O slot each); inside a step K and V stream GM -> L1 one TT-token tile at a
+// time through rings of two buffers, the next tile's copy issued before the current one is used
+// (event ids per buffer, so MTE2 runs ahead of MTE1 / M / FIX). The cube issues QK of step s + 1
+// before it waits for the vector cores' P of step s (preload 2), across the core's items for 16-bit
+// KV (int8 KV: within an item, as the vector cores expand the next item's q only after finishing
+// the current one), and V's first tiles of step s before that wait.
 template <typename T, typename A>
 class MixCube {
 public:
@@ -128,7 +141,7 @@ public:
     __aicore__ inline void Init(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, GM_ADDR plan, GM_ADDR ws,
                                 const SplitKVTiling& t) {
         c_.Init(bt, plan, ws, t, static_cast<int32_t>(GetBlockIdx()));
-        const int32_t MP = c_.MP, SR = c_.SR, PR = c_.PR, TT = c_.TT, D = c_.D;
+        const int32_t MP = c_.MP, SR = c_.SR, PR = c_.PR, TT = c_.TT, ST = c_.ST, D = c_.D;
         const uint64_t kvElems = uint64_t(t.numPages) * t.pageSize * t.numKVHeads * t.headDim;
         if (c_.quant) {  // the expanded q rows come from the vector cores through the scratch
             qGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.QOff()), uint64_t(kQSteps) * MP * D);
@@ -137,54 +150,119 @@ public:
         }
         kGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(k), kvElems);
         vGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(v), kvElems);
-        sGm_.SetGlobalBuffer(reinterpret_cast<__gm__ A*>(c_.scratch), uint64_t(2) * SR * TT);
-        pGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.POff(0, sizeof(T))), uint64_t(2) * PR * TT);
+        sGm_.SetGlobalBuffer(reinterpret_cast<__gm__ A*>(c_.scratch), uint64_t(2) * SR * ST);
+        pGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.POff(0, sizeof(T))), uint64_t(2) * PR * ST);
         oGm_.SetGlobalBuffer(reinterpret_cast<__gm__ A*>(c_.scratch + c_.OOff(0, sizeof(T))), uint64_t(2) * PR * D);
         zGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(c_.scratch + c_.ZOff(sizeof(T))), uint64_t(D));
         pipe_.InitBuffer(qL1_, uint32_t(SR) * D * sizeof(T));
         pipe_.InitBuffer(kL1_, 2u * TT * D * sizeof(T));
         pipe_.InitBuffer(vL1_, 2u * TT * D * sizeof(T));
-        pipe_.InitBuffer(pL1_, uint32_t(PR) * TT * sizeof(T));
+        pipe_.InitBuffer(pL1_, uint32_t(PR) * ST * sizeof(T));
         pipe_.InitBuffer(qL0_, uint32_t(SR) * D * sizeof(T));
         pipe_.InitBuffer(pL0_, uint32_t(PR) * TT * sizeof(T));
         pipe_.InitBuffer(bL0_, uint32_t(TT) * D * sizeof(T));
         pipe_.InitBuffer(sL0C_, uint32_t(SR) * TT * sizeof(A));
         pipe_.InitBuffer(oL0C_, uint32_t(PR) * D * sizeof(A));
+        for (int32_t b = 0; b < 2; b++) {
+            k_.full[b] = pipe_.template AllocEventID<HardEvent::MTE2_MTE1>();
+            k_.free[b] = pipe_.template AllocEventID<HardEvent::MTE1_MTE2>();
+            v_.full[b] = pipe_.template AllocEventID<HardEvent::MTE2_MTE1>();
+            v_.free[b] = pipe_.template AllocEventID<HardEvent::MTE1_MTE2>();
+        }
+        pFull_ = pipe_.template AllocEventID<HardEvent::MTE2_MTE1>();
+        pFree_ = pipe_.template AllocEventID<HardEvent::MTE1_MTE2>();
     }
 
     __aicore__ inline void Process() {
         CrossCoreWaitFlag(kFlagZero);  // the vector cores wrote this core's zero row
-        int32_t tile = 0;              // tiles of this core so far (scratch slot = tile % 2)
-        for (int32_t w = c_.w0; w < c_.w1; w += c_.wStep) {
-            MixItem it;
-            if (!c_.ReadItem(w, it) || it.end <= it.start) {
-                continue;
+        Cursor qk, pv;                 // the next step to issue QK for, and PV for
+        First(qk);
+        First(pv);
+        int32_t nq = 0, np = 0;  // steps issued so far (scratch slot = step % 2)
+        while (pv.ok) {
+            // QK up to one step ahead of PV: steps np and np + 1 (the next item's first step too,
+            // for 16-bit KV)
+            while (qk.ok && nq <= np + 1 && (!c_.quant || qk.w == pv.w)) {
+                QK(qk, nq);
+                nq++;
+                Next(qk);
             }
-            const int32_t M = it.qLen * c_.G;
-            const int32_t nt = CeilDiv(it.end - it.start, c_.TT);
-            WaitFor<HardEvent::MTE1_MTE2>();  // L1 (Q, K/V buffers) no longer read by LoadData
-            LoadQ(it, M);
-            LoadKV(it, 0, 0);
-            WaitFor<HardEvent::MTE2_MTE1>();
-            QK(it, M, 0, tile, true);
-            for (int32_t j = 0; j < nt; j++) {
-                if (j + 1 < nt) {  // K/V of tile j + 1 issued now; PV(j)'s MTE2_MTE1 wait covers them (no overlap yet)
-                    WaitFor<HardEvent::MTE1_MTE2>();
-                    LoadKV(it, j + 1, (j + 1) % 2);
-                }
-                PV(it, M, j, tile + j);
-                if (j + 1 < nt) {
-                    QK(it, M, j + 1, tile + j + 1, false);
-                }
-            }
-            tile += nt;
+            PV(pv, np);
+            np++;
+            Next(pv);
+        }
+        Drain(k_);
+        Drain(v_);
+        if (pFreePending_) {
+            WaitFlag<HardEvent::MTE1_MTE2>(pFree_);
         }
     }
 
 private:
-    __aicore__ inline int32_t Tokens(const MixItem& it, int32_t j) const {
-        return Min(c_.TT, it.end - (it.start + j * c_.TT));
+    // A step of the core's stream: item w (it), its step j of nt
+    struct Cursor {
+        bool ok;
+        int32_t w, j, nt, M;
+        MixItem it;
+    };
+    __aicore__ inline bool Load(Cursor& c) {
+        for (; c.w < c_.w1; c.w += c_.wStep) {
+            if (c_.ReadItem(c.w, c.it) && c.it.end > c.it.start) {
+                c.j = 0;
+                c.nt = CeilDiv(c.it.end - c.it.start, c_.ST);
+                c.M = c.it.qLen * c_.G;
+                return true;
+            }
+        }
+        return false;
     }
+    __aicore__ inline void First(Cursor& c) {
+        c.w = c_.w0;
+        c.ok = Load(c);
+    }
+    __aicore__ inline void Next(Cursor& c) {
+        if (++c.j < c.nt) {
+            return;
+        }
+        c.w += c_.wStep;
+        c.ok = Load(c);
+    }
+
+    // Two L1 tile buffers streamed by MTE2 and read by MTE1: per buffer an event a LoadData waits
+    // for (its copy landed) and one the next copy into it waits for (its LoadData is done).
+    struct Ring {
+        TEventID full[2], free[2];
+        bool freePending[2] = {false, false};
+        int32_t next = 0;  // buffer of the next copy
+    };
+    __aicore__ inline int32_t RingAcquire(Ring& r) {  // the buffer for the next copy, once free
+        const int32_t b = r.next;
+        r.next = 1 - b;
+        if (r.freePending[b]) {
+            WaitFlag<HardEvent::MTE1_MTE2>(r.free[b]);
+            r.freePending[b] = false;
+        }
+        return b;
+    }
+    __aicore__ inline void RingFilled(Ring& r, int32_t b) { SetFlag<HardEvent::MTE2_MTE1>(r.full[b]); }
+    __aicore__ inline void RingWaitFull(Ring& r, int32_t b) { WaitFlag<HardEvent::MTE2_MTE1>(r.full[b]); }
+    __aicore__ inline void RingRelease(Ring& r, int32_t b) {
+        SetFlag<HardEvent::MTE1_MTE2>(r.free[b]);
+        r.freePending[b] = true;
+    }
+    __aicore__ inline void Drain(Ring& r) {
+        for (int32_t b = 0; b < 2; b++) {
+            if (r.freePending[b]) {
+                WaitFlag<HardEvent::MTE1_MTE2>(r.free[b]);
+                r.freePending[b] = false;
+            }
+        }
+    }
+
+    __aicore__ inline int32_t StepTokens(const Cursor& c) const {
+        return Min(c_.ST, c.it.end - (c.it.start + c.j * c_.ST));
+    }
+    __aicore__ inline int32_t Tiles(int32_t n) const { return CeilDiv(n, c_.TT); }
     // rows of the cube's QK product (int8 KV: kQSteps blocks of M) and the C0 stride of q in L1
     __aicore__ inline int32_t QRows(int32_t M) const { return c_.quant ? kQSteps * M : M; }
     // Mmad's m for `rows` rows of A: dav-c220 computes m = 1 in GEMV mode (A read as one contiguous
@@ -193,34 +271,45 @@ private:
     __aicore__ static inline uint16_t MmadRows(int32_t rows) { return static_cast<uint16_t>(rows == 1 ? 16 : rows); }
     __aicore__ inline int32_t QStride(int32_t M) const { return c_.quant ? RoundUp(kQSteps * M, 16) : c_.MP; }
 
+    // q rows of the item -> L1 (NZ) -> L0A (ZZ), once per item.
     __aicore__ inline void LoadQ(const MixItem& it, int32_t M) {
         const int32_t G = c_.G, D = c_.D;
         LocalTensor<T> q1 = qL1_.Get<T>();
+        WaitFor<HardEvent::MTE1_MTE2>();  // the previous item's LoadData of q from L1 is done
         if (c_.quant) {  // the expanded rows [kQSteps * M][D] (the vector cores' flag Q)
             CrossCoreWaitFlag(kFlagQ);
             DataCopy(q1, qGm_,
                      Nd2NzParams(1, static_cast<uint16_t>(QRows(M)), static_cast<uint16_t>(D), 0,
                                  static_cast<uint16_t>(D), static_cast<uint16_t>(QStride(M)), 1, 0));
-            return;
+        } else {
+            const uint64_t off = (uint64_t(it.row0) * c_.t.numQHeads + uint64_t(it.h) * G) * D;
+            DataCopy(q1, qGm_[off],
+                     Nd2NzParams(static_cast<uint16_t>(it.qLen), static_cast<uint16_t>(G), static_cast<uint16_t>(D),
+                                 static_cast<uint16_t>(c_.t.numQHeads * D), static_cast<uint16_t>(D),
+                                 static_cast<uint16_t>(c_.MP), 1, static_cast<uint16_t>(G * 16)));
         }
-        const uint64_t off = (uint64_t(it.row0) * c_.t.numQHeads + uint64_t(it.h) * G) * D;
-        DataCopy(q1, qGm_[off],
-                 Nd2NzParams(static_cast<uint16_t>(it.qLen), static_cast<uint16_t>(G), static_cast<uint16_t>(D),
-                             static_cast<uint16_t>(c_.t.numQHeads * D), static_cast<uint16_t>(D),
-                             static_cast<uint16_t>(c_.MP), 1, static_cast<uint16_t>(G * 16)));
+        WaitFor<HardEvent::MTE2_MTE1>();  // q landed (and the copies before it)
+        WaitFor<HardEvent::M_MTE1>();     // L0A no longer read by the previous Mmad
+        const int32_t rows = QRows(M), K1 = D / K0;
+        LocalTensor<T> q0 = qL0_.Get<T>();
+        for (int32_t mb = 0; mb < CeilDiv(rows, 16); mb++) {  // NZ -> ZZ
+            LoadData(q0[mb * K1 * FE], q1, LoadData2DParams(static_cast<uint16_t>(mb), static_cast<uint8_t>(K1),
+                                                            static_cast<uint16_t>(QStride(M) / 16), 0, 0, false, 0));
+        }
     }
 
-    // Tokens of tile j -> K and V buffers `buf` (NZ, token rows, C0 stride TT), one copy per page
-    // segment. Zero rows (copied from the core's zero row, never from the cache) stand for what no
-    // row of the item may see, so that P V never multiplies a value it must not see by 0 (0 * NaN
+    // Tokens [p0, p0 + n) of the item's KV head -> `dst` (NZ, token rows, C0 stride TT), one copy per
+    // page segment. Zero rows (copied from the core's zero row, never from the cache) stand for what
+    // no row of the item may see, so that P V never multiplies a value it must not see by 0 (0 * NaN
     // is NaN): a masked page (id outside [0, numPages)), the positions before the window of the
     // item's first query row, and the tile's tail up to a whole fractal (16 tokens; int8 32).
-    __aicore__ inline void LoadKV(const MixItem& it, int32_t j, int32_t buf) {
-        const int32_t TT = c_.TT, D = c_.D, hkv = c_.t.numKVHeads, ps = c_.t.pageSize;
-        const int32_t p0 = it.start + j * TT, n = Tokens(it, j), nA = c_.Tail(n);
+    // `isV`, several query rows (MTP), 16-bit KV: the V rows of the causal band (positions the
+    // request's first query row cannot see) are zero for the cube; the vector cores add them for the
+    // rows that see them. int8 KV needs none of this: an integer product is never NaN, and P is 0 there.
+    __aicore__ inline void LoadTile(const MixItem& it, int32_t p0, int32_t n, const LocalTensor<T>& dst,
+                                    const GlobalTensor<T>& src, bool isV) {
+        const int32_t TT = c_.TT, D = c_.D, hkv = c_.t.numKVHeads, ps = c_.t.pageSize, nA = c_.Tail(n);
         const int32_t loAll = c_.t.windowLeft >= 0 ? it.seqLen - it.qLen - c_.t.windowLeft : 0;
-        LocalTensor<T> k1 = kL1_.Get<T>()[buf * TT * D];
-        LocalTensor<T> v1 = vL1_.Get<T>()[buf * TT * D];
         int32_t p = p0;
         while (p < p0 + nA) {
             const bool tail = p >= p0 + n;
@@ -232,104 +321,137 @@ private:
             const int32_t at = (p - p0) * K0;
             if (c_.PageOk(page)) {
                 const uint64_t off = ((uint64_t(page) * ps + inPage) * hkv + it.h) * D;
-                const Nd2NzParams nz(1, static_cast<uint16_t>(cnt), static_cast<uint16_t>(D), 0,
-                                     static_cast<uint16_t>(hkv * D), static_cast<uint16_t>(TT), 1, 0);
-                DataCopy(k1[at], kGm_[off], nz);
-                DataCopy(v1[at], vGm_[off], nz);
+                DataCopy(dst[at], src[off], Nd2NzParams(1, static_cast<uint16_t>(cnt), static_cast<uint16_t>(D), 0,
+                                                        static_cast<uint16_t>(hkv * D), static_cast<uint16_t>(TT), 1, 0));
             } else {
-                const Nd2NzParams nz(static_cast<uint16_t>(cnt), 1, static_cast<uint16_t>(D), 0,
-                                     static_cast<uint16_t>(D), static_cast<uint16_t>(TT), 1, static_cast<uint16_t>(K0));
-                DataCopy(k1[at], zGm_, nz);
-                DataCopy(v1[at], zGm_, nz);
+                DataCopy(dst[at], zGm_, Nd2NzParams(static_cast<uint16_t>(cnt), 1, static_cast<uint16_t>(D), 0,
+                                                    static_cast<uint16_t>(D), static_cast<uint16_t>(TT), 1,
+                                                    static_cast<uint16_t>(K0)));
             }
             p += cnt;
         }
-        // several query rows (MTP), 16-bit KV: the V rows of the causal band (positions the request's
-        // first query row cannot see) are zero for the cube; the vector cores add them for the rows
-        // that see them. int8 KV needs none of this: an integer product is never NaN, and P is 0 there.
         const int32_t a = Max(p0, it.seqLen - it.qLen + 1);
-        if (!c_.quant && it.qLen > 1 && a < p0 + n) {
-            DataCopy(v1[(a - p0) * K0], zGm_,
+        if (isV && !c_.quant && it.qLen > 1 && a < p0 + n) {
+            DataCopy(dst[(a - p0) * K0], zGm_,
                      Nd2NzParams(static_cast<uint16_t>(p0 + n - a), 1, static_cast<uint16_t>(D), 0,
                                  static_cast<uint16_t>(D), static_cast<uint16_t>(TT), 1, static_cast<uint16_t>(K0)));
         }
     }
+    // Tile `tile` of the step at cursor c: K or V -> the ring's next buffer; returns the buffer.
+    __aicore__ inline int32_t Fetch(const Cursor& c, int32_t tile, bool isV) {
+        Ring& r = isV ? v_ : k_;
+        const int32_t b = RingAcquire(r);
+        const int32_t p0 = c.it.start + c.j * c_.ST + tile * c_.TT;
+        const int32_t n = Min(c_.TT, c.it.start + c.j * c_.ST + StepTokens(c) - p0);
+        LocalTensor<T> dst = (isV ? vL1_ : kL1_).Get<T>()[b * c_.TT * c_.D];
+        LoadTile(c.it, p0, n, dst, isV ? vGm_ : kGm_, isV);
+        RingFilled(r, b);
+        return b;
+    }
 
-    // S = Q K^T for tile j (K/V already in L1 buffer j % 2) -> scratch S slot, flag S.
-    __aicore__ inline void QK(const MixItem& it, int32_t M, int32_t j, int32_t gTile, bool firstTile) {
-        const int32_t TT = c_.TT, D = c_.D, n = Tokens(it, j), nA = c_.Tail(n), rows = QRows(M);
-        const int32_t K1 = D / K0, N1 = nA / 16;
-        WaitFor<HardEvent::M_MTE1>();  // L0A / L0B no longer read by the previous Mmad
-        LocalTensor<T> q0 = qL0_.Get<T>(), b0 = bL0_.Get<T>();
-        if (firstTile) {
-            LocalTensor<T> q1 = qL1_.Get<T>();
-            for (int32_t mb = 0; mb < CeilDiv(rows, 16); mb++) {  // NZ -> ZZ
-                LoadData(q0[mb * K1 * FE], q1, LoadData2DParams(static_cast<uint16_t>(mb), static_cast<uint8_t>(K1),
-                                                                static_cast<uint16_t>(QStride(M) / 16), 0, 0, false, 0));
+    // S = Q K^T for the step (tile by tile, the next tile's K copy issued first) -> scratch S slot,
+    // flag S.
+    __aicore__ inline void QK(const Cursor& c, int32_t step) {
+        const int32_t TT = c_.TT, D = c_.D, ST = c_.ST, rows = QRows(c.M), K1 = D / K0;
+        if (c.j == 0) {
+            LoadQ(c.it, c.M);
+        }
+        const int32_t n = StepTokens(c), tiles = Tiles(n);
+        int32_t buf = Fetch(c, 0, false);
+        for (int32_t i = 0; i < tiles; i++) {
+            const int32_t nb = i + 1 < tiles ? Fetch(c, i + 1, false) : -1;
+            const int32_t nt = Min(TT, n - i * TT), nA = c_.Tail(nt), N1 = nA / 16;
+            WaitFor<HardEvent::M_MTE1>();  // L0B no longer read by the previous Mmad
+            RingWaitFull(k_, buf);
+            LocalTensor<T> b0 = bL0_.Get<T>(), k1 = kL1_.Get<T>()[buf * TT * D];
+            for (int32_t kb = 0; kb < K1; kb++) {  // NZ fractals of K are K^T's ZN fractals
+                LoadData(b0[kb * N1 * FE], k1, LoadData2DParams(static_cast<uint16_t>(kb * (TT / 16)),
+                                                                 static_cast<uint8_t>(N1), 1, 0, 0, false, 0));
             }
+            RingRelease(k_, buf);
+            WaitFor<HardEvent::MTE1_M>();
+            WaitFor<HardEvent::FIX_M>();  // the S region of L0C was read out
+            LocalTensor<A> s0 = sL0C_.Get<A>();
+            Mmad(s0, qL0_.Get<T>(), b0, MmadParams(MmadRows(rows), static_cast<uint16_t>(c_.quant ? nA : nt),
+                                                   static_cast<uint16_t>(D), 0, false, true));
+            WaitFor<HardEvent::M_FIX>();
+            // L0C column blocks are ceil(rows / 16) fractals apart (the Mmad's own m)
+            FixpipeParamsV220 fp(static_cast<uint16_t>(RoundUp(nA, 16)), static_cast<uint16_t>(rows),
+                                 static_cast<uint16_t>(RoundUp(rows, 16)), uint32_t(ST), false);
+            Fixpipe<A, A, CFG_ROW_MAJOR>(sGm_[(step % 2) * c_.SR * ST + i * TT], s0, fp);
+            buf = nb;
         }
-        LocalTensor<T> k1 = kL1_.Get<T>()[(j % 2) * TT * D];
-        for (int32_t kb = 0; kb < K1; kb++) {  // NZ fractals of K are K^T's ZN fractals
-            LoadData(b0[kb * N1 * FE], k1, LoadData2DParams(static_cast<uint16_t>(kb * (TT / 16)),
-                                                             static_cast<uint8_t>(N1), 1, 0, 0, false, 0));
-        }
-        WaitFor<HardEvent::MTE1_M>();
-        WaitFor<HardEvent::FIX_M>();  // the S region of L0C was read out
-        LocalTensor<A> s0 = sL0C_.Get<A>();
-        Mmad(s0, q0, b0, MmadParams(MmadRows(rows), static_cast<uint16_t>(c_.quant ? nA : n),
-                                    static_cast<uint16_t>(D), 0, false, true));
-        WaitFor<HardEvent::M_FIX>();
-        // L0C column blocks are ceil(rows / 16) fractals apart (the Mmad's own m)
-        FixpipeParamsV220 fp(static_cast<uint16_t>(RoundUp(nA, 16)), static_cast<uint16_t>(rows),
-                             static_cast<uint16_t>(RoundUp(rows, 16)), uint32_t(TT), false);
-        Fixpipe<A, A, CFG_ROW_MAJOR>(sGm_[(gTile % 2) * c_.SR * TT], s0, fp);
         CrossCoreSetFlag<2, PIPE_FIX>(kFlagS);
     }
 
-    // O = P V for tile j (after the vector cores' flag P) -> scratch O slot, flag O.
-    __aicore__ inline void PV(const MixItem& it, int32_t M, int32_t j, int32_t gTile) {
-        const int32_t TT = c_.TT, D = c_.D, n = Tokens(it, j), nA = c_.Tail(n);
+    // O = P V for the step (after the vector cores' flag P): V tile by tile (the first two copies
+    // issued before the wait), the products accumulated in L0C -> scratch O slot, flag O.
+    __aicore__ inline void PV(const Cursor& c, int32_t step) {
+        const int32_t TT = c_.TT, D = c_.D, ST = c_.ST, M = c.M, n = StepTokens(c), tiles = Tiles(n);
         const int32_t rows = c_.quant ? kPSteps * M : M, stride = c_.quant ? RoundUp(rows, 16) : c_.MP;
-        const int32_t nk = c_.quant ? nA : n;  // int8: the vector cores wrote P's tail as zeros
-        const int32_t K1 = CeilDiv(nk, K0), N1 = D / 16;
+        const int32_t N1 = D / 16;
+        int32_t bufs[2];
+        bufs[0] = Fetch(c, 0, true);
+        if (tiles > 1) {
+            bufs[1] = Fetch(c, 1, true);
+        }
         CrossCoreWaitFlag(kFlagP);
-        WaitFor<HardEvent::MTE1_MTE2>();  // the previous tile's LoadData of P from L1 is done
+        if (pFreePending_) {  // the previous step's LoadData of P from L1 is done
+            WaitFlag<HardEvent::MTE1_MTE2>(pFree_);
+            pFreePending_ = false;
+        }
+        const int32_t nkAll = c_.quant ? c_.Tail(n) : n;  // int8: the vector cores wrote P's tail as zeros
         LocalTensor<T> p1 = pL1_.Get<T>();
-        DataCopy(p1, pGm_[(gTile % 2) * c_.PR * TT],
-                 Nd2NzParams(1, static_cast<uint16_t>(rows), static_cast<uint16_t>(nk), 0, static_cast<uint16_t>(TT),
+        DataCopy(p1, pGm_[(step % 2) * c_.PR * ST],
+                 Nd2NzParams(1, static_cast<uint16_t>(rows), static_cast<uint16_t>(nkAll), 0, static_cast<uint16_t>(ST),
                              static_cast<uint16_t>(stride), 1, 0));
-        WaitFor<HardEvent::MTE2_MTE1>();
-        WaitFor<HardEvent::M_MTE1>();
-        LocalTensor<T> p0 = pL0_.Get<T>(), b0 = bL0_.Get<T>();
-        for (int32_t mb = 0; mb < CeilDiv(rows, 16); mb++) {
-            LoadData(p0[mb * K1 * FE], p1, LoadData2DParams(static_cast<uint16_t>(mb), static_cast<uint8_t>(K1),
-                                                             static_cast<uint16_t>(stride / 16), 0, 0, false, 0));
-        }
-        LocalTensor<T> v1 = vL1_.Get<T>()[(j % 2) * TT * D];
-        if constexpr (sizeof(T) == 1) {
-            // B = V (k = tokens, n = D) in ZN fractals of 32 tokens x 16 columns: per 32-column block of
-            // V's NZ, its 32 x 32 squares (consecutive in L1) transposed, one per 32 tokens, each into
-            // the fractals (token block, 2 cb) and (token block, 2 cb + 1) of B, N1 fractals apart
-            for (int32_t cb = 0; cb < D / 32; cb++) {
-                LoadDataWithTranspose(b0[2 * cb * FE], v1[cb * TT * 32],
-                                      LoadData2dTransposeParams(0, static_cast<uint8_t>(nA / 32), 1,
-                                                                static_cast<uint16_t>(N1 - 1), 0));
-            }
-        } else {
-            for (int32_t tb = 0; tb < K1; tb++) {  // V's NZ fractals, transposed, are the ZN fractals of B = V
-                LoadData(b0[tb * N1 * FE], v1, LoadData2DParams(static_cast<uint16_t>(tb), static_cast<uint8_t>(N1),
-                                                                 static_cast<uint16_t>(TT / 16), 0, 0, true, 0));
-            }
-        }
-        WaitFor<HardEvent::MTE1_M>();
-        WaitFor<HardEvent::FIX_M>();
+        SetFlag<HardEvent::MTE2_MTE1>(pFull_);
+        WaitFlag<HardEvent::MTE2_MTE1>(pFull_);
         LocalTensor<A> o0 = oL0C_.Get<A>();
-        Mmad(o0, p0, b0, MmadParams(MmadRows(rows), static_cast<uint16_t>(D), static_cast<uint16_t>(nk), 0,
-                                    false, true));
+        for (int32_t i = 0; i < tiles; i++) {
+            const int32_t nt = Min(TT, n - i * TT), nA = c_.Tail(nt), nk = c_.quant ? nA : nt;
+            const int32_t K1 = CeilDiv(nk, K0), buf = bufs[i % 2];
+            WaitFor<HardEvent::M_MTE1>();
+            LocalTensor<T> p0 = pL0_.Get<T>(), b0 = bL0_.Get<T>();
+            for (int32_t mb = 0; mb < CeilDiv(rows, 16); mb++) {  // P's tile i: fractal columns i * TT / K0 ...
+                LoadData(p0[mb * K1 * FE], p1,
+                         LoadData2DParams(static_cast<uint16_t>(mb + (i * TT / K0) * (stride / 16)),
+                                          static_cast<uint8_t>(K1), static_cast<uint16_t>(stride / 16), 0, 0, false, 0));
+            }
+            RingWaitFull(v_, buf);
+            LocalTensor<T> v1 = vL1_.Get<T>()[buf * TT * D];
+            if constexpr (sizeof(T) == 1) {
+                // B = V (k = tokens, n = D) in ZN fractals of 32 tokens x 16 columns: per 32-column block of
+                // V's NZ, its 32 x 32 squares (consecutive in L1) transposed, one per 32 tokens, each into
+                // the fractals (token block, 2 cb) and (token block, 2 cb + 1) of B, N1 fractals apart
+                for (int32_t cb = 0; cb < D / 32; cb++) {
+                    LoadDataWithTranspose(b0[2 * cb * FE], v1[cb * TT * 32],
+                                          LoadData2dTransposeParams(0, static_cast<uint8_t>(nA / 32), 1,
+                                                                    static_cast<uint16_t>(N1 - 1), 0));
+                }
+            } else {
+                for (int32_t tb = 0; tb < K1; tb++) {  // V's NZ fractals, transposed, are the ZN fractals of B = V
+                    LoadData(b0[tb * N1 * FE], v1, LoadData2DParams(static_cast<uint16_t>(tb), static_cast<uint8_t>(N1),
+                                                                     static_cast<uint16_t>(TT / 16), 0, 0, true, 0));
+                }
+            }
+            RingRelease(v_, buf);
+            if (i + 2 < tiles) {
+                bufs[i % 2] = Fetch(c, i + 2, true);
+            }
+            WaitFor<HardEvent::MTE1_M>();
+            if (i == 0) {
+                WaitFor<HardEvent::FIX_M>();  // the O region of L0C was read out
+            }
+            Mmad(o0, p0, b0, MmadParams(MmadRows(rows), static_cast<uint16_t>(D), static_cast<uint16_t>(nk), 0,
+                                        false, i == 0));  // tiles after the first accumulate in L0C
+        }
+        SetFlag<HardEvent::MTE1_MTE2>(pFree_);
+        pFreePending_ = true;
         WaitFor<HardEvent::M_FIX>();
         FixpipeParamsV220 fp(static_cast<uint16_t>(D), static_cast<uint16_t>(rows), static_cast<uint16_t>(RoundUp(rows, 16)),
                              uint32_t(D), false);
-        Fixpipe<A, A, CFG_ROW_MAJOR>(oGm_[(gTile % 2) * c_.PR * D], o0, fp);
+        Fixpipe<A, A, CFG_ROW_MAJOR>(oGm_[(step % 2) * c_.PR * D], o0, fp);
         CrossCoreSetFlag<2, PIPE_FIX>(kFlagO);
     }
 
@@ -342,6 +464,9 @@ private:
     TBuf<TPosition::CO1> sL0C_, oL0C_;
     GlobalTensor<T> qGm_, kGm_, vGm_, pGm_, zGm_;
     GlobalTensor<A> sGm_, oGm_;
+    Ring k_, v_;
+    TEventID pFull_ = 0, pFree_ = 0;
+    bool pFreePending_ = false;
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -357,7 +482,7 @@ public:
         sub_ = static_cast<int32_t>(GetSubBlockIdx());
         direct_ = out != nullptr;
         c_.Init(bt, plan, ws, t, static_cast<int32_t>(GetBlockIdx() / GetTaskRation()));
-        const int32_t MP = c_.MP, TT = c_.TT, D = c_.D;
+        const int32_t MP = c_.MP, TT = c_.ST, D = c_.D;  // S / P rows of a whole step
         RH_ = MP / 2;
         sGm_.SetGlobalBuffer(reinterpret_cast<__gm__ A*>(c_.scratch), uint64_t(2) * c_.SR * TT);
         pGm_.SetGlobalBuffer(reinterpret_cast<__gm__ C*>(c_.scratch + c_.POff(0, sizeof(C))), uint64_t(2) * c_.PR * TT);
@@ -397,7 +522,7 @@ public:
     // PrepQ and of the int32 results (tiling.mix_ub_bytes lists the same).
     __aicore__ inline void InitQuant(GM_ADDR q, GM_ADDR kvQuant) {
         const SplitKVTiling& t = c_.t;
-        const int32_t D = c_.D, TT = c_.TT;
+        const int32_t D = c_.D, TT = c_.ST;
         qGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(q), uint64_t(t.numRows) * t.numQHeads * D);
         quantGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(kvQuant), uint64_t(4) * t.numKVHeads * D);
         qxGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int8_t*>(c_.scratch + c_.QOff()), uint64_t(kQSteps) * c_.MP * D);
@@ -430,14 +555,24 @@ public:
             // so both vector cores work for any M > 1 (a split at MP / 2 left sub-block 1 idle for M <= 8)
             const int32_t first = CeilDiv(M, 2), r0 = sub_ ? first : 0, nr = sub_ ? M - first : first;
             StartItem(nr);
-            const int32_t nt = it.end > it.start ? CeilDiv(it.end - it.start, c_.TT) : 0;
+            const int32_t nt = it.end > it.start ? CeilDiv(it.end - it.start, c_.ST) : 0;
             if (c_.quant && nt > 0) {
                 PrepQ(it, M, r0, nr);
             }
+            // The update of step j runs after the softmax of step j + 1 (which the cube's QK of step
+            // j + 1, issued before its P V of step j, makes ready): the vector cores compute while the
+            // cube multiplies. Several query rows with 16-bit KV keep the order softmax, update,
+            // band per step (the band reads the step's probabilities from s).
+            const bool lag = !(it.qLen > 1 && !c_.quant);
             for (int32_t j = 0; j < nt; j++) {
                 Softmax(it, M, r0, nr, j, tile + j);
-                Update(M, nr, r0, tile + j);
-                AddBand(it, r0, nr, j);
+                if (lag && j > 0) {
+                    Update(M, nr, r0, tile + j - 1);
+                }
+                if (!lag || j + 1 == nt) {
+                    Update(M, nr, r0, tile + j);
+                    AddBand(it, r0, nr, j);
+                }
             }
             tile += nt;
             Finish(it, r0, nr);
@@ -574,8 +709,9 @@ private:
         }
     }
 
-    // The block vectors (see Init): running max (two, alternating per tile), l, lr, alpha, two sums.
-    static constexpr int32_t kM = 0, kL = 2, kLR = 3, kAlpha = 4, kSum = 5, kSum2 = 6, kBlocks = 7;
+    // The block vectors (see Init): running max (two, alternating per step), l, lr, alpha (two: a
+    // step's alpha is read by its update, which runs after the next step's softmax), two sums.
+    static constexpr int32_t kM = 0, kL = 2, kLR = 3, kAlpha = 4, kSum = 6, kSum2 = 7, kBlocks = 8;
     __aicore__ inline LocalTensor<float> Blk(int32_t which) { return blk_.Get<float>()[which * RHP_ * 8]; }
 
     // row[0, n) op= the 32-byte block `b` (a row's value broadcast): Sub or Mul, in at most two
@@ -690,7 +826,7 @@ private:
     // Tile j of the item: S rows -> P rows (the cube's dtype; int8 KV: kPSteps int8 rows each) in the
     // scratch, flag P; m, l, alpha updated.
     __aicore__ inline void Softmax(const MixItem& it, int32_t M, int32_t r0, int32_t nr, int32_t j, int32_t gTile) {
-        const int32_t TT = c_.TT;
+        const int32_t TT = c_.ST;  // a step's tokens
         const int32_t p0 = it.start + j * TT, n = Min(TT, it.end - p0), n16 = c_.Tail(n);  // int8: 32-aligned
         CrossCoreWaitFlag(kFlagS);
         if (nr == 0) {  // no rows on this vector core: keep the flag protocol
@@ -757,7 +893,7 @@ private:
         }
         const int32_t bn = 16 * nr;  // the rows' blocks, row r at block 2 r
         const uint8_t brep = static_cast<uint8_t>(CeilDiv(2 * nr, 8));
-        LocalTensor<float> mOld = Blk(kM + cur_), mNew = Blk(kM + 1 - cur_), aB = Blk(kAlpha), tB = Blk(kSum);
+        LocalTensor<float> mOld = Blk(kM + cur_), mNew = Blk(kM + 1 - cur_), aB = Blk(kAlpha + gTile % 2), tB = Blk(kSum);
         PipeBarrier<PIPE_V>();
         Brcb(tB, red, brep, BrcbRepeatParams(1, 8));
         PipeBarrier<PIPE_V>();
@@ -862,7 +998,7 @@ private:
                 DataCopy(oi[i * cnt], oGm_[slot + (uint64_t(i) * M + r0) * D], uint32_t(cnt));
             }
         }
-        LocalTensor<float> aB = Blk(kAlpha);
+        LocalTensor<float> aB = Blk(kAlpha + gTile % 2);
         for (int32_t r = 0; r < nr; r++) {  // acc * alpha, each row by its block
             RowOp(true, acc[r * D], aB[16 * r], D);
         }
@@ -885,7 +1021,7 @@ private:
     // here each row adds p * v of the band positions it sees (Axpy, p from the tile's probabilities,
     // still in s). A masked page contributes nothing.
     __aicore__ inline void AddBand(const MixItem& it, int32_t r0, int32_t nr, int32_t j) {
-        const int32_t D = c_.D, p0 = it.start + j * c_.TT, n = Min(c_.TT, it.end - p0);
+        const int32_t D = c_.D, p0 = it.start + j * c_.ST, n = Min(c_.ST, it.end - p0);
         const int32_t a = Max(p0, it.seqLen - it.qLen + 1);
         if (c_.quant || it.qLen <= 1 || nr == 0 || a >= p0 + n) {  // int8 KV: the cube's integer P V has it
             return;

@@ -63,7 +63,7 @@
 #define SPLITKV_DT_BFLOAT16 2
 #define SPLITKV_DT_INT8 3
 
-#define SPLITKV_TILING_VERSION 3
+#define SPLITKV_TILING_VERSION 4
 
 // All fields are 4 bytes (int32 or float32), no padding; tiling.py reads this declaration to pack
 // the bytes, so keep one field per line in the form `type name;  // comment`.
@@ -104,7 +104,7 @@ struct SplitKVTiling {
     int32_t splitUbBytes;     // UB the split stage reserves (checked on the host)
     int32_t combineUbBytes;   // UB the combine stage reserves
     int32_t kernelKind;       // split stage: 0 vector cores only (splitkv_split), 1 mixed AIC + AIV (splitkv_split_mix)
-    int32_t mixTileTokens;    // mixed: KV tokens per cube tile (multiple of 16)
+    int32_t mixTileTokens;    // mixed: KV tokens per cube tile, one L1 buffer of K or V (multiple of 16)
     int32_t mixRowsPad;       // mixed: most query rows of an item (q_len x G), padded to 16
     int32_t scratchOffsetBytes;  // mixed: workspace byte offset of the per-AI-core scratch (S, P, O slots)
     int32_t scratchCoreBytes;    // mixed: scratch bytes per AI core
@@ -113,9 +113,10 @@ struct SplitKVTiling {
     int32_t combineBlockDim;  // vector cores the combine uses (units of (row, KV head); any count works)
     int32_t deviceSplitTokens;  // graph mode: split size S > 0: items, ranges and slots from seqLens (below); 0 off
     int32_t combineHeads;     // query heads of one KV head the combine merges at once (<= groupSize; UB-bound)
+    int32_t mixStepTiles;     // mixed: cube tiles per cube <-> vector exchange step (step = mixTileTokens x this)
 };
 
-#define SPLITKV_TILING_WORDS 45
+#define SPLITKV_TILING_WORDS 46
 
 #ifdef __cplusplus
 static_assert(sizeof(SplitKVTiling) == SPLITKV_TILING_WORDS * 4, "SplitKVTiling must be 4-byte fields only");

@@ -95,9 +95,9 @@ def test_int8_scratch_and_ub_are_what_the_kernel_uses():
     ws, peak, til = sim.run_split(inp, plan, guard_bytes=4096)
     f = til.fields
     assert til.mixed and peak == f["mixUbBytes"] <= tl.UB_BYTES
-    assert f["scratchCoreBytes"] == tl.mix_scratch_core_bytes(96, "bfloat16", f["mixTileTokens"], f["mixRowsPad"],
-                                                              "int8")
-    assert f["scratchCoreBytes"] > tl.mix_scratch_core_bytes(96, "bfloat16", f["mixTileTokens"], f["mixRowsPad"])
+    step = f["mixTileTokens"] * f["mixStepTiles"]
+    assert f["scratchCoreBytes"] == tl.mix_scratch_core_bytes(96, "bfloat16", step, f["mixRowsPad"], "int8")
+    assert f["scratchCoreBytes"] > tl.mix_scratch_core_bytes(96, "bfloat16", step, f["mixRowsPad"])
     assert (ws[til.workspace_bytes:] == sim.WS_POISON).all()
 
 
@@ -191,8 +191,7 @@ def test_graph_mode_replays_with_int8_kv(window):
     plan = first.plan(f"size:{split}", device="910b2", graph_stable=True, max_splits=cap)
     til = tl.build_tiling(first, plan, device_split_tokens=split)
     assert til.mixed and til.fields["deviceSplitTokens"] == split
-    assert til.fields["scratchCoreBytes"] == tl.mix_scratch_core_bytes(64, "bfloat16", tl.MIX_TILE_CANDIDATES[0],
-                                                                       tl.MIX_MAX_ROWS, "int8")
+    assert til.fields["scratchCoreBytes"] == tl.mix_scratch_max_bytes(64, "bfloat16", "int8", False)
     for lens in ([700, 33, 0, 1200], [1500, 2, 64, 2048], [1, 2, 1, 1], [0, 300, 2048, 257]):
         inp = dataclasses.replace(full, seq_lens=np.array(lens, np.int32))
         out, lse = sim.run_tiling(inp, plan, sim.with_seq_lens(til, lens))

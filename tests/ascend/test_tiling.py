@@ -17,7 +17,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 
 def test_header_fields_are_the_struct():
-    assert tl.TILING_BYTES == 4 * len(tl.FIELDS) == 45 * 4
+    assert tl.TILING_BYTES == 4 * len(tl.FIELDS) == 46 * 4
     assert tl.FIELD_NAMES[0] == "version" and "workspaceBytes" in tl.FIELD_NAMES
     t = {n: (1.5 if k == "f" else i) for i, (n, k) in enumerate(tl.FIELDS)}
     assert tl.unpack_tiling(tl.pack_tiling(t)) == t
@@ -150,8 +150,8 @@ def test_workspace_size_matches_what_the_kernel_writes(graph_stable, head_dim):
         f = til.fields
         assert f["scratchOffsetBytes"] == -(-partials // 512) * 512
         assert til.workspace_bytes == f["scratchOffsetBytes"] + til.block_dim * f["scratchCoreBytes"]
-        assert f["scratchCoreBytes"] == tl.mix_scratch_core_bytes(head_dim, "float16", f["mixTileTokens"],
-                                                                  f["mixRowsPad"])
+        assert f["scratchCoreBytes"] == tl.mix_scratch_core_bytes(
+            head_dim, "float16", f["mixTileTokens"] * f["mixStepTiles"], f["mixRowsPad"])
     else:
         assert til.workspace_bytes == partials
     total = til.workspace_bytes
@@ -187,16 +187,24 @@ def test_mixed_tiles_fit_every_unit(dtype, soft_cap, kv_dtype, multi_query):
                 # 2 P rows per row, their UB buffers) 64 rows at D >= 128: the vector kernel serves those
                 assert rows > 64 or (kv_dtype == "int8" and rows == 64 and d >= 128), (d, rows)
                 continue
-            tt, mp = got
+            tt, mp, steps = got
             assert mp % 16 == 0 and mp >= rows and tt % (32 if kv_dtype == "int8" else 16) == 0
-            cube = tl.mix_cube_bytes(d, tt, mp, kv_dtype)
+            assert steps >= 1 and steps & (steps - 1) == 0 and tt * steps <= tl.MIX_MAX_STEP_TOKENS
+            cube = tl.mix_cube_bytes(d, tt, mp, kv_dtype, tt * steps)
             assert cube["L1"] <= tl.L1_BYTES and cube["L0A"] <= tl.L0A_BYTES
             assert cube["L0B"] <= tl.L0B_BYTES and cube["L0C"] <= tl.L0C_BYTES
-            ub = tl.mix_ub_bytes(d, dtype, tt, mp, soft_cap, kv_dtype, multi_query)
+            ub = tl.mix_ub_bytes(d, dtype, tt * steps, mp, soft_cap, kv_dtype, multi_query)
             assert sum(ub.values()) <= tl.UB_BYTES
             assert any(k.startswith("vb") for k in ub) == (multi_query and kv_dtype is None)
             if d <= 128 and rows <= 16:
                 assert tt == 256
+                if kv_dtype is None:  # decode's GQA groups: the longest exchange step
+                    assert tt * steps == tl.MIX_MAX_STEP_TOKENS, (d, rows, tt, steps)
+            # a longer step would not fit
+            if tt * steps * 2 <= tl.MIX_MAX_STEP_TOKENS:
+                bigger = tl.mix_cube_bytes(d, tt, mp, kv_dtype, tt * steps * 2)["L1"] > tl.L1_BYTES or sum(
+                    tl.mix_ub_bytes(d, dtype, tt * steps * 2, mp, soft_cap, kv_dtype, multi_query).values()) > tl.UB_BYTES
+                assert bigger, (d, rows, tt, steps)
     assert tl.choose_mix_tiles(128, "bfloat16", 129, False) is None  # more rows: the vector kernel
 
 

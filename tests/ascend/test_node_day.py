@@ -275,3 +275,96 @@ def test_the_timing_stage_grid_is_one_every_backend_takes():
     for sh in shapes:
         for b in nb.BACKENDS:
             assert nb.unsupported(b, sh) is None, (sh.name, b)
+
+
+def test_build_stage_logic_with_stand_in_builds(tmp_path, monkeypatch):
+    """Stage 2's bookkeeping with the builds replaced by stub libraries: the default route's launch
+    symbols are checked, a bisheng route refused by CANN 8.1 is recorded as skipped, the default
+    library is the one left installed, the probe library's launch functions are checked; then a
+    default route lacking a symbol fails the stage and blocks stages 3, 4, 5 and 7."""
+    import shutil
+
+    from ascend_ops import build
+    from ascend_ops.node_day import cli
+    from ascend_ops.node_day.report import Report
+
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None or shutil.which("nm") is None:
+        pytest.skip("needs a C++ compiler and nm")
+    lib_dir = tmp_path / "_lib"
+    lib_dir.mkdir()
+    monkeypatch.setattr(build, "LIB_DIR", lib_dir)
+
+    def stub(path: Path, names, tag: str):
+        src = tmp_path / f"{path.name}.c"
+        src.write_text(f"const char *stub_tag = \"{tag}\";\n"
+                       + "".join(f"unsigned {n}(void) {{ return 0; }}\n" for n in names))
+        subprocess.run([cxx, "-shared", "-fPIC", "-x", "c", str(src), "-o", str(path)], check=True)
+
+    def fake_run(symbols):
+        def run_cmd(cmd, log, timeout, env=None):
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text("+ " + " ".join(cmd) + "\n")
+            if "--probes" in cmd:
+                stub(lib_dir / probes.PROBE_LIB_FILE, [f"aclrtlaunch_{k}" for k in probes.PROBE_KERNELS], "probes")
+                return 0, "built"
+            route = cmd[cmd.index("--route") + 1]
+            if route == "bisheng":
+                return 2, "error: route bisheng: CANN 8.1 has no one-call build of the mixed AIC + AIV kernel"
+            stub(lib_dir / build.LIB_FILE, symbols, route)
+            return 0, "built"
+        return run_cmd
+
+    monkeypatch.setattr(cli, "_run_cmd", fake_run(cli.LAUNCH_SYMBOLS))
+    run = cli.Run(cli.parse_args([]), Report(tmp_path / "r1", "npu", "test"))
+    st = run.report.stage(2)
+    cli.stage_build(run, st)
+    items = {it["name"]: it for it in st.items}
+    assert st.status == "pass", st
+    assert items["route cmake"]["status"] == "pass" and items["route bisheng"]["status"] == "skipped"
+    assert items["probe library"]["status"] == "pass" and run.probe_lib == lib_dir / probes.PROBE_LIB_FILE
+    assert b"cmake" in (lib_dir / build.LIB_FILE).read_bytes() and not run.blocked
+
+    monkeypatch.setattr(cli, "_run_cmd", fake_run(cli.LAUNCH_SYMBOLS[:2]))
+    run = cli.Run(cli.parse_args([]), Report(tmp_path / "r2", "npu", "test"))
+    st = run.report.stage(2)
+    cli.stage_build(run, st)
+    assert st.status == "fail" and "aclrtlaunch_splitkv_attention_mix" in st.summary
+    assert set(run.blocked) == {3, 4, 5, 7}
+
+
+def test_parity_stage_judges_our_backend_and_lists_the_peers(tmp_path, monkeypatch):
+    """Stage 5 on a node, the catalog run replaced by its JSON: a peer's failed case is listed, not
+    ours; our failed case, or our backend unavailable, fails the stage (and the full size is not run)."""
+    from ascend_ops.node_day import cli
+    from ascend_ops.node_day.report import Report
+
+    def fake(results, unavailable=None, rc=0):
+        def run_cmd(cmd, log, timeout, env=None):
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text("+ parity\n")
+            counts = {}
+            for r in results:
+                counts.setdefault(r["backend"], {"pass": 0, "fail": 0, "error": 0, "unsupported": 0})[r["status"]] += 1
+            js = Path(cmd[[i for i, a in enumerate(cmd) if a == "--report"][1] + 1])
+            js.write_text(json.dumps({"counts": counts, "unavailable": unavailable or {}, "results": results}))
+            Path(cmd[cmd.index("--report") + 1]).write_text("# parity\n")
+            return rc, ""
+        return run_cmd
+
+    def stage(results, unavailable=None, rc=0, name="r"):
+        monkeypatch.setattr(cli, "_run_cmd", fake(results, unavailable, rc))
+        run = cli.Run(cli.parse_args([]), Report(tmp_path / name, "npu", "test"))
+        st = run.report.stage(5)
+        cli.stage_parity(run, st)
+        return st
+
+    ok = [{"backend": "ascend", "case": "a", "status": "pass"}, {"backend": "numpy", "case": "a", "status": "pass"}]
+    peer_bad = ok + [{"backend": "cann-fia", "case": "a", "status": "fail", "message": "lse"}]
+    st = stage(peer_bad, rc=1, name="peer")
+    assert st.status == "pass" and [it["name"] for it in st.items] == ["catalog small", "catalog full"]
+    assert "cann-fia a" in st.items[0]["message"]
+    st = stage(ok + [{"backend": "ascend", "case": "b", "status": "error", "message": "boom"}], rc=1, name="ours")
+    assert st.status == "fail" and len(st.items) == 1 and "b: error: boom" in st.items[0]["message"]
+    st = stage(ok[1:], unavailable={"ascend": "the library is not built"}, name="absent")
+    assert st.status == "fail" and "could not run" in st.summary

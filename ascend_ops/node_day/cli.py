@@ -435,7 +435,7 @@ def stage_probes(run: Run, st) -> None:
                                  "message": f"the stage stopped at {p.name}"})
             break
     date = datetime.date.today().isoformat()
-    chip = str(run.identity.get("chip") or run.profile)
+    chip = str(run.identity.get("chip") or run.profile or "unknown chip")
     const_file = run.out / ("constants.twin.json" if twin else "constants.json")
     summary = write_constants(results, chip=chip, date=date, measured=not twin, out=const_file)
     run.report.artifacts["constants"] = run.report.rel(const_file)

@@ -368,3 +368,24 @@ def test_parity_stage_judges_our_backend_and_lists_the_peers(tmp_path, monkeypat
     assert st.status == "fail" and len(st.items) == 1 and "b: error: boom" in st.items[0]["message"]
     st = stage(ok[1:], unavailable={"ascend": "the library is not built"}, name="absent")
     assert st.status == "fail" and "could not run" in st.summary
+
+
+def test_probe_stage_on_a_node_without_the_probe_library_records_the_error(tmp_path, monkeypatch):
+    """Stage 6 in node mode where the probe library is missing: the first probe's child reports the
+    missing library, the stage stops there, and the constants file is still written (paper values)."""
+    from ascend_ops.node_day import cli
+    from ascend_ops.node_day.report import Report
+
+    monkeypatch.setattr(cli, "_estimate", lambda run, f: {"name": "estimate", "status": "skipped", "message": "test"})
+    args = cli.parse_args(["--timeout", "120"])
+    run = cli.Run(args, Report(tmp_path / "r", "npu", "test"))
+    run.probe_lib = tmp_path / "missing" / probes.PROBE_LIB_FILE
+    st = run.report.stage(6)
+    cli.stage_probes(run, st)
+    first = st.items[0]
+    assert st.status == "fail" and first["status"] == "error" and "probe library" in first["message"], first
+    assert [it["status"] for it in st.items[1:len(probes.PROBES)]] == ["not-run"] * (len(probes.PROBES) - 1)
+    const = json.loads((tmp_path / "r" / "constants.json").read_text())
+    base = json.loads(constants_file.BASE.read_text())
+    assert const["constants"] == base["constants"]
+    assert validate_report(run.report.as_dict()) == []

@@ -32,7 +32,7 @@ import numpy as np
 
 from .devices import DeviceProfile, get_profile
 from . import validation as _limits
-from .validation import check_plan_limits, int_vector, normalize_window
+from .validation import MAX_SEQ_LEN, MAX_WORK_ITEMS, check_plan_limits, int_vector, normalize_window
 
 POLICIES = ("auto", "fixed_size", "fixed_count", "none")
 
@@ -48,8 +48,16 @@ class SplitPolicy:
     def __post_init__(self):
         if self.kind not in POLICIES:
             raise ValueError(f"policy: unknown kind {self.kind!r}; expected one of {POLICIES}")
-        if self.kind in ("fixed_size", "fixed_count") and self.value <= 0:
-            raise ValueError(f"policy: {self.kind} needs a positive value, got {self.value}")
+        if self.kind in ("fixed_size", "fixed_count"):
+            v = self.value
+            if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):
+                raise ValueError(f"policy: {self.kind} needs an integer value, got {v!r}")
+            if v <= 0:
+                raise ValueError(f"policy: {self.kind} needs a positive value, got {v}")
+            # split lengths and counts are int32 in plans and kernels
+            limit, name = (MAX_SEQ_LEN, "MAX_SEQ_LEN") if self.kind == "fixed_size" else (MAX_WORK_ITEMS, "MAX_WORK_ITEMS")
+            if v > limit:
+                raise ValueError(f"policy: {self.kind}:{v} is over the limit {name} = {limit}")
 
     @classmethod
     def parse(cls, text: "str | SplitPolicy") -> "SplitPolicy":

@@ -237,16 +237,32 @@ def check_scalars(scale=None, soft_cap=None, window_left=None) -> None:
       FlashAttention's ``softcap=0.0`` to None before the call);
     * ``window_left``: None or ``-1`` (no window), or an int ``>= 0`` (not a bool or a float).
 
-    Anything else raises ``ValueError`` naming the argument and the rule.
+    Bounds (so that no backend overflows float32 or int32 on a legal value): ``scale`` at most
+    :data:`MAX_SCALE` (a larger one turns ordinary scores into ``inf`` in float32, and
+    ``inf - inf`` into NaN rows); ``soft_cap`` at most float32's largest value; ``window_left`` at
+    most :data:`MAX_SEQ_LEN` (positions are int32: a wider window is no window, pass None or -1).
+
+    Anything else raises ``ValueError`` naming the argument and the rule. Cost: a few comparisons.
     """
-    if scale is not None and not (_is_real(scale) and math.isfinite(float(scale)) and float(scale) > 0):
-        raise ValueError(f"scale: must be a finite positive number (or None for 1/sqrt(D)), got {scale!r}")
-    if soft_cap is not None and not (_is_real(soft_cap) and math.isfinite(float(soft_cap)) and float(soft_cap) > 0):
-        raise ValueError(f"soft_cap: must be None or a finite positive number (0 is not 'no cap': pass None), "
-                         f"got {soft_cap!r}")
-    if window_left is not None and not (isinstance(window_left, (int, np.integer))
-                                        and not isinstance(window_left, (bool, np.bool_)) and window_left >= -1):
-        raise ValueError(f"window_left: must be None, -1 (no window) or a non-negative int, got {window_left!r}")
+    if scale is not None:
+        if not (_is_real(scale) and math.isfinite(float(scale)) and float(scale) > 0):
+            raise ValueError(f"scale: must be a finite positive number (or None for 1/sqrt(D)), got {scale!r}")
+        if float(scale) > MAX_SCALE:
+            raise ValueError(f"scale: {float(scale)!r} is over the limit MAX_SCALE = {MAX_SCALE:g} "
+                             f"({'it overflows float32' if float(scale) > FLOAT32_MAX else 'scale x score would overflow float32'})")
+    if soft_cap is not None:
+        if not (_is_real(soft_cap) and math.isfinite(float(soft_cap)) and float(soft_cap) > 0):
+            raise ValueError(f"soft_cap: must be None or a finite positive number (0 is not 'no cap': pass None), "
+                             f"got {soft_cap!r}")
+        if float(soft_cap) > FLOAT32_MAX:
+            raise ValueError(f"soft_cap: {float(soft_cap)!r} overflows float32 (largest {FLOAT32_MAX:g})")
+    if window_left is not None:
+        if not (isinstance(window_left, (int, np.integer)) and not isinstance(window_left, (bool, np.bool_))
+                and window_left >= -1):
+            raise ValueError(f"window_left: must be None, -1 (no window) or a non-negative int, got {window_left!r}")
+        if int(window_left) > MAX_SEQ_LEN:
+            raise ValueError(f"window_left: {int(window_left)} is over the limit MAX_SEQ_LEN = {MAX_SEQ_LEN} "
+                             f"(positions are int32; a window that wide is no window: pass None or -1)")
 
 
 _check_scalars = check_scalars
@@ -277,6 +293,11 @@ MAX_WORK_ITEMS = 1 << 22
 MAX_PARTIAL_SLOTS = 1 << 26
 #: KV heads.
 MAX_KV_HEADS = 1 << 16
+#: Largest softmax ``scale``: ``scale x q.k`` stays finite in float32 for every fp16 cache and
+#: every bf16 / fp32 one of ordinary magnitude (``1 / sqrt(D)`` is below 1).
+MAX_SCALE = float(1 << 16)
+#: float32's largest finite value (what kernels and tilings store scalars in).
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _one_dim(a: np.ndarray, name: str, shape: str) -> np.ndarray:

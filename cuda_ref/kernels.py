@@ -675,7 +675,11 @@ def _merge_row(PART_O, PART_LSE, first, slot_step, n, head, offs_d, d_ok, n_slot
         m = m_new
     empty_row = l == 0.0
     l_safe = tl.where(empty_row, 1.0, l)
-    o = tl.where(empty_row, 0.0, u / l_safe)
+    o = u / l_safe
+    # the NaN rule: an inf channel of a non-empty state gives NaN, not inf (finite states average to
+    # a finite value, so o - o is 0 exactly where every state's channel was finite)
+    o = tl.where(o - o == 0.0, o, float("nan"))
+    o = tl.where(empty_row, 0.0, o)
     lse = tl.where(empty_row, float("-inf"), m + tl.log(l_safe))
     return o, lse
 

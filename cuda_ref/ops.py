@@ -33,6 +33,7 @@ import torch
 from . import INTERPRET
 from .checks import SignatureCache, check_launch
 from .launch import DevicePlan, launch_decode, launch_merge
+from splitkv_common.merge import check_merge_inputs
 
 _checked = SignatureCache(256)
 
@@ -118,15 +119,12 @@ def _(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, plan_data, pl
 
 @torch.library.custom_op("splitkv::merge_states", mutates_args=())
 def merge_states(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if o.dim() != 4:
+        raise ValueError(f"o: must be [S, N, H, D] (states on axis 0), got shape {tuple(o.shape)}")
+    check_merge_inputs(o.shape, lse.shape, 0, str(o.dtype), str(lse.dtype))   # the merges' shared contract
     S, N, H, D = o.shape
-    if tuple(lse.shape) != (S, N, H):
-        raise ValueError(f"lse: shape {tuple(lse.shape)} must be o.shape[:-1] = {(S, N, H)}")
-    if S == 0:
-        raise ValueError("o, lse: the split axis is empty; at least one state is needed")
     if lse.device != o.device:
         raise ValueError(f"lse: on {lse.device}, expected {o.device} (o's device)")
-    if not o.dtype.is_floating_point or not lse.dtype.is_floating_point:
-        raise TypeError(f"o, lse: float dtypes required, got {o.dtype}, {lse.dtype}")
     po = o.reshape(S * N, H, D)
     if po.stride(-1) != 1:
         po = po.contiguous()

@@ -9,7 +9,9 @@ For states ``(o_i, lse_i)`` of the same query row and head over disjoint KV rang
 
 All states empty: ``out = 0, lse = -inf``. lse is natural-log; ``+inf`` on input means empty (its
 ``o`` is ignored, whatever it holds). NaN propagates: a NaN lse gives ``out = lse = NaN``, a NaN or
-inf ``o`` of a non-empty state gives ``out = NaN`` (the torch merge does the same).
+inf ``o`` of a non-empty state gives ``out = NaN`` (the torch merge and the op do the same).
+The inputs' contract (axis range, shapes, at least one state, float dtypes) is
+:func:`check_merge_inputs`, shared by the three merges.
 The merge is commutative and associative up to rounding, not bitwise order-independent.
 """
 
@@ -18,6 +20,41 @@ from __future__ import annotations
 import numpy as np
 
 from .states import canonical_lse
+
+
+MERGE_FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def check_merge_inputs(o_shape, lse_shape, axis, o_dtype: str, lse_dtype: str) -> int:
+    """The one contract of the three merges (this NumPy merge, ``torch_eager.merge_states`` and the
+    ``splitkv::merge_states`` op), checked before any arithmetic; returns ``axis`` made non-negative.
+
+    * ``lse`` has a split axis (at least one dimension) and ``axis`` (an int, counted on lse) is in
+      ``[-lse.ndim, lse.ndim)``: never wrapped (axis 3 of a 3-D lse is an error, not axis 0);
+    * ``o.shape == lse.shape + (D,)`` exactly (an lse of another shape is never broadcast);
+    * at least one state on the split axis;
+    * float dtypes (``float16``, ``bfloat16``, ``float32``, ``float64``) for both.
+
+    Raises ``ValueError`` (``TypeError`` for a dtype or a non-int axis) naming the argument.
+    Cost: a few tuple comparisons (shapes and dtype names only, no data read)."""
+    o_shape, lse_shape = tuple(int(s) for s in o_shape), tuple(int(s) for s in lse_shape)
+    for name, dt in (("o", o_dtype), ("lse", lse_dtype)):
+        if str(dt).replace("torch.", "") not in MERGE_FLOAT_DTYPES:
+            raise TypeError(f"{name}: dtype must be one of {MERGE_FLOAT_DTYPES}, got {dt}")
+    if len(lse_shape) == 0:
+        raise ValueError("lse: needs a split axis (at least one dimension)")
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, (bool, np.bool_)):
+        raise TypeError(f"axis: must be an int, got {type(axis).__name__} {axis!r}")
+    n = len(lse_shape)
+    if not -n <= int(axis) < n:
+        raise ValueError(f"axis: {int(axis)} is out of range for lse of {n} dimensions (shape {lse_shape}); "
+                         f"expected -{n} <= axis < {n}")
+    if len(o_shape) != n + 1 or o_shape[:-1] != lse_shape:
+        raise ValueError(f"o: shape {o_shape} must be lse.shape {lse_shape} + (D,)")
+    axis = int(axis) % n
+    if lse_shape[axis] == 0:
+        raise ValueError("o, lse: the split axis is empty; at least one state is needed")
+    return axis
 
 
 def merge_states(o, lse, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -32,16 +69,11 @@ def merge_states(o, lse, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
         ``(out, lse)``: float32 ``o.shape`` without the split axis, float32 ``lse.shape`` without it.
     """
     o = np.asarray(o)
+    lse = np.asarray(lse)
+    axis = check_merge_inputs(o.shape, lse.shape, axis, o.dtype.name, lse.dtype.name)
     lse = canonical_lse(lse, allow_nan=True)
-    if o.shape[:-1] != lse.shape:
-        raise ValueError(f"o: shape {o.shape} must be lse.shape {lse.shape} + (D,)")
-    if lse.ndim == 0:
-        raise ValueError("lse: needs a split axis")
-    axis = axis % lse.ndim
     lse64 = np.moveaxis(lse.astype(np.float64), axis, 0)
     o64 = np.moveaxis(o.astype(np.float64), axis, 0)
-    if lse64.shape[0] == 0:
-        raise ValueError("o, lse: the split axis is empty; at least one state is needed")
     empty = np.isinf(lse64)
     m = np.max(np.where(empty, -np.inf, lse64), axis=0)
     all_empty = np.isinf(m)

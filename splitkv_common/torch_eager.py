@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .merge import check_merge_inputs
 from .plan import Plan
 
 def _dequant(x: torch.Tensor, scale, offset, head: torch.Tensor) -> torch.Tensor:
@@ -37,8 +38,8 @@ def merge_states(o: torch.Tensor, lse: torch.Tensor, dim: int = 0) -> tuple[torc
     non-empty state, makes the merged row NaN (as the NumPy merge). Returns float32 ``(out, lse)``
     without the split axis.
     """
+    dim = check_merge_inputs(o.shape, lse.shape, dim, str(o.dtype), str(lse.dtype))  # the shared contract
     lse = lse.float()
-    dim = dim % lse.dim()  # counted on lse: a negative dim must not land on o's last (D) axis
     empty = torch.isinf(lse)
     lse_m = lse.masked_fill(empty, float("-inf"))
     m = lse_m.amax(dim=dim, keepdim=True)

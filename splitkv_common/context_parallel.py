@@ -42,10 +42,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .cp_sharding import LAYOUTS, Shard, localize, page_owners, shard, shard_all, shard_plan  # noqa: F401
+import zlib
+
+from .cp_sharding import (LAYOUTS, Shard, check_used_page_ids, localize, page_owners, shard, shard_all,  # noqa: F401
+                          shard_plan)
 from .plan import Plan
 from .torch_eager import decode_attention, merge_states
-from .validation import normalize_window
+from .validation import as_int64_lengths, normalize_window
 
 MODES = ("all_gather", "all_to_all")
 PG_BACKENDS = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo"}
@@ -141,10 +144,17 @@ def make_batch(s: Shard, q, k_cache, v_cache, *, query_start_loc=None, scale=Non
     """A :class:`ShardBatch` from a (localized) shard and the rank's tensors; int32 tables on q's device."""
     dev = q.device
     B = s.batch_size
+    # a used -1 (or an id past the rank's cache) is refused here, so every shard backend agrees
+    check_used_page_ids(s.block_table, s.seq_lens, s.page_size, int(k_cache.shape[0]), name="shard.block_table")
     qsl = np.arange(B + 1, dtype=np.int32) if query_start_loc is None else (
         query_start_loc.detach().cpu().numpy() if isinstance(query_start_loc, torch.Tensor)
-        else np.asarray(query_start_loc)).astype(np.int32)
-    if qsl.shape != (B + 1,) or int(qsl[-1]) != q.shape[0]:
+        else np.asarray(query_start_loc))
+    qsl = as_int64_lengths(qsl, "query_start_loc", "[B + 1]")
+    if qsl.size and (int(qsl.min()) < 0 or int(qsl.max()) > q.shape[0] or (np.diff(qsl) < 0).any()):
+        raise ValueError(f"query_start_loc: must be non-decreasing within [0, {q.shape[0]}] (q's rows), got "
+                         f"{qsl.tolist()[:8]}")
+    qsl = qsl.astype(np.int32)
+    if qsl.shape != (B + 1,) or int(qsl[-1]) != q.shape[0] or (qsl.size and int(qsl[0]) != 0):
         raise ValueError(f"query_start_loc: must be [B + 1] = [{B + 1}] ending at q's {q.shape[0]} rows, "
                          f"got {qsl.tolist()[:8]}")
 
@@ -160,6 +170,53 @@ def make_batch(s: Shard, q, k_cache, v_cache, *, query_start_loc=None, scale=Non
 
 
 _GATHER_INTO_TENSOR: dict = {}
+
+#: What ranks must agree on before the collective (:func:`batch_fingerprint`), in this order.
+FINGERPRINT_FIELDS = ("inputs refused", "mode", "world size", "query rows (T)", "query heads (Hq)", "head dim (D)",
+                      "q dtype", "requests (B)", "query_start_loc", "global seq_lens")
+
+
+def _crc(a: np.ndarray) -> int:
+    return zlib.crc32(np.ascontiguousarray(a, dtype=np.int64).tobytes())
+
+
+def batch_fingerprint(batch: "ShardBatch | None", mode: str, world_size: int) -> np.ndarray:
+    """int64 ``[len(FINGERPRINT_FIELDS)]``: what every rank of a step must agree on (q's shape and
+    dtype, the batch's requests, ``query_start_loc`` and global lengths as CRC-32s, the mode and the
+    world size). ``batch=None``: this rank refused its inputs (the first field 1), so that the others
+    fail with it instead of waiting in the collective. Cost: two CRCs over ``B`` entries (host)."""
+    if batch is None:
+        return np.array([1] + [0] * (len(FINGERPRINT_FIELDS) - 1), np.int64)
+    T, Hq, D = batch.q.shape
+    dt = zlib.crc32(str(batch.q.dtype).encode())
+    return np.array([0, MODES.index(mode), world_size, T, Hq, D, dt, batch.shard.batch_size, _crc(batch.host_qsl),
+                     _crc(batch.shard.global_seq_lens)], np.int64)
+
+
+def agree(fingerprint: np.ndarray, device, group=None) -> None:
+    """Every rank of ``group`` shares its :func:`batch_fingerprint` (one all-gather of a few int64s)
+    and checks the others': ranks that disagree on the batch (query rows, shapes, lengths) or a rank
+    that refused its inputs make every rank raise the same ``ValueError`` here, naming the field and
+    the ranks, instead of one rank waiting in the step's collective until the group's timeout."""
+    W = dist.get_world_size(group)
+    if W == 1:
+        if fingerprint[0]:
+            raise ValueError("context parallel: this rank refused its inputs")
+        return
+    send = torch.as_tensor(fingerprint, dtype=torch.int64, device=device)
+    recv = torch.zeros((W, send.shape[0]), dtype=torch.int64, device=device)
+    _all_gather_packed(recv, send, group)
+    rows = recv.cpu().numpy()
+    refused = np.flatnonzero(rows[:, 0])
+    if refused.size:
+        raise ValueError(f"context parallel: rank(s) {refused.tolist()} refused their inputs (see that rank's error); "
+                         f"no rank runs this step")
+    for f in range(1, rows.shape[1]):
+        if (rows[:, f] != rows[0, f]).any():
+            vals = {r: int(rows[r, f]) for r in range(W)}
+            raise ValueError(f"context parallel: the ranks disagree on {FINGERPRINT_FIELDS[f]} "
+                             f"({'CRC-32 ' if f >= 8 else ''}by rank: {vals}); every rank must be given the same "
+                             f"batch (q, query_start_loc, global lengths, mode)")
 
 
 def _all_gather_packed(buf: torch.Tensor, send: torch.Tensor, group) -> None:
@@ -200,6 +257,7 @@ class ContextParallelDecode:
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self._bufs: dict = {}
+        self._agreed = None   # the batch the ranks last agreed on (agree())
 
     def buffers(self, T: int, Hq: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """``(send [T, Hq, D + 1], recv)`` float32, allocated once per shape: recv is ``[W, T, Hq, D + 1]``
@@ -214,7 +272,18 @@ class ContextParallelDecode:
             self._bufs = {key: (send, torch.zeros(shape, dtype=torch.float32, device=device))}
         return self._bufs[key]
 
+    def agree(self, batch: "ShardBatch | None", device=None) -> None:
+        """Check that every rank was given the same batch (:func:`agree`: one all-gather of a few
+        int64s); ``batch=None`` tells the others this rank refused its inputs. Called by
+        :meth:`prepare`, and by :meth:`run` for a batch not prepared; a later step of the same batch
+        costs nothing."""
+        dev = batch.q.device if batch is not None else device
+        agree(batch_fingerprint(batch, self.mode, self.world_size), dev, self.group)
+        self._agreed = batch
+
     def prepare(self, batch: ShardBatch) -> None:
+        if self._agreed is not batch:
+            self.agree(batch)
         T, Hq, D = batch.q.shape
         if self.mode == "all_to_all" and Hq % self.world_size:
             raise ValueError(f"mode: all_to_all splits the {Hq} query heads over {self.world_size} ranks; "
@@ -273,6 +342,8 @@ class ContextParallelDecode:
         return self.merge(self.communicate(self.pack(o, lse)))
 
     def run(self, batch: ShardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._agreed is not batch:  # ranks agree on a batch before its first collective
+            self.agree(batch)
         o, lse = self.states(batch)
         return self.exchange(o, lse)
 
@@ -300,9 +371,17 @@ def cp_decode(q, k_cache, v_cache, s: Shard, *, query_start_loc=None, scale=None
         ``(out, lse)``: ``out`` in ``out_dtype``, ``lse`` float32 natural log; ``[T, Hq, ...]`` with
         all_gather, this rank's ``Hq / W`` heads (``ContextParallelDecode.heads``) with all_to_all.
     """
-    batch = make_batch(s, q, k_cache, v_cache, query_start_loc=query_start_loc, scale=scale, soft_cap=soft_cap,
-                       window_left=window_left, k_scale=k_scale, v_scale=v_scale, k_offset=k_offset, v_offset=v_offset)
     cp = ContextParallelDecode(backend, group=group, mode=mode)
+    try:
+        batch = make_batch(s, q, k_cache, v_cache, query_start_loc=query_start_loc, scale=scale, soft_cap=soft_cap,
+                           window_left=window_left, k_scale=k_scale, v_scale=v_scale, k_offset=k_offset,
+                           v_offset=v_offset)
+    except (ValueError, TypeError):
+        try:
+            cp.agree(None, q.device)   # the other ranks fail with this one instead of waiting for it
+        except ValueError:
+            pass
+        raise
     cp.prepare(batch)
     out, lse = cp.run(batch)
     return out.to(out_dtype or q.dtype), lse

@@ -35,7 +35,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .plan import Plan, SplitPolicy, visible_range
-from .validation import int_vector
+from .validation import MAX_SEQ_LEN, as_int64_lengths
+
+_INT32_MAX = (1 << 31) - 1
 
 LAYOUTS = ("contiguous", "round_robin")
 
@@ -147,6 +149,34 @@ class Shard:
         return True
 
 
+def check_used_page_ids(block_table, seq_lens, page_size: int, num_pages: int | None = None,
+                        name: str = "block_table") -> None:
+    """Every entry a request uses (its first ``ceil(seq_len / page_size)`` columns) is a page id:
+    ``>= 0``, within int32 (a shard's tables are int32: no id is narrowed unchecked) and, given
+    ``num_pages``, below it. ``-1`` in a used entry is refused here, on the host, so that every shard
+    backend reads the same thing (``docs/conventions.md``, Page ids). Entries past a request's length
+    may hold anything. Cost: one vectorised pass over the table (once per batch, on the host)."""
+    bt = np.asarray(block_table)
+    seq = np.asarray(seq_lens, np.int64)
+    if bt.size == 0 or seq.size == 0:
+        return
+    cols = np.arange(bt.shape[1], dtype=np.int64)[None, :] * int(page_size)
+    used = cols < seq[:, None]
+    hi = _INT32_MAX if num_pages is None else min(_INT32_MAX, int(num_pages) - 1)
+    ids = bt.astype(np.int64) if bt.dtype != np.uint64 else bt
+    bad = used & ((ids < 0) | (ids > hi))
+    if bad.any():
+        b, j = (int(i) for i in np.argwhere(bad)[0])
+        x = int(bt[b, j])
+        if x < 0:
+            why = "a used entry must be a page id >= 0 (-1 marks only entries past the request's length)"
+        elif x > _INT32_MAX:
+            why = f"page ids must fit int32 (at most {_INT32_MAX})"
+        else:
+            why = f"out of range [0, {num_pages}) (num_pages of k_cache)"
+        raise ValueError(f"{name}: entry [{b}, {j}] = {x} of request {b} ({int(seq[b])} tokens): {why}")
+
+
 def shard(block_table, seq_lens, rank: int, world_size: int, layout: str = "contiguous", *, page_size: int,
           capacity_pages: int | None = None) -> Shard:
     """Rank ``rank``'s share of a batch (``block_table [B, max_pages]``, ``seq_lens [B]``)."""
@@ -155,11 +185,18 @@ def shard(block_table, seq_lens, rank: int, world_size: int, layout: str = "cont
     if page_size <= 0:
         raise ValueError(f"page_size: must be positive, got {page_size}")
     bt = np.asarray(block_table)
-    seq = int_vector(seq_lens, "seq_lens")
+    seq = as_int64_lengths(seq_lens, "seq_lens")
     if bt.ndim != 2 or bt.shape[0] != seq.shape[0]:
         raise ValueError(f"block_table: must be [B, max_pages] with B = {seq.shape[0]}, got {bt.shape}")
+    if bt.dtype.kind not in "iu":
+        raise TypeError(f"block_table: dtype must be an integer type (int32 or int64), got {bt.dtype}")
     if (seq < 0).any():
         raise ValueError("seq_lens: must be >= 0")
+    if seq.size and int(seq.max()) > MAX_SEQ_LEN:
+        b = int(np.argmax(seq))
+        raise ValueError(f"seq_lens: request {b} has {int(seq[b])} tokens, over the limit MAX_SEQ_LEN = {MAX_SEQ_LEN} "
+                         f"(a shard's lengths are int32)")
+    check_used_page_ids(bt, seq, page_size)
     B = seq.shape[0]
     per_req_pages, per_req_tokens = [], np.zeros(B, np.int64)
     for b in range(B):
@@ -192,6 +229,7 @@ def localize(s: Shard, k_cache, v_cache):
     """The rank's own cache: ``(shard, k_local, v_local)`` with only the pages ``s`` uses (at least
     one, a copy of page 0 of the input, for an empty rank), and the shard's block table renumbered
     into them. Works on NumPy arrays and torch tensors alike (plain indexing)."""
+    check_used_page_ids(s.block_table, s.seq_lens, s.page_size, int(k_cache.shape[0]), name="shard.block_table")
     used = s.block_table[s.block_table >= 0]
     ids = np.unique(used)
     if ids.size == 0:

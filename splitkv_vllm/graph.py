@@ -31,12 +31,29 @@ import torch
 
 from ascend_ops.support import DEFAULT_PROFILE
 from splitkv_common.plan import Plan
+from splitkv_common.validation import MAX_SEQ_LEN, as_int64_lengths
 
 from . import settings
 from .adapter import LayerSpec, batch_unsupported, host_lengths, plan_options
 from .log import once
 
 ROUTES = ("ascend", "triton")
+
+
+def _host_lengths(seq_lens, query_start_loc) -> tuple[np.ndarray, np.ndarray]:
+    """Host ``seq_lens`` and ``query_start_loc`` as int64 vectors whose values fit the graph's int32
+    buffers: lengths in ``[0, MAX_SEQ_LEN]``, offsets from 0 and non-decreasing (``ValueError``
+    naming the argument otherwise; never a wrapped or truncated value). Cost: O(B) NumPy."""
+    sl = as_int64_lengths(np.asarray(seq_lens).reshape(-1), "seq_lens")
+    qsl = as_int64_lengths(np.asarray(query_start_loc).reshape(-1), "query_start_loc", "[B + 1]")
+    if sl.size and (int(sl.min()) < 0 or int(sl.max()) > MAX_SEQ_LEN):
+        b = int(np.argmax((sl < 0) | (sl > MAX_SEQ_LEN)))
+        raise ValueError(f"seq_lens: request {b} has {int(sl[b])} tokens; lengths must be in [0, MAX_SEQ_LEN = "
+                         f"{MAX_SEQ_LEN}] (the graph's buffers are int32)")
+    if qsl.size and (int(qsl[0]) != 0 or (np.diff(qsl) < 0).any() or int(qsl[-1]) > MAX_SEQ_LEN):
+        raise ValueError(f"query_start_loc: must start at 0 and be non-decreasing within int32, got "
+                         f"{qsl[:8].tolist()}")
+    return sl, qsl
 
 
 @dataclass
@@ -157,9 +174,12 @@ class GraphDecoder:
         return None
 
     def pad(self, seq_lens, query_start_loc) -> tuple[np.ndarray, np.ndarray]:
-        """Host lengths of ``B <= max_reqs`` requests -> ``max_reqs`` requests (padding: no rows, seq_len 0)."""
-        sl = np.asarray(seq_lens, np.int64).reshape(-1)
-        qsl = np.asarray(query_start_loc, np.int64).reshape(-1)
+        """Host lengths of ``B <= max_reqs`` requests -> ``max_reqs`` requests (padding: no rows, seq_len 0).
+
+        The int32 buffers get only values that fit: lengths in ``[0, MAX_SEQ_LEN]``, offsets from 0,
+        non-decreasing (``ValueError`` naming the argument otherwise; never a wrapped value). Cost:
+        O(B) NumPy on the host, where the lengths already are."""
+        sl, qsl = _host_lengths(seq_lens, query_start_loc)
         B = sl.shape[0]
         if B > self.max_reqs:
             raise ValueError(f"max_reqs: the batch has {B} requests, over this graph's capacity {self.max_reqs}")
@@ -183,8 +203,7 @@ class GraphDecoder:
         """
         if not self.split_tokens and self.route != "triton":
             return self.pad(seq_lens, query_start_loc)
-        sl = np.asarray(seq_lens, np.int64).reshape(-1)
-        qsl = np.asarray(query_start_loc, np.int64).reshape(-1)
+        sl, qsl = _host_lengths(seq_lens, query_start_loc)
         q_lens = np.diff(qsl)
         real = int(np.flatnonzero(sl)[-1]) + 1 if sl.any() else 0   # requests past it are padding
         if not self.max_q_len:

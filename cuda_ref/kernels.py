@@ -128,8 +128,9 @@ def split_kv_kernel(
     outside ``[0, NUM_KV_HEADS)`` is read as padding; KV positions stop at ``KV_CAP`` (the block
     table's columns x ``PAGE``); query rows outside ``[0, NUM_ROWS)`` and partial slots outside
     ``[0, NUM_SLOTS)`` are masked; a page id outside ``[0, NUM_PAGES)`` masks its tokens (they
-    count as absent) and, with ``COUNT_ERRORS``, is reported in ``ERRORS`` (int32 ``[4]``:
-    programs that met one, then the first reporter's request, logical page and page id).
+    count as absent) and, with ``COUNT_ERRORS``, is reported in ``ERRORS`` (int32 ``[8]``:
+    programs that met one, then the first reporter's request, logical page and page id; then the
+    requests whose length or query rows the kernels cannot honour, :func:`_report_bad_request`).
 
     ``HOST_SPLITS`` (``DEVICE_PLAN`` for a host plan's splits, whose merge reads the plan's
     ``MAX_SPLITS`` slots a row): every split of the plan writes its state, an empty one past the
@@ -146,6 +147,10 @@ def split_kv_kernel(
     if DEVICE_PLAN:  # no plan arrays: the item from its index (a plan made on the device)
         b, h, split, start, end, seq_len, r0, q_len, n_split = _device_work_item(
             SEQ_LENS, QUERY_START, item, NUM_KV_HEADS, KV_CAP, BATCH, SPLIT_SIZE, MAX_SPLITS, HOST_SPLITS)
+        if COUNT_ERRORS:  # one program per request (its first split, KV head 0, row block 0) checks it
+            if ((h == 0) & (split == 0) & (mblock == 0)) & (item // (NUM_KV_HEADS * MAX_SPLITS) < BATCH):
+                _report_bad_request(ERRORS, b, seq_len, r0, q_len, KV_CAP, NUM_ROWS,
+                                    (BLOCK_M * tl.num_programs(1)) // GROUP)
         if not STATIC_LOOP:
             if q_len == 0:  # padding (the grid covers the block table's capacity): nothing to read or write
                 return
@@ -156,6 +161,10 @@ def split_kv_kernel(
         b, h, split, start, end, seq_len, r0, q_len, n_split = _load_work_item(
             ITEM_REQ, ITEM_HEAD, ITEM_SPLIT, ITEM_START, ITEM_END, SEQ_LENS, QUERY_START, NUM_SPLITS, item,
             NUM_KV_HEADS, KV_CAP, BATCH, BOUNDS)
+        if COUNT_ERRORS:  # (a padding or out-of-range item reads as request 0 without rows: nothing to report)
+            if (h == 0) & (split == 0) & (mblock == 0):
+                _report_bad_request(ERRORS, b, seq_len, r0, q_len, KV_CAP, NUM_ROWS,
+                                    (BLOCK_M * tl.num_programs(1)) // GROUP)
     if MULTI_ROW_BLOCKS:  # a request may have fewer packed rows than the grid (one query row: never)
         if mblock * BLOCK_M >= q_len * GROUP:
             return
@@ -567,6 +576,26 @@ def _report_bad_page(ERRORS, bt_row, b, col):
             tl.store(ERRORS + 1, b)
             tl.store(ERRORS + 2, col)
             tl.store(ERRORS + 3, tl.load(bt_row + col))
+
+
+@triton.jit
+def _report_bad_request(ERRORS, b, seq_len, r0, q_len, KV_CAP, NUM_ROWS, ROW_CAP):
+    """Count a request whose device values the kernels cannot honour (``ERRORS[4:8]``): the bits
+    ``1`` a length past its block-table row (``seq_len > KV_CAP``: the tail would be cut), ``2`` a
+    negative length, ``4`` query rows not within ``[0, NUM_ROWS)`` in order (a ``query_start_loc``
+    that decreases or leaves q's rows), ``8`` more query rows than the launch packs (``max_q_len``),
+    OR-ed into ``ERRORS[4]``; ``ERRORS[5]`` counts the requests, the first to count writes its request
+    and bits to ``ERRORS[6:8]``. Run by one program per request: a few integer compares, an atomic
+    only on an error."""
+    r1 = r0 + q_len
+    flags = (tl.where(seq_len > KV_CAP, 1, 0) | tl.where(seq_len < 0, 2, 0)
+             | tl.where((q_len < 0) | (r0 < 0) | (r1 > NUM_ROWS), 4, 0) | tl.where(q_len > ROW_CAP, 8, 0))
+    if flags != 0:
+        tl.atomic_or(ERRORS + 4, flags)
+        old = tl.atomic_add(ERRORS + 5, 1)
+        if old == 0:
+            tl.store(ERRORS + 6, b)
+            tl.store(ERRORS + 7, flags)
 
 
 @triton.jit

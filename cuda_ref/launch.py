@@ -589,7 +589,8 @@ def launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, d
     The caller checks the metadata (:func:`cuda_ref.checks.check_launch`; the wrapper and the op do).
     Whatever the values in the index tensors and the plan, the kernels stay inside the tensors they
     are given (out-of-range page ids are masked, rows and slots bounded by the buffers' sizes);
-    ``errors`` (int32 ``[4]``, zeroed by the caller) counts out-of-range page ids
+    ``errors`` (int32 ``[8]``, zeroed by the caller) counts out-of-range page ids and requests whose
+    lengths or rows the kernels cannot honour
     (:meth:`cuda_ref.wrapper.DecodeWrapper.check_errors` reads it).
 
     Shapes: ``q [T, Hq, D]``, ``k_cache``/``v_cache [P, page, Hkv, D]`` (last dim contiguous),

@@ -50,7 +50,8 @@ from splitkv_common.torch_io import as_torch_dtype, grown_store
 from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, host, normalize_window
 
 from . import INTERPRET
-from .checks import SignatureCache, any_batch_key, check_launch, check_plan, check_scalars, tensor_signature
+from .checks import ERROR_SLOTS, SignatureCache, any_batch_key, check_launch, check_plan, check_scalars, describe_errors
+from .checks import tensor_signature
 from .checks import plan_pages as plan_page_count
 from .driver_launch import event_query_address
 from .launch import DevicePlan, KernelConfig, PlanUploader, packed_limit, plan_launch_key, prepare_decode
@@ -395,7 +396,7 @@ class DecodeWrapper(PlannedWrapper):
                 self._fits = fits[:3] + (T,)
             return
         if "errors" not in self._buffers:  # allocated once: a captured graph keeps its address
-            self._buffers["errors"] = torch.zeros(4, dtype=torch.int32, device=self.device)
+            self._buffers["errors"] = torch.zeros(ERROR_SLOTS, dtype=torch.int32, device=self.device)
         Hq, D = self.num_q_heads, self.head_dim
         need = {
             "out": ((T, Hq, D), self.dtype), "lse": ((T, Hq), torch.float32),
@@ -578,19 +579,19 @@ class DecodeWrapper(PlannedWrapper):
         self._buffers_for(T, d.num_slots, B * self.num_kv_heads * d.row_blocks)
 
     def check_errors(self) -> None:
-        """Raise ``RuntimeError`` if a kernel since the last call met a block-table entry outside
-        ``[0, num_pages)`` (its tokens were read as absent), naming the first (request, logical page,
-        page id) it saw; the error buffer is reset either way. Reads device memory: a host sync."""
+        """Raise ``RuntimeError`` if a kernel since the last call met values it could not honour, naming
+        each rule broken (:func:`cuda_ref.checks.describe_errors`): a block-table entry outside
+        ``[0, num_pages)`` (its tokens were read as absent; the first (request, logical page, page
+        id) seen), a length past its block-table row or negative, a ``query_start_loc`` that
+        decreases or leaves q's rows, a request with more rows than ``max_q_len`` (the first request
+        seen). The error buffer is reset either way. Reads device memory: a host sync."""
         e = self._buffers.get("errors")
         if e is None:
             return
-        count, req, col, page = (int(v) for v in e.tolist())
-        if count:
+        msg = describe_errors(e.tolist(), self._num_pages)
+        if msg:
             e.zero_()
-            raise RuntimeError(
-                f"block_table: page ids outside [0, {self._num_pages}) (num_pages of k_cache) in {count} kernel "
-                f"program(s); their tokens were read as absent. First seen: request {req}, logical page {col}, "
-                f"page id {page}")
+            raise RuntimeError(msg)
 
     def _fused(self) -> bool:
         return bool(self.fuse_merge)

@@ -48,6 +48,7 @@ from splitkv_common import native
 from splitkv_common.plan import Plan, PlannedWrapper, PlanSpec
 from splitkv_common.torch_io import as_torch_dtype, grown_store
 from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, host, normalize_window
+from splitkv_common.validation import step_lengths
 
 from . import INTERPRET
 from .checks import ERROR_SLOTS, SignatureCache, any_batch_key, check_launch, check_plan, check_scalars, describe_errors
@@ -71,7 +72,9 @@ class StepInputs:
     after its last copy has finished, so the host may prepare the next step while the device still
     copies this one. Off CUDA the buffers are CPU tensors and the copy a memcpy. ``update`` takes
     host arrays (NumPy or lists) of exactly ``B`` and ``B + 1`` entries; a padded graph's batch is
-    padded by the caller (``seq_len = 0`` requests).
+    padded by the caller (``seq_len = 0`` requests). Every write checks the values first
+    (``validation.step_lengths``: lengths in ``[0, MAX_SEQ_LEN]``, offsets from 0 and non-decreasing,
+    integers; ``ValueError`` naming the argument, never a wrapped or cut value; O(B), also in C).
 
     The copy can also be part of the graph (``in_graph=True``: one pinned host buffer, whose address
     the captured copy keeps); a step is then one write into host memory and one replay::
@@ -149,19 +152,15 @@ class StepInputs:
 
     def _write(self, seq_lens, query_start_loc) -> int:
         """Write the host arrays into the next ring slot once its last copy has finished; the slot."""
+        # checked before anything is written (validation.step_lengths: integers, lengths in
+        # [0, MAX_SEQ_LEN], offsets from 0 and non-decreasing; O(B)): no value is wrapped or cut
+        sl, qsl = step_lengths(seq_lens, query_start_loc, self.batch_size)
         k = self._next
         self._next = (k + 1) % len(self._host)
         self._wait(k)
         _, seq_np, qsl_np = self._host[k]
-        try:
-            seq_np[:] = seq_lens
-        except ValueError:
-            raise ValueError(f"seq_lens: {self.batch_size} entries expected, got {np.shape(seq_lens)}") from None
-        try:
-            qsl_np[:] = query_start_loc
-        except ValueError:
-            raise ValueError(f"query_start_loc: {self.batch_size + 1} entries expected, got "
-                             f"{np.shape(query_start_loc)}") from None
+        seq_np[:] = sl
+        qsl_np[:] = qsl
         return k
 
     def _wait(self, k: int = 0) -> None:

@@ -38,7 +38,11 @@ class DecodeDims:
 
 
 def check_gqa(num_q_heads: int, num_kv_heads: int) -> None:
-    """The GQA rule: query head ``h`` reads KV head ``h // (Hq / Hkv)``, so ``Hq % Hkv == 0``."""
+    """The GQA rule: query head ``h`` reads KV head ``h // (Hq / Hkv)``, so ``Hq % Hkv == 0``; both
+    positive ints (``num_kv_heads=0`` is an error naming it, not a ``ZeroDivisionError``)."""
+    for name, v in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)) or v <= 0:
+            raise ValueError(f"{name}: must be a positive int, got {v!r}")
     if num_q_heads % num_kv_heads:
         raise ValueError(f"q: Hq % Hkv must be 0 (GQA group size), got Hq={num_q_heads}, Hkv={num_kv_heads}")
 
@@ -333,6 +337,27 @@ def as_int64_lengths(x, name: str, shape: str = "[B]") -> np.ndarray:
     except (TypeError, ValueError):
         raise ValueError(f"{name}: must be integers") from None
     return _one_dim(a, name, shape)
+
+
+def step_lengths(seq_lens, query_start_loc, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """A decode step's host ``seq_lens [B]`` and ``query_start_loc [B + 1]`` checked for int32 device
+    buffers: integers (an integral float is accepted, never cut), lengths in ``[0, MAX_SEQ_LEN]``,
+    offsets from 0, non-decreasing, at most :data:`MAX_SEQ_LEN`. Returns both as int64;
+    ``ValueError`` naming the argument and the rule otherwise (no value is wrapped or truncated).
+    Cost: O(B) NumPy (a few µs at B 256)."""
+    sl = as_int64_lengths(seq_lens, "seq_lens")
+    qsl = as_int64_lengths(query_start_loc, "query_start_loc", "[B + 1]")
+    if sl.shape[0] != batch_size:
+        raise ValueError(f"seq_lens: {batch_size} entries expected, got {sl.shape[0]}")
+    if qsl.shape[0] != batch_size + 1:
+        raise ValueError(f"query_start_loc: {batch_size + 1} entries expected, got {qsl.shape[0]}")
+    if sl.size and (int(sl.min()) < 0 or int(sl.max()) > MAX_SEQ_LEN):
+        b = int(np.argmax((sl < 0) | (sl > MAX_SEQ_LEN)))
+        raise ValueError(f"seq_lens: request {b} has {int(sl[b])} tokens; must be in [0, MAX_SEQ_LEN = {MAX_SEQ_LEN}]")
+    if int(qsl[0]) != 0 or (np.diff(qsl) < 0).any() or int(qsl[-1]) > MAX_SEQ_LEN:
+        raise ValueError(f"query_start_loc: must start at 0, be non-decreasing and at most MAX_SEQ_LEN = "
+                         f"{MAX_SEQ_LEN}, got {qsl[:8].tolist()}{'...' if qsl.size > 8 else ''}")
+    return sl, qsl
 
 
 def check_plan_limits(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query_start_loc=None,

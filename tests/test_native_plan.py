@@ -414,10 +414,10 @@ def test_a_wrapper_with_a_refresher_is_collected():
 @pytest.mark.parametrize("answer", [0, 600, None])
 def test_step_inputs_write_in_one_c_call(answer):
     """``StepInputs(in_graph=True).write()`` through the C ``LengthsWriter``: int32 / int64 arrays of B and
-    B + 1 entries are written as NumPy's assignment writes them (values past int32 cast alike), after
-    the copy's event says it is done (a stand-in query here: not done, or no query function, calls the
-    wait first); anything else (a list, floats, other lengths) is declined and written or refused by
-    the Python path, with its errors."""
+    B + 1 entries are written as NumPy's assignment writes them, after the copy's event says it is
+    done (a stand-in query here: not done, or no query function, calls the wait first); anything else
+    (a list, floats, other lengths, values past int32, negative lengths, offsets out of order) is
+    declined and written or refused by the Python path, with its errors (never a wrapped value)."""
     import ctypes
 
     pytest.importorskip("torch")
@@ -439,7 +439,7 @@ def test_step_inputs_write_in_one_c_call(answer):
     for step in range(4):
         if step == 2:
             w.set_event(0x5EED0, 0 if answer is None else ctypes.cast(query, ctypes.c_void_p).value)
-        seq = rng.integers(0, 1 << 33 if step == 3 else 9000, B).astype(np.int64 if step % 2 else np.int32)
+        seq = rng.integers(0, 1 << 31 if step == 3 else 9000, B).astype(np.int64 if step % 2 else np.int32)
         qsl = np.concatenate([[0], np.cumsum(rng.integers(1, 3, B))]).astype(np.int32 if step % 2 else np.int64)
         assert w.write(seq, qsl) is True
         want_seq, want_qsl = np.empty(B, np.int32), np.empty(B + 1, np.int32)
@@ -450,7 +450,9 @@ def test_step_inputs_write_in_one_c_call(answer):
     assert len(waits) == (0 if answer == 0 else 2)
     before = seq_np.copy(), qsl_np.copy()
     for seq, qsl in ((list(range(B)), list(range(B + 1))), (np.ones(B, np.float64), np.arange(B + 1)),
-                     (np.ones(B + 1, np.int64), np.arange(B + 1)), (np.ones(B, np.int64)[::-1][::2], np.arange(B + 1))):
+                     (np.ones(B + 1, np.int64), np.arange(B + 1)), (np.ones(B, np.int64)[::-1][::2], np.arange(B + 1)),
+                     (np.full(B, (1 << 32) + 40, np.int64), np.arange(B + 1)), (np.full(B, -1, np.int32), np.arange(B + 1)),
+                     (np.ones(B, np.int32), np.array([0, 2, 1, 3, 4, 5], np.int32))):
         assert w.write(seq, qsl) is False   # declined: nothing written
         np.testing.assert_array_equal(seq_np, before[0])
         np.testing.assert_array_equal(qsl_np, before[1])
@@ -458,6 +460,9 @@ def test_step_inputs_write_in_one_c_call(answer):
     np.testing.assert_array_equal(seq_np, np.arange(B))
     with pytest.raises(ValueError, match="seq_lens: 5 entries expected"):
         si.write(np.ones(B + 1, np.int64), np.arange(B + 1))
+    with pytest.raises(ValueError, match="seq_lens: request 0 has 4294967336 tokens"):
+        si.write(np.full(B, (1 << 32) + 40, np.int64), np.arange(B + 1))
+    np.testing.assert_array_equal(seq_np, np.arange(B))   # refused before anything was written
 
 
 def test_a_read_only_plan_is_not_written_into():

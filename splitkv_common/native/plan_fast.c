@@ -1191,6 +1191,16 @@ static PyObject *writer_write(LengthsWriter *w, PyObject *const *args, Py_ssize_
     IntIn a = {.b = {.held = 0}}, q = {.b = {.held = 0}};
     PyObject *ret = Py_False;
     if (!int_in(args[0], &a) || !int_in(args[1], &q) || a.n != w->B || q.n != w->B + 1) goto out;
+    /* values the int32 buffer cannot hold, or offsets out of order: StepInputs writes (and refuses) them */
+    for (int64_t i = 0; i < w->B; i++) {
+        int64_t x = at(&a, i);
+        if (x < 0 || x > INT32_MAX) goto out;
+    }
+    if (at(&q, 0) != 0) goto out;
+    for (int64_t i = 1; i <= w->B; i++) {
+        int64_t x = at(&q, i);
+        if (x < at(&q, i - 1) || x > INT32_MAX) goto out;
+    }
     if (copy_wait(&w->copy) < 0) {
         ret = NULL;
         goto out;

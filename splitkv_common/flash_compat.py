@@ -23,6 +23,12 @@ Semantics (FlashAttention's, converted to ``docs/conventions.md``):
 * ``cache_seqlens``: int or ``[B]`` int tensor, the tokens already in the cache (default: the whole
   contiguous cache). With ``k``/``v`` ``[B, Sk, Hkv, D]`` the new tokens are first written **in
   place** at positions ``cache_seqlens[b] + j``, and attention runs over ``cache_seqlens + Sk``.
+  All or nothing: every check (of the write and of the attention) runs before the first slot is
+  written, and a refused call writes nothing. Refused: a slot written twice by one call (duplicate
+  ``cache_batch_idx`` entries or block-table rows, an expanded cache, ``k_cache`` and ``v_cache``
+  sharing memory), and an append into a page another request of the batch sees below its length
+  (prefix sharing of full pages is legal; appending into a shared page would overwrite the other
+  request's history). ``k``/``v`` have ``k_cache``'s dtype.
 * Query row ``i`` of request ``b`` sits at position ``p = L_b - Sq + i`` (bottom-right alignment,
   ``L_b`` the tokens attended) and sees keys ``[p - window_size[0], p + window_size[1]]`` within
   ``[0, L_b)``; ``-1`` is an unbounded side; ``causal=True`` sets the right side to 0.
@@ -47,7 +53,8 @@ import torch
 
 from .plan import make_plan
 from .validation import _is_real as _is_number
-from .validation import check_gqa, check_page_ids, check_scalars
+from .guards import check_append_slots, check_disjoint_views, check_no_self_overlap
+from .validation import check_decode_args, check_gqa, check_page_ids, check_scalars
 
 
 class Decode(Protocol):
@@ -144,21 +151,87 @@ def _new_tokens(k, v, B: int, k_cache) -> int:
         return 0
     if k is None or v is None:
         raise ValueError("k, v: give both new keys and new values, or neither")
+    if not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor):
+        raise TypeError(f"k, v: must be tensors, got {type(k).__name__} and {type(v).__name__}")
     if k.dim() != 4 or tuple(k.shape) != tuple(v.shape) or k.shape[0] != B or k.shape[2:] != k_cache.shape[2:]:
         raise ValueError(f"k, v: must both be [B={B}, Sk, Hkv={k_cache.shape[2]}, D={k_cache.shape[3]}], got "
                          f"{tuple(k.shape)} and {tuple(v.shape)}")
     return k.shape[1]
 
 
+def _check_new_tokens(k, v, k_cache, v_cache, bt, lengths, page, name: str) -> None:
+    """Everything a write of ``k``/``v`` needs, checked before the first byte is written: the new
+    tokens' dtype (the cache's), the caches' memory (one location per slot, ``k_cache`` and
+    ``v_cache`` apart), and the slots they go to (:func:`~splitkv_common.guards.check_append_slots`:
+    no slot written twice, no page another request sees below its length). ``name``: the argument
+    that maps requests to pages (``block_table``, or ``cache_batch_idx`` for a contiguous cache).
+    Cost: O(rank) for the memory, O(B x Sk + the history's pages) on the host for the slots."""
+    for nm, x in (("k", k), ("v", v)):
+        if x.dtype != k_cache.dtype:
+            raise TypeError(f"{nm}: dtype must be k_cache's ({k_cache.dtype}), got {x.dtype}")
+    check_no_self_overlap(k_cache, "k_cache")
+    check_no_self_overlap(v_cache, "v_cache")
+    check_disjoint_views(k_cache, v_cache, "k_cache, v_cache")
+    check_append_slots(bt.cpu().numpy(), lengths.cpu().numpy(), k.shape[1], page, name=name)
+
+
 def _append(k_cache, v_cache, k, v, block_table, page, lengths):
-    """Write ``k``/``v`` ``[B, Sk, Hkv, D]`` into the cache at positions ``lengths[b] + j`` (in place)."""
+    """Write ``k``/``v`` ``[B, Sk, Hkv, D]`` into the cache at positions ``lengths[b] + j`` (in place).
+    Returns what :func:`_restore` needs to put the overwritten slots back (None without ``k``)."""
     if k is None:
-        return
+        return None
     B = lengths.shape[0]
     pos = lengths[:, None] + torch.arange(k.shape[1], device=lengths.device)[None, :]       # [B, Sk]
     pages = block_table.long()[torch.arange(B, device=pos.device)[:, None], pos // page]
-    k_cache[pages, pos % page] = k.to(k_cache.dtype)
-    v_cache[pages, pos % page] = v.to(v_cache.dtype)
+    slots = pos % page
+    saved = (pages, slots, k_cache[pages, slots].clone(), v_cache[pages, slots].clone())
+    k_cache[pages, slots] = k
+    v_cache[pages, slots] = v
+    return saved
+
+
+def _restore(k_cache, v_cache, saved) -> None:
+    """Undo :func:`_append` (the slots are distinct: checked before the write)."""
+    if saved is not None:
+        pages, slots, old_k, old_v = saved
+        k_cache[pages, slots] = old_k
+        v_cache[pages, slots] = old_v
+
+
+def _attend(decode, q, k_cache, v_cache, bt, total, left, right, *, scale, soft_cap, policy):
+    """The attention of a checked call (the cache already holds the new tokens): ``(out [B * Sq, Hq, D],
+    lse [B * Sq, Hq])``."""
+    B, Sq, Hq, D = q.shape
+    q_rows = q.reshape(B * Sq, Hq, D)
+    out = torch.empty_like(q_rows)
+    lse = torch.empty(B * Sq, Hq, dtype=torch.float32, device=q.device)
+    run = dict(scale=scale, soft_cap=soft_cap, policy=policy)
+    seq32 = total.to(torch.int32)
+    if right == 0:
+        # bottom-right causal: exactly the conventions' multi-query causal tail
+        qsl = torch.arange(0, (B + 1) * Sq, Sq, dtype=torch.int32, device=q.device)
+        o, l = decode(q_rows, k_cache, v_cache, bt, seq32, qsl, window_left=None if left < 0 else left, **run)
+        out.copy_(o)
+        lse.copy_(l)
+    else:
+        # keys after the row's position: each row becomes a one-row request that ends at the
+        # row's last visible key; rows with the same window shift share one call
+        i = torch.arange(Sq, device=q.device)
+        p = total[:, None] - Sq + i[None, :]                                            # [B, Sq]
+        end = total[:, None].expand(B, Sq) if right < 0 else torch.minimum(total[:, None], p + right + 1)
+        end = end.clamp(min=0)
+        shift = (end - 1 - p).reshape(-1)             # keys seen after p; the window counts from end - 1
+        rows_bt = bt.repeat_interleave(Sq, dim=0)
+        ends = end.reshape(-1).to(torch.int32)
+        for s in (torch.unique(shift).tolist() if left >= 0 else [None]):
+            sel = torch.arange(B * Sq, device=q.device) if s is None else (shift == s).nonzero().flatten()
+            n = sel.numel()
+            qsl = torch.arange(n + 1, dtype=torch.int32, device=q.device)
+            o, l = decode(q_rows[sel].contiguous(), k_cache, v_cache, rows_bt[sel].contiguous(),
+                          ends[sel].contiguous(), qsl, window_left=None if s is None else left + int(s), **run)
+            out[sel] = o
+            lse[sel] = l
+    return out, lse
 
 
 def make_flash_attn_with_kvcache(decode: Decode, where: str) -> Callable:
@@ -218,37 +291,21 @@ def make_flash_attn_with_kvcache(decode: Decode, where: str) -> Callable:
             # token would be written to must lie in the cache, never index from its end
             src = bt if block_table is None else block_table  # before any int32 narrowing
             check_page_ids(src.cpu().numpy(), host_total.astype(np.int64), bt.shape[1], page, k_cache.shape[0])
-        _append(k_cache, v_cache, k, v, bt, page, lengths)
-
-        q_rows = q.reshape(B * Sq, Hq, D)
-        out = torch.empty_like(q_rows)
-        lse = torch.empty(B * Sq, Hq, dtype=torch.float32, device=q.device)
-        run = dict(scale=scale, soft_cap=soft_cap, policy=policy)
-        seq32 = total.to(torch.int32)
-        if right == 0:
-            # bottom-right causal: exactly the conventions' multi-query causal tail
-            qsl = torch.arange(0, (B + 1) * Sq, Sq, dtype=torch.int32, device=q.device)
-            o, l = decode(q_rows, k_cache, v_cache, bt, seq32, qsl, window_left=None if left < 0 else left, **run)
-            out.copy_(o)
-            lse.copy_(l)
-        else:
-            # keys after the row's position: each row becomes a one-row request that ends at the
-            # row's last visible key; rows with the same window shift share one call
-            i = torch.arange(Sq, device=q.device)
-            p = total[:, None] - Sq + i[None, :]                                            # [B, Sq]
-            end = total[:, None].expand(B, Sq) if right < 0 else torch.minimum(total[:, None], p + right + 1)
-            end = end.clamp(min=0)
-            shift = (end - 1 - p).reshape(-1)             # keys seen after p; the window counts from end - 1
-            rows_bt = bt.repeat_interleave(Sq, dim=0)
-            ends = end.reshape(-1).to(torch.int32)
-            for s in (torch.unique(shift).tolist() if left >= 0 else [None]):
-                sel = torch.arange(B * Sq, device=q.device) if s is None else (shift == s).nonzero().flatten()
-                n = sel.numel()
-                qsl = torch.arange(n + 1, dtype=torch.int32, device=q.device)
-                o, l = decode(q_rows[sel].contiguous(), k_cache, v_cache, rows_bt[sel].contiguous(),
-                              ends[sel].contiguous(), qsl, window_left=None if s is None else left + int(s), **run)
-                out[sel] = o
-                lse[sel] = l
+        if new:
+            # all or nothing: every check of the write and of the decode that follows it runs before
+            # the first byte is written, and a decode that still fails puts the old slots back
+            _check_new_tokens(k, v, k_cache, v_cache, bt, lengths, page,
+                              "block_table" if block_table is not None else "cache_batch_idx")
+            check_decode_args(q.reshape(B * Sq, Hq, D), k_cache, v_cache, bt, total,
+                              torch.arange(0, (B + 1) * Sq, Sq, dtype=torch.int64), scale=scale, soft_cap=soft_cap,
+                              window_left=None if left < 0 else left)
+        saved = _append(k_cache, v_cache, k, v, bt, page, lengths)
+        try:
+            out, lse = _attend(decode, q, k_cache, v_cache, bt, total, left, right, scale=scale, soft_cap=soft_cap,
+                               policy=policy)
+        except BaseException:
+            _restore(k_cache, v_cache, saved)
+            raise
         out = out.reshape(B, Sq, Hq, D)
         if return_softmax_lse:
             return out, lse.reshape(B, Sq, Hq).permute(0, 2, 1).contiguous()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from splitkv_common.guards import ThreadOwner, check_validate
 from splitkv_common.npu_probe import torch_npu_imported
 from splitkv_common.torch_io import as_torch_dtype, grown_store, torch_dtype_name
 from splitkv_common.plan import Plan, PlannedWrapper, PlanSpec
@@ -32,7 +33,7 @@ assert TILING_BYTES % 4 == 0
 _TILING_WORDS = -(-TILING_BYTES // 32) * 8
 
 
-class AscendDecodeWrapper(PlannedWrapper):
+class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
     """Split-KV decode attention on an Ascend NPU over a paged KV cache ``[num_pages, page_size, Hkv, D]``.
 
     ``plan()`` runs on the host once per batch: the shared plan, the ``plan``/``tiling`` buffers
@@ -66,6 +67,14 @@ class AscendDecodeWrapper(PlannedWrapper):
 
     The attention's constants (``scale``, ``soft_cap``, ``window_left``) and the page counts are
     part of the tiling: give them to ``plan()`` so that ``run()`` does no host work.
+
+    A plan knows what it was made for: ``run()`` with a ``window_left`` other than the plan's is
+    refused (the plan's ranges skip what the planned window hides); another ``scale`` / ``soft_cap``
+    rebuilds the tiling (host work). A refused ``plan()`` / ``set_plan()``, or a ``run()`` whose
+    tiling rebuild is refused, leaves the previous plan, tiling and buffers in use.
+
+    Single-threaded: the thread of the first ``plan()`` / ``set_plan()`` owns the wrapper; a call
+    from another thread raises ``RuntimeError`` (:class:`splitkv_common.guards.ThreadOwner`).
     """
 
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
@@ -118,7 +127,8 @@ class AscendDecodeWrapper(PlannedWrapper):
              soft_cap=None, max_pages: int | None = None, num_pages: int | None = None) -> Plan:
         """Plan a batch from host lengths and prepare the device buffers (may allocate). A
         graph-stable plan returned here stays valid until the second ``plan()`` after it, which
-        writes into its buffer."""
+        writes into its buffer. A refused batch leaves the previous plan in use."""
+        self._claim_thread("plan")
         check_scalars(scale, soft_cap, window_left)
         p = self.make_plan(host(seq_lens), None if q_lens is None else host(q_lens),
                            None if query_start_loc is None else host(query_start_loc), window_left)
@@ -138,7 +148,11 @@ class AscendDecodeWrapper(PlannedWrapper):
         ``1/sqrt(D)``). ``max_pages``/``num_pages`` (block-table width, pages in the cache) default
         to the previous plan's, else are read from the tensors at the first ``run()``. When all are
         known the device buffers are refreshed now, so that ``run()`` does no host work.
+        All or nothing: a plan refused (by its checks or by the tiling of the buffers, e.g. a
+        graph-stable launch that would change) leaves the previous plan, tiling and buffers in use.
         """
+        self._claim_thread("set_plan")
+        check_validate(validate, allow_auto=False)
         check_scalars(scale, soft_cap, window_left)
         if not isinstance(plan, Plan):
             raise TypeError(f"plan: expected a splitkv_common.plan.Plan, got {type(plan).__name__}")
@@ -149,18 +163,37 @@ class AscendDecodeWrapper(PlannedWrapper):
         if validate:  # False only for a plan fresh from the shared planner (valid by construction)
             plan.validate(None if seq_lens is None else host(seq_lens), window_left=window_left,
                           num_kv_heads=self.num_kv_heads)
+        # the lengths the plan was made for: given, or read back from the plan (its coverage)
+        seq = (plan.covered_seq_lens() if seq_lens is None else np.asarray(host(seq_lens), np.int64).reshape(-1))
+        before = self._plan_state()
         self._retire_plan(plan)
         self.host_plan = plan
-        # the lengths the plan was made for: given, or read back from the plan (its coverage)
-        self._seq_lens = (plan.covered_seq_lens() if seq_lens is None
-                          else np.asarray(host(seq_lens), np.int64).reshape(-1))
+        self._seq_lens = seq
         self._attn = (None if scale is None else float(scale), None if soft_cap is None else float(soft_cap),
                       normalize_window(window_left))
         old = self._pages or (None, None)
         self._pages = (max_pages if max_pages is not None else old[0], num_pages if num_pages is not None else old[1])
         self._stale = True
         if None not in self._pages:
-            self._refresh()
+            try:
+                self._refresh()
+            except BaseException:
+                # the tiling refused this plan before writing a word (its claim runs first): the
+                # previous plan, which the buffers still hold, stays in use
+                self._restore_plan_state(before, plan)
+                raise
+
+    def _plan_state(self) -> tuple:
+        """What :meth:`set_plan` changes before its tiling is built (restored if the tiling refuses)."""
+        return (self.host_plan, self._seq_lens if hasattr(self, "_seq_lens") else None, self._attn, self._pages,
+                self._stale, self._mine, self._spare)
+
+    def _restore_plan_state(self, state: tuple, refused: Plan) -> None:
+        """Put back :meth:`_plan_state`; the refused plan's buffers (a graph-stable plan made into the
+        spare's) become the spare again when the planner made it."""
+        self.host_plan, self._seq_lens, self._attn, self._pages, _, self._mine, spare = state
+        self._spare = refused if refused is self._made else spare
+        self._stale = True   # the next run() rebuilds the restored plan's words (host work, once)
 
     def _refresh(self) -> None:
         """Build the tiling and the plan words on the host (:class:`ascend_ops.tiling.TilingBuilder`,
@@ -299,14 +332,23 @@ class AscendDecodeWrapper(PlannedWrapper):
 
         Metadata only is checked (no device memory is read). The kernels take the lengths from the
         plan (``plan()``'s host ``seq_lens``); ``validate=True`` also runs the shared value checks
-        and compares ``seq_lens``/``query_start_loc`` with the plan (host syncs: not in a graph).
-        ``scale``/``soft_cap``/``window_left`` default to the planned ones; other values rebuild the
-        tiling (host work: do it before a capture, not inside).
+        and compares ``seq_lens``/``query_start_loc`` with the plan (host syncs: not in a graph);
+        ``"auto"``: the same when q is on the CPU; anything else is refused.
+        ``scale``/``soft_cap``/``window_left`` default to the planned ones; another ``scale`` or
+        ``soft_cap`` rebuilds the tiling (host work: do it before a capture, not inside); another
+        ``window_left`` is refused (the plan's ranges depend on it).
         """
+        self._claim_thread("run")
+        if validate is not False:
+            validate = check_validate(validate) is True or (validate == "auto" and q.device.type == "cpu")
         if self.host_plan is None:
             raise RuntimeError("plan: call plan() (or set_plan()) before run()")
         check_scalars(scale, soft_cap, window_left)
         planned = self._attn
+        if window_left is not None and normalize_window(window_left) != planned[2]:
+            raise ValueError(f"window_left: run with {window_left!r}, the plan was made for "
+                             f"{'no window' if planned[2] is None else planned[2]} (its ranges skip what that "
+                             f"window hides); plan() again with this window")
         attn = (planned[0] if scale is None else float(scale), planned[1] if soft_cap is None else float(soft_cap),
                 planned[2] if window_left is None else normalize_window(window_left))
         for name, x, rank in (("block_table", block_table, 2), ("k_cache", k_cache, 4)):
@@ -316,9 +358,16 @@ class AscendDecodeWrapper(PlannedWrapper):
         pages = (int(block_table.shape[1]), int(k_cache.shape[0]))
         if self._stale or attn != planned or pages != self._pages:
             # first run() after a plan() that did not know the pages, or other constants:
-            # host work and a copy, so not inside a graph capture (docs/npu.md)
+            # host work and a copy, so not inside a graph capture (docs/npu.md); refused, the
+            # wrapper keeps its constants and pages
+            before = (self._attn, self._pages, self._stale)
             self._attn, self._pages = attn, pages
-            self._refresh()
+            try:
+                self._refresh()
+            except BaseException:
+                self._attn, self._pages, _ = before
+                self._stale = True   # rebuilt from the kept constants at the next run()
+                raise
         self.check(q, k_cache, v_cache, block_table, k_scale, v_scale, k_offset, v_offset)
         if validate:
             check_decode_args(q, k_cache, v_cache, block_table,

@@ -48,7 +48,7 @@ def run(inputs: DecodeInputs, plan: Plan, **wrapper_kw) -> tuple[np.ndarray, np.
     _, page, Hkv, _ = inputs.k_cache.shape
     w = DecodeWrapper(Hq, Hkv, D, page, dtype=inputs.dtype,
                       kv_dtype="int8" if inputs.kv_dtype == "int8" else inputs.dtype, **wrapper_kw)
-    w.set_plan(plan)
+    w.set_plan(plan, window_left=inputs.window_left)
     x = to_torch(inputs, w.device)
     out, lse = w.run(**x, scale=inputs.scale, soft_cap=inputs.soft_cap, window_left=inputs.window_left,
                      validate=True)

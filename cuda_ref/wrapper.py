@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from splitkv_common import native
+from splitkv_common.guards import ThreadOwner, check_validate
 from splitkv_common.plan import Plan, PlannedWrapper, PlanSpec
 from splitkv_common.torch_io import as_torch_dtype, grown_store
 from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, host, normalize_window
@@ -56,6 +57,9 @@ from .checks import tensor_signature
 from .checks import plan_pages as plan_page_count
 from .driver_launch import event_query_address
 from .launch import DevicePlan, KernelConfig, PlanUploader, packed_limit, plan_launch_key, prepare_decode
+#: a plan's window not given to set_plan(): run() does not compare it
+_UNKNOWN = object()
+
 
 class StepInputs:
     """A decode step's per-step device inputs, ``seq_lens`` int32 ``[B]`` and ``query_start_loc``
@@ -189,7 +193,7 @@ class _Sizes:
         self.batch_size, self.num_rows = batch_size, num_rows
 
 
-class DecodeWrapper(PlannedWrapper):
+class DecodeWrapper(PlannedWrapper, ThreadOwner):
     """Split-KV decode attention over a paged KV cache ``[num_pages, page_size, Hkv, D]``.
 
     Args:
@@ -223,6 +227,18 @@ class DecodeWrapper(PlannedWrapper):
             ``plan()`` queries the replay's copy event, and waits for it, before packing); with the
             C planner ``plan()`` is then one C call (:meth:`_refresh`). Eager ``run()`` copies a
             newly packed plan itself.
+
+    A plan knows what it was made for: ``run()`` refuses, naming the argument, a ``window_left``
+    other than the plan's (one comparison per call; a plan given to ``set_plan()`` without its
+    ``window_left`` is not compared), ``query_start_loc=None`` for a plan of other query rows than
+    one per request, and q rows, requests or block-table columns other than the plan's (the cached
+    metadata checks); ``validate=True`` adds the lengths and query offsets the plan covers (a host
+    sync). A refused ``plan()`` / ``set_plan()`` leaves the previous plan in use.
+
+    Single-threaded: the thread of the first ``plan()`` / ``set_plan()`` (or, with ``device_plan``,
+    ``run()``) owns the wrapper, and a call from another thread raises ``RuntimeError`` (it would run
+    with the owner's plan, into the owner's output buffers); use one wrapper per thread, or
+    :meth:`release_thread` to hand it over (:class:`splitkv_common.guards.ThreadOwner`).
 
     Graph replay with a host plan (``graph_stable=True``)::
 
@@ -270,6 +286,8 @@ class DecodeWrapper(PlannedWrapper):
         self.forget_checks()   # the signatures that passed the checks (check())
         self._plan_pages = 0  # block-table columns the current plan reads
         self._plan_sig = None      # the plan's (requests, rows)
+        self._plan_window = _UNKNOWN   # the window the plan was made for (normalized); _UNKNOWN: not told
+        self._plan_one_row = None      # the plan has one query row per request (None: not known)
         self._device_shape = None  # device_plan: (B, T, block-table columns) the device plan was made for
         self._num_pages = 0   # num_pages of the last run's cache (for check_errors' message)
         self._refresh_with = None    # plan_in_graph with the C planner: the C refresher (_refresher())
@@ -295,11 +313,14 @@ class DecodeWrapper(PlannedWrapper):
     def plan(self, seq_lens, q_lens=None, query_start_loc=None, window_left=None) -> Plan:
         """Make the shared plan for a batch (host arrays) and copy it to the device. With
         ``device_plan`` there is nothing to do (returns None): the kernels plan. A graph-stable plan
-        returned here stays valid until the second ``plan()`` after it, which writes into its buffer."""
+        returned here stays valid until the second ``plan()`` after it, which writes into its buffer.
+        A refused batch raises before anything changes: the previous plan stays in use."""
+        self._claim_thread("plan")
         fast = self._refresh_with
         if fast is not None and window_left is None:
             plan = fast.refresh(seq_lens, q_lens, query_start_loc)
             if plan is not None:
+                self._plan_one_row = True if q_lens is None and query_start_loc is None else None
                 return plan
         if self.device_plan:
             return None
@@ -307,23 +328,30 @@ class DecodeWrapper(PlannedWrapper):
         plan = self.make_plan(seq_lens, None if q_lens is None else host(q_lens),
                               None if query_start_loc is None else host(query_start_loc), window_left)
         # made by the shared planner: valid by construction (tests/test_planner*.py), not checked again
-        self._set_plan(plan, False, seq_lens)
+        self._set_plan(plan, False, seq_lens, normalize_window(window_left))
         if self.index_items and window_left is None and not plan.graph_stable:
             self.dplan.index_split = self.spec.items_from_index(plan)
         return plan
 
-    def set_plan(self, plan: Plan, *, validate: bool = True) -> None:
+    def set_plan(self, plan: Plan, *, validate: bool = True, window_left=_UNKNOWN) -> None:
         """Use a plan made elsewhere (the parity harness plans every backend the same way).
 
         ``validate`` (default): the plan is checked first (:func:`cuda_ref.checks.check_plan`: the
         shared :meth:`Plan.validate` without the coverage rule, since a context-parallel shard's
         plan covers only its part). ``False`` only for a plan fresh
-        from the shared planner (``plan_spec().make``), which is valid by construction."""
-        self._set_plan(plan, validate, None)
+        from the shared planner (``plan_spec().make``), which is valid by construction.
+        ``window_left``: the window the plan was made for; given, ``run()`` refuses another one.
+        A refused plan leaves the previous one in use."""
+        self._claim_thread("set_plan")
+        check_validate(validate, allow_auto=False)
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan: expected a splitkv_common.plan.Plan, got {type(plan).__name__}")
+        self._set_plan(plan, validate, None, _UNKNOWN if window_left is _UNKNOWN else normalize_window(window_left))
 
-    def _set_plan(self, plan: Plan, validate: bool, seq_lens) -> None:
+    def _set_plan(self, plan: Plan, validate: bool, seq_lens, window=_UNKNOWN) -> None:
         """:meth:`set_plan`; ``seq_lens``: the planned batch's lengths (``plan()``'s), which a
-        ``plan_in_graph`` wrapper copies with the plan (:attr:`planned_seq_lens`)."""
+        ``plan_in_graph`` wrapper copies with the plan (:attr:`planned_seq_lens`); ``window``: the
+        normalized window it was made for (or ``_UNKNOWN``). Every check runs before the first change."""
         if plan.num_kv_heads != self.num_kv_heads or plan.page_size != self.page_size:
             raise ValueError(f"plan: made for Hkv={plan.num_kv_heads}, page_size={plan.page_size}; this wrapper "
                              f"has Hkv={self.num_kv_heads}, page_size={self.page_size}")
@@ -337,6 +365,10 @@ class DecodeWrapper(PlannedWrapper):
         self.host_plan = plan
         self._plan_pages = plan_pages
         self._plan_sig = (plan.batch_size, plan.num_rows)  # what check()'s cached part depends on in the plan
+        self._plan_window = window
+        qsl = plan.query_start_loc
+        self._plan_one_row = bool(qsl.shape[0] == plan.batch_size + 1 and int(qsl[-1]) == plan.batch_size
+                                  and (plan.batch_size == 0 or int(np.diff(qsl).min()) == 1))
         if reuse is not None:  # graph-stable refresh: the shapes (hence the buffers) are those of the capture
             self._refresh_with = self._refresher(plan)
             return
@@ -438,11 +470,18 @@ class DecodeWrapper(PlannedWrapper):
         """Attention for the planned batch: ``(out [T, Hq, D] in q's dtype, lse [T, Hq] float32)``.
 
         Shapes, strides, dtypes, devices, scalars and the plan's match with the batch are checked
-        on every call without reading device memory (cached per signature); ``validate=True`` adds
-        the shared value checks (block-table ranges, lengths: a host sync, so not inside a graph).
+        on every call without reading device memory (cached per signature), and so are the plan's
+        window (``window_left`` must be the one ``plan()`` was given: one comparison) and its query
+        rows when ``query_start_loc`` is omitted; ``validate=True`` adds the shared value checks
+        (block-table ranges, lengths) and the lengths and query offsets the plan covers (a host sync,
+        so not inside a graph); ``"auto"`` validates when q is on the CPU; anything else is refused.
         Without it, out-of-range page ids are masked and counted (:meth:`check_errors`). The
         returned tensors are the wrapper's own buffers, overwritten by the next ``run()``.
+        Refused from a thread other than the wrapper's (:class:`~splitkv_common.guards.ThreadOwner`).
         """
+        self._claim_thread("run")
+        if validate is not False:
+            validate = check_validate(validate) is True or (validate == "auto" and q.device.type == "cpu")
         if self.device_plan:
             self._device_side_plan(q, block_table)
         elif self.dplan is None:
@@ -450,9 +489,17 @@ class DecodeWrapper(PlannedWrapper):
         elif self._uploader.in_graph:
             self._plan_copy_for_run(q)
         if query_start_loc is None:
+            if not self.device_plan and self._plan_one_row is False:
+                raise ValueError("query_start_loc: required: the plan was made for other query rows per request "
+                                 "than one each (pass the batch's query_start_loc)")
             query_start_loc = self._default_qsl(q.shape[0], block_table.shape[0], q.device)
         key = self.check(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale, k_offset,
                          v_offset, scale=scale, soft_cap=soft_cap, window_left=window_left)
+        pw = self._plan_window
+        if pw is not _UNKNOWN and not self.device_plan and \
+                (None if window_left is None or window_left == -1 else window_left) != pw:
+            raise ValueError(f"window_left: run with {window_left!r}, the plan was made for "
+                             f"{'no window' if pw is None else pw}; plan() again with this window")
         if validate:
             self._validate_values(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, soft_cap,
                                   window_left, k_scale, v_scale, k_offset, v_offset)

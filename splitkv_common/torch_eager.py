@@ -74,8 +74,10 @@ def _check_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, pla
     """The checks before any computation: scalars and the plan always (host data, cheap); the full
     shared checks (:func:`~splitkv_common.validation.check_decode_args`: shapes, dtypes, page ids
     a row would read, lengths) when the batch is on the host (``validate="auto"``) or when asked."""
+    from .guards import check_validate
     from .validation import check_decode_args, check_scalars
 
+    check_validate(validate)
     check_scalars(scale, soft_cap, window_left)
     tensors = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
                    query_start_loc=query_start_loc, **quant)

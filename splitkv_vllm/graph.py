@@ -235,7 +235,7 @@ class GraphDecoder:
             return
         # the plan is fresh from the shared planner (_plan_for): valid by construction, not checked again
         if self.route == "triton":
-            w.set_plan(self._plan_for(w), validate=False)
+            w.set_plan(self._plan_for(w), validate=False, window_left=c["window_left"])
             return
         w.set_plan(self._plan_for(w), scale=c["scale"], soft_cap=c["soft_cap"], window_left=c["window_left"],
                    max_pages=c["max_pages"], num_pages=c["num_pages"], validate=False)
@@ -267,27 +267,69 @@ class GraphDecoder:
         already given ``seq_len 0``); ``block_table`` ``[B, max_pages]`` int32 on the device is copied
         into the fixed buffer (rows past ``B`` zeroed), ordered on the current stream.
 
-        Raises ``ValueError`` naming the bound (``max_reqs``, ``max_work_items``) a step exceeds.
+        All or nothing: the block table's metadata (:meth:`_check_step_block_table`), the lengths and
+        every wrapper's plan are checked (planned) before the first buffer changes; a wrapper that
+        still refuses its plan puts the ones set before it back on the previous step's plans. A
+        refused step leaves the lengths, plans and buffers of the previous one (the next replay runs
+        the previous step, never half of this one).
+
+        Raises ``ValueError`` naming the bound (``max_reqs``, ``max_work_items``) a step exceeds, or
+        the argument (``block_table``, ``seq_lens``, ``query_start_loc``) that is malformed.
         """
-        lengths = self.layout(seq_lens, query_start_loc)
+        n_req = int(np.shape(seq_lens)[0]) if np.ndim(seq_lens) == 1 else -1
+        self._check_step_block_table(block_table, n_req)
+        max_q_len = self.max_q_len      # layout() fixes it at the first step
         old = (self._lengths, self.plans)
-        self._lengths, self.plans = lengths, {}
         try:
-            for key, w in self.wrappers.items():
-                self._set(key, w)
+            lengths = self.layout(seq_lens, query_start_loc)
+            self._lengths, self.plans = lengths, {}
+            # every host plan first (the planner refuses a step over the capacity): no wrapper changed yet
+            for w in self.wrappers.values():
+                if not w._splitkv_const["device_plan"]:
+                    self._plan_for(w)
+            done = []
+            try:
+                for key, w in self.wrappers.items():
+                    self._set(key, w)
+                    done.append((key, w))
+            except Exception:
+                self._lengths, self.plans = old
+                if old[0] is not None:
+                    for key, w in done:   # back to the previous step's plans (valid: they were in use)
+                        self._set(key, w)
+                raise
         except Exception:
-            self._lengths, self.plans = old
+            self._lengths, self.plans, self.max_q_len = old + (max_q_len,)
             raise
         if self.block_table is not None:
             B = block_table.shape[0]
-            if block_table.shape[1] != self.block_table.shape[1]:
-                raise ValueError(f"block_table: {block_table.shape[1]} pages per request, this graph's buffer has "
-                                 f"{self.block_table.shape[1]}")
             self.block_table[:B].copy_(block_table)
             self.block_table[B:].zero_()
         if self.seq_lens is not None:  # the lengths the kernels read on the device (no plan from them)
             self.seq_lens.copy_(torch.from_numpy(lengths[0]))
             self.query_start_loc.copy_(torch.from_numpy(lengths[1]))
+
+    def _check_step_block_table(self, block_table, num_requests: int) -> None:
+        """A step's ``block_table`` fits the fixed buffer: an int32 ``[B, max_pages]`` tensor on its
+        device, one row per request of ``seq_lens`` (``num_requests``), at most ``max_reqs`` rows,
+        the buffer's ``max_pages`` columns. Metadata only (O(1), no device read); raises
+        ``ValueError`` / ``TypeError`` naming ``block_table``."""
+        if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
+            raise ValueError(f"block_table: must be a [B, max_pages] int32 tensor, got "
+                             f"{tuple(block_table.shape) if isinstance(block_table, torch.Tensor) else type(block_table).__name__}")
+        if block_table.dtype != torch.int32:
+            raise TypeError(f"block_table: dtype must be int32, got {block_table.dtype}")
+        B, pages = block_table.shape
+        if num_requests >= 0 and B != num_requests:
+            raise ValueError(f"block_table: {B} rows for {num_requests} requests (seq_lens); one row per request")
+        if B > self.max_reqs:
+            raise ValueError(f"max_reqs: the block table has {B} rows, over this graph's capacity {self.max_reqs}")
+        buf = self.block_table
+        if buf is not None:
+            if pages != buf.shape[1]:
+                raise ValueError(f"block_table: {pages} pages per request, this graph's buffer has {buf.shape[1]}")
+            if block_table.device != buf.device:
+                raise ValueError(f"block_table: on {block_table.device}, this graph's buffer is on {buf.device}")
 
     def run(self, key: tuple, q, k_cache, v_cache, *, out=None):
         """The decode of the layers with constants ``key`` on the current buffers: ``(out, lse)``.

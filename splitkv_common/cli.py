@@ -56,6 +56,10 @@ def _heads(text: str) -> tuple[int, int]:
     return hq, hkv
 
 
+#: bytes per KV element ``--kv-bytes`` takes
+KV_BYTES = (1, 2, 4)
+
+
 def _cmd_plan(args) -> int:
     from .plan import make_plan
 
@@ -74,6 +78,10 @@ def _cmd_plan(args) -> int:
         return 2
     q_lens = args.q_lens * batch if args.q_lens and len(args.q_lens) == 1 else args.q_lens
     hq, hkv = args.heads
+    if args.kv_bytes not in KV_BYTES:
+        print(f"error: --kv-bytes: {args.kv_bytes} bytes per KV element; must be one of {KV_BYTES} (int8 / fp8, "
+              f"fp16 / bf16, fp32)", file=sys.stderr)
+        return 2
     try:
         check_plan_limits(seq, num_kv_heads=hkv, page_size=args.page_size, q_lens=q_lens, policy=args.policy,
                           window_left=args.window_left, max_splits=args.max_splits, graph_stable=args.graph_stable,
@@ -135,7 +143,7 @@ def _cmd_parity(args) -> int:
     from .parity.registry import discover
 
     paths = args.report or ()
-    if len(set(map(os.path.abspath, paths))) != len(paths):
+    if len(set(map(os.path.realpath, paths))) != len(paths):   # two spellings of one file, links resolved
         print("error: --report: the same file is given twice", file=sys.stderr)
         return 2
     for path in paths:  # before the run: a bad path fails in milliseconds, not after the catalog

@@ -88,11 +88,12 @@ class ParityReport:
         """Write the report (JSON for ``.json``, Markdown for ``.md``) atomically: a temporary file in
         the same directory, then ``os.replace``, so a reader never sees half a report and a failed
         write loses nothing. An existing file is kept (``FileExistsError``) unless ``force``."""
-        check_report_path(path, force)
+        path = check_report_path(path, force)
         text = self.to_json() if str(path).endswith(".json") else self.to_markdown()
-        d = os.path.dirname(os.path.abspath(path))
+        d = os.path.dirname(path)
         fd, tmp = tempfile.mkstemp(prefix=".splitkv-report-", suffix=".tmp", dir=d)
         try:
+            os.fchmod(fd, _umask_mode())   # the mode a plain open() would give, not mkstemp's 0600
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
                 f.flush()
@@ -114,22 +115,50 @@ class ParityReport:
 REPORT_SUFFIXES = (".md", ".json")
 
 
-def check_report_path(path, force: bool = False) -> None:
-    """Refuse a report path before any work: the suffix is ``.md`` or ``.json``, the directory exists
-    and is writable, and the file does not exist unless ``force`` (then it must be a file)."""
+def _umask_mode() -> int:
+    """``0o666`` less the process's umask: the mode ``open(path, "w")`` gives a new file."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def check_report_path(path, force: bool = False) -> str:
+    """Refuse a report path before any work, and return where it will be written: the suffix is
+    ``.md`` or ``.json``; the directory, with every link resolved (``os.path.realpath``: ``link/..``
+    is where the link points, not the lexical parent), exists and takes a new file (a probe file is
+    created and removed there: permissions, a read-only file system, the name's length); the file
+    does not exist unless ``force`` (then it must be a regular file, or a link to one, which is
+    replaced by the report)."""
     p = str(path)
     if not p.endswith(REPORT_SUFFIXES):
         raise ValueError(f"report: {p} must end in .md or .json")
-    d = os.path.dirname(os.path.abspath(p))
+    name = os.path.basename(p)
+    if not name or "\0" in p:
+        raise ValueError(f"report: {p!r} is not a file name")
+    d = os.path.realpath(os.path.dirname(p) or ".")
     if not os.path.isdir(d):
         raise FileNotFoundError(f"report: directory {d} does not exist (create it first)")
     if not os.access(d, os.W_OK | os.X_OK):
         raise PermissionError(f"report: directory {d} is not writable")
-    if os.path.lexists(p):
+    target = os.path.join(d, name)
+    if os.path.lexists(target):
         if not force:
             raise FileExistsError(f"report: {p} exists; pass --force (force=True) to replace it")
-        if not os.path.isfile(p):
+        if not os.path.isfile(target):
             raise IsADirectoryError(f"report: {p} exists and is not a regular file")
+    try:
+        max_name = os.pathconf(d, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        max_name = 255
+    if len(os.fsencode(name)) > max_name:
+        raise ValueError(f"report: file name {name[:40]}... is longer than {max_name} bytes")
+    try:   # what write() does first: a temporary file in that directory
+        fd, probe = tempfile.mkstemp(prefix=".splitkv-report-", suffix=".probe", dir=d)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise PermissionError(f"report: cannot create a file in {d}: {e.strerror or e}") from None
+    return target
 
 
 class _NoBar:

@@ -356,9 +356,14 @@ def core_time_us(w: CoreWork, p: Pipeline, vec: VecWork, c: Constants, detail: d
             if not p.cube_overlap:
                 cube.sync("MTE2", "MTE1")
                 cube.sync("M", "MTE1")
-            l0 = cube.op("MTE1", _cycles_us((t * D + M * t) * eb / c.mte1_bytes_per_cycle, c),
-                         after=max(chunk_ready(s, "V", ci), p_end))
-            chunk_used(s, "V", ci, l0)
+            if p.cube_overlap:  # V's tile to L0B first (freeing its L1 buffer), then P's columns to L0A
+                l0v = cube.op("MTE1", _cycles_us(t * D * eb / c.mte1_bytes_per_cycle, c), after=chunk_ready(s, "V", ci))
+                chunk_used(s, "V", ci, l0v)
+                l0 = max(l0v, cube.op("MTE1", _cycles_us(M * t * eb / c.mte1_bytes_per_cycle, c), after=p_end))
+            else:
+                l0 = cube.op("MTE1", _cycles_us((t * D + M * t) * eb / c.mte1_bytes_per_cycle, c),
+                             after=max(chunk_ready(s, "V", ci), p_end))
+                chunk_used(s, "V", ci, l0)
             if not p.cube_overlap:
                 cube.sync("MTE1", "M")
                 cube.sync("FIX", "M")

@@ -198,11 +198,14 @@ def mix_ub_bytes(head_dim: int, dtype: str, step_tokens: int, rows_pad: int, sof
     KV, ``MixVec::InitQuant``), bytes, for exchange steps of ``step_tokens`` (``multi_query``: a
     request has several query rows, the causal band's V row buffers of ``AddBand``, 16-bit KV only)."""
     D, TT, RH = head_dim, step_tokens, rows_pad // 2
+    items = 1 if kv_dtype == "int8" else 2  # items whose state the vector cores hold at once
     cube = mix_cube_dtype(dtype, kv_dtype or dtype)
     p_rows = MIX_P_STEPS * RH if kv_dtype == "int8" else RH
     b = {"s (scores)": _r32(RH * TT * 4), "p (probabilities, cube dtype)": _r32(p_rows * TT * ITEMSIZE[cube]),
-         "o (P V tile)": _r32(RH * D * 4), "acc": _r32(RH * D * 4), "red": 2 * _r32(_ru(2 * RH, 8) * 4),
-         "blocks (running max x2, l, lr, alpha x2, two sums: a 32-byte block per row slot)": 8 * _r32(_ru(2 * RH, 8) * 32),
+         "o (P V tile)": _r32(RH * D * 4), "acc (16-bit KV: two items)": items * _r32(RH * D * 4),
+         "red": 2 * _r32(_ru(2 * RH, 8) * 4),
+         "blocks (per item: running max x2, l, lr; alpha x2, two sums: a 32-byte block per row slot)":
+             (4 * items + 4) * _r32(_ru(2 * RH, 8) * 32),
          "work": 256}
     if soft_cap:
         b["cap (soft-cap scratch)"] = _r32(RH * TT * 4)

@@ -371,16 +371,17 @@ def ifa_program(sh: Shape, prof) -> tuple["cm.Pipeline", int, int]:
 # our mixed kernel before the pipeline, and as built now (ascend_ops/kernel/splitkv_split_mix.cpp:
 # steps of mixTileTokens x mixStepTiles tokens, K / V in rings of two 256-token L1 buffers each, the
 # next tile's copy issued before the current one is used, QK one step ahead of PV across items,
-# the vector cores' update one step behind their softmax within an item); the step is the tiling's
+# the vector cores' update one step behind their softmax across items); the step is the tiling's
 # (tiling.choose_mix_tiles) for the shape's rows
 def ours(sh: Shape) -> dict:
     from ascend_ops import tiling as tl
     tt, _, steps = tl.choose_mix_tiles(sh.head_dim, sh.dtype, sh.hq // sh.hkv, False,
                                        kv_dtype="int8" if sh.kv_quant else None)
     return {"ours: first mixed kernel (serial, 256-token tiles)": cm.SERIAL_256,
-            # int8 KV: QK runs ahead within an item only (the next item's q is expanded by the vector cores)
+            # int8 KV: QK and the vector cores' lag run within an item only (the next item's q is
+            # expanded by the vector cores after the current item's output)
             "ours: pipelined mixed kernel": cm.Pipeline("pipelined mixed kernel", tt * steps, tt, 2, True, True,
-                                                        not sh.kv_quant, 4, vec_cross_item=False)}
+                                                        not sh.kv_quant, 4)}
 
 
 def critical_path(shapes=SHAPES, c=None, programs=None, with_ifa: bool = True) -> dict:

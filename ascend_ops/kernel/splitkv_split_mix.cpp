@@ -187,7 +187,8 @@ public:
                 nq++;
                 Next(qk);
             }
-            PV(pv, np);
+            // the next QK's first K tiles are copied while PV waits for P
+            PV(pv, np, qk.ok && (!c_.quant || qk.w == pv.w) ? &qk : nullptr, nq);
             np++;
             Next(pv);
         }
@@ -357,9 +358,11 @@ private:
             LoadQ(c.it, c.M);
         }
         const int32_t n = StepTokens(c), tiles = Tiles(n);
-        int32_t buf = Fetch(c, 0, false);
+        const int32_t pre = kPreStep_ == step ? kPreN_ : 0;  // tiles PrefetchK copied already
+        kPreStep_ = -1;
+        int32_t buf = pre > 0 ? kPre_[0] : Fetch(c, 0, false);
         for (int32_t i = 0; i < tiles; i++) {
-            const int32_t nb = i + 1 < tiles ? Fetch(c, i + 1, false) : -1;
+            const int32_t nb = i + 1 < tiles ? (i + 1 < pre ? kPre_[i + 1] : Fetch(c, i + 1, false)) : -1;
             const int32_t nt = Min(TT, n - i * TT), nA = c_.Tail(nt), N1 = nA / 16;
             WaitFor<HardEvent::M_MTE1>();  // L0B no longer read by the previous Mmad
             RingWaitFull(k_, buf);
@@ -384,9 +387,20 @@ private:
         CrossCoreSetFlag<2, PIPE_FIX>(kFlagS);
     }
 
+    // The first (up to) two K tiles of the QK of step `step` at cursor c, into K's ring.
+    __aicore__ inline void PrefetchK(const Cursor& c, int32_t step) {
+        const int32_t tiles = Tiles(StepTokens(c));
+        kPreN_ = tiles > 1 ? 2 : 1;
+        for (int32_t i = 0; i < kPreN_; i++) {
+            kPre_[i] = Fetch(c, i, false);
+        }
+        kPreStep_ = step;
+    }
+
     // O = P V for the step (after the vector cores' flag P): V tile by tile (the first two copies
-    // issued before the wait), the products accumulated in L0C -> scratch O slot, flag O.
-    __aicore__ inline void PV(const Cursor& c, int32_t step) {
+    // issued before the wait, then the next QK's first K tiles: `next`, step `nextStep`), the
+    // products accumulated in L0C -> scratch O slot, flag O.
+    __aicore__ inline void PV(const Cursor& c, int32_t step, const Cursor* next, int32_t nextStep) {
         const int32_t TT = c_.TT, D = c_.D, ST = c_.ST, M = c.M, n = StepTokens(c), tiles = Tiles(n);
         const int32_t rows = c_.quant ? kPSteps * M : M, stride = c_.quant ? RoundUp(rows, 16) : c_.MP;
         const int32_t N1 = D / 16;
@@ -394,6 +408,9 @@ private:
         bufs[0] = Fetch(c, 0, true);
         if (tiles > 1) {
             bufs[1] = Fetch(c, 1, true);
+        }
+        if (next != nullptr) {
+            PrefetchK(*next, nextStep);
         }
         CrossCoreWaitFlag(kFlagP);
         if (pFreePending_) {  // the previous step's LoadData of P from L1 is done
@@ -405,19 +422,15 @@ private:
         DataCopy(p1, pGm_[(step % 2) * c_.PR * ST],
                  Nd2NzParams(1, static_cast<uint16_t>(rows), static_cast<uint16_t>(nkAll), 0, static_cast<uint16_t>(ST),
                              static_cast<uint16_t>(stride), 1, 0));
-        SetFlag<HardEvent::MTE2_MTE1>(pFull_);
-        WaitFlag<HardEvent::MTE2_MTE1>(pFull_);
+        SetFlag<HardEvent::MTE2_MTE1>(pFull_);  // waited for after V's first tile moved to L0B
         LocalTensor<A> o0 = oL0C_.Get<A>();
         for (int32_t i = 0; i < tiles; i++) {
             const int32_t nt = Min(TT, n - i * TT), nA = c_.Tail(nt), nk = c_.quant ? nA : nt;
             const int32_t K1 = CeilDiv(nk, K0), buf = bufs[i % 2];
             WaitFor<HardEvent::M_MTE1>();
             LocalTensor<T> p0 = pL0_.Get<T>(), b0 = bL0_.Get<T>();
-            for (int32_t mb = 0; mb < CeilDiv(rows, 16); mb++) {  // P's tile i: fractal columns i * TT / K0 ...
-                LoadData(p0[mb * K1 * FE], p1,
-                         LoadData2DParams(static_cast<uint16_t>(mb + (i * TT / K0) * (stride / 16)),
-                                          static_cast<uint8_t>(K1), static_cast<uint16_t>(stride / 16), 0, 0, false, 0));
-            }
+            // V's tile first: its L1 buffer is free for the copy after next before P's copy lands
+            // (which queues behind the copies issued ahead of the wait for P)
             RingWaitFull(v_, buf);
             LocalTensor<T> v1 = vL1_.Get<T>()[buf * TT * D];
             if constexpr (sizeof(T) == 1) {
@@ -438,6 +451,14 @@ private:
             RingRelease(v_, buf);
             if (i + 2 < tiles) {
                 bufs[i % 2] = Fetch(c, i + 2, true);
+            }
+            if (i == 0) {
+                WaitFlag<HardEvent::MTE2_MTE1>(pFull_);  // the step's P rows landed in L1
+            }
+            for (int32_t mb = 0; mb < CeilDiv(rows, 16); mb++) {  // P's tile i: fractal columns i * TT / K0 ...
+                LoadData(p0[mb * K1 * FE], p1,
+                         LoadData2DParams(static_cast<uint16_t>(mb + (i * TT / K0) * (stride / 16)),
+                                          static_cast<uint8_t>(K1), static_cast<uint16_t>(stride / 16), 0, 0, false, 0));
             }
             WaitFor<HardEvent::MTE1_M>();
             if (i == 0) {
@@ -465,6 +486,7 @@ private:
     GlobalTensor<T> qGm_, kGm_, vGm_, pGm_, zGm_;
     GlobalTensor<A> sGm_, oGm_;
     Ring k_, v_;
+    int32_t kPre_[2] = {0, 0}, kPreN_ = 0, kPreStep_ = -1;  // K tiles copied ahead for QK of step kPreStep_
     TEventID pFull_ = 0, pFree_ = 0;
     bool pFreePending_ = false;
 };
@@ -494,12 +516,12 @@ public:
         pipe_.InitBuffer(s_, uint32_t(RH_) * TT * sizeof(float));
         pipe_.InitBuffer(p_, uint32_t(c_.quant ? kPSteps : 1) * RH_ * TT * sizeof(C));
         pipe_.InitBuffer(o_, uint32_t(RH_) * D * sizeof(float));
-        pipe_.InitBuffer(acc_, uint32_t(RH_) * D * sizeof(float));
+        pipe_.InitBuffer(acc_, uint32_t(Items()) * RH_ * D * sizeof(float));  // 16-bit KV: two items' (Process)
         RHP_ = RoundUp(2 * RH_, 8);  // red: row maxima / sums at 2 r in [0, RHP_), other sums at RHP_ + 2 r
         pipe_.InitBuffer(red_, 2u * RHP_ * sizeof(float));
         // the running state as vectors: per row one 32-byte block holding the row's value 8 times
-        // (row r at block 2 r, as Brcb spreads red's pitch-2 values), kBlocks of RHP_ blocks each
-        pipe_.InitBuffer(blk_, uint32_t(kBlocks) * RHP_ * 8 * sizeof(float));
+        // (row r at block 2 r, as Brcb spreads red's pitch-2 values), NumBlocks() of RHP_ blocks each
+        pipe_.InitBuffer(blk_, uint32_t(NumBlocks()) * RHP_ * 8 * sizeof(float));
         pipe_.InitBuffer(work_, 64u * sizeof(float));
         if (t.softCap > 0.0f) {
             pipe_.InitBuffer(cap_, uint32_t(RH_) * TT * sizeof(float));
@@ -544,39 +566,54 @@ public:
         WriteZeroRow();
         Duplicate(red_.Get<float>(), 0.0f, 2 * RHP_);  // the odd slots Brcb spreads into the unused blocks
         PipeBarrier<PIPE_V>();
-        int32_t tile = 0;
+        int32_t tile = 0, par = 0;  // steps so far (scratch slot = step % 2); the item's state parity
+        Pending pend;               // the step whose update waits for the next softmax
         for (int32_t w = c_.w0; w < c_.w1; w += c_.wStep) {
             MixItem it;
             if (!c_.ReadItem(w, it)) {
                 continue;
             }
             const int32_t M = it.qLen * c_.G;
+            const int32_t nt = it.end > it.start ? CeilDiv(it.end - it.start, c_.ST) : 0;
             // this core's rows: half each, the first ceil(M / 2) to sub-block 0 (at most RH_ = MP / 2),
             // so both vector cores work for any M > 1 (a split at MP / 2 left sub-block 1 idle for M <= 8)
             const int32_t first = CeilDiv(M, 2), r0 = sub_ ? first : 0, nr = sub_ ? M - first : first;
-            StartItem(nr);
-            const int32_t nt = it.end > it.start ? CeilDiv(it.end - it.start, c_.ST) : 0;
+            // The update of a step runs after the next step's softmax (which the cube's QK, issued
+            // before its P V of the step, makes ready), so the vector cores compute while the cube
+            // multiplies: across items for 16-bit KV with one query row per request (two items'
+            // state, by item parity), within an item for int8 KV (whose next item's q expansion
+            // waits for this one's output). Several query rows with 16-bit KV keep the order
+            // softmax, update, band per step (the band reads the step's probabilities from s).
+            const bool lag = c_.quant || it.qLen == 1;
+            const bool crossLag = !c_.quant && it.qLen == 1 && nt > 0;
+            if (!crossLag) {
+                Flush(pend);
+            }
+            par = Items() - 1 - par;  // alternate (int8 KV: always 0)
+            StartItem(nr, par);
             if (c_.quant && nt > 0) {
                 PrepQ(it, M, r0, nr);
             }
-            // The update of step j runs after the softmax of step j + 1 (which the cube's QK of step
-            // j + 1, issued before its P V of step j, makes ready): the vector cores compute while the
-            // cube multiplies. Several query rows with 16-bit KV keep the order softmax, update,
-            // band per step (the band reads the step's probabilities from s).
-            const bool lag = !(it.qLen > 1 && !c_.quant);
             for (int32_t j = 0; j < nt; j++) {
-                Softmax(it, M, r0, nr, j, tile + j);
-                if (lag && j > 0) {
-                    Update(M, nr, r0, tile + j - 1);
-                }
-                if (!lag || j + 1 == nt) {
-                    Update(M, nr, r0, tile + j);
-                    AddBand(it, r0, nr, j);
+                Softmax(it, M, r0, nr, j, tile + j, par);
+                Flush(pend);
+                const bool last = j + 1 == nt;
+                if (lag && (crossLag || !last)) {
+                    pend = Pending{true, last, it, M, r0, nr, j, tile + j, par};
+                } else {
+                    Update(M, nr, r0, tile + j, par);
+                    AddBand(it, r0, nr, j, par);
+                    if (last) {
+                        Finish(it, r0, nr, par);
+                    }
                 }
             }
+            if (nt == 0) {
+                Finish(it, r0, nr, par);
+            }
             tile += nt;
-            Finish(it, r0, nr);
         }
+        Flush(pend);
     }
 
 private:
@@ -700,19 +737,47 @@ private:
         CrossCoreSetFlag<2, PIPE_MTE3>(kFlagQ);
     }
 
-    __aicore__ inline void StartItem(int32_t nr) {
-        if (nr > 0) {
-            Duplicate(acc_.Get<float>(), 0.0f, nr * c_.D);
-            Duplicate(Blk(kM + cur_), kMaxStart, 16 * nr);
-            Duplicate(Blk(kL), 0.0f, 16 * nr);
-            Duplicate(Blk(kLR), 0.0f, 16 * nr);
+    struct Pending {
+        bool on = false, last = false;  // a step waits for its update; it is its item's last
+        MixItem it;
+        int32_t M = 0, r0 = 0, nr = 0, j = 0, gTile = 0, par = 0;
+    };
+    // The pending step's update (and, after an item's last step, the item's output).
+    __aicore__ inline void Flush(Pending& p) {
+        if (!p.on) {
+            return;
+        }
+        p.on = false;
+        Update(p.M, p.nr, p.r0, p.gTile, p.par);
+        AddBand(p.it, p.r0, p.nr, p.j, p.par);
+        if (p.last) {
+            Finish(p.it, p.r0, p.nr, p.par);
         }
     }
 
-    // The block vectors (see Init): running max (two, alternating per step), l, lr, alpha (two: a
-    // step's alpha is read by its update, which runs after the next step's softmax), two sums.
-    static constexpr int32_t kM = 0, kL = 2, kLR = 3, kAlpha = 4, kSum = 6, kSum2 = 7, kBlocks = 8;
-    __aicore__ inline LocalTensor<float> Blk(int32_t which) { return blk_.Get<float>()[which * RHP_ * 8]; }
+    __aicore__ inline void StartItem(int32_t nr, int32_t par) {
+        if (nr > 0) {
+            Duplicate(Acc(par), 0.0f, nr * c_.D);
+            Duplicate(Blk(kM + cur_[par], par), kMaxStart, 16 * nr);
+            Duplicate(Blk(kL, par), 0.0f, 16 * nr);
+            Duplicate(Blk(kLR, par), 0.0f, 16 * nr);
+        }
+    }
+
+    // The block vectors (see Init): per item parity the running max (two, alternating per step), l
+    // and lr; then alpha (two: a step's alpha is read by its update, which runs after the next
+    // step's softmax) and two sums.
+    // (int8 KV: one item's state, as its items never overlap)
+    static constexpr int32_t kM = 0, kL = 2, kLR = 3, kItemBlocks = 4;
+    __aicore__ inline int32_t Items() const { return c_.quant ? 1 : 2; }
+    __aicore__ inline int32_t AlphaBlk() const { return Items() * kItemBlocks; }
+    __aicore__ inline int32_t SumBlk() const { return AlphaBlk() + 2; }
+    __aicore__ inline int32_t Sum2Blk() const { return AlphaBlk() + 3; }
+    __aicore__ inline int32_t NumBlocks() const { return AlphaBlk() + 4; }
+    __aicore__ inline LocalTensor<float> Blk(int32_t which, int32_t par = 0) {
+        return blk_.Get<float>()[(which + (which < kItemBlocks ? par * kItemBlocks : 0)) * RHP_ * 8];
+    }
+    __aicore__ inline LocalTensor<float> Acc(int32_t par) { return acc_.Get<float>()[par * RH_ * c_.D]; }
 
     // row[0, n) op= the 32-byte block `b` (a row's value broadcast): Sub or Mul, in at most two
     // instructions (whole 64-element repeats, then the tail), n a multiple of 8
@@ -825,7 +890,8 @@ private:
 
     // Tile j of the item: S rows -> P rows (the cube's dtype; int8 KV: kPSteps int8 rows each) in the
     // scratch, flag P; m, l, alpha updated.
-    __aicore__ inline void Softmax(const MixItem& it, int32_t M, int32_t r0, int32_t nr, int32_t j, int32_t gTile) {
+    __aicore__ inline void Softmax(const MixItem& it, int32_t M, int32_t r0, int32_t nr, int32_t j, int32_t gTile,
+                                   int32_t par) {
         const int32_t TT = c_.ST;  // a step's tokens
         const int32_t p0 = it.start + j * TT, n = Min(TT, it.end - p0), n16 = c_.Tail(n);  // int8: 32-aligned
         CrossCoreWaitFlag(kFlagS);
@@ -893,7 +959,8 @@ private:
         }
         const int32_t bn = 16 * nr;  // the rows' blocks, row r at block 2 r
         const uint8_t brep = static_cast<uint8_t>(CeilDiv(2 * nr, 8));
-        LocalTensor<float> mOld = Blk(kM + cur_), mNew = Blk(kM + 1 - cur_), aB = Blk(kAlpha + gTile % 2), tB = Blk(kSum);
+        LocalTensor<float> mOld = Blk(kM + cur_[par], par), mNew = Blk(kM + 1 - cur_[par], par);
+        LocalTensor<float> aB = Blk(AlphaBlk() + gTile % 2), tB = Blk(SumBlk());
         PipeBarrier<PIPE_V>();
         Brcb(tB, red, brep, BrcbRepeatParams(1, 8));
         PipeBarrier<PIPE_V>();
@@ -907,7 +974,7 @@ private:
         Exp(aB, aB, bn);
         Exp(s, s, cnt);  // masked columns: exp(-inf) = 0
         PipeBarrier<PIPE_V>();
-        cur_ = 1 - cur_;
+        cur_[par] = 1 - cur_[par];
         for (int32_t r = 0; r < nr; r++) {
             ReduceSum(red[2 * r], s[r * n16], work, n16);
         }
@@ -960,7 +1027,7 @@ private:
         CrossCoreSetFlag<2, PIPE_MTE3>(kFlagP);
         // l = l alpha + rowsum; int8 KV: lr = lr alpha + its sums; 16-bit KV: l += 0 * (the visible
         // scores' sum), NaN exactly when a score the row sees was NaN / inf (sticky, as l alpha + ...)
-        LocalTensor<float> lB = Blk(kL), lrB = Blk(kLR), cB = Blk(kSum2);
+        LocalTensor<float> lB = Blk(kL, par), lrB = Blk(kLR, par), cB = Blk(Sum2Blk());
         PipeBarrier<PIPE_V>();
         Brcb(tB, red, brep, BrcbRepeatParams(1, 8));
         Brcb(cB, red[RHP_], brep, BrcbRepeatParams(1, 8));
@@ -981,13 +1048,13 @@ private:
 
     // acc = acc * alpha + O for the rows of this vector core (after the cube's flag O); int8 KV:
     // O = O_0 + O_1 / 254 from the int32 rows of the kPSteps blocks.
-    __aicore__ inline void Update(int32_t M, int32_t nr, int32_t r0, int32_t gTile) {
+    __aicore__ inline void Update(int32_t M, int32_t nr, int32_t r0, int32_t gTile, int32_t par) {
         const int32_t D = c_.D, cnt = nr * D;
         CrossCoreWaitFlag(kFlagO);
         if (nr == 0) {
             return;
         }
-        LocalTensor<float> o = o_.Get<float>(), acc = acc_.Get<float>();
+        LocalTensor<float> o = o_.Get<float>(), acc = Acc(par);
         const uint64_t slot = uint64_t(gTile % 2) * c_.PR * D;
         WaitFor<HardEvent::V_MTE2>();
         if constexpr (IsSameType<A, float>::value) {
@@ -998,7 +1065,7 @@ private:
                 DataCopy(oi[i * cnt], oGm_[slot + (uint64_t(i) * M + r0) * D], uint32_t(cnt));
             }
         }
-        LocalTensor<float> aB = Blk(kAlpha + gTile % 2);
+        LocalTensor<float> aB = Blk(AlphaBlk() + gTile % 2);
         for (int32_t r = 0; r < nr; r++) {  // acc * alpha, each row by its block
             RowOp(true, acc[r * D], aB[16 * r], D);
         }
@@ -1020,14 +1087,14 @@ private:
     // cannot see) were zero in the cube's P V, so that no row multiplies a value it cannot see by 0;
     // here each row adds p * v of the band positions it sees (Axpy, p from the tile's probabilities,
     // still in s). A masked page contributes nothing.
-    __aicore__ inline void AddBand(const MixItem& it, int32_t r0, int32_t nr, int32_t j) {
+    __aicore__ inline void AddBand(const MixItem& it, int32_t r0, int32_t nr, int32_t j, int32_t par) {
         const int32_t D = c_.D, p0 = it.start + j * c_.ST, n = Min(c_.ST, it.end - p0);
         const int32_t a = Max(p0, it.seqLen - it.qLen + 1);
         if (c_.quant || it.qLen <= 1 || nr == 0 || a >= p0 + n) {  // int8 KV: the cube's integer P V has it
             return;
         }
         const int32_t n16 = RoundUp(n, 16), ps = c_.t.pageSize;
-        LocalTensor<float> s = s_.Get<float>(), acc = acc_.Get<float>(), vf = vf_.Get<float>();
+        LocalTensor<float> s = s_.Get<float>(), acc = Acc(par), vf = vf_.Get<float>();
         WaitFor<HardEvent::V_S>();  // the probabilities in s are readable
         for (int32_t p = a; p < p0 + n; p++) {
             const int32_t page = c_.Page(it, p);
@@ -1059,15 +1126,15 @@ private:
 
     // o = acc / l and lse = m + ln l of each row -> the item's partial slot (o = 0, lse = -inf for a
     // row that saw nothing).
-    __aicore__ inline void Finish(const MixItem& it, int32_t r0, int32_t nr) {
+    __aicore__ inline void Finish(const MixItem& it, int32_t r0, int32_t nr, int32_t par) {
         const int32_t D = c_.D, G = c_.G;
-        LocalTensor<float> acc = acc_.Get<float>();
+        LocalTensor<float> acc = Acc(par);
         // the running state to the scalar unit (one round trip per item); NaN rule, 16-bit KV: a NaN
         // / inf value row the row saw reached its accumulator (one sum per row); int8 values are
         // finite (their scales: vBad_)
         if (nr > 0) {
             LocalTensor<float> red = red_.Get<float>(), work = work_.Get<float>();
-            LocalTensor<float> mB = Blk(kM + cur_), lB = Blk(kL), lrB = Blk(kLR);
+            LocalTensor<float> mB = Blk(kM + cur_[par], par), lB = Blk(kL, par), lrB = Blk(kLR, par);
             PipeBarrier<PIPE_V>();  // acc's and the blocks' last writes
             if (!c_.quant) {
                 for (int32_t r = 0; r < nr; r++) {
@@ -1141,7 +1208,8 @@ private:
 
     MixCommon c_;
     bool direct_ = false;
-    int32_t sub_ = 0, RH_ = 0, RHP_ = 8, cur_ = 0;  // cur_: which running-max block vector is current
+    int32_t sub_ = 0, RH_ = 0, RHP_ = 8;
+    int32_t cur_[2] = {0, 0};  // per item parity: which running-max block vector is current
     float m_[kMaxVecRows], l_[kMaxVecRows], beta_[kMaxVecRows];  // m_, l_, lr_: read at the item's end
     float lr_[kMaxVecRows];      // the sum of P as the cube multiplies it (int8 KV: x_0 + x_1 / 254), else l_
     float rowMul_[kMaxVecRows];  // int8 KV: max|q'| / 127 of each row

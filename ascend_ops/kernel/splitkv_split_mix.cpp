@@ -24,7 +24,8 @@
 //     sum, all as vector instructions over [rows x step]; the running m, alpha and l as vectors of
 //     row blocks (Brcb; no V->S round trip per step, one per item); P -> scratch, flag P; the
 //     update of step s (after flag O: acc = acc * alpha_s + O) runs after the softmax of step
-//     s + 1 (alpha kept per step parity), within an item. NaN rule: a row whose visible scores or
+//     s + 1 (alpha kept per step parity; across items for 16-bit KV with one query row, two items'
+//     state held at once; within an item for int8 KV). NaN rule: a row whose visible scores or
 //     accumulator hold NaN / inf writes NaN (out and lse; docs/conventions.md).
 // Cross-core flags: 1 S ready, 2 P ready, 3 O ready (all mode 2), 4 zero row ready (once), 5 the
 // expanded q rows ready (int8 KV, once per item).

@@ -212,10 +212,13 @@ def make_batch(meta, *, num_q_heads: int, num_kv_heads: int, head_dim: int, page
                max_work_items: int | None = None) -> DecodeBatch:
     """The :class:`DecodeBatch` of a routed step (see :func:`batch_unsupported`).
 
-    The plan is cached on the metadata object per layer geometry, so the layers of one step share it.
+    The plan is cached on the metadata object per layer geometry *and lengths*, so the layers of one
+    step share it and a metadata object reused with other lengths (or other query rows) gets a new
+    plan, never the stale one. Cost per layer: reading the host lengths (O(B)) and one dict lookup.
     """
+    qsl, sl = host_lengths(meta)
     key = (num_q_heads, num_kv_heads, head_dim, page_size, kv_elem_bytes, window_left, graph_stable, max_splits,
-           max_work_items)
+           max_work_items, qsl.tobytes(), sl.tobytes())
     cache = getattr(meta, "_splitkv_batches", None)
     if cache is None:
         cache = {}
@@ -225,7 +228,8 @@ def make_batch(meta, *, num_q_heads: int, num_kv_heads: int, head_dim: int, page
             pass
     if key in cache:
         return cache[key]
-    qsl, sl = host_lengths(meta)
+    if len(cache) >= 16:   # a metadata object reused for many batches: keep the newest only
+        cache.clear()
     B = sl.shape[0]
     bt = meta.block_tables[:B]
     if bt.shape[0] < B:

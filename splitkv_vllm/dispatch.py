@@ -92,11 +92,15 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
         from cuda_ref.wrapper import DecodeWrapper
 
         Hq, D, page = q.shape[1], q.shape[2], k_cache.shape[1]
+        from . import errors
+
         w = DecodeWrapper(Hq, k_cache.shape[2], D, page, dtype=q.dtype, kv_dtype=k_cache.dtype, device=q.device)
+        errors.attach(w, k_cache.shape[0])   # counts into the device's shared buffer, read every N calls
         w.set_plan(plan, validate=False)  # the shared planner's plan of this step: valid by construction
         dev = q.device
         o, lse = w.run(q, k_cache, v_cache, block_table.to(dev), seq_lens.to(dev), query_start_loc.to(dev),
                        scale=scale, soft_cap=soft_cap, window_left=window_left, **quant)
+        errors.tick(dev)
     elif impl == "torch":
         from splitkv_common.torch_eager import decode_attention as eager
 

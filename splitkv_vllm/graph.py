@@ -156,6 +156,10 @@ class GraphDecoder:
                 w = AscendDecodeWrapper(hq, hkv, d, page, dtype=dtype, kv_dtype=kv_dtype, device=dev,
                                         profile=self.profile, policy=self.policy, graph_stable=True,
                                         max_splits=self.max_splits, max_work_items=self.max_work_items)
+        if self.route == "triton":   # its error counts go to the device's shared buffer (errors.poll reads it)
+            from . import errors
+
+            errors.attach(w, k_cache.shape[0])
         w._splitkv_const = const
         self.wrappers[key] = w
         if self._lengths is not None:
@@ -528,6 +532,10 @@ def refresh_graph_step(meta, group) -> None:
     bt = meta.block_tables[:sl.shape[0]]
     dec.refresh(sl, qsl, bt if bt.dtype == torch.int32 else bt.to(torch.int32))
     meta._splitkv_graph_decoder = dec
+    if dec.route == "triton" and dec.block_table is not None:   # the kernels' error counter, every N steps
+        from . import errors
+
+        errors.tick(dec.block_table.device)
     if dec.captured:
         from . import stats
 

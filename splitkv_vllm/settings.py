@@ -25,7 +25,14 @@ device_plan            SPLITKV_VLLM_DEVICE_PLAN             false      full grap
 split_tokens           SPLITKV_VLLM_SPLIT_TOKENS            512        device_plan: the fixed split size (tokens,
                                                                        a multiple of the block size)
 stats_dir              SPLITKV_VLLM_STATS_DIR               (none)     each worker writes its counters here
+error_check_steps      SPLITKV_VLLM_ERROR_CHECK_STEPS       256        Triton route: read the kernels' error
+                                                                       counter every N routed calls / steps
+                                                                       (one host sync; 0 never)
 =====================  ===================================  =========  ==========================================
+
+Every value is parsed once per configuration (:func:`current`): a malformed one (``policy=bogus``, a
+``size:N`` that is not a multiple of the KV block size) is logged at start-up and replaced by its
+default, so no routed step raises for it.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, fields, replace
+
+from splitkv_common.plan import SplitPolicy
 
 from .log import once
 
@@ -56,6 +65,7 @@ class Settings:
     device_plan: bool = False
     split_tokens: int = 512
     stats_dir: str | None = None
+    error_check_steps: int = 256
 
 
 ENV = {
@@ -65,12 +75,16 @@ ENV = {
     "graph_max_work_items": "SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS",
     "reserve_graph_memory": "SPLITKV_VLLM_RESERVE_GRAPH_MEMORY", "device_plan": "SPLITKV_VLLM_DEVICE_PLAN",
     "split_tokens": "SPLITKV_VLLM_SPLIT_TOKENS", "stats_dir": "SPLITKV_VLLM_STATS_DIR",
+    "error_check_steps": "SPLITKV_VLLM_ERROR_CHECK_STEPS",
 }
 DEFAULTS = Settings()
 
 # additional_config["splitkv"] of this process's vLLM config, once seen (configure())
 _CONFIG: dict = {}
 _CONFIG_SEEN = [False]
+_BLOCK_SIZE = [0]     # the KV cache's block size, once configure() has seen the vLLM config
+_CURRENT: dict = {}   # (environment, block size) -> Settings: parsed once (current())
+MAX_SETTING_INT = (1 << 31) - 1
 
 
 def _bad(source: str, key: str, value, why: str):
@@ -93,6 +107,12 @@ def _parse(key: str, value, source: str):
     if key == "impl":
         text = str(value).strip().lower() or "auto"
         return text if text in IMPLS else _bad(source, key, value, f"expected one of {IMPLS}")
+    if key == "error_check_steps":   # 0: never
+        try:
+            v = int(str(value).strip())
+        except (TypeError, ValueError):
+            return _bad(source, key, value, "expected an integer >= 0")
+        return v if 0 <= v <= MAX_SETTING_INT else _bad(source, key, value, f"expected 0 .. {MAX_SETTING_INT}")
     if key in ("graph_max_splits", "graph_max_work_items", "split_tokens"):
         if value is None or (isinstance(value, str) and not value.strip()):
             return default
@@ -100,10 +120,31 @@ def _parse(key: str, value, source: str):
             v = int(value)
         except (TypeError, ValueError):
             return _bad(source, key, value, "expected a positive integer")
+        if v > MAX_SETTING_INT:
+            return _bad(source, key, value, f"over the limit {MAX_SETTING_INT} (int32)")
         return v if v > 0 else _bad(source, key, value, "expected a positive integer")
+    if key == "policy":
+        text = str(value).strip() or default
+        try:
+            pol = SplitPolicy.parse(text)
+        except ValueError as e:
+            return _bad(source, key, value, str(e))
+        page = _BLOCK_SIZE[0]
+        if pol.kind == "fixed_size" and page and pol.value % page:
+            return _bad(source, key, value, f"a split of {pol.value} tokens is not a multiple of the block size {page}")
+        return text
     if key == "stats_dir":
         return str(value) if value else None
     return str(value).strip() or default
+
+
+def _block_size(vllm_config) -> int:
+    """The KV cache's block size of ``vllm_config`` (0 when unknown)."""
+    try:
+        v = int(getattr(getattr(vllm_config, "cache_config", None), "block_size", 0) or 0)
+    except (TypeError, ValueError):
+        return 0
+    return v if v > 0 else 0
 
 
 def configure(vllm_config=None) -> dict:
@@ -120,6 +161,10 @@ def configure(vllm_config=None) -> dict:
             vllm_config = get_current_vllm_config()
         except Exception:  # noqa: BLE001
             return dict(_CONFIG)
+    page = _block_size(vllm_config)
+    if page and page != _BLOCK_SIZE[0]:
+        _BLOCK_SIZE[0] = page
+        _CURRENT.clear()
     extra = getattr(vllm_config, "additional_config", None) or {}
     section = extra.get(CONFIG_KEY, {}) if isinstance(extra, dict) else {}
     if not isinstance(section, dict):
@@ -129,6 +174,7 @@ def configure(vllm_config=None) -> dict:
     if unknown:
         once(logging.WARNING, "splitkv: additional_config.splitkv: unknown keys %s ignored", unknown)
     if section or not _CONFIG_SEEN[0]:
+        _CURRENT.clear()
         _CONFIG.clear()
         _CONFIG.update({k: v for k, v in section.items() if k not in unknown})
         _CONFIG_SEEN[0] = bool(section) or _CONFIG_SEEN[0]
@@ -139,6 +185,8 @@ def reset() -> None:
     """Forget the configuration read by :func:`configure` (tests)."""
     _CONFIG.clear()
     _CONFIG_SEEN[0] = False
+    _BLOCK_SIZE[0] = 0
+    _CURRENT.clear()
 
 
 def env_set(key: str) -> bool:
@@ -147,7 +195,24 @@ def env_set(key: str) -> bool:
 
 
 def current() -> Settings:
-    """The settings now: defaults, then ``additional_config["splitkv"]``, then set environment variables."""
+    """The settings now: defaults, then ``additional_config["splitkv"]``, then set environment variables.
+
+    Parsed once per configuration (the routed steps call this): a malformed value is logged once and
+    replaced by its default here, at start-up, never raised in a step (a ``policy`` that does not
+    parse, or a ``size:N`` that is not a multiple of the KV block size once ``configure()`` has seen
+    the vLLM config). Cost per call: reading the ``SPLITKV_VLLM_*`` environment variables and one
+    dict lookup."""
+    key = (tuple(os.environ.get(v) for v in ENV.values()), _BLOCK_SIZE[0])
+    hit = _CURRENT.get(key)
+    if hit is not None:
+        return hit
+    if len(_CURRENT) > 16:
+        _CURRENT.clear()
+    _CURRENT[key] = s = _parse_all()
+    return s
+
+
+def _parse_all() -> Settings:
     s = DEFAULTS
     values = {}
     for key, value in _CONFIG.items():

@@ -157,14 +157,18 @@ def check_append_slots(block_table, lengths, num_new: int, page_size: int, *, na
     keep = np.ones(wpf.size, bool)
     keep[1:] = (wpf[1:] != wpf[:-1]) | (wb[1:] != wb[:-1]) | (wl[1:] != wl[:-1])
     wpf, wb, wl = wpf[keep], wb[keep], wl[keep]
-    # the history's pages: request b' sees its first ceil(lengths[b'] / page) block-table entries
+    # the history's pages: request b' sees its first ceil(lengths[b'] / page) block-table entries;
+    # those that are written pages (a sorted lookup: O(H log W), not isin's O(H x W) for few pages)
     seen = -(-L // page_size)
-    hb, hj = np.nonzero(np.arange(M)[None, :] < seen[:, None])
-    hp = bt[hb, hj]
-    on = np.isin(hp, wpf)
+    used = np.flatnonzero(np.arange(M)[None, :] < seen[:, None])
+    hp = bt.reshape(-1)[used]
+    pages = wpf[np.concatenate(([True], wpf[1:] != wpf[:-1]))]   # wpf is sorted: its distinct pages
+    at = np.minimum(np.searchsorted(pages, hp), pages.size - 1)
+    on = pages[at] == hp
     if not on.any():
         return
-    hp, hb, hj = hp[on], hb[on], hj[on]
+    hb, hj = np.divmod(used[on], M)
+    hp = hp[on]
     first = np.searchsorted(wpf, hp, "left")
     count = np.searchsorted(wpf, hp, "right") - first
     other = (count > 1) | (wb[first] != hb) | (wl[first] != hj)

@@ -503,8 +503,9 @@ def _graph(route="ascend", max_work_items=None):
 def _graph_state(dec):
     w = next(iter(dec.wrappers.values()))
     bufs = [dec.block_table] + ([dec.seq_lens, dec.query_start_loc] if dec.seq_lens is not None else [])
+    dplan = getattr(w, "dplan", None)   # the Triton route's device plan
     return (repr(dec._lengths), list(dec.plans.values()), w.host_plan, dec.max_q_len,
-            snapshot(*bufs, *[b for b in w._buffers.values()]))
+            snapshot(*bufs, *[b for b in w._buffers.values()], *([dplan.data] if dplan is not None else [])))
 
 
 REFRESH_BAD = [
@@ -522,19 +523,25 @@ REFRESH_BAD = [
 ]
 
 
-@pytest.mark.parametrize("route", ["ascend"])
+@pytest.mark.parametrize("route", ["ascend", "triton"])
 @pytest.mark.parametrize("change, match", [c[1:] for c in REFRESH_BAD], ids=[c[0] for c in REFRESH_BAD])
 def test_graph_refresh_refused_keeps_the_previous_step(route, change, match):
+    """The state is byte-identical after a refused refresh; on the Ascend route (the op's CPU kernel)
+    the next run also gives the previous step's result bit for bit (the Triton route's run is left to
+    the Triton tests: the interpreter is slow)."""
+    if route == "triton":
+        pytest.importorskip("triton")
     dec, key, p = _graph(route, max_work_items=12 if "max_work_items" in match else None)
     a = _torch_args(p)
-    out0 = dec.run(key, a["q"], a["k_cache"], a["v_cache"])[0].clone()
+    out0 = dec.run(key, a["q"], a["k_cache"], a["v_cache"])[0].clone() if route == "ascend" else None
     before = _graph_state(dec)
     args = dict(seq_lens=p.seq, query_start_loc=p.qsl, block_table=torch.from_numpy(p.bt.copy()))
     args.update(change(p))
     with pytest.raises((ValueError, TypeError), match=match):
         dec.refresh(args["seq_lens"], args["query_start_loc"], args["block_table"])
     assert _graph_state(dec) == before
-    assert torch.equal(dec.run(key, a["q"], a["k_cache"], a["v_cache"])[0], out0)
+    if out0 is not None:
+        assert torch.equal(dec.run(key, a["q"], a["k_cache"], a["v_cache"])[0], out0)
 
 
 # ---------------------------------------------------------------------------------------------

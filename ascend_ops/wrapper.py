@@ -69,9 +69,10 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
     part of the tiling: give them to ``plan()`` so that ``run()`` does no host work.
 
     A plan knows what it was made for: ``run()`` with a ``window_left`` other than the plan's is
-    refused (the plan's ranges skip what the planned window hides); another ``scale`` / ``soft_cap``
-    rebuilds the tiling (host work). A refused ``plan()`` / ``set_plan()``, or a ``run()`` whose
-    tiling rebuild is refused, leaves the previous plan, tiling and buffers in use.
+    refused (the plan's ranges cover exactly the planned window's span, which the tiling requires);
+    another ``scale`` / ``soft_cap`` rebuilds the tiling (host work). A refused ``plan()`` /
+    ``set_plan()``, or a ``run()`` whose tiling rebuild is refused, leaves the previous plan, tiling
+    and buffers in use.
 
     Single-threaded: the thread of the first ``plan()`` / ``set_plan()`` owns the wrapper; a call
     from another thread raises ``RuntimeError`` (:class:`splitkv_common.guards.ThreadOwner`).
@@ -336,7 +337,7 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
         ``"auto"``: the same when q is on the CPU; anything else is refused.
         ``scale``/``soft_cap``/``window_left`` default to the planned ones; another ``scale`` or
         ``soft_cap`` rebuilds the tiling (host work: do it before a capture, not inside); another
-        ``window_left`` is refused (the plan's ranges depend on it).
+        ``window_left`` is refused (the plan's ranges cover its window's span).
         """
         self._claim_thread("run")
         if validate is not False:
@@ -346,9 +347,10 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
         check_scalars(scale, soft_cap, window_left)
         planned = self._attn
         if window_left is not None and normalize_window(window_left) != planned[2]:
+            # the tiling takes a plan whose ranges cover exactly the window's span (Plan.validate)
             raise ValueError(f"window_left: run with {window_left!r}, the plan was made for "
-                             f"{'no window' if planned[2] is None else planned[2]} (its ranges skip what that "
-                             f"window hides); plan() again with this window")
+                             f"{'no window' if planned[2] is None else planned[2]} (its ranges cover that window's "
+                             f"span); plan() again with this window")
         attn = (planned[0] if scale is None else float(scale), planned[1] if soft_cap is None else float(soft_cap),
                 planned[2] if window_left is None else normalize_window(window_left))
         for name, x, rank in (("block_table", block_table, 2), ("k_cache", k_cache, 4)):

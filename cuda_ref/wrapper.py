@@ -229,9 +229,10 @@ class DecodeWrapper(PlannedWrapper, ThreadOwner):
             newly packed plan itself.
 
     A plan knows what it was made for: ``run()`` refuses, naming the argument, a ``window_left``
-    other than the plan's (one comparison per call; a plan given to ``set_plan()`` without its
-    ``window_left`` is not compared), ``query_start_loc=None`` for a plan of other query rows than
-    one per request, and q rows, requests or block-table columns other than the plan's (the cached
+    wider than the plan's (no window, or a larger one: the plan skips the positions before its
+    window; a narrower one is masked by the kernels; one comparison per call; a plan given to
+    ``set_plan()`` without its ``window_left`` is not compared), ``query_start_loc=None`` for a
+    plan of other query rows than one per request, and q rows, requests or block-table columns other than the plan's (the cached
     metadata checks); ``validate=True`` adds the lengths and query offsets the plan covers (a host
     sync). A refused ``plan()`` / ``set_plan()`` leaves the previous plan in use.
 
@@ -471,7 +472,7 @@ class DecodeWrapper(PlannedWrapper, ThreadOwner):
 
         Shapes, strides, dtypes, devices, scalars and the plan's match with the batch are checked
         on every call without reading device memory (cached per signature), and so are the plan's
-        window (``window_left`` must be the one ``plan()`` was given: one comparison) and its query
+        window (``window_left`` no wider than the one ``plan()`` was given: one comparison) and its query
         rows when ``query_start_loc`` is omitted; ``validate=True`` adds the shared value checks
         (block-table ranges, lengths) and the lengths and query offsets the plan covers (a host sync,
         so not inside a graph); ``"auto"`` validates when q is on the CPU; anything else is refused.
@@ -496,10 +497,10 @@ class DecodeWrapper(PlannedWrapper, ThreadOwner):
         key = self.check(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale, k_offset,
                          v_offset, scale=scale, soft_cap=soft_cap, window_left=window_left)
         pw = self._plan_window
-        if pw is not _UNKNOWN and not self.device_plan and \
-                (None if window_left is None or window_left == -1 else window_left) != pw:
-            raise ValueError(f"window_left: run with {window_left!r}, the plan was made for "
-                             f"{'no window' if pw is None else pw}; plan() again with this window")
+        if pw is not None and pw is not _UNKNOWN and not self.device_plan and \
+                (window_left is None or window_left == -1 or window_left > pw):
+            raise ValueError(f"window_left: run with {window_left!r}, wider than the plan's window {pw} (the plan "
+                             f"skips the positions before it); plan() again with this window")
         if validate:
             self._validate_values(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, soft_cap,
                                   window_left, k_scale, v_scale, k_offset, v_offset)

@@ -319,8 +319,8 @@ class GraphDecoder:
         the buffer's ``max_pages`` columns. Metadata only (O(1), no device read); raises
         ``ValueError`` / ``TypeError`` naming ``block_table``."""
         if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
-            raise ValueError(f"block_table: must be a [B, max_pages] int32 tensor, got "
-                             f"{tuple(block_table.shape) if isinstance(block_table, torch.Tensor) else type(block_table).__name__}")
+            got = tuple(block_table.shape) if isinstance(block_table, torch.Tensor) else type(block_table).__name__
+            raise ValueError(f"block_table: must be a [B, max_pages] int32 tensor, got {got}")
         if block_table.dtype != torch.int32:
             raise TypeError(f"block_table: dtype must be int32, got {block_table.dtype}")
         B, pages = block_table.shape

@@ -22,7 +22,7 @@ import os
 import stat
 import threading
 from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -188,7 +188,8 @@ APPENDS = [
            watch=lambda kw: [kw["buf"]]),
     # --- a page another request sees below its length ------------------------------------------
     Append("append-into-shared-page", lambda: _paged(bt=[[3, 5, 0, 0], [3, 5, 7, 0], [0, 0, 0, 0]]),
-           Refused(ValueError, BT + "request 0 would write new tokens into page 5 .*request 1 sees it below its length"),
+           Refused(ValueError, BT + "request 0 would write new tokens into page 5 .*request 1 sees it below its "
+                   "length"),
            ALL_FA),
     Append("append-into-other-request-history", lambda: _paged(bt=[[3, 5, 0, 0], [1, 2, 7, 0], [2, 0, 0, 0]],
                                                                seq=[6, 9, 1]),
@@ -203,7 +204,8 @@ APPENDS = [
     Append("k-not-a-tensor", _with(k=lambda kw: kw["k"].numpy()), Refused(TypeError, r"^k, v: must be tensors")),
     Append("new-token-past-capacity", lambda: _paged(seq=[6, 16, 0]), Refused(ValueError, r"^cache_seqlens: request 1"),
            ALL_FA),
-    Append("new-token-on-page-id-minus-1", lambda: _paged(bt=[[3, -1, 0, 0], [1, 2, 7, 0], [0, 0, 0, 0]], seq=[4, 9, 0]),
+    Append("new-token-on-page-id-minus-1",
+           lambda: _paged(bt=[[3, -1, 0, 0], [1, 2, 7, 0], [0, 0, 0, 0]], seq=[4, 9, 0]),
            Refused(ValueError, r"^block_table: entry \[0, 1\] = -1")),
     Append("scale-nan-with-new-tokens", _with(softmax_scale=float("nan")), Refused(ValueError, r"^softmax_scale:")),
     Append("window-minus-2-with-new-tokens", _with(window_size=(-2, 0)), Refused(ValueError, r"^window_size:")),
@@ -288,7 +290,8 @@ SLOT_RULES = [
     ("distinct", [[0, 1], [2, 3]], [3, 5], 1, 4, None),
     ("prefix-shared-full-pages", [[0, 1], [0, 2]], [5, 6], 2, 4, None),
     ("partial-page-shared", [[0, 1], [0, 1]], [5, 6], 1, 4, r"request \d would write new tokens into page 1 .*sees it"),
-    ("crossing-into-shared", [[0, 1], [5, 1]], [4, 6], 1, 4, "request 0 would write new tokens into page 1 .*request 1 sees it"),
+    ("crossing-into-shared", [[0, 1], [5, 1]], [4, 6], 1, 4,
+     "request 0 would write new tokens into page 1 .*request 1 sees it"),
     ("zero-new", [[0, 0], [0, 0]], [3, 3], 0, 4, None),
     ("empty-batch", np.zeros((0, 2)), [], 1, 4, None),
 ]
@@ -359,18 +362,23 @@ class Mismatch:
 
 
 MISMATCHES = [
-    Mismatch("window-planned-run-without", dict(window_left=5), dict(window_left=-1), r"^window_left: run with -1"),
+    Mismatch("window-planned-run-without", dict(window_left=5), dict(window_left=-1),
+             r"^window_left: run with -1, (wider than the plan's window|the plan was made for) 5"),
     Mismatch("window-planned-run-without-none", dict(window_left=5), dict(window_left=None),
              r"^window_left: run with None", entries=("cuda",)),   # ascend: None means the planned window
     Mismatch("window-planned-run-without-validate", dict(window_left=5), dict(window_left=-1, validate=True),
              r"^window_left: run with -1"),
-    Mismatch("no-window-planned-run-with", {}, dict(window_left=2), r"^window_left: run with 2, the plan was made for no window"),
-    Mismatch("window-planned-run-with-other", dict(window_left=5), dict(window_left=2), r"^window_left: run with 2"),
+    Mismatch("window-planned-run-wider", dict(window_left=2), dict(window_left=5), r"^window_left: run with 5"),
+    Mismatch("window-planned-run-narrower", dict(window_left=5), dict(window_left=2),
+             r"^window_left: run with 2, the plan was made for 5", entries=("ascend",)),   # triton: masked, legal
+    Mismatch("no-window-planned-run-with", {}, dict(window_left=2),
+             r"^window_left: run with 2, the plan was made for no window", entries=("ascend",)),
     Mismatch("q-layout-default-qsl", {}, {}, r"^query_start_loc: required", kind="multi3", drop_qsl=True,
              entries=("cuda",)),
     Mismatch("q-layout-other-qsl-validate", {}, dict(validate=True), r"query_start_loc", kind="multi3",
              run_kind="single"),
-    Mismatch("lengths-grew-validate", {}, dict(validate=True), r"^plan: covers 6 KV tokens of request 0, whose seq_len is 7",
+    Mismatch("lengths-grew-validate", {}, dict(validate=True),
+             r"^plan: covers 6 KV tokens of request 0, whose seq_len is 7",
              run_kind="longer"),
     Mismatch("rows-differ", {}, {}, r"^plan: made for 3 query rows", run_kind="rows4"),
 ]
@@ -409,13 +417,21 @@ def test_run_refuses_what_the_plan_was_not_made_for(case: Mismatch, entry: str):
     assert snapshot(*w._buffers.values()) == out_before, "a refused run() wrote"
 
 
-def test_ascend_run_with_the_planned_window_is_correct():
-    w = _ascend_wrapper()
-    p, a = _batch("window")
-    _plan_ascend(w, p, window_left=2)
-    for wl in (None, 2):   # None: the planned window
-        out, _ = _run_ascend(w, a, window_left=wl)
-        np.testing.assert_allclose(out.numpy(), dense_attention(_inputs(p))[0], atol=2e-5)
+@pytest.mark.parametrize("entry, planned, run", [("ascend", 2, None), ("ascend", 2, 2), ("ascend", -1, None),
+                                                 ("cuda", None, 2)],
+                         ids=["ascend-none-means-planned", "ascend-same", "ascend-minus-1-planned",
+                              "triton-narrower-than-no-window"])
+def test_run_with_a_window_the_plan_covers_is_correct(entry, planned, run):
+    """The planned window, or on the Triton wrapper a narrower one (the plan covers it and the
+    kernels mask the rest), gives the reference's result."""
+    make, plan, run_ = WRAPPERS[entry]
+    w = make()
+    p, a = _batch()
+    plan(w, p, window_left=planned)
+    out, _ = run_(w, a, window_left=run)
+    used = planned if run is None else run
+    p.window_left = None if used is None or used < 0 else used
+    np.testing.assert_allclose(out.numpy(), dense_attention(_inputs(p))[0], atol=2e-5)
 
 
 # ---------------------------------------------------------------------------------------------

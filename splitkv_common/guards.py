@@ -18,6 +18,7 @@ Each docstring says what the check costs.
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -46,6 +47,8 @@ class ThreadOwner:
     _owner_thread: int | None = None
 
     def _claim_thread(self, what: str) -> None:
+        if _compiling():  # inside a torch.compile trace: the thread check is the eager caller's
+            return
         me = threading.get_ident()
         owner = self._owner_thread
         if owner is None:
@@ -58,6 +61,8 @@ class ThreadOwner:
 
     def _check_thread(self, what: str) -> None:
         """Raise unless the calling thread owns the wrapper (or nobody does yet); claims nothing."""
+        if _compiling():
+            return
         owner = self._owner_thread
         if owner is not None and owner != threading.get_ident():
             self._claim_thread(what)
@@ -65,6 +70,14 @@ class ThreadOwner:
     def release_thread(self) -> None:
         """Give up the owning thread: the next ``plan()`` / ``set_plan()`` (from any thread) owns it."""
         self._owner_thread = None
+
+
+def _compiling() -> bool:
+    """True while torch.compile traces the caller (Dynamo cannot trace ``threading.get_ident``; a
+    compiled graph runs the thread check of the eager code that traced it). Without torch imported,
+    False. O(1)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
 
 
 def _extent_ok(sizes, strides) -> bool:

@@ -311,11 +311,11 @@ def test_append_slot_rule(bt, lengths, new, page, match):
 # 2. A plan runs only on what it was made for (wrappers' run())
 # ---------------------------------------------------------------------------------------------
 
-def _cuda_wrapper(**kw):
+def _cuda_wrapper(device="cpu", **kw):
     pytest.importorskip("triton")
     from cuda_ref.wrapper import DecodeWrapper
 
-    return DecodeWrapper(HQ, HKV, D, PAGE, dtype=torch.float32, device="cpu", policy="size:4", **kw)
+    return DecodeWrapper(HQ, HKV, D, PAGE, dtype=torch.float32, device=device, policy="size:4", **kw)
 
 
 def _ascend_wrapper(**kw):
@@ -425,13 +425,16 @@ def test_run_with_a_window_the_plan_covers_is_correct(entry, planned, run):
     """The planned window, or on the Triton wrapper a narrower one (the plan covers it and the
     kernels mask the rest), gives the reference's result."""
     make, plan, run_ = WRAPPERS[entry]
-    w = make()
+    gpu = entry == "cuda" and torch.cuda.is_available()  # with a GPU the kernels run there, not in the interpreter
+    w = make(device="cuda") if gpu else make()
     p, a = _batch()
     plan(w, p, window_left=planned)
+    if gpu:
+        a = {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in a.items()}
     out, _ = run_(w, a, window_left=run)
     used = planned if run is None else run
     p.window_left = None if used is None or used < 0 else used
-    np.testing.assert_allclose(out.numpy(), dense_attention(_inputs(p))[0], atol=2e-5)
+    np.testing.assert_allclose(out.cpu().numpy(), dense_attention(_inputs(p))[0], atol=2e-5)
 
 
 # ---------------------------------------------------------------------------------------------

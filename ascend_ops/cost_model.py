@@ -270,13 +270,15 @@ def core_time_us(w: CoreWork, p: Pipeline, vec: VecWork, c: Constants, detail: d
                 order += [(nxt_qk, "K", ci) for ci in range(-(-steps[nxt_qk][1] // p.chunk_tokens))]
                 nxt_qk += 1
             order += [(s_, "V", ci) for ci in range(-(-steps[s_][1] // p.chunk_tokens))]
+    position = {key: i for i, key in enumerate(order)}
     loaded: dict[tuple[int, str, int], float] = {}
     freed: dict[int, float] = {}
     nxt = [0]
 
     def prefetch(need: tuple[int, str, int] | None = None) -> None:
-        """Issue chunk loads in use order while their L1 buffers are known to be free (and, when
-        ``need`` is not loaded yet, up to it)."""
+        """Issue chunk loads in use order while their L1 buffers are known to be free; ``need``,
+        the chunk about to be used, must have been issued by then (its buffer's previous chunk was
+        used before it, in order)."""
         while nxt[0] < len(order):
             i = nxt[0]
             prev = i - p.l1_buffers
@@ -298,7 +300,7 @@ def core_time_us(w: CoreWork, p: Pipeline, vec: VecWork, c: Constants, detail: d
 
     def chunk_used(s_: int, what: str, ci: int, t_end: float) -> None:
         if p.cube_overlap:
-            freed[order.index((s_, what, ci))] = t_end
+            freed[position[(s_, what, ci)]] = t_end
             prefetch()
 
     def load(s: int, what: str) -> None:

@@ -258,6 +258,13 @@ def core_time_us(w: CoreWork, p: Pipeline, vec: VecWork, c: Constants, detail: d
         blocks = (m // 16) * (-(-n // 16)) * (-(-k // 16))
         return _cycles_us(blocks / c.cube_blocks_per_cycle + c.mmad_issue_cycles, c)
 
+    def serial(*pairs: str) -> None:
+        """The first kernel's WaitFor pairs ("SRC>DST"): without cube_overlap each stage of the cube
+        waits for the one before to drain."""
+        if not p.cube_overlap:
+            for pair in pairs:
+                cube.sync(*pair.split(">"))
+
     kv_ready: dict[tuple[int, str], list[float]] = {}
     # cube_overlap: the chunks in the order the Mmads consume them (K of QK(s), V of PV(s)), each
     # chunk's load end and the end of its LoadData (which frees its L1 buffer)
@@ -317,25 +324,19 @@ def core_time_us(w: CoreWork, p: Pipeline, vec: VecWork, c: Constants, detail: d
         """QK of step s: (q rows at an item's start), K chunks -> L0B, Mmad, Fixpipe S, flag S."""
         item, n, first, _ = steps[s]
         if first:
-            if not p.cube_overlap:
-                cube.sync("MTE1", "MTE2")
+            serial("MTE1>MTE2")
             cube.op("MTE2", M * D * eb / (l2_gbps * 1e3), latency=lat)  # q rows
         if not p.cube_overlap and (s, "K") not in kv_ready:
             load(s, "K")
         fix_end = 0.0
         for ci, a in enumerate(range(0, n, p.chunk_tokens)):
             t = min(p.chunk_tokens, n - a)
-            if not p.cube_overlap:
-                cube.sync("MTE2", "MTE1")
-                cube.sync("M", "MTE1")
+            serial("MTE2>MTE1", "M>MTE1")
             l0 = cube.op("MTE1", _cycles_us(t * D * eb / c.mte1_bytes_per_cycle, c), after=chunk_ready(s, "K", ci))
             chunk_used(s, "K", ci, l0)
-            if not p.cube_overlap:
-                cube.sync("MTE1", "M")
-                cube.sync("FIX", "M")
+            serial("MTE1>M", "FIX>M")
             mm = cube.op("M", mmad_us(mp, t, D), after=l0)
-            if not p.cube_overlap:
-                cube.sync("M", "FIX")
+            serial("M>FIX")
             fix_end = cube.op("FIX", _cycles_us(M * t * 4 / c.fixpipe_bytes_per_cycle, c), after=mm)
         yield ("set", "S", fix_end + c.gm_roundtrip_us + c.cross_flag_us)
 
@@ -347,17 +348,14 @@ def core_time_us(w: CoreWork, p: Pipeline, vec: VecWork, c: Constants, detail: d
             prefetch()  # the loads that can go before the wait
         t_p = yield ("wait", "P")
         cube.block(t_p)
-        if not p.cube_overlap:
-            cube.sync("MTE1", "MTE2")
+        serial("MTE1>MTE2")
         p_end = cube.op("MTE2", M * n * eb / (l2_gbps * 1e3), latency=lat)
         if not p.cube_overlap and (s, "V") not in kv_ready:
             load(s, "V")
         mm = 0.0
         for ci, a in enumerate(range(0, n, p.chunk_tokens)):
             t = min(p.chunk_tokens, n - a)
-            if not p.cube_overlap:
-                cube.sync("MTE2", "MTE1")
-                cube.sync("M", "MTE1")
+            serial("MTE2>MTE1", "M>MTE1")
             if p.cube_overlap:  # V's tile to L0B first (freeing its L1 buffer), then P's columns to L0A
                 l0v = cube.op("MTE1", _cycles_us(t * D * eb / c.mte1_bytes_per_cycle, c), after=chunk_ready(s, "V", ci))
                 chunk_used(s, "V", ci, l0v)
@@ -366,12 +364,9 @@ def core_time_us(w: CoreWork, p: Pipeline, vec: VecWork, c: Constants, detail: d
                 l0 = cube.op("MTE1", _cycles_us((t * D + M * t) * eb / c.mte1_bytes_per_cycle, c),
                              after=max(chunk_ready(s, "V", ci), p_end))
                 chunk_used(s, "V", ci, l0)
-            if not p.cube_overlap:
-                cube.sync("MTE1", "M")
-                cube.sync("FIX", "M")
+            serial("MTE1>M", "FIX>M")
             mm = cube.op("M", mmad_us(mp, D, t), after=l0)
-        if not p.cube_overlap:
-            cube.sync("M", "FIX")
+        serial("M>FIX")
         fix_end = cube.op("FIX", _cycles_us(M * D * 4 / c.fixpipe_bytes_per_cycle, c), after=mm)
         yield ("set", "O", fix_end + c.gm_roundtrip_us + c.cross_flag_us)
 

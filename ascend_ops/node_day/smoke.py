@@ -142,7 +142,20 @@ def errors(out, lse, ref_out, ref_lse) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Runners
 
-class TwinRunner:
+class _Runner:
+    """What every runner shares: its device profile's core counts and the tiling built for it."""
+
+    profile = None
+
+    def cores(self, til: tl.Tiling) -> int:
+        return self.profile.cube_units if til.mixed else self.profile.units
+
+    def tiling(self, inputs, plan, kernel="auto", block_dim=None, split=0) -> tl.Tiling:
+        return tl.build_tiling(inputs, plan, self.profile, block_dim=block_dim, kernel=kernel,
+                               device_split_tokens=split)
+
+
+class TwinRunner(_Runner):
     """The kernels on the CPU twin, planned for ``profile``."""
 
     name = "twin"
@@ -154,13 +167,6 @@ class TwinRunner:
         self.sim = sim
         self.profile = get_profile(profile)
         self.lib = sim.twin_library()
-
-    def cores(self, til: tl.Tiling) -> int:
-        return self.profile.cube_units if til.mixed else self.profile.units
-
-    def tiling(self, inputs, plan, kernel="auto", block_dim=None, split=0) -> tl.Tiling:
-        return tl.build_tiling(inputs, plan, self.profile, block_dim=block_dim, kernel=kernel,
-                               device_split_tokens=split)
 
     def run(self, inputs, plan, til: tl.Tiling, order: int = 0):
         sim = self.sim
@@ -178,7 +184,7 @@ class TwinRunner:
                         self.sim.with_seq_lens(til, lens), order)
 
 
-class OpRunner:
+class OpRunner(_Runner):
     """Our operator's raw entry (``ascend_ops.ops.decode_attention_op``) with a tiling built here:
     on an NPU (``device`` npu, the chip's profile with its own core counts) or on the CPU (the op's
     CPU kernel, which computes the same contract: plumbing only)."""
@@ -204,13 +210,6 @@ class OpRunner:
             self.device = torch.device(device)
             self.profile = get_profile(profile or "910b2")
         self.name = f"op on {self.device}"
-
-    def cores(self, til: tl.Tiling) -> int:
-        return self.profile.cube_units if til.mixed else self.profile.units
-
-    def tiling(self, inputs, plan, kernel="auto", block_dim=None, split=0) -> tl.Tiling:
-        return tl.build_tiling(inputs, plan, self.profile, block_dim=block_dim, kernel=kernel,
-                               device_split_tokens=split)
 
     def run(self, inputs, plan, til: tl.Tiling, order: int = 0):
         from splitkv_common.torch_io import from_torch, to_torch

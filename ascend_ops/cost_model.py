@@ -63,13 +63,23 @@ def load_constants(path: str | Path | None = None) -> Constants:
     entries = dict(base["constants"])
     origin = "paper"
     if path is not None:
-        data = json.loads(Path(path).read_text())
-        if data.get("schema") != "splitkv-npu-constants/1":
-            raise ValueError(f"constants file {path}: schema must be 'splitkv-npu-constants/1', "
-                             f"got {data.get('schema')!r}")
-        unknown = set(data.get("constants", {})) - set(entries)
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"constants file {path}: cannot be read as JSON ({e})") from None
+        if not isinstance(data, dict) or data.get("schema") != "splitkv-npu-constants/1":
+            got = data.get("schema") if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"constants file {path}: schema must be 'splitkv-npu-constants/1', got {got!r}")
+        if not isinstance(data.get("constants"), dict):
+            raise ValueError(f"constants file {path}: 'constants' must be an object of name -> entry")
+        unknown = set(data["constants"]) - set(entries)
         if unknown:
             raise ValueError(f"constants file {path}: unknown constants {sorted(unknown)}")
+        for name, e in data["constants"].items():
+            v = e.get("value") if isinstance(e, dict) else None
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"constants file {path}: {name}: value must be a finite number > 0, "
+                                 f"got {v if isinstance(e, dict) else e!r}")
         entries.update(data["constants"])
         origin = str(path)
     return Constants({k: float(v["value"]) for k, v in entries.items()},

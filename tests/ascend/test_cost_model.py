@@ -41,6 +41,23 @@ def test_a_node_file_overrides_only_what_it_measured(tmp_path):
         cm.load_constants(f)
 
 
+@pytest.mark.parametrize("content, match", [
+    (None, "cannot be read"), ("{", "cannot be read"), ("[]", "schema"),
+    ({"schema": "splitkv-npu-constants/1"}, "'constants' must be"),
+    ({"schema": "splitkv-npu-constants/1", "constants": {"hbm_tbps": 3}}, "hbm_tbps: value must be"),
+    ({"schema": "splitkv-npu-constants/1", "constants": {"hbm_tbps": {"value": 0}}}, "hbm_tbps: value must be"),
+    ({"schema": "splitkv-npu-constants/1", "constants": {"hbm_tbps": {"value": "fast"}}}, "hbm_tbps: value must be"),
+    ({"schema": "splitkv-npu-constants/1", "constants": {"hbm_tbps": {"value": float("nan")}}}, "value must be"),
+    ({"schema": "splitkv-npu-constants/1", "constants": {"launch_us": {"value": True}}}, "launch_us: value must be"),
+])
+def test_a_bad_constants_file_is_refused_naming_what_is_wrong(tmp_path, content, match):
+    f = tmp_path / "node.json"
+    if content is not None:
+        f.write_text(content if isinstance(content, str) else json.dumps(content))
+    with pytest.raises(ValueError, match=match):
+        cm.load_constants(f)
+
+
 def test_pipes_overlap_unless_synchronised():
     core = cm.Core("x", ("A", "B"))
     assert core.op("A", 2.0) == 2.0

@@ -79,7 +79,8 @@ class Constants:
     mte1_bytes_per_cycle: float = 256.0  # ASSUMPTION: L1 -> L0A/L0B, half a 512-byte fractal per cycle
     fix_row_cycles: float = 4.0  # ASSUMPTION: per output row (burst) of Fixpipe, on top of its GM bytes
     cross_wait_cycles: float = 100.0  # ASSUMPTION: a cross-core flag round trip that had to wait (FFTS)
-    # ASSUMPTION: the mixed kernel's S / P / O scratch (about 60 KiB per AI core, rewritten every
+    # ASSUMPTION: the mixed kernel's S / P / O scratch (about 60 KiB per AI core with 256-token steps, 390 KiB
+    # with 2048-token steps: 9.4 MiB over 24 cores; rewritten every
     # tile and read back within microseconds) stays in the 910B's 192 MiB L2 (CANN platform config,
     # catlass: ascend-offline-checks section 4) and never reaches HBM; it still costs the core's own
     # DMA time (core_dma_bytes_per_s). False charges it to HBM like any other byte.

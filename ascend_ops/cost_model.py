@@ -505,6 +505,27 @@ def launch_us(batch: int, context: int, num_q_heads: int, num_kv_heads: int, hea
             "combine_us": comb, "worst_core": worst_detail}
 
 
+def lower_bound_us(batch: int, context: int, num_kv_heads: int, head_dim: int, kv_bytes: int, c: Constants,
+                   cube_cores: int = 24) -> dict:
+    """The least any one-launch kernel can take under these constants (µs), whatever its pipeline:
+
+    * split the context: ``mix_launch_us`` + the HBM floor (every byte read once at ``hbm_tbps``,
+      no latency, no bubble) + the shortest combine any design needs: the partial states made
+      visible to another core (``gm_roundtrip_us``), read (``dma_latency_us``) and the output written
+      (``dma_latency_us``), with no barrier (a last-arriving core could merge without ``SyncAll``);
+    * do not split: ``mix_launch_us`` + the first DMA latency + one (request, KV head)'s K and V at
+      the rate one core gets (``batch * num_kv_heads`` cores streaming, at most ``cube_cores``).
+
+    Returns ``{"us", "split_us", "unsplit_us"}``; ``us`` is the smaller."""
+    floor = hbm_floor_us(batch, context, num_kv_heads, head_dim, kv_bytes, c)
+    split = c.mix_launch_us + floor + c.gm_roundtrip_us + 2 * c.dma_latency_us
+    items = batch * num_kv_heads
+    per_core = -(-items // cube_cores)
+    rate = min(c.core_mte2_gbps, c.hbm_tbps * 1e3 / min(items, cube_cores))
+    unsplit = c.mix_launch_us + c.dma_latency_us + per_core * context * head_dim * 2 * kv_bytes / (rate * 1e3)
+    return {"us": min(split, unsplit), "split_us": split, "unsplit_us": unsplit}
+
+
 def hbm_floor_us(batch: int, context: int, num_kv_heads: int, head_dim: int, kv_bytes: int, c: Constants) -> float:
     """K and V read once at ``hbm_tbps``."""
     return batch * context * num_kv_heads * head_dim * 2 * kv_bytes / (c.hbm_tbps * 1e6)

@@ -404,6 +404,11 @@ def critical_path(shapes=SHAPES, c=None, programs=None, with_ifa: bool = True) -
         if with_ifa:
             p, sp, cores = ifa_program(sh, prof)
             runs.append((p.name, p, sp, cores))
+        bound = cm.lower_bound_us(sh.batch, sh.context, sh.hkv, sh.head_dim, eb, c, prof.cube_units)
+        rows.append({"shape": sh.name, "program": "least any kernel (bound)", "step_tokens": None, "preload": None,
+                     "splits": None, "us": bound["us"], "x_floor": bound["us"] / floor, "hbm_floor_us": floor,
+                     "split_us": None, "combine_us": None, "launch_us": c.mix_launch_us, "worst_core_items": None,
+                     "worst_core_tokens": None, "cube_busy_us": None, "vec_busy_us": None})
         for label, p, sp, cores in runs:
             r = cm.launch_us(sh.batch, sh.context, sh.hq, sh.hkv, sh.head_dim, eb, sp, p, vec, c,
                              cube_cores=cores, vector_cores=prof.units)
@@ -422,9 +427,10 @@ def critical_path_markdown(est: dict) -> str:
     out = ["| shape (D 128, bf16, page 128) | program | step tokens | preload | splits | est. µs | x HBM floor "
            "| HBM floor µs | worst AI core: items / tokens |", "|---|---|---|---|---|---|---|---|---|"]
     for r in est["rows"]:
-        out.append(f"| {r['shape']} | {r['program']} | {r['step_tokens']} | {r['preload']} | {r['splits']} | "
-                   f"{r['us']:,.0f} | {r['x_floor']:.2f} | {r['hbm_floor_us']:,.0f} | "
-                   f"{r['worst_core_items']} / {r['worst_core_tokens']:,} |")
+        worst = "-" if r["worst_core_items"] is None else f"{r['worst_core_items']} / {r['worst_core_tokens']:,}"
+        dash = lambda v: "-" if v is None else v  # noqa: E731
+        out.append(f"| {r['shape']} | {r['program']} | {dash(r['step_tokens'])} | {dash(r['preload'])} | "
+                   f"{dash(r['splits'])} | {r['us']:,.1f} | {r['x_floor']:.3f} | {r['hbm_floor_us']:,.0f} | {worst} |")
     return "\n".join(out) + "\n"
 
 

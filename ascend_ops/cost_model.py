@@ -454,16 +454,21 @@ def core_time_us(w: CoreWork, p: Pipeline, vec: VecWork, c: Constants, detail: d
     return max(cube.end(), aiv.end())
 
 
-def combine_us(batch: int, num_q_heads: int, head_dim: int, splits: int, vector_cores: int, c: Constants) -> float:
-    """The fused launch's combine after ``SyncAll``: each (request, query head) row with several
-    splits reads its partials' lse and o (float32) and writes o: a dependent chain of two DMA
-    latencies and a copy-out per core, the bytes at the cores' DMA rate."""
+def combine_us(batch: int, num_q_heads: int, head_dim: int, splits: int, vector_cores: int, c: Constants,
+               num_kv_heads: int | None = None, q_len: int = 1) -> float:
+    """The fused launch's combine after ``SyncAll`` (``splitkv_combine_stage.h``): units of (query
+    row, KV head), dealt round-robin to the vector cores; a unit reads its G heads' partial lse and o
+    (float32) of every split and writes o and lse. Per unit a dependent chain of three DMA latencies
+    (its splits read from the plan, the partials' loads, the lse copy-out the next unit waits for),
+    except that the first unit's splits are read before ``SyncAll``; the bytes at the cores' DMA
+    rate. ``num_kv_heads`` None: one unit per query head."""
     if splits <= 1:
         return 0.0
-    rows = batch * num_q_heads
-    per_core = -(-rows // vector_cores)
-    bytes_ = per_core * splits * (head_dim + 8) * 4
-    return c.syncall_us + 3 * c.dma_latency_us + bytes_ / (c.core_mte2_gbps * 1e3) \
+    hkv = num_q_heads if num_kv_heads is None else num_kv_heads
+    units = batch * q_len * hkv
+    per_core = -(-units // vector_cores)
+    bytes_ = per_core * splits * (num_q_heads // hkv) * (head_dim + 8) * 4
+    return c.syncall_us + (3 * per_core - 1) * c.dma_latency_us + bytes_ / (c.core_mte2_gbps * 1e3) \
         + _cycles_us(per_core * (8 * c.vec_issue_cycles + 4 * c.v_drain_cycles), c)
 
 
@@ -500,7 +505,7 @@ def launch_us(batch: int, context: int, num_q_heads: int, num_kv_heads: int, hea
                 worst_detail = {"t": cache[items], **d, "items": len(items), "tokens": sum(items)}
         times.append(cache[items])
     split = max(times) if times else 0.0
-    comb = combine_us(batch, num_q_heads, head_dim, splits, vector_cores, c)
+    comb = combine_us(batch, num_q_heads, head_dim, splits, vector_cores, c, num_kv_heads, q_len)
     return {"us": c.mix_launch_us + split + comb, "launch_us": c.mix_launch_us, "split_us": split,
             "combine_us": comb, "worst_core": worst_detail}
 

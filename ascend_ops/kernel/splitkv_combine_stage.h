@@ -43,15 +43,20 @@ public:
     __aicore__ inline void Process() {
         Process(static_cast<int32_t>(GetBlockIdx()), static_cast<int32_t>(GetBlockNum()));
     }
-    // units first, first + nb, ... (the fused launch passes its vector-core index and count, and
-    // skipSingle: its split stage wrote the rows with one split directly)
-    __aicore__ inline void Process(int32_t first, int32_t nb, bool skipSingle = false) {
+    // units first, first + nb, ... (the fused launch passes its vector-core index and count,
+    // and skipSingle: its split stage wrote the rows with one split directly; and the first unit's
+    // splits, read before its SyncAll so that no plan read is left on the path after it: firstS0,
+    // firstNs; firstNs < 0: read them here)
+    __aicore__ inline void Process(int32_t first, int32_t nb, bool skipSingle = false, int32_t firstS0 = 0,
+                                   int32_t firstNs = -1) {
         const int32_t hkv = t_.numKVHeads, G = t_.groupSize;
         LocalTensor<float> lseRow = lseRow_.Get<float>();
         for (int32_t u = first; u < t_.numRows * hkv; u += nb) {
             const int32_t row = u / hkv, h = u % hkv;
-            int32_t s0, ns;
-            RowSplits(planGm_, t_, row, s0, ns);
+            int32_t s0 = firstS0, ns = firstNs;
+            if (u != first || ns < 0) {
+                RowSplits(planGm_, t_, row, s0, ns);
+            }
             if (skipSingle && ns == 1) {
                 continue;
             }

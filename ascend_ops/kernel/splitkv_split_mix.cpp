@@ -1275,13 +1275,23 @@ template <typename T, typename C, typename A>
 __aicore__ inline void RunAttentionMix(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, GM_ADDR kvQuant, GM_ADDR plan,
                                        GM_ADDR ws, GM_ADDR out, GM_ADDR lse, const SplitKVTiling& t) {
     RunSplitMix<T, C, A>(q, k, v, bt, kvQuant, plan, ws, t, out, lse);  // rows with one split: written directly
+    // the combine's first unit (row, KV head): its splits are read from the plan (fixed for the
+    // launch) before the barrier, so that the partials' loads are the first thing after it
+    const int32_t first = static_cast<int32_t>(GetBlockIdx());
+    int32_t s0 = 0, ns = -1;
+    if ASCEND_IS_AIV {
+        if (first < t.numRows * t.numKVHeads) {
+            GlobalTensor<int32_t> planGm;
+            planGm.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(plan), uint64_t(t.planWords));
+            splitkv::RowSplits(planGm, t, first / t.numKVHeads, s0, ns);
+        }
+    }
     SyncAll<false>();
     if ASCEND_IS_AIV {
         PipeBarrier<PIPE_ALL>();  // the split stage's UB use is over before the combine's pipe reuses it
         splitkv::CombineStage<T> op;
         op.Init(ws, plan, out, lse, t);
-        op.Process(static_cast<int32_t>(GetBlockIdx()), static_cast<int32_t>(GetBlockNum() * GetTaskRation()),
-                   true);
+        op.Process(first, static_cast<int32_t>(GetBlockNum() * GetTaskRation()), true, s0, ns);
     }
 }
 

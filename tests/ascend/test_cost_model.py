@@ -143,6 +143,16 @@ def test_launch_adds_launch_and_combine_only_with_splits():
     assert three["combine_us"] >= C.syncall_us
 
 
+def test_the_combine_charges_latencies_per_unit_of_row_and_kv_head():
+    """Units are (query row, KV head); the first unit's splits are read before SyncAll (two latencies
+    after it), each further unit pays three (its splits, its loads, the copy-out it waits for)."""
+    one = cm.combine_us(1, 32, 128, 3, 48, C, num_kv_heads=8)     # 8 units on 48 vector cores: one each
+    three = cm.combine_us(16, 32, 128, 3, 48, C, num_kv_heads=8)  # 128 units: three on the busiest core
+    assert one == pytest.approx(C.syncall_us + 2 * C.dma_latency_us, abs=0.2)
+    assert 6 * C.dma_latency_us < three - one < 6 * C.dma_latency_us + 0.5  # plus two units' bytes and vector work
+    assert cm.combine_us(16, 32, 128, 1, 48, C, num_kv_heads=8) == 0.0
+
+
 def test_hbm_floor():
     assert cm.hbm_floor_us(1, 16384, 8, 128, 2, C) == pytest.approx(16384 * 8 * 128 * 4 / (C.hbm_tbps * 1e6))
 

@@ -11,6 +11,9 @@
 // exp(-inf - -inf) is ever formed (a tile's running max is taken over visible positions only).
 // A row that sees a NaN or inf (in q, K or V) writes o = NaN, lse = NaN (docs/conventions.md):
 // the sum of its visible scores (before the soft cap) and of its accumulator are checked.
+// A block-table entry outside [0, numPages) is masked (docs/conventions.md, "Page ids"): its page
+// is never copied, and its positions are invisible (each row updates over the runs of positions
+// in valid pages only).
 // Design and UB budget: docs/ascend-kernel.md.
 #include "splitkv_kernel_common.h"
 
@@ -149,17 +152,28 @@ private:
         const uint8_t pad = static_cast<uint8_t>(KR_ - D_);
         const uint32_t rowBytes = uint32_t(D_) * sizeof(KVT);
         const uint32_t gapBytes = uint32_t(t_.numKVHeads - 1) * rowBytes;
+        bool zeroed = false;
         int32_t p = p0;
         while (p < p0 + n) {
-            const int32_t page = btGm_.GetValue(uint64_t(it.b) * t_.maxPages + p / t_.pageSize);
+            const int32_t page = PageAt(it, p);
             const int32_t inPage = p % t_.pageSize;
             const int32_t cnt = Min(t_.pageSize - inPage, p0 + n - p);
-            const uint64_t off = ((uint64_t(page) * t_.pageSize + inPage) * t_.numKVHeads + it.h) * D_;
-            DataCopyExtParams cp(static_cast<uint16_t>(cnt), rowBytes, gapBytes, 0, 0);
-            DataCopyPadExtParams<KVT> pp(true, 0, pad, KVT(0));
-            DataCopyPad(kt[(p - p0) * KR_], kGm_[off], cp, pp);
-            DataCopyPad(vt[(p - p0) * KR_], vGm_[off], cp, pp);
+            if (PageOk(page)) {  // a masked page is not copied (its rows are never read: RowTile)
+                const uint64_t off = ((uint64_t(page) * t_.pageSize + inPage) * t_.numKVHeads + it.h) * D_;
+                DataCopyExtParams cp(static_cast<uint16_t>(cnt), rowBytes, gapBytes, 0, 0);
+                DataCopyPadExtParams<KVT> pp(true, 0, pad, KVT(0));
+                DataCopyPad(kt[(p - p0) * KR_], kGm_[off], cp, pp);
+                DataCopyPad(vt[(p - p0) * KR_], vGm_[off], cp, pp);
+            } else {  // zeros instead, so that every byte the tile's conversions read is defined
+                const uint32_t halves = uint32_t(cnt) * KR_ * sizeof(KVT) / 2;
+                Duplicate(kt[(p - p0) * KR_].template ReinterpretCast<half>(), half(0), halves);
+                Duplicate(vt[(p - p0) * KR_].template ReinterpretCast<half>(), half(0), halves);
+                zeroed = true;
+            }
             p += cnt;
+        }
+        if (zeroed) {
+            PipeBarrier<PIPE_V>();  // the zeros land before the conversions read the tile
         }
         inK_.EnQue(kt);
         inV_.EnQue(vt);
@@ -230,7 +244,13 @@ private:
         WriteRows(it, c0, nr);
     }
 
-    // Online softmax update of local row r (item row `row`) with the visible part of one tile.
+    __aicore__ inline int32_t PageAt(const Item& it, int32_t p) {
+        return btGm_.GetValue(uint64_t(it.b) * t_.maxPages + p / t_.pageSize);
+    }
+    __aicore__ inline bool PageOk(int32_t page) const { return page >= 0 && page < t_.numPages; }
+
+    // Online softmax update of local row r (item row `row`) with the visible part of one tile: its
+    // window and causal range, less the positions of masked pages (one update per run of valid pages).
     __aicore__ inline void RowTile(const Item& it, int32_t row, int32_t r, int32_t p0, int32_t n,
                                    const LocalTensor<float>& kf, const LocalTensor<float>& vf) {
         const int32_t qi = row / G_;
@@ -238,9 +258,24 @@ private:
         const int32_t lo = t_.windowLeft >= 0 ? qpos - t_.windowLeft : 0;
         const int32_t js = Max(p0, lo) - p0;
         const int32_t je = Min(p0 + n, qpos + 1) - p0;
-        if (je <= js) {
-            return;  // nothing of this tile is visible to the row
+        int32_t a = js;
+        while (a < je) {  // [a, b): positions in consecutive valid pages
+            int32_t b = a;
+            while (b < je && PageOk(PageAt(it, p0 + b))) {
+                b = Min(je, ((p0 + b) / t_.pageSize + 1) * t_.pageSize - p0);
+            }
+            if (b > a) {
+                RowRun(r, a, b, kf, vf);
+                a = b;
+            } else {  // a masked page: skip to its end
+                a = Min(je, ((p0 + a) / t_.pageSize + 1) * t_.pageSize - p0);
+            }
         }
+    }
+
+    // The update of local row r with tile positions [js, je), all visible.
+    __aicore__ inline void RowRun(int32_t r, int32_t js, int32_t je, const LocalTensor<float>& kf,
+                                  const LocalTensor<float>& vf) {
         const int32_t c = je - js;
         LocalTensor<float> qrow = qf_.Get<float>()[r * QR_];
         LocalTensor<float> sc = sc_.Get<float>();

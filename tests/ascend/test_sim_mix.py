@@ -50,14 +50,16 @@ def test_block_orders_give_identical_results(order):
     np.testing.assert_allclose(lse[ok], rl[ok], atol=1e-3, rtol=0)
 
 
+@pytest.mark.parametrize("kernel", ["mix", "vector"])
 @pytest.mark.parametrize("bad", [-1, 10 ** 6])
 @pytest.mark.parametrize("seed, quant, out_tol_scaled, lse_tol", [
     (2, {}, False, 1e-4),                                          # fp16 KV
     (62, dict(kv_quant="head", kv_offset=True), True, 2e-3),       # int8 KV: the vector core writes zero rows
 ])
-def test_page_ids_outside_the_cache_are_masked_and_never_read(bad, seed, quant, out_tol_scaled, lse_tol):
+def test_page_ids_outside_the_cache_are_masked_and_never_read(bad, seed, quant, out_tol_scaled, lse_tol, kernel):
     """A block-table entry outside [0, num_pages) contributes nothing (and is not dereferenced:
-    the twin's bounds check would reject a read outside the cache), with 16-bit and int8 KV."""
+    the twin's bounds check would reject a read outside the cache), with 16-bit and int8 KV, in
+    the mixed kernel and the vector-only one."""
     inp = cases.random_inputs(seed, [300, 200], num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=32,
                               dtype="float16", **quant)
     page = 32
@@ -67,10 +69,10 @@ def test_page_ids_outside_the_cache_are_masked_and_never_read(bad, seed, quant, 
         bt[b, p] = bad
     bad_inp = dataclasses.replace(inp, block_table=bt)
     plan = bad_inp.plan("size:128", device="910b2")
-    til = tl.build_tiling(bad_inp, plan)
-    assert til.mixed
+    til = tl.build_tiling(bad_inp, plan, kernel=kernel)
+    assert til.mixed == (kernel == "mix")
     # the kernel itself (run_twin refuses such a table on the host before any launch)
-    out, lse = sim.run_fused(bad_inp, plan, til)
+    out, lse = sim.run_tiling(bad_inp, plan, til)
     # reference: the same attention with the masked pages' tokens left out
     T, Hq, D = inp.q.shape
     G = Hq // inp.k_cache.shape[2]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from splitkv_common.device_errors import merge_records
 from splitkv_common.plan import Plan
 from splitkv_common.torch_io import TORCH_DTYPES, torch_dtype_name
 from splitkv_common.validation import check_decode_args, host
@@ -165,7 +166,9 @@ def _cpu_kernel(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, worksp
     if int(t["kernelKind"]) != kernel:
         raise ValueError(f"kernel: {kernel}, but the tiling was built for kernelKind {int(t['kernelKind'])}")
     host_plan, seq_lens, qsl = plan_from_words(plan.numpy(), t)
+    bad_lengths = None
     if int(t["deviceSplitTokens"]) > 0:   # graph mode: the work follows seqLens, as on the device
+        seq_lens, bad_lengths = _device_lengths(t, seq_lens)
         host_plan = _graph_mode_plan(t, seq_lens, qsl)
     quant = {}
     if kv_quant is not None:
@@ -177,12 +180,16 @@ def _cpu_kernel(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, worksp
                            return_partials=True, **quant)
     out.copy_(o)
     lse.copy_(lse_rows)
-    # the workspace as the split stage leaves it: o [numSlots, Hq, D], then lse [numSlots, Hq, 8]
+    # the workspace as the split stage leaves it: the error section (graph mode's device lengths,
+    # counted as the kernels count them), o [numSlots, Hq, D], then lse [numSlots, Hq, 8]
     ws = workspace.view(-1)
-    n_o = po.numel()
+    if bad_lengths is not None:
+        errors = ws[:tl.ERROR_SLOT_BYTES // 4].view(torch.int32)
+        errors[:8].copy_(torch.tensor(merge_records([errors[:8].tolist(), bad_lengths]), dtype=torch.int32))
+    o_at, n_o = tl.ERROR_BYTES // 4, po.numel()
     lse_at = int(t["lseOffsetBytes"]) // 4
-    if ws.numel() >= lse_at + pl.numel() * 8 and ws.numel() >= n_o:
-        ws[:n_o].copy_(po.reshape(-1))
+    if ws.numel() >= lse_at + pl.numel() * 8 and ws.numel() >= o_at + n_o:
+        ws[o_at:o_at + n_o].copy_(po.reshape(-1))
         ws[lse_at:lse_at + pl.numel() * 8].copy_(pl.unsqueeze(-1).expand(*pl.shape, 8).reshape(-1))
 
 
@@ -210,6 +217,24 @@ def plan_from_words(words: np.ndarray, t: dict) -> tuple[Plan, np.ndarray, np.nd
              num_slots=int(t["numSlots"]), num_kv_heads=int(t["numKVHeads"]), page_size=int(t["pageSize"]),
              policy=_policy_none(), split_tokens=0, graph_stable=n_valid < n_items, reason="rebuilt from plan words")
     return p, seq_lens, qsl
+
+
+def _device_lengths(t: dict, seq_lens: np.ndarray) -> tuple[np.ndarray, "list[int] | None"]:
+    """Graph mode's device lengths as the kernels take them: read within ``[0, min(block-table row,
+    max_splits x device_split_tokens)]``, and the error record of those outside (request bits of
+    ``splitkv_common.device_errors``), None when all are inside."""
+    from splitkv_common.device_errors import ERROR_SLOTS
+
+    row = int(t["maxPages"]) * int(t["pageSize"])
+    plan_cap = int(t["maxSplits"]) * int(t["deviceSplitTokens"])
+    lens = seq_lens.astype(np.int64)
+    bits = (lens > row) * 1 | (lens < 0) * 2 | (lens > plan_cap) * 16
+    bad = np.flatnonzero(bits)
+    if not bad.size:
+        return seq_lens, None
+    rec = [0] * ERROR_SLOTS
+    rec[4], rec[5], rec[6], rec[7] = int(np.bitwise_or.reduce(bits)), int(bad.size), int(bad[0]), int(bits[bad[0]])
+    return np.clip(lens, 0, min(row, plan_cap)).astype(np.int32), rec
 
 
 def _graph_mode_plan(t: dict, seq_lens: np.ndarray, qsl: np.ndarray) -> Plan:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from splitkv_common.device_errors import merge_records
 from splitkv_common.devices import get_profile
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.plan import Plan
@@ -224,12 +225,30 @@ def _kernel_inputs(inputs: DecodeInputs, til: tl.Tiling) -> tuple:
             np.frombuffer(til.tiling_bytes, np.uint8).copy())
 
 
-def run_split(inputs: DecodeInputs, plan: Plan, til: tl.Tiling | None = None, guard_bytes: int = 0):
-    """The split stage alone: returns ``(workspace bytes incl. guard, ub_peak, tiling)``."""
+def new_workspace(til: tl.Tiling, guard_bytes: int = 0) -> np.ndarray:
+    """A workspace for ``til`` as the wrapper makes one: its error section zeroed, the rest (and
+    ``guard_bytes`` + 32 more) poisoned with ``WS_POISON`` so that a read of a byte nothing wrote
+    shows up. Pass it to several launches to keep their error counts (as a device workspace does)."""
+    ws = np.full(til.workspace_bytes + guard_bytes + 32, WS_POISON, np.uint8)
+    ws[:tl.ERROR_BYTES] = 0
+    return ws
+
+
+def read_errors(ws: np.ndarray) -> list[int]:
+    """The error record (``splitkv_common.device_errors``) the launches on ``ws`` counted, its
+    per-block slots summed."""
+    slots = ws[:tl.ERROR_BYTES].view(np.int32).reshape(tl.ERROR_SLOTS, tl.ERROR_SLOT_BYTES // 4)
+    return merge_records(slots)
+
+
+def run_split(inputs: DecodeInputs, plan: Plan, til: tl.Tiling | None = None, guard_bytes: int = 0,
+              ws: np.ndarray | None = None):
+    """The split stage alone: returns ``(workspace bytes incl. guard, ub_peak, tiling)``; ``ws``: a
+    workspace of :func:`new_workspace` to launch on (default: a new one)."""
     til = til or tl.build_tiling(inputs, plan, PROFILE)
     lib = twin_library()
     q, k, v, bt, quant, tb = _kernel_inputs(inputs, til)
-    ws = np.full(til.workspace_bytes + guard_bytes + 32, WS_POISON, np.uint8)
+    ws = new_workspace(til, guard_bytes) if ws is None else ws
     err = ctypes.create_string_buffer(2048)
     peak = ctypes.c_uint(0)
     launch = lib.sim_launch_split_mix if til.mixed else lib.sim_launch_split
@@ -253,11 +272,13 @@ def _outputs(inputs: DecodeInputs):
     return out, np.full((T, Hq), np.nan, np.float32)
 
 
-def run_fused(inputs: DecodeInputs, plan: Plan, til: tl.Tiling) -> tuple[np.ndarray, np.ndarray]:
-    """The fused mixed launch (``splitkv_attention_mix``: split, SyncAll, combine) on the twin."""
+def run_fused(inputs: DecodeInputs, plan: Plan, til: tl.Tiling,
+              ws: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The fused mixed launch (``splitkv_attention_mix``: split, SyncAll, combine) on the twin
+    (``ws``: a workspace of :func:`new_workspace`, default a new one)."""
     lib = twin_library()
     q, k, v, bt, quant, tb = _kernel_inputs(inputs, til)
-    ws = np.full(til.workspace_bytes + 32, WS_POISON, np.uint8)
+    ws = new_workspace(til) if ws is None else ws
     out, lse = _outputs(inputs)
     err = ctypes.create_string_buffer(2048)
     peak = ctypes.c_uint(0)
@@ -328,17 +349,18 @@ def with_seq_lens(til: tl.Tiling, seq_lens) -> tl.Tiling:
     return tl.Tiling(til.fields, til.tiling_bytes, words, til.kv_quant)
 
 
-def run_tiling(inputs: DecodeInputs, plan: Plan, til: tl.Tiling,
-               fused: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+def run_tiling(inputs: DecodeInputs, plan: Plan, til: tl.Tiling, fused: bool | None = None,
+               ws: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The launches of ``til`` on the twin (no checks: the kernels trust the tiling and plan words):
-    the fused mixed launch, or the split stage then the combine (``fused=False`` splits the mixed one)."""
+    the fused mixed launch, or the split stage then the combine (``fused=False`` splits the mixed one);
+    ``ws``: a workspace of :func:`new_workspace` (default a new one; pass one to read its errors)."""
     if fused is None:
         fused = [k for k, _ in til.launches] == ["splitkv_attention_mix"]
     if fused:
         if not til.mixed:
             raise ValueError("fused: only the mixed split stage has a fused launch")
-        return run_fused(inputs, plan, til)
-    ws, _, _ = run_split(inputs, plan, til)
+        return run_fused(inputs, plan, til, ws)
+    ws, _, _ = run_split(inputs, plan, til, ws=ws)
     lib = twin_library()
     out, lse = _outputs(inputs)
     tb = np.frombuffer(til.tiling_bytes, np.uint8).copy()

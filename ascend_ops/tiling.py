@@ -64,6 +64,10 @@ FIELD_NAMES = [n for n, _ in FIELDS]
 _FORMAT = "<" + "".join(k for _, k in FIELDS)
 TILING_BYTES = struct.calcsize(_FORMAT)
 VERSION = int(re.search(r"#define SPLITKV_TILING_VERSION (\d+)", HEADER.read_text()).group(1))
+#: the workspace's error section (``splitkv_tiling.h``): one slot of int32 counters per launched block
+ERROR_SLOT_BYTES = int(re.search(r"#define SPLITKV_ERROR_SLOT_BYTES (\d+)", HEADER.read_text()).group(1))
+ERROR_SLOTS = int(re.search(r"#define SPLITKV_ERROR_SLOTS (\d+)", HEADER.read_text()).group(1))
+ERROR_BYTES = ERROR_SLOT_BYTES * ERROR_SLOTS
 
 
 def pack_tiling(t: dict) -> bytes:
@@ -337,9 +341,17 @@ def npu_split_count(seq_lens, num_kv_heads: int, page_size: int, profile: str = 
 
 
 def workspace_bytes(num_slots: int, num_q_heads: int, head_dim: int) -> tuple[int, int]:
-    """``(lse_offset_bytes, total_bytes)`` of the workspace: o ``[S, Hq, D]`` then lse ``[S, Hq, 8]``, float32."""
+    """``(lse_offset_bytes, total_bytes)`` of the workspace, from its start: the error section
+    (``ERROR_BYTES``), then o ``[S, Hq, D]`` and lse ``[S, Hq, 8]``, float32."""
     o = int(num_slots) * int(num_q_heads) * int(head_dim) * 4
-    return o, o + int(num_slots) * int(num_q_heads) * LSE_REPEAT * 4
+    return ERROR_BYTES + o, ERROR_BYTES + o + int(num_slots) * int(num_q_heads) * LSE_REPEAT * 4
+
+
+def check_error_slots(block_dim: int) -> None:
+    """Each launched block counts in its own slot of the workspace's error section."""
+    if block_dim > ERROR_SLOTS:
+        raise ValueError(f"block_dim: {block_dim} blocks, the workspace's error section has {ERROR_SLOTS} slots "
+                         "(one per launched block)")
 
 
 # the plan words' sections in order, by their tiling offset fields: the items last (plan_words)
@@ -511,6 +523,7 @@ def build_buffers(plan: Plan, *, seq_lens, num_q_heads: int, head_dim: int, page
         combineBlockDim=int(max(1, min(prof.units, T * hkv))), deviceSplitTokens=S,
         combineHeads=int(comb_heads))
     check_dma_block_counts(t)
+    check_error_slots(int(block_dim))
     tb = pack_tiling(t)
     t["kernelReason"] = reason
     return t, tb, words
@@ -708,6 +721,7 @@ class TilingBuilder:
             raise ValueError(f"workspace: {ws} bytes does not fit the tiling's int32 workspaceBytes")
         if block_dim is None:
             block_dim = self._prof.units if all_cores else max(1, min(self._prof.units, max(plan.num_valid_items, T)))
+        check_error_slots(int(block_dim))
         seq = np.asarray(seq_lens).reshape(-1)
         offs = _word_offsets(B, seq.shape[0], T, balanced, W)
         t.update(blockDim=int(block_dim), batch=int(B), numRows=int(T), numPages=int(num_pages),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from splitkv_common.device_errors import describe_errors, merge_records
 from splitkv_common.guards import ThreadOwner, check_validate
 from splitkv_common.npu_probe import torch_npu_imported
 from splitkv_common.torch_io import as_torch_dtype, grown_store, torch_dtype_name
@@ -270,6 +271,9 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
             store = self._stores.get(name)
             self._stores[name] = grown_store(store, n, rest, dt, self.device)
             grown = grown or self._stores[name] is not store
+            if name == "workspace" and store is not None and self._stores[name] is not store:
+                e = tl.ERROR_BYTES // 4  # the counts the kernels kept so far move with the workspace (zeroed store)
+                self._stores[name][:e].copy_(store[:e])
         if grown or len(self._views) >= 16:
             self._views.clear()
         st = self._stores
@@ -324,6 +328,28 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
     def workspace_bytes(self) -> int:
         """Bytes of the kernels' workspace for the current plan (0 before the first run/plan)."""
         return 0 if self.tiling is None else int(self.tiling["workspaceBytes"])
+
+    def check_errors(self) -> None:
+        """Raise ``RuntimeError`` if a kernel since the last call met values it could not honour,
+        naming each rule broken (:func:`splitkv_common.device_errors.describe_errors`): a block-table
+        entry outside ``[0, num_pages)`` (masked: its tokens were read as absent; the first request,
+        logical page and page id seen), and in graph mode a device length that is negative, past
+        the block-table row or past what the plan covers (read up to it). The kernels count these in
+        the workspace's error section (one slot per launched block); the count is reset either
+        way. Reads device memory: a host sync (call it where a sync is acceptable, e.g. every N
+        steps or in a debug mode)."""
+        from . import tiling as tl
+
+        store = self._stores.get("workspace")
+        if store is None:
+            return
+        e = store[:tl.ERROR_BYTES // 4]
+        slots = e.view(torch.int32).cpu().numpy().reshape(tl.ERROR_SLOTS, tl.ERROR_SLOT_BYTES // 4)
+        num_pages = 0 if self.tiling is None else int(self.tiling["numPages"])
+        msg = describe_errors(merge_records(slots), num_pages, counted="K tile copies")
+        if msg:
+            e.zero_()
+            raise RuntimeError(msg)
 
     # -- device side -------------------------------------------------------------------------
     def run(self, q, k_cache, v_cache, block_table, seq_lens=None, query_start_loc=None, *, scale=None,

@@ -23,6 +23,9 @@ import numbers
 import numpy as np
 import torch
 
+# the kernels' error record and its message, one layout for every backend (re-exported here)
+from splitkv_common.device_errors import ERROR_SLOTS, REQUEST_ERROR_NAMES, REQUEST_ERRORS, describe_errors  # noqa: F401
+
 try:  # the shared rules, where splitkv_common has them public: one meaning for every backend
     from splitkv_common.validation import check_scalars as _shared_check_scalars
 except ImportError:
@@ -206,37 +209,3 @@ def plan_pages(plan) -> int:
     if end is None:
         end = int(np.asarray(plan.item_kv_end[:plan.num_valid_items]).max(initial=0))
     return -(-end // int(plan.page_size))
-
-
-#: Entries of the kernels' error buffer (int32): out-of-range page ids, then bad requests.
-ERROR_SLOTS = 8
-#: The bits of a bad request (``ERRORS[4]``, ``cuda_ref.kernels._report_bad_request``) and their rules.
-REQUEST_ERRORS = {
-    1: "seq_lens: a length past its block-table row (block_table columns x page_size); the tail beyond it "
-       "was not read",
-    2: "seq_lens: a negative length (read as 0)",
-    4: "query_start_loc: not non-decreasing within [0, T] (q's rows); the request's rows were not computed",
-    8: "query_start_loc: a request with more query rows than the launch packs (max_q_len); rows past it were "
-       "not computed",
-}
-
-REQUEST_ERROR_NAMES = {1: "seq_lens past the block-table row", 2: "seq_lens negative",
-                       4: "query_start_loc out of order or range", 8: "query rows over max_q_len"}
-
-
-def describe_errors(values, num_pages: int) -> "str | None":
-    """The message for the kernels' error buffer (``ERROR_SLOTS`` int32 values read on the host), or
-    None when it holds none: each rule broken, with the first request (and page) seen."""
-    v = [int(x) for x in values] + [0] * (ERROR_SLOTS - len(values))
-    parts = []
-    if v[0]:
-        parts.append(f"block_table: page ids outside [0, {num_pages}) (num_pages of k_cache) in {v[0]} kernel "
-                     f"program(s); their tokens were read as absent. First seen: request {v[1]}, logical page "
-                     f"{v[2]}, page id {v[3]}")
-    if v[5]:
-        rules = [why for bit, why in REQUEST_ERRORS.items() if v[4] & bit]
-        first = ", ".join(REQUEST_ERROR_NAMES[bit] for bit in REQUEST_ERRORS if v[7] & bit)
-        parts.append(f"{v[5]} request(s) with values the kernels cannot honour: " + "; ".join(rules)
-                     + f". First seen: request {v[6]} ({first})")
-    return " | ".join(parts) or None
-

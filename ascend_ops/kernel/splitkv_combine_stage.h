@@ -19,7 +19,8 @@ public:
         D_ = t.headDim;
         S_ = t.maxSplits;
         GC_ = t.combineHeads;
-        wsO_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace), uint64_t(t.numSlots) * t.numQHeads * t.headDim);
+        wsO_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + SPLITKV_ERROR_BYTES),
+                             uint64_t(t.numSlots) * t.numQHeads * t.headDim);
         wsL_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + t.lseOffsetBytes),
                              uint64_t(t.numSlots) * t.numQHeads * kLseRepeat);
         planGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(plan), uint64_t(t.planWords));

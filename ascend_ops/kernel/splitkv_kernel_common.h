@@ -108,16 +108,86 @@ __aicore__ inline int32_t RowRequest(const AscendC::GlobalTensor<int32_t>& plan,
     return lo;
 }
 
+// The positions a block-table row holds (maxPages * pageSize): a device length past it is read
+// only up to it (graph mode; the host refuses it where it knows the lengths), so that a row never
+// reads another request's block-table entries.
+__aicore__ inline int32_t KvCap(const SplitKVTiling& t) { return t.maxPages * t.pageSize; }
+
 // Graph mode (deviceSplitTokens S > 0): the splits [jlo, jhi) of a request of seqLen tokens and
 // qLen query rows, and where its first range starts (`lo`): the first position any of its rows
 // sees, moved down to a page boundary as the host planner's ranges (so both cut the same tiles).
+// Positions past the block-table row (KvCap) are in no split.
 __aicore__ inline void DeviceSplits(const SplitKVTiling& t, int32_t seqLen, int32_t qLen, int32_t& jlo,
                                     int32_t& jhi, int32_t& lo) {
     const int32_t S = t.deviceSplitTokens;
     lo = t.windowLeft >= 0 ? Max(0, seqLen - qLen - t.windowLeft) / t.pageSize * t.pageSize : 0;
-    jhi = Min(CeilDiv(Max(seqLen, 0), S), t.maxSplits);
+    jhi = Min(CeilDiv(Max(Min(seqLen, KvCap(t)), 0), S), t.maxSplits);
     jlo = Min(lo / S, jhi);
 }
+
+// Values a kernel met that the host could not refuse (a device block table, graph mode's device
+// lengths; docs/conventions.md), counted per launched block in the block's own 64-byte slot of the
+// workspace's error section (SPLITKV_ERROR_BYTES at its start: no two blocks share a slot or a
+// scalar cache line, so no atomics), summed on the host (splitkv_common.device_errors). The first
+// 8 words of a slot, as the Triton kernels' ERRORS: [0] masked block-table reads, [1..3] the first
+// one's (request, logical page, page id); [4] the OR of request bits, [5] requests counted, [6..7]
+// the first one's (request, bits). Request bits: 1 a length past the block-table row, 2 a negative
+// length, 16 a length past what the graph's plan covers (maxSplits * deviceSplitTokens).
+struct ErrorLog {
+    int32_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+
+    __aicore__ inline void Page(int32_t b, int32_t col, int32_t id) {
+        if (v[0]++ == 0) {
+            v[1] = b;
+            v[2] = col;
+            v[3] = id;
+        }
+    }
+    // graph mode: a request's device length (checked once per request, by its item (split 0, head 0))
+    __aicore__ inline void Length(const SplitKVTiling& t, int32_t b, int32_t seqLen) {
+        const int32_t bits = (seqLen > KvCap(t) ? 1 : 0) | (seqLen < 0 ? 2 : 0) |
+                             (seqLen > t.maxSplits * t.deviceSplitTokens ? 16 : 0);
+        if (bits != 0) {
+            v[4] |= bits;
+            if (v[5]++ == 0) {
+                v[6] = b;
+                v[7] = bits;
+            }
+        }
+    }
+    // Add this block's counts to its slot (only when it counted anything: no GM traffic otherwise).
+    __aicore__ inline void Flush(GM_ADDR workspace, int32_t slot) {
+        if (v[0] == 0 && v[5] == 0) {
+            return;
+        }
+        AscendC::GlobalTensor<int32_t> g;
+        g.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(workspace) + slot * kErrorSlotWords, kErrorSlotWords);
+        // drop a line this core may hold from before (the slot persists across launches)
+        AscendC::DataCacheCleanAndInvalid<int32_t, AscendC::CacheLine::SINGLE_CACHE_LINE>(g);
+        int32_t old[8];
+        for (int32_t i = 0; i < 8; i++) {
+            old[i] = g.GetValue(i);
+        }
+        if (v[0] != 0) {
+            g.SetValue(0, old[0] + v[0]);
+            if (old[0] == 0) {
+                g.SetValue(1, v[1]);
+                g.SetValue(2, v[2]);
+                g.SetValue(3, v[3]);
+            }
+        }
+        if (v[5] != 0) {
+            g.SetValue(4, old[4] | v[4]);
+            g.SetValue(5, old[5] + v[5]);
+            if (old[5] == 0) {
+                g.SetValue(6, v[6]);
+                g.SetValue(7, v[7]);
+            }
+        }
+        AscendC::DataCacheCleanAndInvalid<int32_t, AscendC::CacheLine::SINGLE_CACHE_LINE>(g);  // write back
+    }
+    static constexpr int32_t kErrorSlotWords = SPLITKV_ERROR_SLOT_BYTES / 4;
+};
 
 // The partial slots of query row `row`: [s0, s0 + ns). From the plan's rowSlot / rowNum sections,
 // or in graph mode from seqLens (slots row * maxSplits + j for the request's splits j).
@@ -174,7 +244,7 @@ __aicore__ inline bool LoadItem(const AscendC::GlobalTensor<int32_t>& plan, cons
             return false;
         }
         it.start = Max(it.split * t.deviceSplitTokens, lo);
-        it.end = Min((it.split + 1) * t.deviceSplitTokens, it.seqLen);
+        it.end = Min((it.split + 1) * t.deviceSplitTokens, Min(it.seqLen, KvCap(t)));
     }
     return it.qLen > 0;
 }

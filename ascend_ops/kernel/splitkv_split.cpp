@@ -40,7 +40,9 @@ public:
         vGm_.SetGlobalBuffer(reinterpret_cast<__gm__ KVT*>(v), kvElems);
         btGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(blockTable), uint64_t(t.batch) * t.maxPages);
         planGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(plan), uint64_t(t.planWords));
-        wsO_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace), uint64_t(t.numSlots) * t.numQHeads * t.headDim);
+        ws_ = workspace;
+        wsO_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + SPLITKV_ERROR_BYTES),
+                             uint64_t(t.numSlots) * t.numQHeads * t.headDim);
         wsL_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + t.lseOffsetBytes),
                              uint64_t(t.numSlots) * t.numQHeads * kLseRepeat);
         if constexpr (kInt8) {
@@ -79,7 +81,11 @@ public:
         const int32_t nb = static_cast<int32_t>(GetBlockNum());
         for (int32_t w = static_cast<int32_t>(GetBlockIdx()); w < t_.numItems; w += nb) {
             Item it;
-            if (!LoadItem(planGm_, t_, w, it)) {
+            const bool ok = LoadItem(planGm_, t_, w, it);
+            if (t_.deviceSplitTokens > 0 && it.split == 0 && it.h == 0) {
+                err_.Length(t_, it.b, it.seqLen);  // graph mode: each request's device length, once
+            }
+            if (!ok) {
                 continue;  // padding, no query rows, or (graph mode) outside the request's splits
             }
             if constexpr (kInt8) {
@@ -90,6 +96,7 @@ public:
                 RunChunk(it, c0, Min(R_, rows - c0));
             }
         }
+        err_.Flush(ws_, static_cast<int32_t>(GetBlockIdx()));
     }
 
 private:
@@ -165,6 +172,7 @@ private:
                 DataCopyPad(kt[(p - p0) * KR_], kGm_[off], cp, pp);
                 DataCopyPad(vt[(p - p0) * KR_], vGm_[off], cp, pp);
             } else {  // zeros instead, so that every byte the tile's conversions read is defined
+                err_.Page(it.b, p / t_.pageSize, page);
                 const uint32_t halves = uint32_t(cnt) * KR_ * sizeof(KVT) / 2;
                 Duplicate(kt[(p - p0) * KR_].template ReinterpretCast<half>(), half(0), halves);
                 Duplicate(vt[(p - p0) * KR_].template ReinterpretCast<half>(), half(0), halves);
@@ -390,6 +398,8 @@ private:
     GlobalTensor<KVT> kGm_, vGm_;
     GlobalTensor<int32_t> btGm_, planGm_;
     GlobalTensor<float> wsO_, wsL_, quantGm_;
+    ErrorLog err_;
+    GM_ADDR ws_ = nullptr;  // the workspace (its error section)
 };
 
 template <typename QT, typename KVT>

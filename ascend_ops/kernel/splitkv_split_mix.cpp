@@ -142,6 +142,7 @@ public:
     __aicore__ inline void Init(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR bt, GM_ADDR plan, GM_ADDR ws,
                                 const SplitKVTiling& t) {
         c_.Init(bt, plan, ws, t, static_cast<int32_t>(GetBlockIdx()));
+        ws_ = ws;
         const int32_t MP = c_.MP, SR = c_.SR, PR = c_.PR, TT = c_.TT, ST = c_.ST, D = c_.D;
         const uint64_t kvElems = uint64_t(t.numPages) * t.pageSize * t.numKVHeads * t.headDim;
         if (c_.quant) {  // the expanded q rows come from the vector cores through the scratch
@@ -177,6 +178,7 @@ public:
     __aicore__ inline void Process() {
         CrossCoreWaitFlag(kFlagZero);  // the vector cores wrote this core's zero row
         Cursor qk, pv;                 // the next step to issue QK for, and PV for
+        qk.counts = true;
         First(qk);
         First(pv);
         int32_t nq = 0, np = 0;  // steps issued so far (scratch slot = step % 2)
@@ -198,6 +200,7 @@ public:
         if (pFreePending_) {
             WaitFlag<HardEvent::MTE1_MTE2>(pFree_);
         }
+        err_.Flush(ws_, c_.core);
     }
 
 private:
@@ -206,10 +209,15 @@ private:
         bool ok;
         int32_t w, j, nt, M;
         MixItem it;
+        bool counts = false;  // the cursor that reports graph mode's device lengths (each item once)
     };
     __aicore__ inline bool Load(Cursor& c) {
         for (; c.w < c_.w1; c.w += c_.wStep) {
-            if (c_.ReadItem(c.w, c.it) && c.it.end > c.it.start) {
+            const bool ok = c_.ReadItem(c.w, c.it);
+            if (c.counts && c_.t.deviceSplitTokens > 0 && c.it.split == 0 && c.it.h == 0) {
+                err_.Length(c_.t, c.it.b, c.it.seqLen);
+            }
+            if (ok && c.it.end > c.it.start) {
                 c.j = 0;
                 c.nt = CeilDiv(c.it.end - c.it.start, c_.ST);
                 c.M = c.it.qLen * c_.G;
@@ -321,6 +329,9 @@ private:
             const int32_t cnt = tail ? p0 + nA - p
                                      : (early ? Min(loAll - p, p0 + n - p) : Min(ps - inPage, p0 + n - p));
             const int32_t at = (p - p0) * K0;
+            if (!isV && !tail && !early && !c_.PageOk(page)) {
+                err_.Page(it.b, p / ps, page);  // counted once per tile, on K's copy
+            }
             if (c_.PageOk(page)) {
                 const uint64_t off = ((uint64_t(page) * ps + inPage) * hkv + it.h) * D;
                 DataCopy(dst[at], src[off], Nd2NzParams(1, static_cast<uint16_t>(cnt), static_cast<uint16_t>(D), 0,
@@ -487,6 +498,8 @@ private:
     GlobalTensor<T> qGm_, kGm_, vGm_, pGm_, zGm_;
     GlobalTensor<A> sGm_, oGm_;
     Ring k_, v_;
+    ErrorLog err_;
+    GM_ADDR ws_ = nullptr;  // the workspace (its error section)
     int32_t kPre_[2] = {0, 0}, kPreN_ = 0, kPreStep_ = -1;  // K tiles copied ahead for QK of step kPreStep_
     TEventID pFull_ = 0, pFree_ = 0;
     bool pFreePending_ = false;
@@ -511,7 +524,7 @@ public:
         pGm_.SetGlobalBuffer(reinterpret_cast<__gm__ C*>(c_.scratch + c_.POff(0, sizeof(C))), uint64_t(2) * c_.PR * TT);
         oGm_.SetGlobalBuffer(reinterpret_cast<__gm__ A*>(c_.scratch + c_.OOff(0, sizeof(C))), uint64_t(2) * c_.PR * D);
         zGm_.SetGlobalBuffer(reinterpret_cast<__gm__ C*>(c_.scratch + c_.ZOff(sizeof(C))), uint64_t(D));
-        wsO_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(ws), uint64_t(t.numSlots) * t.numQHeads * D);
+        wsO_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(ws + SPLITKV_ERROR_BYTES), uint64_t(t.numSlots) * t.numQHeads * D);
         wsL_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(ws + t.lseOffsetBytes),
                              uint64_t(t.numSlots) * t.numQHeads * kLseRepeat);
         pipe_.InitBuffer(s_, uint32_t(RH_) * TT * sizeof(float));

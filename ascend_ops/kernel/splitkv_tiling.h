@@ -49,9 +49,13 @@
 // slots r * maxSplits + j for those j (the combine reads them; one of them: written directly by the
 // fused launch). The host checks seqLen <= S * maxSplits where it knows the lengths.
 //
-// Workspace layout (float32): o [numSlots, Hq, D] at byte 0, then lse [numSlots, Hq, 8] at byte
-// lseOffsetBytes: each partial lse repeated 8 times so that every lse is one 32-byte block
-// (the aligned-copy unit). Only the slots of valid work items are written and read.
+// Workspace layout: the error section at byte 0 (SPLITKV_ERROR_BYTES: one SPLITKV_ERROR_SLOT_BYTES
+// slot of int32 counters per launched block, at most SPLITKV_ERROR_SLOTS blocks; ErrorLog in
+// splitkv_kernel_common.h; zeroed when the workspace is made, kept across launches until the host
+// reads and resets it), then float32 o [numSlots, Hq, D] at byte SPLITKV_ERROR_BYTES, then lse
+// [numSlots, Hq, 8] at byte lseOffsetBytes: each partial lse repeated 8 times so that every lse is
+// one 32-byte block (the aligned-copy unit). Only the slots of valid work items are written and
+// read. lseOffsetBytes, scratchOffsetBytes and workspaceBytes count from the workspace's start.
 #ifndef SPLITKV_TILING_H
 #define SPLITKV_TILING_H
 
@@ -63,7 +67,12 @@
 #define SPLITKV_DT_BFLOAT16 2
 #define SPLITKV_DT_INT8 3
 
-#define SPLITKV_TILING_VERSION 4
+#define SPLITKV_TILING_VERSION 5
+
+// the workspace's error section (see the layout above)
+#define SPLITKV_ERROR_SLOT_BYTES 64
+#define SPLITKV_ERROR_SLOTS 64
+#define SPLITKV_ERROR_BYTES (SPLITKV_ERROR_SLOT_BYTES * SPLITKV_ERROR_SLOTS)
 
 // All fields are 4 bytes (int32 or float32), no padding; tiling.py reads this declaration to pack
 // the bytes, so keep one field per line in the form `type name;  // comment`.

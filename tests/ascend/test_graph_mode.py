@@ -53,6 +53,34 @@ def test_replays_with_new_lengths_and_the_same_tiling(kernel, dtype, window):
         np.testing.assert_allclose(lse[ok], rl[ok], atol=1e-3 if dtype == "bfloat16" else 1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("kernel", ["mix", "vector"])
+def test_device_lengths_the_host_never_saw_are_read_within_the_row_and_counted(kernel):
+    """Graph mode's lengths live on the device: one past the block-table row (1536 tokens here) is
+    read up to the row, never into the next request's entries; a negative one reads nothing; one
+    past the plan's S * max_splits too. Each is counted in the workspace's error section (request
+    bits 1, 2, 16), and a second launch on the same workspace adds to the counts."""
+    full, plan = _capture("bfloat16", None)
+    narrow = dataclasses.replace(full, block_table=full.block_table[:, :24].copy(),
+                                 seq_lens=np.array([700, 33, 0, 1200], np.int32))
+    til = tl.build_tiling(narrow, plan, kernel=kernel, device_split_tokens=S)
+    assert til.mixed == (kernel == "mix")
+    lens = [1800, -5, 2100, 100]
+    ws = sim.new_workspace(til)
+    out, lse = sim.run_tiling(narrow, plan, sim.with_seq_lens(til, lens), ws=ws)
+    ro, rl = dense_attention(dataclasses.replace(narrow, seq_lens=np.array([1536, 0, 1536, 100], np.int32)))
+    np.testing.assert_allclose(out, ro, atol=2e-2, rtol=0)
+    ok = np.isfinite(rl)
+    assert (np.isneginf(lse) == ~ok).all()
+    np.testing.assert_allclose(lse[ok], rl[ok], atol=1e-3, rtol=0)
+    rec = sim.read_errors(ws)
+    assert rec[4:8] == [1 | 2 | 16, 3, 0, 1] and rec[0] == 0
+    sim.run_tiling(narrow, plan, sim.with_seq_lens(til, lens), ws=ws)
+    assert sim.read_errors(ws)[5] == 6
+    clean = sim.new_workspace(til)
+    sim.run_tiling(narrow, plan, sim.with_seq_lens(til, [1536, 0, 5, 100]), ws=clean)
+    assert not any(sim.read_errors(clean))
+
+
 def test_a_replay_equals_a_fresh_host_plan_bit_for_bit():
     """The same split size: the grid's ranges are the host plan's, so the outputs are identical."""
     full, plan = _capture("bfloat16", None)
@@ -105,5 +133,11 @@ def test_wrapper_graph_mode_takes_new_lengths_from_a_device_tensor():
         off = int(w.tiling["seqLensOffset"])
         changed = np.flatnonzero((w._buffers["plan"] != words_before).numpy())
         assert set(changed.tolist()) <= set(range(off, off + 4)), "only the seqLens section is rewritten"
+    w.check_errors()  # lengths within the row: nothing counted
+    lens_dev.copy_(torch.tensor([2100, -1, 5, 5], dtype=torch.int32))
+    w.run(t["q"], t["k_cache"], t["v_cache"], t["block_table"], seq_lens=lens_dev)
+    with pytest.raises(RuntimeError, match=r"2 request\(s\).*past its block-table row.*negative.*First seen: request 0"):
+        w.check_errors()
+    w.check_errors()  # reset by the call that raised
     with pytest.raises(ValueError, match="graph_stable"):
         AscendDecodeWrapper(8, 2, 64, 64, device="cpu", device_split_tokens=S)

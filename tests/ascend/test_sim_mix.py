@@ -72,7 +72,11 @@ def test_page_ids_outside_the_cache_are_masked_and_never_read(bad, seed, quant, 
     til = tl.build_tiling(bad_inp, plan, kernel=kernel)
     assert til.mixed == (kernel == "mix")
     # the kernel itself (run_twin refuses such a table on the host before any launch)
-    out, lse = sim.run_tiling(bad_inp, plan, til)
+    ws = sim.new_workspace(til)
+    out, lse = sim.run_tiling(bad_inp, plan, til, ws=ws)
+    # each masked read counted (once per K tile copy), the first one named
+    rec = sim.read_errors(ws)
+    assert rec[0] >= len(masked) and (rec[1], rec[2]) in masked and rec[3] == bad and rec[4:] == [0, 0, 0, 0]
     # reference: the same attention with the masked pages' tokens left out
     T, Hq, D = inp.q.shape
     G = Hq // inp.k_cache.shape[2]

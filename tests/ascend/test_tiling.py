@@ -110,7 +110,8 @@ def test_ub_rule_violations_raise_naming_the_rule():
 
 def test_workspace_layout():
     lse_off, total = tl.workspace_bytes(num_slots=7, num_q_heads=4, head_dim=80)
-    assert lse_off == 7 * 4 * 80 * 4 and total == lse_off + 7 * 4 * 8 * 4
+    assert tl.ERROR_BYTES == tl.ERROR_SLOTS * tl.ERROR_SLOT_BYTES and tl.ERROR_SLOT_BYTES % 64 == 0  # a cache line each
+    assert lse_off == tl.ERROR_BYTES + 7 * 4 * 80 * 4 and total == lse_off + 7 * 4 * 8 * 4
     assert lse_off % 32 == 0
 
 
@@ -156,8 +157,8 @@ def test_workspace_size_matches_what_the_kernel_writes(graph_stable, head_dim):
         assert til.workspace_bytes == partials
     total = til.workspace_bytes
     assert (ws[total:] == sim.WS_POISON).all(), "the split stage wrote past workspaceBytes"
-    total = partials
-    words = ws[:total].view(np.uint32)
+    assert not ws[:tl.ERROR_BYTES].any(), "a clean launch counted errors"
+    words = ws[tl.ERROR_BYTES:partials].view(np.uint32)
     written = words != 0xFFFFFFFF
     T, Hq, D = inp.q.shape
     o = written[: plan.num_slots * Hq * D].reshape(plan.num_slots, Hq, D)

@@ -175,7 +175,7 @@ def fullest_waves(num_items: int, candidates: tuple = _BY_WAVES) -> tuple:
     whose waves ``num_items`` work items fill best: ``items / (waves x programs a wave)``, where the
     programs a wave are ``_SM_PROGRAMS`` x 132 SMs; within 2 % of the best fill, the one with more
     programs a wave (fewer waves). Measured at 256-1,280 items of 1k-8k tokens
-    (``scripts/bench_wave_configs.py``, runs 38-42, docs/perf-notes.md): within 1 % of the fastest of
+    (``bench_wave_configs.py@0fcf0c4``, runs 38-42, docs/perf-notes.md): within 1 % of the fastest of
     the four at all 28 points, where always taking n32w2s5 lost up to 30 %. Outside that range (more than 1,320 items, or none: a count not known)
     the first candidate, the choice before (many waves fill alike)."""
     if not 0 < num_items <= _WAVES_UPTO:

@@ -25,7 +25,7 @@ _FIELDS = ("item_request", "item_kv_head", "item_split", "item_kv_start", "item_
            "num_splits", "row_slot_start", "row_num_splits")
 
 # False drops the kernels' bounds masks (kernels.split_kv_kernel's BOUNDS): only for measuring their
-# cost (scripts/h200_perf_check.py --overhead) on trusted inputs; never set it elsewhere.
+# cost (splitkv_bench/perf_check.py --overhead) on trusted inputs; never set it elsewhere.
 _KERNEL_BOUNDS = True
 _INT32_MAX = 2 ** 31 - 1
 
@@ -392,7 +392,7 @@ class PlanUploader:
     size (a plan of sizes seen before reuses them).
 
     ``last_parts``: host µs of the last upload's parts, ``{"prepare", "wait", "pack", "copy",
-    "record"}`` (``scripts/bench_serving.py`` reports them).
+    "record"}`` (``splitkv_bench/serving.py`` reports them).
 
     ``in_graph``: the copy is left to :meth:`copy`, which a graph capture takes in (graph-stable
     plans: one pinned buffer at a fixed address, ring 1). ``upload`` then only packs, after the last

@@ -38,9 +38,7 @@ if str(ROOT) not in sys.path:
 from ascend_ops import cost_model as cm  # noqa: E402
 from splitkv_common.devices import get_profile  # noqa: E402  (the one source of the core counts)
 
-if str(ROOT / "scripts") not in sys.path:
-    sys.path.insert(0, str(ROOT / "scripts"))
-from npu_bench import Shape as DecodeShape  # noqa: E402  (the shapes the node bench times)
+from splitkv_bench.npu import Shape as DecodeShape  # noqa: E402  (the shapes the node bench times)
 
 _P910B2 = get_profile("910b2")
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Compile the Triton kernels for sm_90 (H100/H200) on a machine without a GPU.
 
 Catches compile errors the interpreter does not, and reports for each stage-1 variant what decides
@@ -6,9 +5,9 @@ its speed before any GPU time is spent: whether Triton's software pipeliner turn
 loads into asynchronous copies (``async_copy_global_to_local`` in the TTGIR, ``cp.async`` in the
 PTX), the shared memory, and ptxas's registers and spills (Triton's bundled ptxas, ``-v``).
 
-    python scripts/h200_compile_check.py                 # the table
-    python scripts/h200_compile_check.py --dump DIR      # also the TTGIR / PTX of each variant
-    python scripts/h200_compile_check.py --strict        # exit 1 if a float-KV variant is not
+    python -m splitkv_bench compile-check                 # the table
+    python -m splitkv_bench compile-check --dump DIR      # also the TTGIR / PTX of each variant
+    python -m splitkv_bench compile-check --strict        # exit 1 if a float-KV variant is not
                                                          # pipelined or any variant spills
 """
 import argparse
@@ -16,15 +15,13 @@ import os
 import pathlib
 import re
 import subprocess
-import sys
 import tempfile
 
 os.environ["TRITON_INTERPRET"] = "0"
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from splitkv_common.optional import require  # noqa: E402
+from splitkv_common.optional import require
 
-triton = require("triton", "scripts/h200_compile_check.py")
+triton = require("triton", "python -m splitkv_bench compile-check")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
@@ -162,7 +159,3 @@ def main(argv=None):
     if bad:
         print("not pipelined or spilling:", ", ".join(bad))
     return 1 if (a.strict and bad) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

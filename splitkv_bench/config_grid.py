@@ -1,36 +1,31 @@
-#!/usr/bin/env python3
 """Stage-1 configurations at points of any shape, side by side in one process on a CUDA GPU: which
 tile, warps and pipeline depth is fastest for a point's plan, against what ``default_config`` takes.
 
-Per point (``bench_decode.py``'s syntax, e.g. ``B1x16k@32/8/64``; bf16, page 16, shuffled pages) and
+Per point (``splitkv_bench/decode.py``'s syntax, e.g. ``B1x16k@32/8/64``; bf16, page 16, shuffled pages) and
 policy (``--policies``, default ``auto``): the plan once, then the whole call (stage 1 and the merge)
 with the default configuration and with each of ``--configs`` (``BLOCK_N/WARPS/STAGES[/c]``), each captured
-in a CUDA graph; cuDNN / flash SDPA on a contiguous copy for reference. Timing: ``bench_decode.Timer``
+in a CUDA graph; cuDNN / flash SDPA on a contiguous copy for reference. Timing: ``splitkv_bench.gpu.Timer``
 (``--iters`` replays each after a read flush of the L2, median) in ``--passes`` interleaved passes; the
 table gives each variant's fastest pass, the JSON all. Each variant's output is checked against SDPA's
 math backend (a configuration that fails to compile, e.g. out of shared memory, is reported as such).
 
 Writes ``config_grid.json`` (with provenance) and ``config_grid.md`` to ``--out``.
 
-    python scripts/bench_config_grid.py --points B1x16k@32/8/64,B16x4k@32/8/64 --out OUT
+    python -m splitkv_bench config-grid --points B1x16k@32/8/64,B16x4k@32/8/64 --out OUT
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, ".."))
-from splitkv_common.optional import require  # noqa: E402
+from splitkv_common.optional import require
 
-torch = require("torch", "scripts/bench_config_grid.py")
-require("triton", "scripts/bench_config_grid.py")
+torch = require("torch", "python -m splitkv_bench config-grid")
+require("triton", "python -m splitkv_bench config-grid")
 
-from bench_decode import PAGE, Timer, save_outputs  # noqa: E402
-from bench_kernels_ab import Point, each_point, run_header  # noqa: E402
+from splitkv_bench.gpu import PAGE, Timer  # noqa: E402
+from splitkv_bench.output import save_outputs  # noqa: E402
+from splitkv_bench.kernels_ab import Point, each_point, run_header  # noqa: E402
 from cuda_ref.launch import KernelConfig  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 from splitkv_common.provenance import provenance_markdown  # noqa: E402
@@ -117,7 +112,3 @@ def main(argv=None) -> int:
         timer, text, B, ctx, hq, hkv, D, policy, configs, a.passes))
     print(save_outputs(a.out, "config_grid", res, table(res)))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

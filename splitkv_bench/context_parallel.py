@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Context-parallel decode benchmark: one request (B1) over 1 vs N GPUs (NCCL), or gloo on the CPU.
 
 Per (GPU count W, context L): rank ``r`` holds a contiguous page range of the request's KV
@@ -17,8 +16,8 @@ each timed repetition after a read of a 256 MiB buffer that evicts the L2):
 
 One command spawns its own processes (one per GPU, ``torch.multiprocessing``):
 
-    python scripts/bench_context_parallel.py --gpus 1,2 --out results/cp
-    python scripts/bench_context_parallel.py --cpu --out /tmp/cp      # gloo, tiny sizes (smoke test)
+    python -m splitkv_bench context-parallel --gpus 1,2 --out results/cp
+    python -m splitkv_bench context-parallel --cpu --out /tmp/cp      # gloo, tiny sizes (smoke test)
 
 Writes ``DIR/bench_context_parallel.json`` (every number, provenance) and
 ``DIR/bench_context_parallel.md`` (the table), and prints the table.
@@ -33,10 +32,9 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from splitkv_common.optional import require  # noqa: E402
+from splitkv_common.optional import require
 
-torch = require("torch", "scripts/bench_context_parallel.py")
+torch = require("torch", "python -m splitkv_bench context-parallel")
 
 from splitkv_common.parity.accuracy import LSE_ATOL, LSE_RTOL, OUT_BOUND  # noqa: E402
 
@@ -374,7 +372,7 @@ def main(argv=None) -> int:
         if torch.cuda.device_count() < max(gpus):
             print(f"error: --gpus asks for {max(gpus)} GPUs, {torch.cuda.device_count()} visible", file=sys.stderr)
             return 2
-        require("triton", "scripts/bench_context_parallel.py")
+        require("triton", "python -m splitkv_bench context-parallel")
         import torch.distributed as dist
         if not dist.is_nccl_available():
             print("error: this torch build has no NCCL", file=sys.stderr)
@@ -414,7 +412,3 @@ def main(argv=None) -> int:
         print(f"error: the correctness check failed at {[(r['world'], r['context']) for r in failed]}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Eager ``DecodeWrapper.run()`` host time, this tree against another, in one process, call by call.
 
 A GPU host's timings drift by tens of percent within minutes, more than a host-side change moves
@@ -22,8 +21,8 @@ goes first swaps each time), the GPU idle before each call (Hq 32 / Hkv 8, D 128
 Writes ``eager_ab.json`` (with provenance) and ``eager_ab.md`` to ``--out``.
 
     mkdir OLD && git archive REV | tar -x -C OLD
-    python scripts/bench_eager_ab.py --old OLD --out OUT [--rounds 2]
-    python scripts/bench_eager_ab.py --old OLD --out OUT --fixed-batches 1,16,64    # also on the CPU
+    python -m splitkv_bench eager-ab --old OLD --out OUT [--rounds 2]
+    python -m splitkv_bench eager-ab --old OLD --out OUT --fixed-batches 1,16,64    # also on the CPU
 """
 
 from __future__ import annotations
@@ -38,16 +37,13 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, ".."))
-from splitkv_common.optional import require  # noqa: E402
+from splitkv_common.optional import require
 
-torch = require("torch", "scripts/bench_eager_ab.py")
-require("triton", "scripts/bench_eager_ab.py")
+torch = require("torch", "python -m splitkv_bench eager-ab")
+require("triton", "python -m splitkv_bench eager-ab")
 
 import cuda_ref.kernels  # noqa: E402
-from bench_decode import PAGE, make_point, random_batches  # noqa: E402
+from splitkv_bench.gpu import PAGE, make_point, random_batches  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 from splitkv_common.provenance import provenance  # noqa: E402
 
@@ -240,7 +236,7 @@ def main(argv=None) -> int:
     fixed = [tuple(int(y) for y in x.split("-")) if "-" in x else (int(x), int(x))
              for x in a.fixed_batches.split(",") if x]
     if not gpu and not fixed:
-        raise SystemExit("scripts/bench_eager_ab.py: needs a CUDA GPU (it times eager launches); on the CPU, "
+        raise SystemExit("splitkv_bench/eager_ab.py: needs a CUDA GPU (it times eager launches); on the CPU, "
                          "--fixed-batches times plan() alone")
     Old = load_old(os.path.abspath(a.old))
     res = dict(provenance=provenance(argv if argv is None else [sys.argv[0], *argv]), old=a.old_label or os.path.basename(
@@ -262,7 +258,3 @@ def main(argv=None) -> int:
         f.write(text + "\n")
     print(text)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Correctness of the Triton backend on a CUDA GPU (run on the H200; see docs/triton.md).
 
 1. parity: the whole catalog (small + full) through the harness, separate and fused merge;
@@ -15,8 +14,8 @@
    op, strided index tensors (refused). Run under ``compute-sanitizer --tool memcheck``: 0 errors
    expected (``scripts/gpu_checks.sh OUT hostile``). Without CUDA it runs small in the interpreter.
 
-    python scripts/h200_check.py --out DIR [--quick]
-    compute-sanitizer --tool memcheck --error-exitcode 3 python scripts/h200_check.py --out DIR --hostile
+    python -m splitkv_bench gpu-check --out DIR [--quick]
+    compute-sanitizer --tool memcheck --error-exitcode 3 python -m splitkv_bench gpu-check --out DIR --hostile
 Exit status 0 only when every check passed.
 """
 
@@ -26,18 +25,16 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 import time
 from functools import partial
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from splitkv_common.optional import require  # noqa: E402
+from splitkv_common.optional import require
 
-torch = require("torch", "scripts/h200_check.py")
+torch = require("torch", "python -m splitkv_bench gpu-check")
 import cuda_ref  # noqa: E402,F401  (without CUDA: selects the interpreter before triton is imported)
-require("triton", "scripts/h200_check.py")
+require("triton", "python -m splitkv_bench gpu-check")
 
 from cuda_ref import backend as tb  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
@@ -359,7 +356,3 @@ def main(argv=None):
     with open(os.path.join(args.out, f"check_{shard[0]}of{shard[1]}.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

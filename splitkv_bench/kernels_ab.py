@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """This tree's Triton kernels against another version of ``cuda_ref/kernels.py`` (or against this tree
 with a wrapper attribute set, ``--old-attr``), side by side in one process on a CUDA GPU: the before /
 after of a kernel change.
@@ -6,11 +5,11 @@ after of a kernel change.
 Two runs of a benchmark one after the other differ by 1-2 % on the same code, as much as many kernel
 changes move; here both versions are captured in CUDA graphs in one process and timed in interleaved
 passes, so a drift falls on both alike. Per point (bf16, page 16, shuffled pages; ``--points`` as
-``bench_decode.py``'s) and per policy (``--policies``, default ``auto``; ``device:size:S``: the kernels
+``splitkv_bench/decode.py``'s) and per policy (``--policies``, default ``auto``; ``device:size:S``: the kernels
 plan on the device, for one query row a request): the whole call (stage 1 and the separate merge) and
 stage 1 alone, of each version (``launch.kernels`` set to the version while its wrapper prepares and
 captures its launch; the other file must take this tree's launch arguments), and cuDNN / flash SDPA on a
-contiguous copy. Timing: ``bench_decode.Timer`` (a 10 ms warm-up, ``--iters`` replays each after a read
+contiguous copy. Timing: ``splitkv_bench.gpu.Timer`` (a 10 ms warm-up, ``--iters`` replays each after a read
 flush of the L2, median) in ``--passes`` interleaved passes; the table gives each variant's fastest
 pass, the JSON all. Checked per point: each version's output against SDPA's math backend and whether the
 two versions' outputs are bitwise equal.
@@ -18,8 +17,8 @@ two versions' outputs are bitwise equal.
 Writes ``kernels_ab.json`` (with provenance) and ``kernels_ab.md`` to ``--out``.
 
     git show REV:cuda_ref/kernels.py > OLD.py
-    python scripts/bench_kernels_ab.py --old OLD.py --out OUT [--points B1x2k,B16x1k] [--policies auto,size:512]
-    python scripts/bench_kernels_ab.py --old-attr index_items=False --out OUT   # "old": the attribute set
+    python -m splitkv_bench kernels-ab --old OLD.py --out OUT [--points B1x2k,B16x1k] [--policies auto,size:512]
+    python -m splitkv_bench kernels-ab --old-attr index_items=False --out OUT   # "old": the attribute set
 """
 
 from __future__ import annotations
@@ -27,20 +26,17 @@ from __future__ import annotations
 import argparse
 import ast
 import os
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, ".."))
-from splitkv_common.optional import require  # noqa: E402
+from splitkv_common.optional import require
 
-torch = require("torch", "scripts/bench_kernels_ab.py")
-require("triton", "scripts/bench_kernels_ab.py")
+torch = require("torch", "python -m splitkv_bench kernels-ab")
+require("triton", "python -m splitkv_bench kernels-ab")
 
-from bench_decode import (PAGE, Timer, contiguous_kv, interleaved, make_point, parse_points,  # noqa: E402
-                          save_outputs, sdpa_peers)
-from h200_perf_check import load_kernels  # noqa: E402
+from splitkv_bench.gpu import (PAGE, Timer, contiguous_kv, interleaved, make_point, parse_points,  # noqa: E402
+                               sdpa_peers)
+from splitkv_bench.output import save_outputs  # noqa: E402
+from splitkv_bench.perf_check import load_kernels  # noqa: E402
 from cuda_ref import launch  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
@@ -177,7 +173,3 @@ def main(argv=None) -> int:
         timer, versions, text, B, ctx, hq, hkv, D, policy, a.passes))
     print(save_outputs(a.out, "kernels_ab", res, table(res)))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

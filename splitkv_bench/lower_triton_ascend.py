@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Lower every Triton kernel variant of ``cuda_ref`` for Ascend 910B, offline, and check it fits.
 
 Runs inside the triton-ascend venv (``scripts/setup_triton_ascend_venv.sh``); no NPU and no CANN
@@ -19,8 +18,8 @@ Unified Buffer and once with one that must fit, so the checker is shown to tell 
 
 Usage::
 
-    .venv-triton-ascend/bin/python scripts/lower_triton_ascend.py --self-test
-    .venv-triton-ascend/bin/python scripts/lower_triton_ascend.py [--quick] [--jobs 2] [--report FILE]
+    .venv-triton-ascend/bin/python -m splitkv_bench lower-triton-ascend --self-test
+    .venv-triton-ascend/bin/python -m splitkv_bench lower-triton-ascend [--quick] [--jobs 2] [--report FILE]
 """
 
 from __future__ import annotations
@@ -421,7 +420,3 @@ def main(argv=None) -> int:
                                   "results": [asdict(r) for r in results]}, indent=1))
     print(f"{len(results) - len(bad)}/{len(results)} variants lower for {TARGET_ARCH}; report: {report}")
     return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

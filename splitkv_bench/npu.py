@@ -3,7 +3,7 @@
 On an NPU node (after ``scripts/build_ascend.sh``; ``scripts/npu_bench.sh`` runs the build, the
 parity catalog and this):
 
-    python scripts/npu_bench.py [--set main,small] [--backends ascend,cann-fia,atb-paged]
+    python -m splitkv_bench npu [--set main,small] [--backends ascend,cann-fia,atb-paged]
                                 [--warmup 10] [--iters 50] [--out-json F] [--out-md F]
 
 Each (shape, backend) is warmed up, then timed call by call with the NPU's own event timer
@@ -34,9 +34,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 BACKENDS = ("ascend", "cann-fia", "atb-paged")
 #: HBM bandwidth of the floor column, bytes/s: a placeholder (910B2 ~1.6 TB/s is not published).
@@ -347,7 +344,7 @@ def main(argv=None) -> int:
         return 0
     why = npu_missing()
     if why:
-        print(f"error: npu_bench needs an Ascend NPU with torch_npu and the built operator: {why}", file=sys.stderr)
+        print(f"error: splitkv_bench npu needs an Ascend NPU with torch_npu and the built operator: {why}", file=sys.stderr)
         return 2
     from splitkv_common.npu_probe import npu_device
     from splitkv_common.provenance import provenance
@@ -356,7 +353,3 @@ def main(argv=None) -> int:
                      iters=args.iters, hbm_gbps=args.hbm_gbps, profile=args.profile, seed=args.seed)
     print(write_outputs(rows, args, provenance(sys.argv)))
     return 1 if any(r["status"] == "error" for r in rows) else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

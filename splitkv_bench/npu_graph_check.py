@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """aclgraph capture and replay of the Ascend operator on an NPU node (docs/npu.md, "Plan, run and aclgraph").
 
 For every catalog case: a graph-stable ``AscendDecodeWrapper`` is planned, run once eagerly,
@@ -11,7 +10,7 @@ and the kernels derive their ranges from it. ``--mode both`` (the default) runs 
 also times eager ``run()`` against replay on one production-like batch (measured on the node;
 nothing here has run on an NPU before).
 
-    python scripts/npu_graph_check.py [--size small|full|all] [--cases PATTERN] [--mode host|device|both]
+    python -m splitkv_bench npu-graph-check [--size small|full|all] [--cases PATTERN] [--mode host|device|both]
                                       [--bench] [--out FILE.json]
 
 Exit status: 0 every replay passed, 1 a failure, 2 the operator cannot run here (with the reason).
@@ -22,22 +21,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import ascend_ops  # noqa: E402
 from ascend_ops import support  # noqa: E402
 from splitkv_common.parity import accuracy, cases  # noqa: E402
 from splitkv_common.devices import get_profile  # noqa: E402
-from splitkv_common.optional import require  # noqa: E402
+from splitkv_common.optional import require
 from splitkv_common.provenance import provenance  # noqa: E402
 from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
 
-require("torch", "scripts/npu_graph_check.py")
+require("torch", "python -m splitkv_bench npu-graph-check")
 
 
 def shrink_steps(seq_lens: np.ndarray, page: int) -> list[np.ndarray]:
@@ -185,7 +182,3 @@ def main(argv=None) -> int:
     failed = [r["case"] for r in report["graph"] if not r["passed"]]
     print(f"{len(report['graph']) - len(failed)} of {len(report['graph'])} cases passed every replay")
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

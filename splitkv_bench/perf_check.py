@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Variants of the Triton kernels at the key decode points, against SDPA and the copy ceiling, in one
 run on a CUDA GPU, under each L2-flush method of the timer (see docs/perf-notes.md).
 
@@ -7,14 +6,14 @@ the default (``auto`` plan, separate merge by programmatic dependent launch wher
 the same with a plain merge launch, with the merge fused into stage 1, stage 1 alone (for the merge
 share), the same cache laid out head-major within each page ("HND"), fixed split sizes, a grid of stage-1 configurations, and PyTorch SDPA with the cuDNN and
 flash backends on a contiguous copy. Every configuration's output is checked against SDPA's math
-backend. Method as ``bench_decode.py``: CUDA-graph replay after an L2 flush, median.
+backend. Method as ``splitkv_bench/decode.py``: CUDA-graph replay after an L2 flush, median.
 
-    python scripts/h200_perf_check.py --out DIR [--points B1x16k,B64x2k] [--flush read,write]
-    python scripts/h200_perf_check.py --eager-once B1x16k     # one eager call of each (for ncu)
-    python scripts/h200_perf_check.py --out DIR --overhead B1x16k,B64x2k   # cost of the safety checks
-    python scripts/h200_perf_check.py --out DIR --eager B1x4k,B1x16k,B64x2k  # eager run(): launch fast path on / off
-    python scripts/h200_perf_check.py ... --variants default,n32w4s5       # only these variants (and the peers)
-    python scripts/h200_perf_check.py ... --kernels-from OLD/kernels.py    # another version of cuda_ref/kernels.py
+    python -m splitkv_bench perf-check --out DIR [--points B1x16k,B64x2k] [--flush read,write]
+    python -m splitkv_bench perf-check --eager-once B1x16k     # one eager call of each (for ncu)
+    python -m splitkv_bench perf-check --out DIR --overhead B1x16k,B64x2k   # cost of the safety checks
+    python -m splitkv_bench perf-check --out DIR --eager B1x4k,B1x16k,B64x2k  # eager run(): launch fast path on / off
+    python -m splitkv_bench perf-check ... --variants default,n32w4s5       # only these variants (and the peers)
+    python -m splitkv_bench perf-check ... --kernels-from OLD/kernels.py    # another version of cuda_ref/kernels.py
 
 ``--kernels-from`` runs everything with the kernels of another file (e.g. ``git show REV:cuda_ref/kernels.py``,
 same kernel signatures) in place of ``cuda_ref/kernels.py``: the before / after of a kernel change in one run.
@@ -50,17 +49,14 @@ import dataclasses
 import importlib
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from splitkv_common.optional import require  # noqa: E402
+from splitkv_common.optional import require
 
-torch = require("torch", "scripts/h200_perf_check.py")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+torch = require("torch", "python -m splitkv_bench perf-check")
 
-from bench_decode import (PAGE, Timer, contiguous_kv, copy_ceiling, kv_bytes, make_point, random_batches,  # noqa: E402
-                          sdpa_peers)
+from splitkv_bench.gpu import (PAGE, Timer, contiguous_kv, copy_ceiling, kv_bytes, make_point,  # noqa: E402
+                               random_batches, sdpa_peers)
 from cuda_ref.launch import KernelConfig, default_config  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
@@ -507,7 +503,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="perf_out")
     ap.add_argument("--points", default=",".join(POINTS))
-    ap.add_argument("--flush", default="read,write", help="comma-separated flush methods (bench_decode.Timer)")
+    ap.add_argument("--flush", default="read,write", help="comma-separated flush methods (splitkv_bench.gpu.Timer)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--eager-once", default=None, metavar="POINTS")
     ap.add_argument("--overhead", default=None, metavar="POINTS",
@@ -591,7 +587,3 @@ def summary(res) -> str:
                 f"{u.get('flash') or nan:.1f} | {peer / ours:.2f} | "
                 f"{err if isinstance(err, str) else format(err, '.1e')} |")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

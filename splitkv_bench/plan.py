@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Time the split planner: ``make_plan`` per decode step, over batch sizes, policies and graph stability.
 
 Times the package's planner and, when ``tests/planner_oracle.py`` exists (the previous loop planner,
@@ -16,10 +15,10 @@ previous plan)`` (the previous step's buffer rewritten where it changes; what th
 does), column ``reuse µs``, and the C planner (``splitkv_common.native``, through ``NativePlanner.make``;
 graph-stable: into the previous call's plan), column ``C µs``, where it plans the point.
 
-    python scripts/bench_plan.py --out plan_times.json
-    python scripts/bench_plan.py --batch 1 64 --policy auto --seconds 0.5
-    python scripts/bench_plan.py --no-old --baseline HEAD~1     # against an earlier revision, interleaved
-    python scripts/bench_plan.py --no-old --ascend 910b2         # plus the Ascend tiling of each plan
+    python -m splitkv_bench plan --out plan_times.json
+    python -m splitkv_bench plan --batch 1 64 --policy auto --seconds 0.5
+    python -m splitkv_bench plan --no-old --baseline HEAD~1     # against an earlier revision, interleaved
+    python -m splitkv_bench plan --no-old --ascend 910b2         # plus the Ascend tiling of each plan
 
 ``--ascend PROFILE`` plans for that NPU profile and also times the Ascend tiling of each plan
 (``ascend_ops.tiling``): ``build_buffers`` (one call, as the wrapper makes it) and ``TilingBuilder.build``
@@ -43,7 +42,6 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 from splitkv_common.devices import get_profile  # noqa: E402
 from splitkv_common.plan import NativePlanner, PlanSpec, make_plan  # noqa: E402
@@ -283,7 +281,3 @@ def main(argv=None):
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, results=rows), f, indent=1)
         print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()

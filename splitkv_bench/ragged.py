@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """Ragged decode batches on a CUDA GPU: one batch, every way our wrapper can run it, side by side.
 
 Per point (batch size, KV lengths drawn uniformly from a range; Hq 32 / Hkv 8, D 128, bf16, page 16,
 one query per request, pages shuffled) the kernels' time, each captured in a CUDA graph and timed
-after an L2 read flush (``bench_decode.Timer``), in interleaved rounds (median over rounds):
+after an L2 read flush (``splitkv_bench.gpu.Timer``), in interleaved rounds (median over rounds):
 
 * ``auto``, eager plan: the planner's item order (plans of more than 4 items per unit put the
   longest requests first) and the same plan in batch order (its items stably sorted by request);
@@ -14,8 +13,8 @@ after an L2 read flush (``bench_decode.Timer``), in interleaved rounds (median o
 Outputs are checked bitwise between the orders and between eager and graph-stable ``auto``
 (``same_bits``). Writes ``ragged.json`` (with provenance) and ``ragged.md`` (the table) to ``--out``.
 
-    python scripts/bench_ragged.py --out OUT
-    python scripts/bench_ragged.py --points 128:512-8192,256:128-2048 --rounds 3 --out OUT
+    python -m splitkv_bench ragged --out OUT
+    python -m splitkv_bench ragged --points 128:512-8192,256:128-2048 --rounds 3 --out OUT
 """
 
 from __future__ import annotations
@@ -27,14 +26,12 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from splitkv_common.optional import require  # noqa: E402
+from splitkv_common.optional import require
 
-torch = require("torch", "scripts/bench_ragged.py")
-require("triton", "scripts/bench_ragged.py")
+torch = require("torch", "python -m splitkv_bench ragged")
+require("triton", "python -m splitkv_bench ragged")
 
-from bench_decode import PAGE, Timer  # noqa: E402
+from splitkv_bench.gpu import PAGE, Timer  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 from splitkv_common.provenance import provenance  # noqa: E402
 
@@ -132,7 +129,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench_ragged: needs a CUDA GPU", file=sys.stderr)
+        print("splitkv_bench ragged: needs a CUDA GPU", file=sys.stderr)
         return 2
     timer = Timer(iters=args.iters)
     res = []
@@ -155,7 +152,3 @@ def main(argv=None) -> int:
         f.write("\n".join(md))
     print("\n".join(md))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""The floor of ``bench_decode.py``'s method: what a kernel that only *reads* a point's KV bytes takes,
+"""The floor of ``splitkv_bench/decode.py``'s method: what a kernel that only *reads* a point's KV bytes takes,
 beside our call and cuDNN's (GPU only; a measurement, not a backend).
 
 The issue's batch-1 target (B1 x 16k at 70 % of the copy ceiling, i.e. 22.5 µs on a 4.28 TB/s
@@ -18,7 +17,7 @@ graph a call, a read flush before each timed replay, median):
 
 Each is also given as a share of the 2 GiB copy ceiling (``copy_ceiling``) measured in the same run::
 
-    python scripts/h200_read_floor.py --out DIR [--points B1x2k,B1x16k] \\
+    python -m splitkv_bench read-floor --out DIR [--points B1x2k,B1x16k] \\
         [--variants size:384/n64w4s5,size:1024/n128w8s6c]
 
 Writes ``read_floor.json`` and ``read_floor.md`` to ``--out``.
@@ -33,17 +32,14 @@ import re
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, ".."))
-from splitkv_common.optional import require  # noqa: E402
+from splitkv_common.optional import require
 
-torch = require("torch", "scripts/h200_read_floor.py")
-triton = require("triton", "scripts/h200_read_floor.py")
+torch = require("torch", "python -m splitkv_bench read-floor")
+triton = require("triton", "python -m splitkv_bench read-floor")
 import triton.language as tl  # noqa: E402
 
-from bench_decode import (PAGE, Timer, contiguous_kv, copy_ceiling, interleaved, kv_bytes, make_point,  # noqa: E402
-                          ours, parse_points, sdpa_peers)
+from splitkv_bench.gpu import (Timer, contiguous_kv, copy_ceiling, interleaved, kv_bytes, make_point,  # noqa: E402
+                               ours, parse_points, sdpa_peers)
 
 # (programs per SM, elements a load, loads in flight a thread's iteration, warps, stages)
 READ_GRID = [(p, blk, u, w, s) for p in (1, 2, 4, 8) for blk, w in ((2048, 4), (4096, 8)) for u in (2, 4)
@@ -167,7 +163,7 @@ def main(argv=None) -> int:
         print(json.dumps({x: y for x, y in row.items() if x != "reads_us"}), flush=True)
         del q, k, v, kc, vc, kf, vf, half, src, named, reads
         torch.cuda.empty_cache()
-    res = dict(device=torch.cuda.get_device_name(), ceiling_gbps=ceiling, command="scripts/h200_read_floor.py " +
+    res = dict(device=torch.cuda.get_device_name(), ceiling_gbps=ceiling, command="splitkv_bench/read_floor.py " +
                " ".join(argv if argv is not None else sys.argv[1:]), rows=rows)
     with open(os.path.join(args.out, "read_floor.json"), "w") as f:
         json.dump(res, f, indent=1)
@@ -190,7 +186,3 @@ def main(argv=None) -> int:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

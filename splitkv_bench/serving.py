@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Serving-loop benchmark: split-KV decode inside a continuous-batching trace, step by step.
 
 A step-clocked trace (the same trace on every machine for the same seed): requests arrive (Poisson
@@ -53,11 +52,11 @@ for the last replay's copy, the C planner, the rest).
 ``--points B1x16k,B16x8k,B64x2k`` compares, at fixed lengths, the host-planned graph (``--policy`` and
 ``size:S``) with the device-planned graph (``size:S``): step and replay.
 
-    python scripts/bench_serving.py --out results/serving                 # trace (GPU: everything)
-    python scripts/bench_serving.py --fixed-batches 1,16,64,256 --out results/fixed
-    python scripts/bench_serving.py --all --out results/serving           # both, one run
-    python scripts/bench_serving.py --quick --out results/smoke            # smoke test (seconds on a CPU)
-    python scripts/bench_serving.py --fixed-batches 1,16,64,256 --points B1x16k,B16x8k,B64x2k --out results/r
+    python -m splitkv_bench serving --out results/serving                 # trace (GPU: everything)
+    python -m splitkv_bench serving --fixed-batches 1,16,64,256 --out results/fixed
+    python -m splitkv_bench serving --all --out results/serving           # both, one run
+    python -m splitkv_bench serving --quick --out results/smoke            # smoke test (seconds on a CPU)
+    python -m splitkv_bench serving --fixed-batches 1,16,64,256 --points B1x16k,B16x8k,B64x2k --out results/r
 """
 
 from __future__ import annotations
@@ -72,8 +71,6 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 import cuda_ref  # noqa: E402,F401  (first: selects the Triton interpreter on a machine without a GPU)
 import torch  # noqa: E402
@@ -998,8 +995,4 @@ def main(argv=None):
         if "trace" in result and result["trace"]["bins"]:
             plot(dict(result["trace"], shape=shape), os.path.join(args.out, "bench_serving.png"))
         print(f"wrote {args.out}/bench_serving.{{json,md,png}}", file=sys.stderr)
-    return result
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -26,7 +26,7 @@ _FIELDS = ("item_request", "item_kv_head", "item_split", "item_kv_start", "item_
 
 # False drops the kernels' bounds masks (kernels.split_kv_kernel's BOUNDS): only for measuring their
 # cost (splitkv_bench/perf_check.py --overhead) on trusted inputs; never set it elsewhere.
-_KERNEL_BOUNDS = True
+KERNEL_BOUNDS = True
 _INT32_MAX = 2 ** 31 - 1
 
 
@@ -825,7 +825,7 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
         HAS_WINDOW=window_left is not None, DOT_IEEE=dot_ieee, UPCAST=interpret, FUSE_MERGE=fuse_merge,
         SCALE_PER_CHANNEL=per_channel, MERGE_CHUNK=merge_chunk(block_d),
         LAUNCH_DEPENDENTS=pdl and dplan.num_items * dplan.row_blocks <= 2 * sms,
-        MULTI_ROW_BLOCKS=dplan.row_blocks > 1, BOUNDS=_KERNEL_BOUNDS, COUNT_ERRORS=errors is not None,
+        MULTI_ROW_BLOCKS=dplan.row_blocks > 1, BOUNDS=KERNEL_BOUNDS, COUNT_ERRORS=errors is not None,
         MIXED_TILES=dplan.max_q_len != 1, COLUMN_SUM=cfg.column_sum and dplan.max_q_len == 1,
         DEVICE_PLAN=bool(derive),
         PADDED=dplan.graph_stable and not dplan.split_size,

@@ -42,7 +42,6 @@ from splitkv_common.parity import accuracy, cases  # noqa: E402
 from splitkv_common.parity.harness import run_parity  # noqa: E402
 from splitkv_common.provenance import provenance  # noqa: E402
 from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
-from splitkv_common.parity.registry import Backend  # noqa: E402
 from splitkv_common.torch_io import to_torch  # noqa: E402
 
 
@@ -52,7 +51,7 @@ def catalog(sizes, pattern, shard=(0, 1)):
 
 
 def parity(sizes, pattern, out_dir, shard=(0, 1)):
-    fused = Backend("triton-fused", partial(tb.run, fuse_merge=True), tb._unavailable, tb._unsupported, "h200")
+    fused = dataclasses.replace(tb.triton_backend, name="triton-fused", run=partial(tb.run, fuse_merge=True))
     rep = run_parity([tb.triton_backend, fused], catalog(sizes, pattern, shard), progress=False)
     rep.write(os.path.join(out_dir, f"parity_{shard[0]}of{shard[1]}.md"))
     print(rep.to_markdown().split("\n\n")[0])
@@ -104,7 +103,7 @@ def graph_case(case, fuse, replays=4, seed=0):
 def graph_checks(sizes, pattern, shard=(0, 1)):
     ok, lines = True, []
     for case in catalog(sizes, pattern, shard):
-        if tb._unsupported(case.build()):
+        if tb.triton_backend.unsupported(case.build()):
             continue
         for fuse in (False, True):
             try:

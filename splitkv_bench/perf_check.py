@@ -21,7 +21,7 @@ same kernel signatures) in place of ``cuda_ref/kernels.py``: the before / after 
 that parameter no longer launch from the current ``launch.py``.)
 
 ``--overhead`` writes ``DIR/overhead.json``: per point, the replayed graph of ``run()`` with the
-kernels' bounds masks (the default) and without them (``launch._KERNEL_BOUNDS = False``, the
+kernels' bounds masks (the default) and without them (``launch.KERNEL_BOUNDS = False``, the
 previous kernel), the host time of ``run()``'s metadata checks on a repeated signature (the cached
 path) and uncached, and eager ``run()`` against an eager launch with no checks at all; each cost as
 a percentage of the default graph's decode time (target: at most 1 %).
@@ -209,13 +209,13 @@ def overhead(names, timer):
         qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
         r = dict(point=name, B=B, ctx=ctx, splits=int(plan.max_splits))
         r["graph_us"] = timer(run)
-        L._KERNEL_BOUNDS = False
+        L.KERNEL_BOUNDS = False
         try:
             run_u, _, w_u = make_runner(q, k, v, bt, seq)
             r["graph_unbounded_kernel_us"] = timer(run_u)
             out_u = w_u.run(q, k, v, bt, seq, qsl)[0].clone()
         finally:
-            L._KERNEL_BOUNDS = True
+            L.KERNEL_BOUNDS = True
         r["bitwise_same_as_unbounded"] = bool(torch.equal(run()[0], out_u))
         r["host_checks_cached_us"] = _host_us(lambda: w.check(q, k, v, bt, seq, qsl))
 

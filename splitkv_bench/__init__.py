@@ -33,4 +33,6 @@ COMMANDS = {
         "lower_triton_ascend", "lower every Triton kernel variant for Ascend 910B offline", "CPU (triton-ascend venv)"),
     "npu": ("npu", "our Ascend operator against CANN's FIA and ATB's PagedAttention", "Ascend NPU"),
     "npu-graph-check": ("npu_graph_check", "aclgraph capture and replay of the Ascend operator", "Ascend NPU"),
+    "npu-estimate": (
+        "npu_estimate", "a paper estimate of the Ascend kernels' time from the CPU twin's work counters", "CPU"),
 }

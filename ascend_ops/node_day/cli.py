@@ -395,11 +395,11 @@ def stage_parity(run: Run, st) -> None:
 # Stage 6
 
 def estimate_options() -> list[str] | None:
-    """The options that run ``scripts/npu_estimate.py`` on a constants file: ``--constants`` and, where
+    """The options that run ``python -m splitkv_bench npu-estimate`` on a constants file: ``--constants`` and, where
     the script has it, ``--model critical-path`` (the model the constants calibrate); None when the
     script takes no ``--constants``."""
     try:
-        r = subprocess.run([sys.executable, str(ROOT / "scripts" / "npu_estimate.py"), "--help"], capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "splitkv_bench", "npu-estimate", "--help"], capture_output=True,
                            text=True, timeout=300, cwd=ROOT)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -461,10 +461,10 @@ def _estimate(run: Run, const_file: Path) -> dict:
     opts = estimate_options()
     if opts is None:
         return {"name": "estimate", "status": "skipped",
-                "message": "estimate skipped: --constants not available in scripts/npu_estimate.py"}
+                "message": "estimate skipped: --constants not available in splitkv_bench npu-estimate"}
     js, md = run.out / "estimate.json", run.out / "estimate.md"
     log = run.out / "logs" / "estimate.log"
-    rc, tail = _run_cmd([sys.executable, "scripts/npu_estimate.py", *opts, "--constants", str(const_file),
+    rc, tail = _run_cmd([sys.executable, "-m", "splitkv_bench", "npu-estimate", *opts, "--constants", str(const_file),
                          "--out-json", str(js), "--out-md", str(md)], log, 1800)
     label = "ESTIMATE (paper model" + (", twin plumbing constants: meaningless" if run.mode == "twin" else
                                       ", with the measured constants") + ")"

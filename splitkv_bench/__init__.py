@@ -11,28 +11,20 @@ need them, when they run. The suite imports only the public APIs of the packages
 
 #: Subcommand -> (module in this package, what it measures or checks, where it runs).
 COMMANDS = {
-    "decode": ("decode", "our kernels against SDPA (cuDNN, flash) and Flex over a sweep of points", "CUDA GPU"),
-    "perf-check": (
-        "perf_check", "kernel variants at the key points under each L2 flush; --overhead, --eager", "CUDA GPU"),
-    "serving": (
-        "serving", "a continuous-batching trace step by step: planning, upload, launch, replay", "CUDA GPU or CPU"),
+    "decode": ("decode", "ours against SDPA (cuDNN, flash) and Flex over a sweep of points", "CUDA GPU"),
+    "perf-check": ("perf_check", "kernel variants at the key points under each L2 flush", "CUDA GPU"),
+    "serving": ("serving", "a continuous-batching trace, step by step", "CUDA GPU or CPU"),
     "ragged": ("ragged", "one ragged batch every way the wrapper can run it", "CUDA GPU"),
     "config-grid": ("config_grid", "stage-1 configurations at any point against the default", "CUDA GPU"),
-    "kernels-ab": ("kernels_ab", "this tree's kernels against another cuda_ref/kernels.py, interleaved", "CUDA GPU"),
-    "eager-ab": ("eager_ab", "eager DecodeWrapper.run() host time, this tree against another", "CUDA GPU or CPU"),
-    "read-floor": (
-        "read_floor", "the method's floor: an empty kernel and a bare read of each point's KV", "CUDA GPU"),
-    "context-parallel": (
-        "context_parallel", "one request over 1 vs N GPUs (NCCL), or gloo on the CPU", "CUDA GPUs or CPU"),
+    "kernels-ab": ("kernels_ab", "this tree's kernels against another kernels.py, interleaved", "CUDA GPU"),
+    "eager-ab": ("eager_ab", "eager DecodeWrapper.run() host time against another tree", "CUDA GPU or CPU"),
+    "read-floor": ("read_floor", "the method's floor: an empty kernel, a bare read of the KV", "CUDA GPU"),
+    "context-parallel": ("context_parallel", "one request over 1 vs N GPUs (NCCL), or gloo", "CUDA GPUs or CPU"),
     "plan": ("plan", "the split planner's time per decode step", "CPU"),
-    "gpu-check": (
-        "gpu_check", "the Triton backend's correctness: catalog, graph replay, batch invariance", "CUDA GPU"),
-    "compile-check": (
-        "compile_check", "compile the Triton kernels for sm_90 without a GPU: pipelining, registers", "CPU"),
-    "lower-triton-ascend": (
-        "lower_triton_ascend", "lower every Triton kernel variant for Ascend 910B offline", "CPU (triton-ascend venv)"),
+    "gpu-check": ("gpu_check", "the Triton backend's correctness: catalog, graph replay, invariance", "CUDA GPU"),
+    "compile-check": ("compile_check", "the Triton kernels compiled for sm_90: pipelining, registers", "CPU"),
+    "lower-triton-ascend": ("lower_triton_ascend", "every Triton kernel variant lowered for Ascend 910B", "CPU"),
     "npu": ("npu", "our Ascend operator against CANN's FIA and ATB's PagedAttention", "Ascend NPU"),
     "npu-graph-check": ("npu_graph_check", "aclgraph capture and replay of the Ascend operator", "Ascend NPU"),
-    "npu-estimate": (
-        "npu_estimate", "a paper estimate of the Ascend kernels' time from the CPU twin's work counters", "CPU"),
+    "npu-estimate": ("npu_estimate", "a paper estimate of the Ascend kernels' time (CPU twin counters)", "CPU"),
 }

@@ -77,6 +77,13 @@ def test_parity_numpy_and_all_backends(numpy_only_venv):
     assert prov["git"] == {"commit": None, "dirty": None}
 
 
+def test_the_suite_lists_its_subcommands_with_numpy_alone(numpy_only_venv, tmp_path):
+    """The installed suite: ``python -m splitkv_bench`` imports no torch to list its subcommands."""
+    r = subprocess.run([str(numpy_only_venv / "bin" / "python"), "-m", "splitkv_bench"], capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0 and "  decode " in r.stdout and "  npu-estimate " in r.stdout, r.stdout + r.stderr
+
+
 @pytest.mark.parametrize("command", ["decode", "ragged", "eager-ab", "kernels-ab", "config-grid", "read-floor",
                                      "gpu-check", "perf-check", "compile-check", "npu-graph-check"])
 def test_suite_commands_that_need_torch_say_so_in_one_line(numpy_only_venv, command):

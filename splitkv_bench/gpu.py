@@ -103,6 +103,9 @@ def copy_ceiling(timer: Timer, nbytes: int = 2 << 30) -> float:
 
 
 def make_point(B, ctx, hq, hkv, D, dtype, seed=0):
+    """One decode point on the GPU, seeded: ``q [B, hq, D]``, paged ``k`` and ``v`` ``[B * ctx / PAGE, PAGE,
+    hkv, D]`` of ``dtype`` (standard normal), the block table ``[B, ctx / PAGE]`` int32 (the pages
+    shuffled), ``seq_lens [B]`` int32 (every request ``ctx`` tokens)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     pages_per = ctx // PAGE
     P = B * pages_per
@@ -136,6 +139,8 @@ def contiguous_kv(k, bt, B, ctx):
 
 
 def ours(timer, q, k, v, bt, seq, policy, *, stage1_only=False, min_split=None, config=None, max_splits=None):
+    """Our ``DecodeWrapper`` with ``policy`` at a :func:`make_point` point (one query row a request), timed
+    by ``timer``: ``(µs, plan, workspace bytes)``; ``stage1_only`` leaves the merge launch out."""
     B = bt.shape[0]
     w = DecodeWrapper(q.shape[1], k.shape[2], q.shape[2], PAGE, dtype=q.dtype, policy=policy,
                       min_split_tokens=min_split, config=config, max_splits=max_splits)
@@ -189,4 +194,5 @@ def parse_points(text: str) -> list[tuple]:
 
 
 def kv_bytes(B, ctx, hkv, D, dt):
+    """Bytes of K and V at a point (``dt``: a key of :data:`DTYPES`)."""
     return 2 * B * ctx * hkv * D * torch.empty(0, dtype=DTYPES[dt]).element_size()

@@ -56,8 +56,8 @@ def test_the_rule_has_teeth(tmp_path):
     assert imported_packages(f) == {("cuda_ref", 2), ("ascend_ops", 4)}
 
 
-# Rule 5: the commands a user runs (scripts/*.py and the splitkv_bench suite) import only the
-# packages' public APIs, and no package imports the suite.
+# "Commands import public APIs" (docs/architecture.md): scripts/*.py and the splitkv_bench suite
+# import only the packages' public APIs, and no package imports the suite.
 PACKAGES = {*ALLOWED, "splitkv_bench"}
 
 

@@ -26,7 +26,6 @@ Writes ``DIR/bench_context_parallel.json`` (every number, provenance) and
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -37,6 +36,7 @@ from splitkv_common.optional import require
 torch = require("torch", "python -m splitkv_bench context-parallel")
 
 from splitkv_common.parity.accuracy import LSE_ATOL, LSE_RTOL, OUT_BOUND  # noqa: E402
+from splitkv_bench.output import save_outputs  # noqa: E402
 
 PRIME = 2147483647  # 2^31 - 1: products of two residues stay below 2^62 (no int64 overflow)
 FLUSH_BYTES = 256 << 20
@@ -401,12 +401,7 @@ def main(argv=None) -> int:
         prov = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__}
     result = dict(provenance=prov, command=" ".join([os.path.basename(sys.argv[0])] + (argv or sys.argv[1:])),
                   process_group_backend=backend, config=cfg, results=results)
-    with open(os.path.join(a.out, "bench_context_parallel.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    lines = markdown(result)
-    with open(os.path.join(a.out, "bench_context_parallel.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print(save_outputs(a.out, "bench_context_parallel", result, markdown(result)))
     failed = [r for r in results if r.get("check") and not r["check"]["passed"]]
     if failed:
         print(f"error: the correctness check failed at {[(r['world'], r['context']) for r in failed]}", file=sys.stderr)

@@ -34,6 +34,7 @@ import time
 from splitkv_bench.gpu import (DTYPES, PAGE, Timer, contiguous_kv, copy_ceiling, kv_bytes, make_point, ours,
                                parse_points, sdpa_peers, torch)
 from cuda_ref.wrapper import DecodeWrapper
+from splitkv_bench.output import save_outputs
 
 
 def split_sizes(ctx: int, max_splits: int = 64) -> list[int]:
@@ -282,13 +283,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("splitkv_bench decode: needs a CUDA GPU", file=sys.stderr)
         return 2
-    os.makedirs(args.out, exist_ok=True)
     res = run_bench(args)
-    with open(os.path.join(args.out, "bench.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    md = to_markdown(res)
-    with open(os.path.join(args.out, "bench.md"), "w") as f:
-        f.write(md)
+    md = save_outputs(args.out, "bench", res, to_markdown(res))
     plot(res, os.path.join(args.out, "bench.png"))
     print(md)
     return 0

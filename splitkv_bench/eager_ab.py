@@ -28,7 +28,6 @@ Writes ``eager_ab.json`` (with provenance) and ``eager_ab.md`` to ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -44,6 +43,7 @@ require("triton", "python -m splitkv_bench eager-ab")
 
 import cuda_ref.kernels  # noqa: E402
 from splitkv_bench.gpu import PAGE, make_point, random_batches  # noqa: E402
+from splitkv_bench.output import save_outputs  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 from splitkv_common.provenance import provenance  # noqa: E402
 
@@ -250,11 +250,5 @@ def main(argv=None) -> int:
         if fixed:
             rnd["fixed"] = fixed_batches(Old, a.steps, fixed)
         res["rounds"].append(rnd)
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "eager_ab.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    text = table(res)
-    with open(os.path.join(a.out, "eager_ab.md"), "w") as f:
-        f.write(text + "\n")
-    print(text)
+    print(save_outputs(a.out, "eager_ab", res, table(res)))
     return 0

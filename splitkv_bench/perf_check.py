@@ -58,6 +58,7 @@ torch = require("torch", "python -m splitkv_bench perf-check")
 from splitkv_bench.gpu import (PAGE, Timer, contiguous_kv, copy_ceiling, kv_bytes, make_point,  # noqa: E402
                                random_batches, sdpa_peers)
 from cuda_ref.launch import KernelConfig, default_config  # noqa: E402
+from splitkv_bench.output import save_outputs  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 from splitkv_common.provenance import provenance, provenance_markdown  # noqa: E402
 
@@ -526,12 +527,7 @@ def main(argv=None):
                    triton=importlib.import_module("triton").__version__, flush=timer.flush_mode,
                    date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), points=eager(a.eager, timer),
                    new_batches=eager_new_batches())
-        with open(os.path.join(a.out, "eager.json"), "w") as f:
-            json.dump(res, f, indent=1, default=str)
-        text = eager_summary(res)
-        print(text)
-        with open(os.path.join(a.out, "eager.md"), "w") as f:
-            f.write(text + "\n")
+        print(save_outputs(a.out, "eager", res, eager_summary(res), default=str))
         return 0
     if a.overhead:
         timer = Timer(a.iters, flush=a.flush.split(",")[0])
@@ -556,10 +552,7 @@ def main(argv=None):
             json.dump(res, f, indent=1)
         print(f"{name}: " + ", ".join(f"{fl} {u['default']:.1f} us (cuDNN {u.get('cudnn') or float('nan'):.1f})"
                                       for fl, u in r["us"].items()) + f" [{time.time() - t0:.0f}s]", flush=True)
-    text = summary(res)
-    print(text)
-    with open(os.path.join(a.out, "perf.md"), "w") as f:
-        f.write(text + "\n")
+    print(save_outputs(a.out, "perf", res, summary(res)))
     return 0
 
 

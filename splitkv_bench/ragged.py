@@ -20,8 +20,6 @@ Outputs are checked bitwise between the orders and between eager and graph-stabl
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 
 import numpy as np
@@ -32,6 +30,7 @@ torch = require("torch", "python -m splitkv_bench ragged")
 require("triton", "python -m splitkv_bench ragged")
 
 from splitkv_bench.gpu import PAGE, Timer  # noqa: E402
+from splitkv_bench.output import save_outputs  # noqa: E402
 from cuda_ref.wrapper import DecodeWrapper  # noqa: E402
 from splitkv_common.provenance import provenance  # noqa: E402
 
@@ -137,18 +136,13 @@ def main(argv=None) -> int:
         r = measure(B, lo, hi, args.split, args.rounds, timer, args.seed + i)
         res.append(r)
         print(f"B {B} {lo}-{hi}: " + ", ".join(f"{n} {r['us'][n]:.1f}" for n in VARIANTS), flush=True)
-    os.makedirs(args.out, exist_ok=True)
     prov = provenance(argv if argv is None else [sys.argv[0], *argv])
-    with open(os.path.join(args.out, "ragged.json"), "w") as f:
-        json.dump(dict(provenance=prov, shape=dict(hq=HQ, hkv=HKV, head_dim=D, page=PAGE, dtype="bf16"),
-                       points=res), f, indent=1)
     md = ["# Ragged decode batches (GPU)", "",
           f"- device: {prov['device']}", f"- command: `{prov['command']}`",
           f"- commit: {(prov['git'] or {}).get('commit')}",
           f"- Hq {HQ} / Hkv {HKV} / D {D} / bf16 / page {PAGE}; kernel µs, median of {args.rounds} interleaved "
           f"rounds, each a median of {args.iters} graph replays after an L2 read flush; `size` = size:{args.split}",
           "", table(res), ""]
-    with open(os.path.join(args.out, "ragged.md"), "w") as f:
-        f.write("\n".join(md))
-    print("\n".join(md))
+    print(save_outputs(args.out, "ragged", dict(provenance=prov, points=res,
+                                                shape=dict(hq=HQ, hkv=HKV, head_dim=D, page=PAGE, dtype="bf16")), md))
     return 0

@@ -40,6 +40,7 @@ import triton.language as tl  # noqa: E402
 
 from splitkv_bench.gpu import (Timer, contiguous_kv, copy_ceiling, interleaved, kv_bytes, make_point,  # noqa: E402
                                ours, parse_points, sdpa_peers)
+from splitkv_bench.output import save_outputs  # noqa: E402
 
 # (programs per SM, elements a load, loads in flight a thread's iteration, warps, stages)
 READ_GRID = [(p, blk, u, w, s) for p in (1, 2, 4, 8) for blk, w in ((2048, 4), (4096, 8)) for u in (2, 4)
@@ -165,8 +166,6 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     res = dict(device=torch.cuda.get_device_name(), ceiling_gbps=ceiling, command="splitkv_bench/read_floor.py " +
                " ".join(argv if argv is not None else sys.argv[1:]), rows=rows)
-    with open(os.path.join(args.out, "read_floor.json"), "w") as f:
-        json.dump(res, f, indent=1)
     cols = ["empty", "empty2", "read_best", "torch_sum", "copy", "ours", "ours_stage1", "sdpa_cudnn"] + \
         [f"ours {p}/{c}" for p, c in variants]
     lines = [f"# The method's floor ({res['device']})", "", f"- command: `{res['command']}`",
@@ -182,7 +181,5 @@ def main(argv=None) -> int:
             cells.append("-" if us is None else f"{us:.1f}" + ("" if pct is None else f" ({pct:.0f} %)"))
         cells.append(r["read_best"])
         lines.append("| " + " | ".join(cells) + " |")
-    with open(os.path.join(args.out, "read_floor.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print(save_outputs(args.out, "read_floor", res, lines))
     return 0

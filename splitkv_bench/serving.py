@@ -62,7 +62,6 @@ for the last replay's copy, the C planner, the rest).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -77,6 +76,7 @@ import torch  # noqa: E402
 
 from cuda_ref.wrapper import DecodeWrapper, StepInputs  # noqa: E402
 from splitkv_common.provenance import provenance  # noqa: E402
+from splitkv_bench.output import save_outputs  # noqa: E402
 
 # named workloads: prompt and decode-length distributions (see parse_dist)
 PRESETS = {
@@ -987,11 +987,7 @@ def main(argv=None):
     text = "\n".join(md) + "\n"
     print(text)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "bench_serving.json"), "w") as f:
-            json.dump(result, f, indent=1)
-        with open(os.path.join(args.out, "bench_serving.md"), "w") as f:
-            f.write(text)
+        save_outputs(args.out, "bench_serving", result, text)
         if "trace" in result and result["trace"]["bins"]:
             plot(dict(result["trace"], shape=shape), os.path.join(args.out, "bench_serving.png"))
         print(f"wrote {args.out}/bench_serving.{{json,md,png}}", file=sys.stderr)

@@ -40,6 +40,21 @@ def test_every_cited_path_exists(doc):
     assert not missing, f"{doc.relative_to(ROOT)} cites paths that do not exist: {missing}"
 
 
+def test_raw_results_are_only_those_the_documents_cite():
+    """docs/bench holds a file only when README.md or docs/*.md cites it (or the ``.md`` of its run,
+    or a ``bench/<prefix>*`` glob), and each file has a row in docs/bench/README.md."""
+    bench = ROOT / "docs" / "bench"
+    text = "\n".join(doc.read_text() for doc in DOCS[:-1])
+    cited = set(re.findall(r"bench/([\w.+-]*[\w+-])", text))
+    globs = re.findall(r"bench/([\w.+-]+)\*", text)
+    index = (bench / "README.md").read_text()
+    files = [p for p in sorted(bench.iterdir()) if p.name != "README.md"]
+    uncited = [p.name for p in files
+               if not ({p.name, p.stem + ".md"} & cited or any(p.name.startswith(g) for g in globs))]
+    assert not uncited, f"docs/bench holds results no document cites: {uncited}"
+    assert not [p.name for p in files if f"]({p.name})" not in index], "docs/bench/README.md lacks rows"
+
+
 def test_the_check_has_teeth(tmp_path):
     doc = tmp_path / "d.md"
     doc.write_text("Run `scripts/run_tests.sh`, then scripts/gone.py; see [x](missing.md), [y](d.md), "

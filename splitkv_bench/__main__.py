@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"splitkv_bench: unknown subcommand {argv[0]!r}\n\n{usage()}", file=sys.stderr, end="")
         return 2
     module = importlib.import_module(f"splitkv_bench.{COMMANDS[argv[0]][0]}")
-    sys.argv[0] = f"python -m splitkv_bench {argv[0]}"
+    sys.argv = [f"python -m splitkv_bench {argv[0]}", *argv[1:]]  # what a subcommand records as its command
     return module.main(argv[1:]) or 0
 
 

@@ -209,7 +209,7 @@ def main(argv=None):
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 commit=commit, dirty=dirty, python=platform.python_version(), numpy=np.__version__,
                 machine=f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.processor() or platform.system()}",
-                command=" ".join([os.path.basename(sys.executable)] + sys.argv), shape=SHAPE,
+                command=" ".join(sys.argv), shape=SHAPE,
                 lengths="uniform 512-8192, seed = batch size", old_planner=old is not None,
                 baseline=args.baseline)
     points = [(B, pol, gs) for B in args.batch for pol in args.policy for gs in graph]

@@ -164,8 +164,8 @@ def main(argv=None) -> int:
         print(json.dumps({x: y for x, y in row.items() if x != "reads_us"}), flush=True)
         del q, k, v, kc, vc, kf, vf, half, src, named, reads
         torch.cuda.empty_cache()
-    res = dict(device=torch.cuda.get_device_name(), ceiling_gbps=ceiling, command="splitkv_bench/read_floor.py " +
-               " ".join(argv if argv is not None else sys.argv[1:]), rows=rows)
+    res = dict(device=torch.cuda.get_device_name(), ceiling_gbps=ceiling, rows=rows,
+               command=" ".join(sys.argv[:1] + (argv if argv is not None else sys.argv[1:])))
     cols = ["empty", "empty2", "read_best", "torch_sum", "copy", "ours", "ours_stage1", "sdpa_cudnn"] + \
         [f"ours {p}/{c}" for p, c in variants]
     lines = [f"# The method's floor ({res['device']})", "", f"- command: `{res['command']}`",

@@ -4,6 +4,7 @@ list and the refusal of an unknown subcommand (CPU, nothing timed)."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,8 +33,9 @@ def test_an_unknown_subcommand_is_refused(capsys):
     assert "unknown subcommand 'bench-decode'" in err and "  decode " in err
 
 
-def test_arguments_reach_the_subcommand(tmp_path):
+def test_arguments_reach_the_subcommand(tmp_path, monkeypatch):
     """``plan`` (CPU) with a tiny budget writes its JSON where ``--out`` says."""
+    monkeypatch.setattr(sys, "argv", ["pytest"])  # the dispatcher sets the command line a subcommand records
     out = tmp_path / "plan.json"
     assert main(["plan", "--batch", "1", "--policy", "auto", "--seconds", "0.01", "--repeat", "1", "--no-old",
                  "--graph-stable", "off", "--out", str(out)]) == 0

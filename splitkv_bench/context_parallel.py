@@ -17,7 +17,7 @@ each timed repetition after a read of a 256 MiB buffer that evicts the L2):
 One command spawns its own processes (one per GPU, ``torch.multiprocessing``):
 
     python -m splitkv_bench context-parallel --gpus 1,2 --out results/cp
-    python -m splitkv_bench context-parallel --cpu --out /tmp/cp      # gloo, tiny sizes (smoke test)
+    python -m splitkv_bench context-parallel --cpu --out OUT         # gloo, tiny sizes (smoke test)
 
 Writes ``DIR/bench_context_parallel.json`` (every number, provenance) and
 ``DIR/bench_context_parallel.md`` (the table), and prints the table.

@@ -9,7 +9,7 @@ documented DMA/vector/cast limits), and checks the synchronisation between pipes
 blocks (``[pipe-race]``, ``[gm-race]``, ``[flag]``; ``sim/sim_pipes.h``). Blocks run one at a time,
 in the order ``set_block_order`` chose (the parity backend runs each case in every order of
 ``CATALOG_ORDERS`` and requires the same bits). It does not model timing (``last_stats`` gives work
-counts for ``scripts/npu_estimate.py``, a paper estimate) or the NPU's own Exp/Ln.
+counts for ``splitkv_bench/npu_estimate.py``, a paper estimate) or the NPU's own Exp/Ln.
 
 The shared library is built on demand (a few seconds) into ``$SPLITKV_SIM_CACHE`` or
 ``~/.cache/splitkv-sim``, keyed by a hash of the sources and flags.
@@ -252,7 +252,7 @@ def run_split(inputs: DecodeInputs, plan: Plan, til: tl.Tiling | None = None, gu
     err = ctypes.create_string_buffer(2048)
     peak = ctypes.c_uint(0)
     launch = lib.sim_launch_split_mix if til.mixed else lib.sim_launch_split
-    # cost-model counting only: the mixed kernel's per-core scratch is L2-resident (npu_estimate.py)
+    # cost-model counting only: the mixed kernel's per-core scratch is L2-resident (splitkv_bench/npu_estimate.py)
     lo = ws.ctypes.data + (int(til.fields["scratchOffsetBytes"]) if til.mixed else til.workspace_bytes)
     lib.sim_set_l2_range(ctypes.c_void_p(lo), ctypes.c_void_p(ws.ctypes.data + til.workspace_bytes))
     rc = launch(til.block_dim, _ptr(q), _ptr(k), _ptr(v), _ptr(bt), _ptr(quant), _ptr(til.plan_words),

@@ -3,7 +3,7 @@
 Every check of "can the Ascend kernels run this?" reads this module: the wrapper and
 ``decode_attention`` (:mod:`ascend_ops.wrapper`, :mod:`ascend_ops.ops`), the host tiling
 (:mod:`ascend_ops.tiling`), the harness backends ``ascend`` and ``ascend-sim``, the vLLM plugin
-(``splitkv_vllm``) and ``scripts/npu_graph_check.py``.
+(``splitkv_vllm``) and ``splitkv_bench/npu_graph_check.py``.
 
 * q dtypes: float32, float16, bfloat16; the KV cache is in q's dtype or int8 (with per-head or
   per-channel scales and offsets).

@@ -34,7 +34,7 @@ inlines into the kernel: the same PTX instructions as the kernel written in one 
 
 The KV loop of stage 1 is a plain counted loop whose loads depend on the loop index alone, so
 Triton's software pipeliner turns them into asynchronous copies ``num_stages`` deep on sm_80+
-(``scripts/h200_compile_check.py`` shows it). The same file lowers for Ascend through
+(``splitkv_bench/compile_check.py`` shows it). The same file lowers for Ascend through
 triton-ascend (``docs/triton-ascend.md``): no chained boolean operators, no runtime-strided vector
 loads, every constexpr passed explicitly.
 

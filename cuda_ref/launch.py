@@ -25,8 +25,8 @@ _FIELDS = ("item_request", "item_kv_head", "item_split", "item_kv_start", "item_
            "num_splits", "row_slot_start", "row_num_splits")
 
 # False drops the kernels' bounds masks (kernels.split_kv_kernel's BOUNDS): only for measuring their
-# cost (scripts/h200_perf_check.py --overhead) on trusted inputs; never set it elsewhere.
-_KERNEL_BOUNDS = True
+# cost (splitkv_bench/perf_check.py --overhead) on trusted inputs; never set it elsewhere.
+KERNEL_BOUNDS = True
 _INT32_MAX = 2 ** 31 - 1
 
 
@@ -175,7 +175,7 @@ def fullest_waves(num_items: int, candidates: tuple = _BY_WAVES) -> tuple:
     whose waves ``num_items`` work items fill best: ``items / (waves x programs a wave)``, where the
     programs a wave are ``_SM_PROGRAMS`` x 132 SMs; within 2 % of the best fill, the one with more
     programs a wave (fewer waves). Measured at 256-1,280 items of 1k-8k tokens
-    (``scripts/bench_wave_configs.py``, runs 38-42, docs/perf-notes.md): within 1 % of the fastest of
+    (``bench_wave_configs.py@0fcf0c4``, runs 38-42, docs/perf-notes.md): within 1 % of the fastest of
     the four at all 28 points, where always taking n32w2s5 lost up to 30 %. Outside that range (more than 1,320 items, or none: a count not known)
     the first candidate, the choice before (many waves fill alike)."""
     if not 0 < num_items <= _WAVES_UPTO:
@@ -392,7 +392,7 @@ class PlanUploader:
     size (a plan of sizes seen before reuses them).
 
     ``last_parts``: host µs of the last upload's parts, ``{"prepare", "wait", "pack", "copy",
-    "record"}`` (``scripts/bench_serving.py`` reports them).
+    "record"}`` (``splitkv_bench/serving.py`` reports them).
 
     ``in_graph``: the copy is left to :meth:`copy`, which a graph capture takes in (graph-stable
     plans: one pinned buffer at a fixed address, ring 1). ``upload`` then only packs, after the last
@@ -825,7 +825,7 @@ def prepare_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, 
         HAS_WINDOW=window_left is not None, DOT_IEEE=dot_ieee, UPCAST=interpret, FUSE_MERGE=fuse_merge,
         SCALE_PER_CHANNEL=per_channel, MERGE_CHUNK=merge_chunk(block_d),
         LAUNCH_DEPENDENTS=pdl and dplan.num_items * dplan.row_blocks <= 2 * sms,
-        MULTI_ROW_BLOCKS=dplan.row_blocks > 1, BOUNDS=_KERNEL_BOUNDS, COUNT_ERRORS=errors is not None,
+        MULTI_ROW_BLOCKS=dplan.row_blocks > 1, BOUNDS=KERNEL_BOUNDS, COUNT_ERRORS=errors is not None,
         MIXED_TILES=dplan.max_q_len != 1, COLUMN_SUM=cfg.column_sum and dplan.max_q_len == 1,
         DEVICE_PLAN=bool(derive),
         PADDED=dplan.graph_stable and not dplan.split_size,

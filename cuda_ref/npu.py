@@ -9,7 +9,7 @@ changes on the NPU is the launch, never the math:
   the separate second kernel (``fuse_merge=False``).
 * **Tiles sized for the Unified Buffer.** Each vector core has 192 KiB of Unified Buffer; the
   stage-1 tiles (``BLOCK_M`` packed query rows x ``BLOCK_N`` KV tokens x ``BLOCK_D``) must fit in it.
-  :data:`NPU_TILES` holds the largest tiles that ``scripts/lower_triton_ascend.py`` showed to
+  :data:`NPU_TILES` holds the largest tiles that ``splitkv_bench/lower_triton_ascend.py`` showed to
   lower for Ascend910B3 without a UB overflow (results in ``docs/triton-ascend.md``).
 
 Available only where triton-ascend (the ``triton`` package with an ``ascend`` backend), torch_npu
@@ -28,7 +28,7 @@ from splitkv_common.plan import Plan
 from splitkv_common.parity.registry import Backend
 
 # (max head dim, q dtype family) -> (max BLOCK_M, BLOCK_N). "16" is float16 / bfloat16 q and KV.
-# Checked by scripts/lower_triton_ascend.py (every head dim x dtype x GQA group x feature below).
+# Checked by splitkv_bench/lower_triton_ascend.py (every head dim x dtype x GQA group x feature below).
 NPU_TILES = {
     (64, "16"): (64, 64),
     (128, "16"): (32, 64),

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One command on an Ascend NPU node (docs/npu.md, "Bench"): build the operator, run the parity
 # catalog on it and on the two CANN peers, then time ours against CANN's FIA and ATB's
-# PagedAttention on the same shapes (scripts/npu_bench.py), with msprof's pipe utilisation when
+# PagedAttention on the same shapes (splitkv_bench/npu.py), with msprof's pipe utilisation when
 # msprof is installed.
 #
 #   source <CANN>/set_env.sh
 #   scripts/npu_bench.sh [--skip-build] [--skip-parity] [--no-msprof] [--soc Ascend910B2]
 #                        [--route cmake|bisheng] [--size small|full] [--out DIR]
-#                        [-- extra npu_bench.py arguments, e.g. --set main --iters 100]
+#                        [-- extra arguments of python -m splitkv_bench npu, e.g. --set main --iters 100]
 #
 # Writes, under DIR (default reports/):
 #   npu-parity.md / .json           splitkv parity, backends ascend, cann-fia, atb-paged, numpy
@@ -77,7 +77,7 @@ if [[ "$parity" == 1 ]]; then
 fi
 
 # ---- 3. timing -------------------------------------------------------------------------------
-"$PYTHON" scripts/npu_bench.py --out-json "$out/npu-bench.json" --out-md "$out/npu-bench.md" \
+"$PYTHON" -m splitkv_bench npu --out-json "$out/npu-bench.json" --out-md "$out/npu-bench.md" \
     "${bench_args[@]}" || status=1
 
 # ---- 4. pipe utilisation (msprof, when installed) --------------------------------------------
@@ -87,7 +87,7 @@ if [[ "$use_msprof" == 1 ]]; then
         # MTE1/2/3, scalar) of ours and the peers; read it with msprof's summary export
         # (the application at the end of the command: the msprof docs' recommended form)
         msprof --output="$out/msprof" --aic-metrics=PipeUtilization \
-            "$PYTHON" scripts/npu_bench.py --set main --warmup 2 --iters 5 || status=1
+            "$PYTHON" -m splitkv_bench npu --set main --warmup 2 --iters 5 || status=1
         msprof --export=on --output="$out/msprof" \
             || echo "note: msprof --export failed; newer CANN releases export during collection" >&2
     else

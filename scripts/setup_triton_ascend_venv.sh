@@ -42,4 +42,4 @@ if not exe.exists():
 print(f"triton {triton.__version__} from {pathlib.Path(triton.__file__).parent}")
 print(f"bishengir-compile: {exe}")
 PY
-echo "ready: $venv (run: $venv/bin/python scripts/lower_triton_ascend.py)"
+echo "ready: $venv (run: $venv/bin/python -m splitkv_bench lower-triton-ascend)"

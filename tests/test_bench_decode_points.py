@@ -1,17 +1,18 @@
-"""``scripts/bench_decode.py --points``: the point list a targeted run times, and ``bench_config_grid.py
---configs`` (CPU: parsing only)."""
+"""``python -m splitkv_bench decode --points``: the point list a targeted run times, and
+``config-grid --configs`` (CPU: parsing only)."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
-from script_module import load_script
 
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 
 def _module():
-    return load_script("bench_decode")
+    return importlib.import_module("splitkv_bench.decode")
 
 
 def test_points_default_heads_and_given_ones():
@@ -49,8 +50,8 @@ def test_auto_with_another_shortest_split_gets_its_own_table():
 
 
 def test_config_grid_reads_its_configurations():
-    """``scripts/bench_config_grid.py --configs``: BLOCK_N/WARPS/STAGES items, refused with the item named."""
-    g = load_script("bench_config_grid")
+    """``config-grid --configs``: BLOCK_N/WARPS/STAGES items, refused with the item named."""
+    g = importlib.import_module("splitkv_bench.config_grid")
     got = g.parse_configs("64/4/5, 128/8/6, 128/8/6/c")
     assert [(c.block_n, c.num_warps, c.num_stages, c.column_sum) for c in got] == [
         (64, 4, 5, False), (128, 8, 6, False), (128, 8, 6, True)]

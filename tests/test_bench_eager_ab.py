@@ -1,22 +1,24 @@
-"""``scripts/bench_eager_ab.py`` without a GPU: the fixed-batch loop times ``plan()`` of this tree against
+"""``python -m splitkv_bench eager-ab`` without a GPU: the fixed-batch loop times ``plan()`` of this tree against
 another tree's ``cuda_ref`` (here this tree again), both trees planning the same batches."""
 
 from __future__ import annotations
 
+import importlib
 import json
+from pathlib import Path
 
 import pytest
-from script_module import SCRIPTS, load_script
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU mode (a GPU runs the whole comparison)")
 def test_fixed_batches_time_plan_on_the_cpu(tmp_path):
-    ab = load_script("bench_eager_ab")
+    ab = importlib.import_module("splitkv_bench.eager_ab")
     out = tmp_path / "ab"
-    assert ab.main(["--old", str(SCRIPTS.parent), "--old-label", "same", "--out", str(out), "--fixed-batches", "1,5,2-6",
+    assert ab.main(["--old", str(ROOT), "--old-label", "same", "--out", str(out), "--fixed-batches", "1,5,2-6",
                     "--steps", "4"]) == 0
     res = json.loads((out / "eager_ab.json").read_text())
     (rnd,) = res["rounds"]
@@ -31,4 +33,4 @@ def test_without_a_gpu_or_fixed_batches_it_says_why(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU runs the whole comparison")
     with pytest.raises(SystemExit, match="--fixed-batches"):
-        load_script("bench_eager_ab").main(["--old", str(SCRIPTS.parent), "--out", str(tmp_path)])
+        importlib.import_module("splitkv_bench.eager_ab").main(["--old", str(ROOT), "--out", str(tmp_path)])

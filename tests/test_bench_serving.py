@@ -1,6 +1,7 @@
-"""``scripts/bench_serving.py``: the smoke run on the CPU (host parts only) writes the report it
+"""``python -m splitkv_bench serving``: the smoke run on the CPU (host parts only) writes the report it
 promises, and the trace keeps to its rules."""
 
+import importlib
 import json
 import os
 import subprocess
@@ -8,25 +9,23 @@ import sys
 
 import numpy as np
 import pytest
-from script_module import load_script
 
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "bench_serving.py")
 QUANTITIES = ("make_plan_us", "upload_us", "plan_us", "copy_us", "replay_us", "step_us", "step_over_kernel",
               "eager_make_plan_us", "eager_upload_us", "eager_kernel_us", "eager_launch_us", "eager_again_us")
 
 
 def load():
-    return load_script("bench_serving")
+    return importlib.import_module("splitkv_bench.serving")
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("serving")
-    r = subprocess.run([sys.executable, SCRIPT, "--quick", "--all", "--points", "B2x1k", "--out", str(out)], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "splitkv_bench", "serving", "--quick", "--all", "--points", "B2x1k", "--out", str(out)], capture_output=True,
                        text=True, timeout=300, cwd=ROOT, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert r.returncode == 0, r.stderr[-3000:]
     return out, r

@@ -80,7 +80,7 @@ def test_cp_decode_gloo(world):
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_bench_cpu_smoke(tmp_path, backend):
-    """scripts/bench_context_parallel.py --cpu: gloo, 1 and 2 processes, tiny sizes, each rank on stock
+    """``python -m splitkv_bench context-parallel --cpu``: gloo, 1 and 2 processes, tiny sizes, each rank on stock
     torch ops or the Triton kernels (interpreter); the JSON has every point, the bytes per rank and a
     passing correctness check."""
     if backend == "triton":
@@ -90,12 +90,13 @@ def test_bench_cpu_smoke(tmp_path, backend):
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_context_parallel.py"
+    root = Path(__file__).resolve().parent.parent
     points = [(1, 300), (2, 300)] if backend == "torch" else [(2, 40)]  # the interpreter is slow
     gpus = ",".join(sorted({str(w) for w, _ in points}))
     contexts = ",".join(sorted({str(c) for _, c in points}, key=int))
-    r = subprocess.run([sys.executable, str(script), "--cpu", "--gpus", gpus, "--contexts", contexts, "--iters", "1",
-                        "--backend", backend, "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "splitkv_bench", "context-parallel", "--cpu", "--gpus", gpus, "--contexts",
+                        contexts, "--iters", "1", "--backend", backend, "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, cwd=root)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads((tmp_path / "bench_context_parallel.json").read_text())
     assert [(x["world"], x["context"]) for x in res["results"]] == points
@@ -116,7 +117,6 @@ def test_bench_refuses_without_gpu(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
-    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_context_parallel.py"
-    r = subprocess.run([sys.executable, str(script), "--gpus", "1,2", "--out", str(tmp_path)], capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "splitkv_bench", "context-parallel", "--gpus", "1,2", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
     assert r.returncode == 2 and "no CUDA device" in r.stderr and "Traceback" not in r.stderr

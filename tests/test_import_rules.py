@@ -54,3 +54,66 @@ def test_the_rule_has_teeth(tmp_path):
     f.write_text("def f():\n    from cuda_ref.launch import x\n    import importlib\n"
                  "    importlib.import_module('ascend_ops.ops')\n")
     assert imported_packages(f) == {("cuda_ref", 2), ("ascend_ops", 4)}
+
+
+# "Commands import public APIs" (docs/architecture.md): scripts/*.py and the splitkv_bench suite
+# import only the packages' public APIs, and no package imports the suite.
+PACKAGES = {*ALLOWED, "splitkv_bench"}
+
+
+def private_uses(path: Path, own: str | None = None) -> list[tuple[int, str]]:
+    """(line, dotted name) of every private part of a project package that ``path`` imports or reads:
+    a module or name with a leading underscore in an import, or ``mod._name`` on an imported project
+    module. Names of ``own`` (the file's own package) are exempt."""
+    tree = ast.parse(path.read_text(), str(path))
+    bound, bad = {}, []
+
+    def check(line, dotted):
+        if dotted.split(".")[0] in PACKAGES - {own} and any(
+                p.startswith("_") and not p.startswith("__") for p in dotted.split(".")):
+            bad.append((line, dotted))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                check(node.lineno, a.name)
+                name = a.asname or a.name.split(".")[0]
+                bound[name] = a.name if a.asname else name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for a in node.names:
+                check(node.lineno, f"{node.module}.{a.name}")
+                bound[a.asname or a.name] = f"{node.module}.{a.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
+            check(node.lineno, f"{bound[node.value.id]}.{node.attr}")
+    return sorted(bad)
+
+
+def _commands():
+    return sorted((ROOT / "scripts").glob("*.py")) + sorted((ROOT / "splitkv_bench").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", _commands(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_commands_import_only_public_apis(path):
+    own = path.relative_to(ROOT).parts[0] if path.relative_to(ROOT).parts[0] in PACKAGES else None
+    bad = private_uses(path, own)
+    assert not bad, f"{path.relative_to(ROOT)} uses private names {bad}: make the name public in its package"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_package_imports_the_suite(path):
+    tree = ast.parse(path.read_text(), str(path))
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module]
+    bad = [n for n in names if n.split(".")[0] == "splitkv_bench"]
+    assert not bad, f"{path.relative_to(ROOT)} imports {bad}: the suite sits above every package"
+
+
+def test_the_public_api_rule_has_teeth(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("from cuda_ref.launch import _x, KernelConfig\nimport cuda_ref.backend as tb\n"
+                 "import splitkv_common._y\ntb._unsupported(1)\ntb.run(tb.__doc__)\n"
+                 "from splitkv_bench.perf_check import _own\n")
+    assert private_uses(f) == [(1, "cuda_ref.launch._x"), (3, "splitkv_common._y"),
+                               (4, "cuda_ref.backend._unsupported"), (6, "splitkv_bench.perf_check._own")]
+    assert (6, "splitkv_bench.perf_check._own") not in private_uses(f, own="splitkv_bench")

@@ -560,30 +560,3 @@ def test_numpy_arrays_and_other_buffers_plan_alike():
         r = mod.plan(nat._settings, seq, 1, ql, way(items), small, -1)
         assert r is not None and r[8] is False and not items.any()
 
-
-def test_the_ab_script_runs_on_the_cpu(tmp_path):
-    """``scripts/bench_plan_native_ab.py`` builds another source (here this one without its
-    ``Refresher``, as sources before it: the Python refresh around its ``plan``) beside the module and
-    times both in one wrapper's refresh: its JSON holds both modules' ``plan()`` at each batch size."""
-    pytest.importorskip("torch")
-    pytest.importorskip("triton")
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    source = (root / "splitkv_common" / "native" / "plan_fast.c").read_text()
-    export = 'PyModule_AddObjectRef(m, "Refresher", (PyObject *)&RefresherType) != 0'
-    assert source.count(export) == 1
-    (tmp_path / "old.c").write_text(source.replace(export, "0"))
-    r = subprocess.run([sys.executable, str(root / "scripts" / "bench_plan_native_ab.py"), "--old-source",
-                        str(tmp_path / "old.c"), "--batches", "1,3", "--steps", "6",
-                        "--warmup", "2", "--evict-mb", "1", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    res = json.loads((tmp_path / "plan_native_ab.json").read_text())
-    assert [row["batch"] for row in res["rows"]] == [1, 3]
-    for row in res["rows"]:
-        assert row["other"]["plan_us"] > 0 and row["this tree"]["plan_us"] > 0
-    assert "| 3 |" in (tmp_path / "plan_native_ab.md").read_text()

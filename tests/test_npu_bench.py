@@ -1,9 +1,10 @@
-"""scripts/npu_bench.py and scripts/npu_bench.sh without an NPU: argument parsing, the shape list,
+"""``python -m splitkv_bench npu`` and scripts/npu_bench.sh without an NPU: argument parsing, the shape list,
 the timing loop and the table / JSON writers with a fake event timer, and the fast, clear failure
 where torch_npu or CANN is absent. Nothing here times anything real."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -11,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELL = ROOT / "scripts" / "npu_bench.sh"
@@ -19,7 +19,7 @@ SHELL = ROOT / "scripts" / "npu_bench.sh"
 
 @pytest.fixture(scope="module")
 def nb():
-    return load_script("npu_bench", register=True)
+    return importlib.import_module("splitkv_bench.npu")
 
 
 class FakeClock:
@@ -151,7 +151,7 @@ def test_the_real_backends_rules_take_the_bench_shapes(nb):
 def test_main_fails_fast_without_an_npu(nb, capsys):
     assert nb.main(["--iters", "1"]) == 2
     err = capsys.readouterr().err
-    assert "npu_bench needs an Ascend NPU" in err and "torch_npu" in err
+    assert "splitkv_bench npu needs an Ascend NPU" in err and "torch_npu" in err
     assert nb.main(["--list", "--set", "small"]) == 0
 
 

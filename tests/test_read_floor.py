@@ -1,10 +1,11 @@
-"""``scripts/h200_read_floor.py``: its streaming read covers every element once whatever the grid
+"""``python -m splitkv_bench read-floor``: its streaming read covers every element once whatever the grid
 (run in the interpreter on the CPU; timed only on a GPU), and its variants parse or are refused."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
-from script_module import load_script
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
@@ -12,7 +13,7 @@ pytest.importorskip("triton")
 
 @pytest.fixture(scope="module")
 def floor():
-    return load_script("h200_read_floor")
+    return importlib.import_module("splitkv_bench.read_floor")
 
 
 @pytest.mark.parametrize("sms,per_sm,block,unroll", [(1, 1, 64, 2), (3, 2, 64, 2), (5, 1, 32, 4), (4, 8, 32, 1)])

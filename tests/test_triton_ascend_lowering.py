@@ -1,7 +1,7 @@
 """The offline Ascend910B lowering of cuda_ref's kernels (triton-ascend venv; skipped without it).
 
 Slow-ish: lowers the quick subset (head dim 128, G=4, 16-bit q; float and int8 KV) plus the
-checker's self-test. The full run is ``.venv-triton-ascend/bin/python scripts/lower_triton_ascend.py`` (docs/triton-ascend.md).
+checker's self-test. The full run is ``.venv-triton-ascend/bin/python -m splitkv_bench lower-triton-ascend`` (docs/triton-ascend.md).
 """
 
 import os
@@ -21,7 +21,8 @@ pytestmark = pytest.mark.skipif(not PY.exists(), reason=f"no triton-ascend venv 
 def test_quick_lowering_has_no_ub_overflow(tmp_path):
     # the interpreter switch of this process (set by cuda_ref without a GPU) must not reach the compiler
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([str(PY), str(REPO / "scripts" / "lower_triton_ascend.py"), "--self-test", "--quick",
-                        "--report", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=600, env=env)
+    r = subprocess.run([str(PY), "-m", "splitkv_bench", "lower-triton-ascend", "--self-test", "--quick",
+                        "--report", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=600, env=env,
+                       cwd=REPO)
     assert "self-test: 2048x128 fp32 tile -> ub-overflow" in r.stdout, r.stdout + r.stderr
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]

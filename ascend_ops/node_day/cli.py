@@ -77,7 +77,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                         "twin small)")
     ap.add_argument("--parity-cases", help="stage 5: only catalog cases matching this filter")
     ap.add_argument("--probe-iters", type=int, help="stage 6: loop count of the timed probes (default 2000; twin 4)")
-    ap.add_argument("--bench-args", default="--set main,hkv4", help="stage 7: arguments for scripts/npu_bench.py")
+    ap.add_argument("--bench-args", default="--set main,hkv4", help="stage 7: arguments for python -m splitkv_bench npu")
     ap.add_argument("--inject", choices=INJECT, help="plant a failing smoke case (tests of the report): "
                                                      "wrong-output or hang")
     ap.add_argument("--no-tarball", action="store_true", help="do not write the tarball")
@@ -395,11 +395,11 @@ def stage_parity(run: Run, st) -> None:
 # Stage 6
 
 def estimate_options() -> list[str] | None:
-    """The options that run ``scripts/npu_estimate.py`` on a constants file: ``--constants`` and, where
+    """The options that run ``python -m splitkv_bench npu-estimate`` on a constants file: ``--constants`` and, where
     the script has it, ``--model critical-path`` (the model the constants calibrate); None when the
     script takes no ``--constants``."""
     try:
-        r = subprocess.run([sys.executable, str(ROOT / "scripts" / "npu_estimate.py"), "--help"], capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "splitkv_bench", "npu-estimate", "--help"], capture_output=True,
                            text=True, timeout=300, cwd=ROOT)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -461,10 +461,10 @@ def _estimate(run: Run, const_file: Path) -> dict:
     opts = estimate_options()
     if opts is None:
         return {"name": "estimate", "status": "skipped",
-                "message": "estimate skipped: --constants not available in scripts/npu_estimate.py"}
+                "message": "estimate skipped: --constants not available in splitkv_bench npu-estimate"}
     js, md = run.out / "estimate.json", run.out / "estimate.md"
     log = run.out / "logs" / "estimate.log"
-    rc, tail = _run_cmd([sys.executable, "scripts/npu_estimate.py", *opts, "--constants", str(const_file),
+    rc, tail = _run_cmd([sys.executable, "-m", "splitkv_bench", "npu-estimate", *opts, "--constants", str(const_file),
                          "--out-json", str(js), "--out-md", str(md)], log, 1800)
     label = "ESTIMATE (paper model" + (", twin plumbing constants: meaningless" if run.mode == "twin" else
                                       ", with the measured constants") + ")"
@@ -482,21 +482,21 @@ def _estimate(run: Run, const_file: Path) -> dict:
 def stage_timing(run: Run, st) -> None:  # pragma: no cover - needs an NPU (NOT RUN)
     js, md = run.out / "timing.json", run.out / "timing.md"
     log = run.out / "logs" / "timing.log"
-    cmd = [sys.executable, "scripts/npu_bench.py", *shlex.split(run.args.bench_args), "--out-json", str(js),
+    cmd = [sys.executable, "-m", "splitkv_bench", "npu", *shlex.split(run.args.bench_args), "--out-json", str(js),
            "--out-md", str(md)]
     rc, tail = _run_cmd(cmd, log, 3 * 3600)
     st.logs.append(run.report.rel(log))
     st.items.append({"name": "npu_bench", "status": "pass" if rc == 0 else ("timeout" if rc is None else "fail"),
                      "message": f"MEASURED medians per call in {run.report.rel(md)}" if rc == 0 else
                      f"exit status {rc}: {tail[-400:]}"})
-    st.notes.append("npu_bench.py's sets main and hkv4 by default: Hkv 8 and 4, B1 to B64, 2k to 64k, bf16; "
-                    "int8 KV shapes are not in npu_bench.py yet (the int8 smoke and parity cases cover correctness)")
+    st.notes.append("splitkv_bench npu's sets main and hkv4 by default: Hkv 8 and 4, B1 to B64, 2k to 64k, bf16; "
+                    "int8 KV shapes are not in splitkv_bench npu yet (the int8 smoke and parity cases cover correctness)")
     if rc == 0:
         run.report.artifacts["timing"] = run.report.rel(md)
     if shutil.which("msprof"):
         mlog = run.out / "logs" / "msprof.log"
         mrc, mtail = _run_cmd(["msprof", f"--output={run.out / 'msprof'}", "--aic-metrics=PipeUtilization",
-                               sys.executable, "scripts/npu_bench.py", "--set", "main", "--warmup", "2", "--iters", "5"],
+                               sys.executable, "-m", "splitkv_bench", "npu", "--set", "main", "--warmup", "2", "--iters", "5"],
                               mlog, 3600)
         _run_cmd(["msprof", "--export=on", f"--output={run.out / 'msprof'}"], run.out / "logs" / "msprof-export.log",
                  1800)

@@ -51,7 +51,7 @@
 //                   cube memories and between the cube and vector contexts of a mixed launch
 // Limits and tables, each with its source: sim_limits.h. Work counters (cost-model inputs):
 // sim::Stats in sim_pipes.h, exported per block by sim_runtime.cpp.
-// Not modelled: pipeline timing (the counters feed a paper estimate, scripts/npu_estimate.py);
+// Not modelled: pipeline timing (the counters feed a paper estimate, splitkv_bench/npu_estimate.py);
 // bank conflicts; the exact NPU Exp/Ln precision (libm is used); the cube's exact summation
 // order (see Mmad); TQue on cube positions; int8 / float Mmad; Fixpipe quantisation and NZ output.
 //

@@ -1,6 +1,6 @@
 // The CPU twin's pipe model: which pipe issued each access to local (UB) and global memory, the
 // ordering edges the program creates, and the race check. Also the per-core work counters the
-// cost estimate reads (scripts/npu_estimate.py). A TEST DOUBLE: nothing here ran on an NPU.
+// cost estimate reads (splitkv_bench/npu_estimate.py). A TEST DOUBLE: nothing here ran on an NPU.
 //
 // Model (the Ascend C programming model of a vector core, as documented for SetFlag/WaitFlag,
 // PipeBarrier and TQue in the Ascend C API reference, "同步控制" pages):

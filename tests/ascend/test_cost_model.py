@@ -187,16 +187,9 @@ def test_the_bound_shows_where_1_3x_is_out_of_reach():
 def test_ifa_structure_follows_its_tiling_rules(batch, context, hkv, template, splits, step):
     """The template, split count and step IFA's tiling picks for the grid (worked by hand from
     incre_flash_attention_tiling*.cpp; see ifa_program's docstring)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
+    from splitkv_bench import npu_estimate as est
     from splitkv_common.devices import get_profile
-    path = Path(__file__).parents[2] / "scripts" / "npu_estimate.py"
-    spec = importlib.util.spec_from_file_location("npu_estimate", path)
-    est = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("npu_estimate", est)
-    spec.loader.exec_module(est)
+
     p, sp, cores = est.ifa_program(est.Shape("x", batch, context, 32, hkv=hkv), get_profile("910b2"))
     assert template in p.name and sp == splits and p.step_tokens == step
     assert (p.preload, cores) == ((4, 24) if template == "preload" else (1, 48))

@@ -8,6 +8,7 @@ is that every stage runs, records what it found and writes a valid report.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -264,11 +265,10 @@ def test_probe_library_build_plumbing_with_a_stand_in_cann(tmp_path, monkeypatch
 
 
 def test_the_timing_stage_grid_is_one_every_backend_takes():
-    """Stage 7's default shapes (npu_bench.py --set main,hkv4): Hkv 8 and 4, B1 to B64, 2k to 64k."""
+    """Stage 7's default shapes (splitkv_bench/npu.py --set main,hkv4): Hkv 8 and 4, B1 to B64, 2k to 64k."""
     from ascend_ops.node_day.cli import parse_args
-    from tests.script_module import load_script
 
-    nb = load_script("npu_bench", register=True)
+    nb = importlib.import_module("splitkv_bench.npu")
     shapes = nb.select_shapes(parse_args(["--twin"]).bench_args.split("--set")[1].split()[0])
     assert {s.hkv for s in shapes} == {8, 4} and {s.batch for s in shapes} == {1, 16, 64}
     assert {s.context for s in shapes} == {2048, 8192, 16384, 65536}

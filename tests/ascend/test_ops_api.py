@@ -346,7 +346,7 @@ def test_node_checks_refuse_to_run_without_an_npu():
     assert r.returncode == 2
     assert "backend ascend cannot run here: torch_npu is not installed" in r.stderr
     assert "backend torch-npu cannot run here" in r.stderr
-    r = _script([sys.executable, str(ROOT / "scripts" / "npu_graph_check.py")])
+    r = _script([sys.executable, "-m", "splitkv_bench", "npu-graph-check"])
     assert r.returncode == 2 and "torch_npu is not installed" in r.stderr
 
 
@@ -380,14 +380,11 @@ def test_torch_npu_backend_body_on_the_cpu(monkeypatch):
 
 
 def test_graph_check_script_logic_on_the_cpu(monkeypatch):
-    """scripts/npu_graph_check.py's capture/replay loop with the NPU swapped for the CPU and the
+    """``splitkv_bench.npu_graph_check``'s capture/replay loop with the NPU swapped for the CPU and the
     graph emulated by re-running the captured ``run()`` call (same tensors, plan refreshed in place)."""
-    import importlib.util as iu
     import types
 
-    spec = iu.spec_from_file_location("npu_graph_check", ROOT / "scripts" / "npu_graph_check.py")
-    gc = iu.module_from_spec(spec)
-    spec.loader.exec_module(gc)
+    from splitkv_bench import npu_graph_check as gc
     import splitkv_common.torch_io as tio
 
     to_torch_cpu = tio.to_torch

@@ -504,15 +504,8 @@ def test_cube_counters_are_exported(lib):
 
 def test_cube_cost_model_reads_the_cube_counters(lib):
     """Estimates (paper constants): the AIC's M pipe is its fractal blocks at one per cycle plus a cost per Mmad."""
-    import importlib.util
-    import sys
-    from pathlib import Path
+    from splitkv_bench import npu_estimate as est
 
-    script = Path(__file__).parents[2] / "scripts" / "npu_estimate.py"
-    spec = importlib.util.spec_from_file_location("npu_estimate", script)
-    est = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("npu_estimate", est)
-    spec.loader.exec_module(est)
     rc, msg, _ = run(lib, "qk_softmax_ok", blocks=1)
     assert rc == 0, msg
     st = sim.last_stats(lib)

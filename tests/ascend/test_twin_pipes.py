@@ -457,15 +457,8 @@ def test_kernels_pass_the_pipe_model_in_every_block_order(kw):
 
 def test_cost_model_per_token_round_trips_at_least_10x_slower(lib):
     """Estimates: per-token scalar round trips vs the same element work on whole tiles."""
-    import importlib.util
-    from pathlib import Path
+    from splitkv_bench import npu_estimate as est
 
-    spec = importlib.util.spec_from_file_location("npu_estimate", Path(__file__).parents[2] / "scripts" / "npu_estimate.py")
-    est = importlib.util.module_from_spec(spec)
-    import sys
-
-    sys.modules.setdefault("npu_estimate", est)
-    spec.loader.exec_module(est)
     times = {}
     for name in ("cost_per_token", "cost_whole_tile"):
         rc, msg, _ = run(lib, name, blocks=1)

@@ -18,7 +18,7 @@ Shapes (``--shapes``) are counted on the twin at two short contexts with the sam
 as the full-size plan and extrapolated linearly in the tokens per split: every counter is a + b *
 tokens (per-item work is fixed, per-token work linear), which the two points determine exactly.
 
-    python scripts/npu_estimate.py [--out-json est.json] [--out-md est.md]
+    python -m splitkv_bench npu-estimate [--out-json est.json] [--out-md est.md]
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def stage_time_us(stats: list[dict], c: Constants = C) -> dict:
 
 @dataclass(frozen=True)
 class Shape(DecodeShape):
-    """A decode batch as ``scripts/npu_bench.py`` times it on a node, with what the estimate adds."""
+    """A decode batch as ``python -m splitkv_bench npu`` times it on a node, with what the estimate adds."""
 
     ifa_us: str = "n/a"  # CANN IFA estimate from the npu-budget design note, where it gives one
     kv_quant: str | None = None  # "channel": int8 KV with per-channel scales and offsets (--int8)

@@ -262,3 +262,47 @@ def test_graph_stable_plans_keep_their_shapes_across_lengths():
         shapes.add((p.num_slots, p.row_slot_start.shape, p.prefix.num_items, p.tail.num_items,
                     p.prefix.num_slots, p.tail.num_slots, int(p.row_slot_start[1])))
     assert len(shapes) == 1
+
+
+# --- the torch route ------------------------------------------------------------------------------
+
+def _torch_run(inp, plan, **kw):
+    torch = pytest.importorskip("torch")
+    from splitkv_common import shared_prefix_torch
+    from splitkv_common.torch_io import to_torch
+
+    t = to_torch(inp, "cpu")
+    out, lse = shared_prefix_torch.decode_attention(
+        t["q"], t["k_cache"], t["v_cache"], t["block_table"], t["seq_lens"], t["query_start_loc"], splan=plan,
+        scale=inp.scale, soft_cap=inp.soft_cap, window_left=inp.window_left, k_scale=t.get("k_scale"),
+        v_scale=t.get("v_scale"), k_offset=t.get("k_offset"), v_offset=t.get("v_offset"), **kw)
+    return out.float().numpy(), lse.numpy()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_torch_route_passes_the_accuracy_rule(name):
+    case = CASES[name]
+    inp, sp = case.build()
+    plan = plan_for_inputs(inp, sp, mode=case.mode, device="cpu", policy=case.policy)
+    out, lse = _torch_run(inp, plan)
+    ref_out, ref_lse = dense_attention(inp)
+    acc = check(out, lse, ref_out, ref_lse, plain_attention(inp), inp.dtype)
+    assert acc.passed, acc.reason
+
+
+def test_torch_route_checks_the_block_table_on_the_host():
+    inp, sp = CASES["shared-prefix/one-group"].build()
+    plan = plan_for_inputs(inp, sp, mode="on", device="cpu")
+    inp.block_table[2, 1] = inp.block_table[3, 5]   # request 2 no longer starts with the prefix
+    with pytest.raises(ValueError, match=r"request 2, whose block_table\[2, 1\]"):
+        _torch_run(inp, plan)
+
+
+def test_torch_route_nan_in_prefix_poisons_the_group_rows_only():
+    inp, sp = CASES["shared-prefix/two-groups-and-loner"].build()
+    inp.v_cache[inp.block_table[3, 1], 2, 1, 0] = np.inf
+    plan = plan_for_inputs(inp, sp, mode="on", device="cpu", policy="size:16")
+    out, lse = _torch_run(inp, plan)
+    _, ref_lse = dense_attention(inp)
+    np.testing.assert_array_equal(np.isnan(lse), np.isnan(ref_lse))
+    assert np.isnan(lse).any() and not np.isnan(lse[[0, 1, 2, 5]]).any()

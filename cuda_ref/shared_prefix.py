@@ -28,12 +28,13 @@ import triton
 import triton.language as tl
 
 from splitkv_common.shared_prefix import (
-    PREFIX_BLOCK_M, SharedPrefix, SharedPrefixPlan, check_shared_prefix, plan_shared_prefix, row_positions)
+    PREFIX_BLOCK_M, SharedPrefix, SharedPrefixPlan, check_shared_prefix, groups_as_shared_prefix, plan_shared_prefix,
+    row_positions)
 from splitkv_common.torch_io import as_torch_dtype
 from splitkv_common.validation import check_gqa, check_scalars, host, normalize_window
 
 from . import INTERPRET
-from .kernels import LN2, LOG2E, _dequant, _load_kv_scales, _split_state, _tanh
+from .kernels import LOG2E, _dequant, _load_kv_scales, _split_state, _tanh
 from .launch import PlanUploader, launch_decode, launch_merge
 
 PREFIX_BLOCK_N = 64
@@ -273,7 +274,9 @@ class SharedPrefixWrapper:
                 self._plain = DecodeWrapper(self.Hq, self.Hkv, self.D, self.page, dtype=self.dtype,
                                             kv_dtype=self.kv_dtype, device=self.device, profile=self.profile,
                                             policy=self.policy, graph_stable=self.graph_stable)
-            self._plain.set_plan(splan.plain, validate=False, window_left=win)
+            # the plain wrapper plans the batch itself: the same plan (its spec is this wrapper's), with
+            # its launch preparations (work items from the index where they allow)
+            self._plain.plan(seq, query_start_loc=qsl, window_left=win)
         self.splan, self._window = splan, win
         return splan
 
@@ -312,15 +315,21 @@ class SharedPrefixWrapper:
             raise ValueError(f"q, block_table: the plan was made for {splan.plain.batch_size} requests and "
                              f"{splan.plain.num_rows} rows, got {block_table.shape[0]} and {T}")
         if validate:
-            from splitkv_common.shared_prefix_torch import groups_as_shared_prefix
             splan.plain.check_batch(host(seq_lens), host(query_start_loc))
             if splan.use_shared:
                 check_shared_prefix(groups_as_shared_prefix(splan, self.page), host(seq_lens), host(query_start_loc),
                                     self.page, host(block_table), k_cache.shape[0])
         if not splan.use_shared:
-            return self._plain.run(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale=scale,
+            o, l = self._plain.run(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale=scale,
                                    soft_cap=soft_cap, window_left=window_left, k_scale=k_scale, v_scale=v_scale,
                                    k_offset=k_offset, v_offset=v_offset)
+            if out is None and lse is None:
+                return o, l
+            out = torch.empty_like(o) if out is None else out
+            lse = torch.empty_like(l) if lse is None else lse
+            out.copy_(o)
+            lse.copy_(l)
+            return out, lse
         scale = float(D ** -0.5) if scale is None else float(scale)
         out = torch.empty(T, Hq, D, dtype=q.dtype, device=q.device) if out is None else out
         lse = torch.empty(T, Hq, dtype=torch.float32, device=q.device) if lse is None else lse

@@ -29,7 +29,6 @@ All lse are natural-log.
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass, field
 
@@ -380,7 +379,8 @@ def _stage_us(prof: DeviceProfile, read_bytes: float, items: int, longest_bytes:
     bw, unit_bw = prof.bandwidth_gbps * 1e3, prof.unit_bandwidth_gbps * 1e3
     slots = prof.units * prof.items_per_unit
     t_dot = flops / (prof.dot_tflops * 1e6) if flops and prof.dot_tflops > 0 else 0.0
-    return prof.launch_us + max(read_bytes / bw, longest_bytes / unit_bw, t_dot) + -(-items // slots) * prof.item_overhead_us
+    waves = -(-items // slots)
+    return prof.launch_us + max(read_bytes / bw, longest_bytes / unit_bw, t_dot) + waves * prof.item_overhead_us
 
 
 def _plan_bytes_and_items(plan: Plan, token_bytes: int, num_kv_heads: int) -> tuple[float, int, float]:
@@ -499,7 +499,8 @@ def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix |
     est.update(shared_us=round(t_shared, 3), prefix_us=round(t_prefix, 3), tail_us=round(t_tail, 3),
                merge_us=round(t_merge, 3), shared_bytes=xb + tb)
     covered = int((groups.end - groups.first).sum())
-    facts = (f"{groups.num_groups} group(s) of {covered} request(s) share {int(groups.prefix_len.max())} tokens at most; "
+    facts = (f"{groups.num_groups} group(s) of {covered} request(s) share {int(groups.prefix_len.max())} tokens "
+             f"at most; "
              f"shared est. {t_shared:.1f} µs (prefix {t_prefix:.1f}: {xb / 1e6:.2f} MB for {int(rows.sum())} rows "
              f"x {group} heads in {int(blocks.sum())} blocks; tails {t_tail:.1f}: {tb / 1e6:.2f} MB; merge "
              f"{t_merge:.1f}) vs plain est. {t_plain:.1f} µs ({pb / 1e6:.2f} MB); unique bytes {floor / 1e6:.2f} MB")
@@ -526,6 +527,14 @@ def plan_for_inputs(inp: DecodeInputs, shared_prefix, *, device="h200", policy="
                               kv_elem_bytes=1 if inp.kv_dtype == "int8" else (4 if inp.dtype == "float32" else 2),
                               device=device, policy=policy, window_left=inp.window_left, block_table=inp.block_table,
                               num_pages=inp.k_cache.shape[0], mode=mode, **kw)
+
+
+def groups_as_shared_prefix(splan: SharedPrefixPlan, page_size: int) -> SharedPrefix:
+    """The plan's (checked) groups as a :class:`SharedPrefix` with their pages: a batch given to a
+    route is checked against what the plan was made for."""
+    g = splan.groups
+    return SharedPrefix(tuple(PrefixGroup(int(f), int(e), int(L), g.pages[k, :int(L) // page_size])
+                              for k, (f, e, L) in enumerate(zip(g.first, g.end, g.prefix_len))))
 
 
 # --- the NumPy route ------------------------------------------------------------------------------
@@ -585,10 +594,9 @@ def shared_prefix_attention(inp: DecodeInputs, splan: SharedPrefixPlan) -> tuple
     if not splan.use_shared:
         return split_attention(inp, splan.plain)
     inp.validate()
-    check_shared_prefix(SharedPrefix(tuple(PrefixGroup(int(f), int(e), int(L), splan.groups.pages[k, :int(L) // inp.k_cache.shape[1]])
-                                           for k, (f, e, L) in enumerate(zip(splan.groups.first, splan.groups.end,
-                                                                             splan.groups.prefix_len)))),
-                        inp.seq_lens, inp.query_start_loc, inp.k_cache.shape[1], inp.block_table, inp.k_cache.shape[0])
+    page = inp.k_cache.shape[1]
+    check_shared_prefix(groups_as_shared_prefix(splan, page), inp.seq_lens, inp.query_start_loc, page, inp.block_table,
+                        inp.k_cache.shape[0])
     tin = tail_inputs(inp, splan.groups)
     splan.tail.validate(tin.seq_lens, tin.query_start_loc, window_left=tin.window_left,
                         num_kv_heads=inp.k_cache.shape[2])

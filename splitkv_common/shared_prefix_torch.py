@@ -16,14 +16,7 @@ import numpy as np
 import torch
 
 from . import torch_eager
-from .shared_prefix import PrefixGroup, SharedPrefix, SharedPrefixPlan, check_shared_prefix
-
-
-def groups_as_shared_prefix(splan: SharedPrefixPlan, page_size: int) -> SharedPrefix:
-    """The plan's (checked) groups as a :class:`SharedPrefix` with their pages, to check a batch against."""
-    g = splan.groups
-    return SharedPrefix(tuple(PrefixGroup(int(f), int(e), int(L), g.pages[k, :int(L) // page_size])
-                              for k, (f, e, L) in enumerate(zip(g.first, g.end, g.prefix_len))))
+from .shared_prefix import SharedPrefixPlan, check_shared_prefix, groups_as_shared_prefix
 
 
 def tail_block_table(block_table: torch.Tensor, request_prefix, page_size: int) -> torch.Tensor:

@@ -113,3 +113,16 @@ def test_graph_stable_buffers_keep_their_shapes_across_steps():
     out, lse = w.run(**x, scale=inp2.scale)
     ref_out, ref_lse = dense_attention(inp2)
     assert check(*from_torch(out, lse), ref_out, ref_lse, plain_attention(inp2), inp2.dtype).passed
+
+
+def test_nan_in_a_prefix_value_poisons_its_group_only():
+    """NaN in a K value of group 0's prefix: group 0's rows are NaN for the query heads of that KV head,
+    every other row (group 1, the request on its own, the other KV head) keeps the reference's values."""
+    inp, sp = CASES["shared-prefix/two-groups-and-loner"].build()
+    inp.k_cache[inp.block_table[0, 1], 4, 1, 7] = np.nan
+    out, lse, _ = run_triton(inp, sp, policy="size:16")
+    ref_out, ref_lse = dense_attention(inp)
+    np.testing.assert_array_equal(np.isnan(lse), np.isnan(ref_lse))
+    assert np.isnan(lse[:2, 2:]).all() and not np.isnan(lse[2:]).any()
+    fin = ~np.isnan(ref_lse)
+    assert np.abs(out - ref_out)[fin].max() < 1e-4

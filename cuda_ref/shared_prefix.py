@@ -204,7 +204,9 @@ class SharedPrefixWrapper:
         device: default the current CUDA device (the CPU and the interpreter without one).
         profile: the planner's device profile; policy: the split policy of every stage's plan.
         mode: ``auto`` (the cost model), ``on`` (shared whenever a prefix is given), ``off``.
-        graph_stable: fixed-shape plans for replay.
+        graph_stable: fixed-shape plans for replay; the route of the first ``plan()`` (shared or
+            plain) holds for every later one (a captured graph launches its kernels), and a later
+            batch that cannot take it is refused.
         block_m: packed rows (query rows x GQA group) of one prefix program, >= 16.
 
     Usage::
@@ -248,12 +250,19 @@ class SharedPrefixWrapper:
         seq = host(seq_lens)
         qsl = np.arange(seq.shape[0] + 1) if query_start_loc is None else host(query_start_loc)
         win = normalize_window(window_left)
+        mode = self.mode
+        if self.graph_stable and self.splan is not None:
+            # a captured step keeps its route: the decision of the first plan holds for the graph's life
+            mode = "on" if self.splan.use_shared else "off"
         splan = plan_shared_prefix(seq, qsl, shared_prefix, num_kv_heads=self.Hkv, page_size=self.page,
                                    num_q_heads=self.Hq, head_dim=self.D,
                                    kv_elem_bytes=torch.empty(0, dtype=self.kv_dtype).element_size(),
                                    device=self.profile, policy=self.policy, window_left=win,
                                    block_table=None if block_table is None else host(block_table),
-                                   mode=self.mode, graph_stable=self.graph_stable, block_m=self.block_m)
+                                   mode=mode, graph_stable=self.graph_stable, block_m=self.block_m)
+        if mode == "on" and not splan.use_shared:
+            raise ValueError(f"shared_prefix: this graph-stable wrapper runs the shared route (its first plan's), "
+                             f"but the batch shares nothing ({splan.reason}); make a new wrapper and capture again")
         if splan.use_shared:
             g = splan.groups
             if any((g.pages[k, :int(L) // self.page] < 0).any() for k, L in enumerate(g.prefix_len)):
@@ -297,6 +306,9 @@ class SharedPrefixWrapper:
         (graph capture)."""
         if self.splan is None:
             raise RuntimeError("plan: call plan() before run()")
+        for name, x, shape in (("out", out, tuple(q.shape)), ("lse", lse, tuple(q.shape[:2]))):
+            if x is not None and (tuple(x.shape) != shape or x.device != q.device):
+                raise ValueError(f"{name}: must be {list(shape)} on {q.device}, got {list(x.shape)} on {x.device}")
         check_scalars(scale, soft_cap, window_left)
         if normalize_window(window_left) != self._window:
             raise ValueError(f"window_left: the plan was made for {self._window}, run() got {window_left}")

@@ -126,3 +126,23 @@ def test_nan_in_a_prefix_value_poisons_its_group_only():
     assert np.isnan(lse[:2, 2:]).all() and not np.isnan(lse[2:]).any()
     fin = ~np.isnan(ref_lse)
     assert np.abs(out - ref_out)[fin].max() < 1e-4
+
+
+def test_graph_stable_wrapper_keeps_its_first_route():
+    """For graphs the decision is stable: a graph-stable wrapper whose first plan took the shared route
+    keeps it for a batch where ``auto`` alone would not, and refuses a batch that shares nothing."""
+    inp, sp = shared_prefix_inputs(504, [50, 58, 45], [(0, 3, 40)], page_size=8)
+    w = _wrapper(inp, mode="on", graph_stable=True, policy="size:16")
+    assert w.plan(inp.seq_lens, inp.query_start_loc, shared_prefix=sp, block_table=inp.block_table).use_shared
+    w.mode = "auto"     # what auto alone picks at this size: plain
+    again = w.plan(inp.seq_lens, inp.query_start_loc, shared_prefix=sp, block_table=inp.block_table)
+    assert again.use_shared and again.mode == "on"
+    with pytest.raises(ValueError, match="the batch shares nothing"):
+        w.plan(inp.seq_lens, inp.query_start_loc, shared_prefix=None, block_table=inp.block_table)
+    assert w.splan is again     # the refused plan left the previous one in use
+    x = to_torch(inp, "cpu")
+    out, lse = w.run(**x, scale=inp.scale)
+    ref_out, ref_lse = dense_attention(inp)
+    assert check(*from_torch(out, lse), ref_out, ref_lse, plain_attention(inp), inp.dtype).passed
+    with pytest.raises(ValueError, match=r"out: must be \[3, 4, 64\]"):
+        w.run(**x, scale=inp.scale, out=out[:2])

@@ -236,6 +236,7 @@ class SharedPrefixWrapper:
         self._plain = None
         self._uploader = PlanUploader(self.device)
         self._buf: "torch.Tensor | None" = None
+        self._layout: dict = {}
         self._views: dict = {}
         self._tail_dplan = None
         self._parts: "tuple | None" = None
@@ -269,13 +270,20 @@ class SharedPrefixWrapper:
                 raise ValueError("block_table: plan() needs it where a group gives no prefix_pages")
             buf, layout = pack_prefix_plan(splan, seq, qsl)
             host_t = torch.from_numpy(buf)
-            if self._buf is not None and self._buf.numel() == buf.size and self.graph_stable:
+            in_place = self.graph_stable and self._buf is not None
+            if in_place and (self._buf.numel() != buf.size or layout != self._layout):
+                raise ValueError(f"plan: shapes changed under a graph-stable plan (the prefix plan and layout take "
+                                 f"{buf.size} int32, the captured ones {self._buf.numel()}: groups, their rows or "
+                                 f"prefix pages differ); make a new wrapper and capture again")
+            # the tail plan first: a refused upload (shapes changed) leaves everything as it was
+            self._tail_dplan = self._uploader.upload(tail_plan_for_kernels(splan), self.Hq // self.Hkv,
+                                                     out=self._tail_dplan if in_place else None)
+            if in_place:
                 self._buf.copy_(host_t)          # in place: a captured graph keeps reading it
             else:
                 self._buf = host_t.to(self.device)
+            self._layout = layout
             self._views = {f: self._buf[o:o + n] for f, (o, n) in layout.items()}
-            self._tail_dplan = self._uploader.upload(tail_plan_for_kernels(splan), self.Hq // self.Hkv,
-                                                     out=self._tail_dplan if self.graph_stable else None)
             self._plain = None
         else:
             from .wrapper import DecodeWrapper

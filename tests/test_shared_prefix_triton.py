@@ -146,3 +146,14 @@ def test_graph_stable_wrapper_keeps_its_first_route():
     assert check(*from_torch(out, lse), ref_out, ref_lse, plain_attention(inp), inp.dtype).passed
     with pytest.raises(ValueError, match=r"out: must be \[3, 4, 64\]"):
         w.run(**x, scale=inp.scale, out=out[:2])
+
+
+def test_graph_stable_refuses_a_batch_of_other_shapes():
+    inp, sp = shared_prefix_inputs(505, [50, 58, 45], [(0, 3, 40)], page_size=8)
+    w = _wrapper(inp, mode="on", graph_stable=True, policy="size:16")
+    w.plan(inp.seq_lens, inp.query_start_loc, shared_prefix=sp, block_table=inp.block_table)
+    buf = w._buf.clone()
+    with pytest.raises(ValueError, match="shapes changed under a graph-stable plan"):
+        w.plan(inp.seq_lens, inp.query_start_loc, shared_prefix=SharedPrefix.single(32, 0, 3),
+               block_table=inp.block_table)
+    assert torch.equal(w._buf, buf)

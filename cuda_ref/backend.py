@@ -55,6 +55,28 @@ def run(inputs: DecodeInputs, plan: Plan, **wrapper_kw) -> tuple[np.ndarray, np.
     return from_torch(out, lse)
 
 
+def run_shared_prefix(inputs: DecodeInputs, shared_prefix, *, mode: str = "auto", policy: str = "auto",
+                      profile: str = "h200") -> tuple[np.ndarray, np.ndarray]:
+    """The shared-prefix route (:class:`cuda_ref.shared_prefix.SharedPrefixWrapper`) on one case."""
+    from splitkv_common.torch_io import from_torch, to_torch
+
+    from .shared_prefix import SharedPrefixWrapper
+    inputs.validate(backend="triton")
+    msg = _unsupported(inputs)
+    if msg:
+        raise ValueError(f"q: {msg} (triton)")
+    w = SharedPrefixWrapper(inputs.q.shape[1], inputs.k_cache.shape[2], inputs.q.shape[2], inputs.k_cache.shape[1],
+                            dtype=inputs.dtype, kv_dtype="int8" if inputs.kv_dtype == "int8" else inputs.dtype,
+                            profile=profile, policy=policy, mode=mode)
+    w.plan(inputs.seq_lens, inputs.query_start_loc, shared_prefix=shared_prefix, block_table=inputs.block_table,
+           window_left=inputs.window_left)
+    x = to_torch(inputs, w.device)
+    out, lse = w.run(**x, scale=inputs.scale, soft_cap=inputs.soft_cap, window_left=inputs.window_left,
+                     validate=True)
+    return from_torch(out, lse)
+
+
 triton_backend = Backend(
     name="triton", run=run, unavailable=_unavailable, unsupported=_unsupported, device="h200",
-    description="Triton split-KV kernels (GPU; the Triton interpreter on CPU)")
+    description="Triton split-KV kernels (GPU; the Triton interpreter on CPU)",
+    extra={"shared_prefix": run_shared_prefix})

@@ -54,6 +54,10 @@ class DeviceProfile:
     lone_min_tokens: int = 0
     lone_head_dim: int = 0
     lone_kv_bytes: int = 0
+    #: sustained 16-bit matrix-product rate of an attention kernel's ``q.k`` / ``p.v`` tiles,
+    #: TFLOP/s (the shared-prefix stage's compute term, ``splitkv_common.shared_prefix``); 0: not
+    #: modelled. Assumed, not measured: about a third of the dense peak.
+    dot_tflops: float = 0.0
 
 
 PROFILES: dict[str, DeviceProfile] = {
@@ -61,6 +65,7 @@ PROFILES: dict[str, DeviceProfile] = {
         name="h200", units=132, items_per_unit=2, bandwidth_gbps=4270.0, unit_bandwidth_gbps=20.0,
         item_overhead_us=6.0, launch_us=3.0, min_split_tokens=64, max_splits=64,
         lone_unit_bandwidth_gbps=32.0, lone_min_tokens=1024, lone_head_dim=128, lone_kv_bytes=2,
+        dot_tflops=300.0,
         note="NVIDIA H200 SXM: 132 SMs; copy ceiling 4.27 TB/s measured; per-item bandwidth and per-wave "
              "cost fitted to the Triton kernels' split sweeps; splits down to 64 tokens at short contexts "
              "(run 16: B1 x 1k 12.0 against 14.5 us with 256; docs/perf-notes.md); one item an SM of 16-bit "
@@ -68,15 +73,15 @@ PROFILES: dict[str, DeviceProfile] = {
     "910b2": DeviceProfile(
         name="910b2", units=48, items_per_unit=1, bandwidth_gbps=1500.0, unit_bandwidth_gbps=60.0,
         item_overhead_us=2.0, launch_us=5.0, min_split_tokens=512, max_splits=32, ub_bytes=192 * 1024,
-        cube_units=24, note="Ascend 910B1/B2: 24 cube / 48 vector cores, UB 192 KiB; HBM ~1.5 TB/s unmeasured placeholder"),
+        cube_units=24, dot_tflops=100.0, note="Ascend 910B1/B2: 24 cube / 48 vector cores, UB 192 KiB; HBM ~1.5 TB/s unmeasured placeholder"),
     "910b3": DeviceProfile(
         name="910b3", units=40, items_per_unit=1, bandwidth_gbps=1500.0, unit_bandwidth_gbps=60.0,
         item_overhead_us=2.0, launch_us=5.0, min_split_tokens=512, max_splits=32, ub_bytes=192 * 1024,
-        cube_units=20, note="Ascend 910B3/B4: 20 cube / 40 vector cores, UB 192 KiB; HBM ~1.5 TB/s unmeasured placeholder"),
+        cube_units=20, dot_tflops=80.0, note="Ascend 910B3/B4: 20 cube / 40 vector cores, UB 192 KiB; HBM ~1.5 TB/s unmeasured placeholder"),
     "cpu": DeviceProfile(
         name="cpu", units=max(1, os.cpu_count() or 1), items_per_unit=1, bandwidth_gbps=20.0,
         unit_bandwidth_gbps=10.0, item_overhead_us=20.0, launch_us=50.0, min_split_tokens=1024,
-        max_splits=16, note="generic CPU: one work item per core"),
+        max_splits=16, dot_tflops=0.1, note="generic CPU: one work item per core"),
 }
 # The other dav-c220 chips, by the core counts of CANN 8.1's platform files
 # (data/platform_config/<SoC>.ini, lines 16-18: ai_core_cnt, cube_core_cnt, vector_core_cnt;

@@ -19,8 +19,16 @@ def _numpy_run(inputs: DecodeInputs, plan: Plan):
     return split_attention(inputs, plan)
 
 
+def _numpy_shared_prefix(inputs: DecodeInputs, shared_prefix, *, mode="auto", policy="auto"):
+    from ..shared_prefix import plan_for_inputs, shared_prefix_attention
+
+    return shared_prefix_attention(inputs, plan_for_inputs(inputs, shared_prefix, device="cpu", policy=policy,
+                                                           mode=mode))
+
+
 numpy_backend = Backend("numpy", _numpy_run, device="cpu",
-                        description="NumPy split-then-merge reference (float32 partials, exact merge)")
+                        description="NumPy split-then-merge reference (float32 partials, exact merge)",
+                        extra={"shared_prefix": _numpy_shared_prefix})
 
 
 def torch_device() -> str:
@@ -51,5 +59,18 @@ def _torch_run(inputs: DecodeInputs, plan: Plan):
     return from_torch(out, lse)
 
 
+def _torch_shared_prefix(inputs: DecodeInputs, shared_prefix, *, mode="auto", policy="auto"):
+    from ..shared_prefix import plan_for_inputs
+    from ..shared_prefix_torch import decode_attention
+    from ..torch_io import from_torch, to_torch
+
+    splan = plan_for_inputs(inputs, shared_prefix, device="cpu", policy=policy, mode=mode)
+    t = to_torch(inputs, torch_device())
+    out, lse = decode_attention(**t, splan=splan, scale=inputs.scale, soft_cap=inputs.soft_cap,
+                                window_left=inputs.window_left)
+    return from_torch(out, lse)
+
+
 torch_backend = Backend("torch", _torch_run, unavailable=_torch_unavailable, device="cpu",
-                        description="plain PyTorch eager split-then-merge (any torch device)")
+                        description="plain PyTorch eager split-then-merge (any torch device)",
+                        extra={"shared_prefix": _torch_shared_prefix})

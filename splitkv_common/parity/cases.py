@@ -213,3 +213,71 @@ def get_case(name: str) -> Case:
             return c
     raise ValueError(f"case: unknown {name!r}")
 
+
+
+# --- shared-prefix cases (``splitkv_common.shared_prefix``) -----------------------------------------
+
+def shared_prefix_inputs(seed: int, seq_lens, groups, **kw):
+    """:func:`random_inputs` whose requests share prefixes: ``groups`` is ``[(first, end, prefix_len)]``
+    (sorted, disjoint; ``prefix_len`` a multiple of the page size). Requests ``first + 1 .. end - 1``
+    of a group read request ``first``'s prefix pages; the pages they held before are poisoned (no
+    request maps them any more, so reading one shows up as an error). Returns ``(inputs,
+    SharedPrefix)``."""
+    from ..shared_prefix import PrefixGroup, SharedPrefix
+
+    inp = random_inputs(seed, seq_lens, **kw)
+    page = inp.k_cache.shape[1]
+    bt = inp.block_table
+    poison = 127 if inp.k_cache.dtype == np.int8 else POISON
+    for first, end, L in groups:
+        n = L // page
+        for b in range(first + 1, end):
+            old = bt[b, :n].copy()
+            bt[b, :n] = bt[first, :n]
+            inp.k_cache[old] = poison
+            inp.v_cache[old] = poison
+    return inp, SharedPrefix(tuple(PrefixGroup(f, e, L) for f, e, L in groups))
+
+
+@dataclass(frozen=True)
+class SharedPrefixCase:
+    """A shared-prefix parity case: ``build()`` gives ``(inputs, SharedPrefix)``; ``mode`` is the
+    planner's (``on``: the shared route whatever the estimate, so every case runs it)."""
+
+    name: str
+    build: Callable
+    size: str = "small"
+    policy: str = "auto"
+    mode: str = "on"
+    doc: str = ""
+
+
+def _sp(seed, seq, groups, **kw):
+    return lambda: shared_prefix_inputs(seed, seq, groups, **kw)
+
+
+def _build_shared_prefix_catalog() -> list:
+    C = []
+    add = C.append
+    add(SharedPrefixCase("shared-prefix/one-group", _sp(301, [70, 90, 75, 49], [(0, 4, 48)], page_size=8),
+                         doc="four requests share 48 tokens (6 pages of 8), tails 1-42 tokens"))
+    add(SharedPrefixCase("shared-prefix/two-groups-and-loner", _sp(302, [40, 57, 33, 80, 66, 20],
+                                                                    [(0, 2, 32), (3, 5, 64)], page_size=16),
+                         policy="size:16", doc="two prefix groups, requests 2 and 5 on their own"))
+    add(SharedPrefixCase("shared-prefix/gqa3-multi-query", _sp(303, [61, 70, 64], [(0, 3, 40)], num_q_heads=6,
+                                                               num_kv_heads=2, q_lens=[2, 3, 1], page_size=8),
+                         doc="GQA 3, multi-query requests (causal tails after the prefix)"))
+    add(SharedPrefixCase("shared-prefix/window-inside-prefix", _sp(304, [72, 80, 60], [(0, 3, 48)], q_lens=[1, 2, 1],
+                                                                   window_left=30, page_size=8),
+                         doc="a window of 30 starts inside the 48-token prefix for every row, at different places"))
+    add(SharedPrefixCase("shared-prefix/soft-cap-bf16", _sp(305, [50, 45, 66], [(0, 3, 32)], soft_cap=8.0,
+                                                            q_scale=4.0, dtype="bfloat16", page_size=16)))
+    add(SharedPrefixCase("shared-prefix/int8-channel-offset", _sp(306, [40, 55, 70], [(0, 3, 32)], kv_quant="channel",
+                                                                  kv_offset=True, dtype="float16", page_size=8)))
+    add(SharedPrefixCase("shared-prefix/page1-empty-tail", _sp(307, [9, 13, 10], [(0, 3, 9)], q_lens=[0, 1, 1],
+                                                               page_size=1),
+                         doc="page size 1; request 0 has no query rows"))
+    return C
+
+
+SHARED_PREFIX_CATALOG: list = _build_shared_prefix_catalog()

@@ -21,6 +21,8 @@ COMMANDS = {
     "read-floor": ("read_floor", "the method's floor: an empty kernel, a bare read of the KV", "CUDA GPU"),
     "context-parallel": ("context_parallel", "one request over 1 vs N GPUs (NCCL), or gloo", "CUDA GPUs or CPU"),
     "plan": ("plan", "the split planner's time per decode step", "CPU"),
+    "shared-prefix": ("shared_prefix", "shared-prefix decode against the plain step; the planner's choice",
+                      "CUDA GPU, or CPU (cost model)"),
     "gpu-check": ("gpu_check", "the Triton backend's correctness: catalog, graph replay, invariance", "CUDA GPU"),
     "compile-check": ("compile_check", "the Triton kernels compiled for sm_90: pipelining, registers", "CPU"),
     "lower-triton-ascend": ("lower_triton_ascend", "every Triton kernel variant lowered for Ascend 910B", "CPU"),

@@ -3,11 +3,10 @@ one row per point and profile, with the planner's choice and the bytes against t
 
 import json
 
-from script_module import load_script
+from splitkv_bench import shared_prefix as bench
 
 
 def test_model_only_writes_tables(tmp_path):
-    bench = load_script("bench_shared_prefix")
     rc = bench.main(["--model-only", "--out", str(tmp_path), "--batches", "2", "64", "--prefixes", "4096",
                      "--tails", "256", "--profiles", "h200,910b2"])
     assert rc == 0

@@ -16,29 +16,26 @@ packed rows plus the tails; ``unique`` is the floor (the prefix once, each tail 
 
 Writes ``OUT_DIR/bench_shared_prefix.json`` and ``.md``::
 
-    python scripts/bench_shared_prefix.py --out OUT_DIR               # GPU: parity, timings, model
-    python scripts/bench_shared_prefix.py --model-only --out OUT_DIR  # the cost model alone
+    python -m splitkv_bench shared-prefix --out OUT_DIR               # GPU: parity, timings, model
+    python -m splitkv_bench shared-prefix --model-only --out OUT_DIR  # the cost model alone
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from splitkv_common.provenance import provenance
+from splitkv_common.shared_prefix import SharedPrefix, plan_shared_prefix
 
-from splitkv_common.shared_prefix import SharedPrefix, plan_shared_prefix  # noqa: E402
+from .output import save_outputs
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 BATCHES = (16, 64, 256)
 PREFIXES = (1024, 4096, 16384)
 TAILS = (64, 256, 2048)
-FLUSH_BYTES = 256 << 20
 
 
 def points(args):
@@ -59,45 +56,6 @@ def model_row(B, P, tail, profile):
             "plain_est_us": e["plain_us"], "shared_est_us": e["shared_us"],
             "plain_mb": e["plain_bytes"] / 1e6, "shared_mb": e["shared_bytes"] / 1e6,
             "unique_mb": e["unique_bytes"] / 1e6, "reason": sp.reason}
-
-
-class Timer:
-    """CUDA-graph replays timed with events: warm-up, an L2 read flush before each replay, median."""
-
-    def __init__(self, iters: int):
-        import torch
-        self.torch, self.iters = torch, iters
-        self.flush = torch.zeros(FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
-
-    def graph(self, fn):
-        torch = self.torch
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        torch.cuda.synchronize()
-        return g.replay
-
-    def __call__(self, run) -> float:
-        torch = self.torch
-        t_end = time.perf_counter() + 0.02
-        while time.perf_counter() < t_end:
-            run()
-        torch.cuda.synchronize()
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(self.iters)]
-        for a, b in ev:
-            self.flush.sum()
-            a.record()
-            run()
-            b.record()
-        torch.cuda.synchronize()
-        return float(np.median([a.elapsed_time(b) for a, b in ev]) * 1e3)
 
 
 def make_batch(B, P, tail, seed=0):
@@ -122,6 +80,8 @@ def make_batch(B, P, tail, seed=0):
 def gpu_rows(args, log):
     import torch
 
+    from .gpu import Timer
+
     timer = Timer(args.iters)
     rows = []
     t_stop = time.perf_counter() + args.budget_s
@@ -141,6 +101,8 @@ def gpu_rows(args, log):
 
 def gpu_point(args, timer, B, P, tail, log):
     import torch
+
+    from .gpu import interleaved
     from cuda_ref.shared_prefix import SharedPrefixWrapper
     from cuda_ref.wrapper import DecodeWrapper
 
@@ -174,10 +136,7 @@ def gpu_point(args, timer, B, P, tail, log):
     err_auto = float((o_auto.float() - o_plain.float()).abs().max())
     nan = bool(torch.isnan(o_shared).any())
     graphs = {n: timer.graph(f) for n, f in (("plain", run_plain), ("shared", run_shared), ("auto", run_auto))}
-    times = {n: [] for n in graphs}
-    for _ in range(args.passes):
-        for n, r in graphs.items():
-            times[n].append(timer(r))
+    times = interleaved(timer, graphs, args.passes)
     med = {n: float(np.median(t)) for n, t in times.items()}
     m = model_row(B, P, tail, args.profile)
     row = {**m, "plain_us": med["plain"], "shared_us": med["shared"], "auto_us": med["auto"],
@@ -259,16 +218,13 @@ def main(argv=None) -> int:
         if not args.no_parity:
             res["parity"] = gpu_parity(log)
         res["gpu"] = gpu_rows(args, log)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench_shared_prefix.json"), "w") as f:
-        json.dump(res, f, indent=1, default=float)
+    res["provenance"] = provenance()
     lines = markdown(res)
-    with open(os.path.join(args.out, "bench_shared_prefix.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    save_outputs(args.out, "bench_shared_prefix", res, lines, default=float)
     print("\n".join(lines[:40 + len(res.get("gpu", []))]))
     bad = [r for r in res.get("parity", []) if r["status"] != "pass"]
     return 1 if bad or any(r.get("nan") or "error" in r for r in res.get("gpu", [])) else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -149,14 +149,35 @@ def _reserve_graph_memory(impl, layer: adapter.LayerSpec, soft_cap) -> None:
 
 class SplitKVAscendMetadataBuilder(_PARENT_BUILDER):
     """vLLM Ascend's metadata builder, plus the host step of full-graph mode: before each step of a
-    captured size, re-plan the padded batch and rewrite the graph's buffers in place."""
+    captured size, re-plan the padded batch and rewrite the graph buffers in place.
 
-    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
-        meta = super().build(common_prefix_len, common_attn_metadata, fast_build)
+    A drafter's build (``fast_build``: vLLM Ascend's ``build_for_drafting``) is returned as the parent
+    made it: it never touches the target's graph buffers."""
+
+    def build(self, *args, **kwargs):
+        meta = super().build(*args, **kwargs)
+        fast_build = kwargs.get("fast_build", args[2] if len(args) > 2 else False)
+        if fast_build:
+            return meta
         ends = getattr(meta, "actual_seq_lengths_q", None)
         if ends and int(ends[-1]) in _graph_sizes(self):
             graph.refresh_graph_step(meta, self)
         return meta
+
+
+_ERRORS_SEEN: set = set()
+
+
+def _eager_failed(e: Exception) -> None:
+    """A routed eager step raised: raise again when ``strict``, else log (once per error type) and count."""
+    if settings.current().strict:
+        raise e
+    name = type(e).__name__
+    stats.note_fallback(f"error: {name}")
+    if name not in _ERRORS_SEEN:
+        _ERRORS_SEEN.add(name)
+        logger.warning("splitkv: a routed decode step raised %s (%s); it and later ones that raise go to vLLM "
+                       "Ascend's path (strict: raise)", name, e)
 
 
 class SplitKVAscendAttentionImpl(_PARENT_IMPL):
@@ -167,7 +188,7 @@ class SplitKVAscendAttentionImpl(_PARENT_IMPL):
         settings.configure(getattr(self, "vllm_config", None))
         cap = kwargs.get("logits_soft_cap", args[_SOFT_CAP_POS] if len(args) > _SOFT_CAP_POS else None)
         self._splitkv_layer = adapter.LayerSpec.from_impl(self, soft_cap=cap, head_size_v=kwargs.get("head_size_v"))
-        self._splitkv_cache_why = None  # checked once the caches are bound (V head size, layout)
+        self._splitkv_cache_why = None  # checked once the caches are bound (V head size, layout, dtypes)
         self._splitkv_cache_checked = False
         if self._splitkv_layer.layer_unsupported:
             once(logging.INFO, "splitkv: layer stays on vLLM Ascend's path: %s", self._splitkv_layer.layer_unsupported)
@@ -175,14 +196,14 @@ class SplitKVAscendAttentionImpl(_PARENT_IMPL):
         self.splitkv_graph_captures = 0
         _reserve_graph_memory(self, self._splitkv_layer, cap)
 
-    def _splitkv_unsupported(self, attn_metadata) -> str | None:
+    def _splitkv_unsupported(self, attn_metadata, query=None) -> str | None:
         layer = self._splitkv_layer
         if layer.layer_unsupported:
             return layer.layer_unsupported
         if self.key_cache is None:
             return "no KV cache bound to the layer yet"
         if not self._splitkv_cache_checked:
-            self._splitkv_cache_why = adapter.cache_unsupported(layer, self.key_cache, self.value_cache)
+            self._splitkv_cache_why = adapter.cache_unsupported(layer, self.key_cache, self.value_cache, query)
             self._splitkv_cache_checked = True
             if self._splitkv_cache_why:
                 once(logging.INFO, "splitkv: layer stays on vLLM Ascend's path: %s", self._splitkv_cache_why)
@@ -190,7 +211,7 @@ class SplitKVAscendAttentionImpl(_PARENT_IMPL):
 
     def forward_impl(self, query, key, value, kv_cache, attn_metadata, output):
         layer = self._splitkv_layer
-        why = self._splitkv_unsupported(attn_metadata)
+        why = self._splitkv_unsupported(attn_metadata, query)
         if why:
             stats.note_fallback(why)
             return super().forward_impl(query, key, value, kv_cache, attn_metadata, output)
@@ -205,12 +226,24 @@ class SplitKVAscendAttentionImpl(_PARENT_IMPL):
             self.splitkv_graph_captures += 1
             stats.note_capture()
             return graph.forward_graph(layer, query, self.key_cache, self.value_cache, attn_metadata, output)
-        _fence()
+        if getattr(attn_metadata, "_splitkv_graph_group", None) is not None and not _graph_unsupported():
+            try:
+                graph.prepare_graph(layer, query, self.key_cache, attn_metadata)
+            except Exception as e:  # noqa: BLE001 - no buffers: the capture of this size stays on vLLM Ascend's
+                if settings.current().strict:
+                    raise
+                once(logging.WARNING, "splitkv: graph buffers not made (%s: %s); captures of that size stay on "
+                     "vLLM Ascend's path", type(e).__name__, e)
+                graph.drop_graph_mark(attn_metadata)
+        try:
+            _fence()
+            adapter.forward_decode(layer, query, self.key_cache, self.value_cache, attn_metadata, output)
+        except Exception as e:  # noqa: BLE001 - anything the op refuses goes to the stock path, unless strict
+            _eager_failed(e)
+            return super().forward_impl(query, key, value, kv_cache, attn_metadata, output)
         self.splitkv_routed_steps += 1
         stats.note_routed(attn_metadata)
-        if getattr(attn_metadata, "_splitkv_graph_group", None) is not None and not _graph_unsupported():
-            graph.prepare_graph(layer, query, self.key_cache, attn_metadata)
-        return adapter.forward_decode(layer, query, self.key_cache, self.value_cache, attn_metadata, output)
+        return output
 
 
 class SplitKVAscendAttentionBackend(_PARENT_BACKEND):

@@ -512,12 +512,37 @@ def graph_decoder(group, meta, *, device=None):
     return dec
 
 
+def drop_graph_mark(meta) -> None:
+    """This step does not use graph buffers: its layers run eagerly (a capture of it stays on vLLM
+    Ascend's path)."""
+    for name in ("_splitkv_graph_group", "_splitkv_graph_decoder"):
+        try:
+            setattr(meta, name, None)
+        except AttributeError:
+            pass
+
+
+def uniform_decode(meta, group) -> bool:
+    """Whether the step is a uniform-decode batch, which vLLM replays in a FULL graph of its padded size:
+    every real request (query rows before ``num_actual_tokens``) has ``1 + num_speculative_tokens``
+    query rows (:func:`speculative_rows`, 1 without speculation)."""
+    qsl, _ = host_lengths(meta)
+    real = int(getattr(meta, "num_actual_tokens", 0) or 0) or int(qsl[-1])
+    q_lens = np.diff(qsl)[qsl[:-1] < real]
+    return bool(q_lens.size) and bool((q_lens == (speculative_rows(group) or 1)).all())
+
+
 def refresh_graph_step(meta, group) -> None:
     """The metadata builder's step in full-graph mode (host, before the model runs, so before any replay).
 
     Marks ``meta`` as built for graph mode by ``group``; if a graph of this padded size has buffers
     (made by an eager warm-up step before its capture), plans the padded batch and rewrites them in
     place, ordered on the current stream before the replay that reads them.
+
+    A batch the buffers cannot take (over their work-item or request capacity, lengths they cannot
+    hold) raises only when a captured graph of this size will replay it (a uniform-decode step):
+    the replay would read the previous step's buffers. Any other step loses its graph mark and runs
+    eagerly (logged once).
     """
     try:
         meta._splitkv_graph_group = group
@@ -530,7 +555,15 @@ def refresh_graph_step(meta, group) -> None:
         return
     qsl, sl = graph_lengths(meta)
     bt = meta.block_tables[:sl.shape[0]]
-    dec.refresh(sl, qsl, bt if bt.dtype == torch.int32 else bt.to(torch.int32))
+    try:
+        dec.refresh(sl, qsl, bt if bt.dtype == torch.int32 else bt.to(torch.int32))
+    except ValueError as e:
+        if dec.captured and uniform_decode(meta, group):
+            raise
+        once(logging.WARNING, "splitkv: a step of graph size %d runs eagerly: its batch does not fit the graph "
+             "buffers (%s)", dec.num_tokens, e)
+        drop_graph_mark(meta)
+        return
     meta._splitkv_graph_decoder = dec
     if dec.route == "triton" and dec.block_table is not None:   # the kernels' error counter, every N steps
         from . import errors

@@ -321,13 +321,25 @@ def test_graph_buffer_memory_is_reserved_before_profiling(monkeypatch):
     assert 0 < made < held, "the reserve covers every capture size, the warm-up made one"
 
 
-def test_work_item_capacity_is_a_clear_error(env, monkeypatch):
+def test_work_item_capacity_raises_only_for_a_step_that_replays(env, monkeypatch, caplog):
+    """A batch over the graph buffers' capacity: before the capture (and for any step vLLM does not
+    replay) it loses its graph mark and runs eagerly, logged once; once a graph of that size is
+    captured, a uniform-decode step (which vLLM replays) raises in build()."""
     e = env
     monkeypatch.setenv("SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS", "20")  # 9 requests x 2 KV heads = 18 items unsplit
     meta, _ = graph_step(e, [100, 200])
     forward_all(e, e.builder.build(0, meta))
     dec = graph.GRAPH_DECODERS[(e.builder, N)]
-    meta, _ = graph_step(e, [1700] * N)                    # needs splits: over 20 work items
+    meta, refs = graph_step(e, [1700] * N)                 # needs splits: over 20 work items
+    built = e.builder.build(0, meta)
+    assert built._splitkv_graph_group is None and built._splitkv_graph_decoder is None
+    assert any("does not fit the graph buffers" in r.getMessage() for r in caplog.records)
+    forward_all(e, built)
+    for out, ref in zip(e.outputs, refs):
+        assert np.abs(out.view(N, HQ, D).float().numpy() - dense_attention(ref)[0]).max() < 2e-3
+    assert [impl.parent_calls for impl in e.layers] == [0, 0]
+    capture(e, monkeypatch, e.builder.build(0, graph_step(e, [17, 2])[0]))
+    meta, _ = graph_step(e, [1700] * N)
     with pytest.raises(ValueError, match="max_work_items"):
         e.builder.build(0, meta)
     assert dec.max_work_items == 20

@@ -28,6 +28,8 @@ stats_dir              SPLITKV_VLLM_STATS_DIR               (none)     each work
 error_check_steps      SPLITKV_VLLM_ERROR_CHECK_STEPS       256        Triton route: read the kernels' error
                                                                        counter every N routed calls / steps
                                                                        (one host sync; 0 never)
+untested_versions      SPLITKV_VLLM_UNTESTED_VERSIONS       false      route under a vLLM Ascend version outside
+                                                                       the tested range (logged)
 debug_checks           SPLITKV_VLLM_DEBUG_CHECKS            false      eager steps: check page ids and lengths
                                                                        on the host (device-to-host copies of
                                                                        the block table per layer: debugging)
@@ -70,6 +72,7 @@ class Settings:
     stats_dir: str | None = None
     error_check_steps: int = 256
     debug_checks: bool = False
+    untested_versions: bool = False
 
 
 ENV = {
@@ -80,6 +83,7 @@ ENV = {
     "reserve_graph_memory": "SPLITKV_VLLM_RESERVE_GRAPH_MEMORY", "device_plan": "SPLITKV_VLLM_DEVICE_PLAN",
     "split_tokens": "SPLITKV_VLLM_SPLIT_TOKENS", "stats_dir": "SPLITKV_VLLM_STATS_DIR",
     "error_check_steps": "SPLITKV_VLLM_ERROR_CHECK_STEPS", "debug_checks": "SPLITKV_VLLM_DEBUG_CHECKS",
+    "untested_versions": "SPLITKV_VLLM_UNTESTED_VERSIONS",
 }
 DEFAULTS = Settings()
 

@@ -24,7 +24,7 @@ from ascend_ops import ops
 from ascend_ops.wrapper import AscendDecodeWrapper
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.reference import dense_attention
-from splitkv_vllm import graph
+from splitkv_vllm import graph, stats
 from splitkv_vllm.graph import GraphDecoder
 from test_vllm_plugin import CUDAGraphMode, _fake_vllm_ascend, _impl, fresh_plugin_state, vllm_config  # noqa: F401
 from test_vllm_shapes import AscendAttentionState, AscendMetadata
@@ -224,6 +224,27 @@ def test_replays_follow_changing_lengths_and_request_counts(env, monkeypatch):
         most_splits = max([most_splits] + [int(p.num_splits.max()) for p in dec.plans.values()])
     assert [impl.parent_calls for impl in e.layers] == [0, 0]
     assert most_splits > 1, "long requests were split (the merge ran inside the graph)"
+
+
+def test_draft_builds_never_touch_the_targets_graph_buffers(env, monkeypatch):
+    """A drafter's ``build_for_drafting`` (``fast_build=True``) in the target's attention group: the
+    target's graph buffers, plans and counters stay as the target's last step left them."""
+    e = env
+    dec, replay = warm_up_and_capture(e, monkeypatch)
+    meta, refs = graph_step(e, [33, 900, 4])
+    e.builder.build(0, meta)
+    plans = dict(dec.plans)
+    bt = dec.block_table.clone()
+    refreshes = stats.snapshot()["graph_refreshes"]
+    q_target = e.query.clone()
+    draft, _ = graph_step(e, [34, 901, 5, 6, 7])        # writes the query buffer: put back before the replay
+    built = e.builder.build(0, draft, fast_build=True)
+    assert getattr(built, "_splitkv_graph_group", None) is None
+    assert dec.plans == plans and torch.equal(dec.block_table, bt)
+    assert stats.snapshot()["graph_refreshes"] == refreshes
+    e.query.copy_(q_target)
+    replay()
+    check_step(e, dec, refs, 3)
 
 
 def test_eager_steps_of_other_sizes_are_unchanged(env):

@@ -37,6 +37,7 @@ This module imports vLLM Ascend (and so torch_npu): only the platform loads it, 
 from __future__ import annotations
 
 import logging
+import types
 
 import torch
 from vllm_ascend.attention import attention_v1 as _v1
@@ -53,6 +54,7 @@ _SOFT_CAP_POS = 7
 
 
 _PARENT_BUILDER = _v1.AscendAttentionMetadataBuilder
+KERNEL_BLOCK_SIZE = 128   # AscendAttentionBackend.get_supported_kernel_block_sizes() at the tested versions
 
 
 def _capturing() -> bool:
@@ -93,12 +95,22 @@ def _mode(obj):
 
 
 def _graph_sizes(builder) -> frozenset:
-    """The token counts of the full graphs that run our op (empty when none do: no buffers, no refresh)."""
+    """The token counts of the full decode graphs that run our op (:func:`splitkv_vllm.graph.decode_sizes`;
+    empty when none do: no buffers, no refresh)."""
     cc = getattr(builder, "compilation_config", None)
-    mode = getattr(cc, "cudagraph_mode", None)
-    if not graph.full_graphs_routed(mode):
+    if not graph.full_graphs_routed(getattr(cc, "cudagraph_mode", None)):
         return frozenset()
-    return frozenset(int(n) for n in (getattr(cc, "cudagraph_capture_sizes", None) or ()))
+    cfg = getattr(builder, "vllm_config", None) or types.SimpleNamespace(compilation_config=cc)
+    return frozenset(graph.decode_sizes(cfg))
+
+
+def _kernel_block_size() -> int:
+    """The physical KV block the caches use: vLLM Ascend's kernel block size (128), not the scheduler's
+    ``cache_config.block_size`` (larger for hybrid models)."""
+    try:
+        return int(_PARENT_BACKEND.get_supported_kernel_block_sizes()[0])
+    except Exception:  # noqa: BLE001 - a stand-in without it
+        return KERNEL_BLOCK_SIZE
 
 
 def _fence() -> None:
@@ -129,18 +141,20 @@ def _reserve_graph_memory(impl, layer: adapter.LayerSpec, soft_cap) -> None:
             or settings.current().impl == "torch"):
         return
     try:
-        mc, cc = cfg.model_config, cfg.cache_config
+        mc = cfg.model_config
         dtype = mc.dtype if isinstance(mc.dtype, torch.dtype) else getattr(torch, str(mc.dtype))
         kv = str(getattr(impl, "kv_cache_dtype", "auto"))
         kv_dtype = dtype if kv == "auto" else {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(kv, dtype)
-        sizes = tuple(cfg.compilation_config.cudagraph_capture_sizes or ())
-        key = (layer.num_heads, layer.num_kv_heads, layer.head_size, int(cc.block_size), dtype, kv_dtype, layer.scale,
+        sizes = graph.decode_sizes(cfg)
+        page = _kernel_block_size()
+        key = (layer.num_heads, layer.num_kv_heads, layer.head_size, page, dtype, kv_dtype, layer.scale,
                layer.soft_cap, layer.window_left, int(mc.max_model_len), sizes)
         if key not in _ESTIMATES:
             _ESTIMATES[key] = graph.estimate_graph_bytes(
                 num_q_heads=layer.num_heads, num_kv_heads=layer.num_kv_heads, head_dim=layer.head_size,
-                page_size=int(cc.block_size), dtype=dtype, kv_dtype=kv_dtype, max_model_len=int(mc.max_model_len),
-                capture_sizes=sizes, window_left=layer.window_left, soft_cap=layer.soft_cap, scale=layer.scale)
+                page_size=page, dtype=dtype, kv_dtype=kv_dtype, max_model_len=int(mc.max_model_len),
+                capture_sizes=sizes, window_left=layer.window_left, soft_cap=layer.soft_cap, scale=layer.scale,
+                query_rows=graph.speculative_rows(types.SimpleNamespace(vllm_config=cfg)) or 1)
         graph.reserve_graph_memory(key, _ESTIMATES[key], _device())
     except Exception as e:  # noqa: BLE001 - a reserve we cannot size is logged, never fatal
         once(logging.WARNING, "splitkv: graph buffer memory not reserved before profiling (%s: %s)",

@@ -53,6 +53,7 @@ def make_env(monkeypatch, mode="FULL_DECODE_ONLY"):
     monkeypatch.setenv("SPLITKV_VLLM_WINDOW", "1")  # the second layer has a window
     monkeypatch.setenv("SPLITKV_VLLM_RESERVE_GRAPH_MEMORY", "0")
     monkeypatch.setattr(graph, "GRAPH_DECODERS", {})
+    monkeypatch.setattr(graph, "GRAPH_WORKSPACES", {})
     cfg = vllm_config(mode=mode, sizes=SIZES)
     _, v1 = _fake_vllm_ascend(monkeypatch, cfg)
     desc = types.SimpleNamespace(batch_descriptor=padded_descriptor(mode, N, uniform_decode=True))
@@ -320,26 +321,83 @@ def test_piecewise_mode_routes_eagerly_and_makes_no_buffers(monkeypatch):
         assert np.abs(out[:3].view(3, HQ, D).float().numpy() - dense_attention(inputs)[0]).max() < 2e-3
 
 
-def test_graph_buffer_memory_is_reserved_before_profiling(monkeypatch):
-    """The impls are built while vLLM loads the model, before its profile run: in a routed full-graph mode
-    each set of layer constants holds the bytes its graph buffers will take; the warm-up hands them back."""
-    e = make_env(monkeypatch, "FULL_DECODE_ONLY")
+def default_capture_sizes(max_num_seqs: int, q: int = 1) -> list[int]:
+    """vLLM's default ``cudagraph_capture_sizes``: 1, 2, 4, then steps of 8 to 256, then of 16, up to
+    ``min(2 * max_num_seqs * q, 512)`` (``max_cudagraph_capture_size``)."""
+    top = min(2 * max_num_seqs * q, 512)
+    return [x for x in [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16)) if x <= top]
+
+
+# vLLM-shaped configurations: (name, Hq, Hkv, D, max_model_len, max_num_seqs, speculative tokens)
+MEMORY_TABLE = [
+    ("llama3-8b", 32, 8, 128, 8192, 256, 0),
+    ("llama3-8b-mtp1", 32, 8, 128, 8192, 256, 1),
+    ("qwen-small-16seqs", 16, 2, 64, 4096, 16, 0),
+]
+
+
+def warm_up_every_decode_size(e, backend, layer_impl, cfg, key_cache):
+    """The buffers vLLM's capture would make: an eager warm-up step at each capture size the builder
+    refreshes (its decode sizes), padded with vLLM Ascend's dummy request."""
+    builder = backend.SplitKVAscendAttentionBackend.get_builder_cls()(None, ["l0"], cfg, "cpu")
+    q = graph.speculative_rows(builder) or 1
+    for n in sorted(cfg.compilation_config.cudagraph_capture_sizes):
+        reqs = max(1, n // q)
+        qsl = [q * i for i in range(reqs + 1)] + ([n] if q * reqs < n else [])
+        sl = [1] * (len(qsl) - 1)
+        meta = AscendMetadata(attn_state=AscendAttentionState.DecodeOnly, num_actual_tokens=q * reqs, num_prefills=0,
+                              num_decodes=len(sl), seq_lens=torch.tensor(sl, dtype=torch.int32), seq_lens_list=sl,
+                              actual_seq_lengths_q=qsl[1:], block_tables=torch.zeros(len(sl), cfg.model_config.max_model_len
+                                                                                      // BLOCK, dtype=torch.int32),
+                              causal=True)
+        meta = builder.build(0, meta)
+        query = torch.zeros(n, layer_impl.num_heads, layer_impl.head_size, dtype=key_cache.dtype)
+        graph.prepare_graph(layer_impl._splitkv_layer, query, key_cache, meta)
+    return builder
+
+
+@pytest.mark.parametrize("name, hq, hkv, d, max_len, seqs, k", MEMORY_TABLE)
+def test_reserved_graph_memory_equals_what_the_warm_ups_make(monkeypatch, name, hq, hkv, d, max_len, seqs, k):
+    """The reserve (held while vLLM profiles memory) equals the bytes the graph buffers take once every
+    decode graph is warmed up: buffers only for the decode capture sizes (``<= max_num_seqs * (1 + k)``),
+    one workspace shared by all of them. Printed: the table for the closing note."""
+    e = make_env(monkeypatch, "FULL_AND_PIECEWISE")
     monkeypatch.setenv("SPLITKV_VLLM_RESERVE_GRAPH_MEMORY", "1")
+    monkeypatch.setenv("SPLITKV_VLLM_POLICY", "auto")
     monkeypatch.setattr(graph, "_RESERVE", {})
     monkeypatch.setattr(e.backend, "_ESTIMATES", {})
-    layers = [_impl(e.backend), _impl(e.backend, sliding_window=WINDOW), _impl(e.backend)]
-    held = graph.reserved_bytes()
-    assert held > 0 and len(e.backend._ESTIMATES) == 2, "one estimate per set of layer constants"
-    for impl in layers[:2]:
-        impl.key_cache, impl.value_cache = e.caches
-    e.layers = layers[:2]
-    meta, _ = graph_step(e, [300, 5, 1000, 129])
-    forward_all(e, e.builder.build(0, meta))               # warm-up of one size: the reserve is released
-    assert graph.reserved_bytes() == 0
-    dec = graph.GRAPH_DECODERS[(e.builder, N)]
-    made = dec.block_table.numel() * 4 + sum(b.numel() * b.element_size() for w in dec.wrappers.values()
-                                             for b in w._buffers.values())
-    assert 0 < made < held, "the reserve covers every capture size, the warm-up made one"
+    cfg = vllm_config(mode="FULL_AND_PIECEWISE", sizes=default_capture_sizes(seqs, 1 + k), dtype=torch.bfloat16,
+                      block_size=1024, max_model_len=max_len, max_num_seqs=seqs, num_speculative_tokens=k or None)
+    monkeypatch.setattr(sys.modules["vllm.config"], "get_current_vllm_config", lambda: cfg)
+    impl = _impl(e.backend, num_heads=hq, num_kv_heads=hkv, head_size=d, scale=d ** -0.5)
+    reserved = graph.reserved_bytes()
+    assert reserved > 0 and len(e.backend._ESTIMATES) == 1
+    key_cache = torch.zeros(4, BLOCK, hkv, d, dtype=torch.bfloat16)   # the physical 128-token block, not 1024
+    builder = warm_up_every_decode_size(e, e.backend, impl, cfg, key_cache)
+    decode = graph.decode_sizes(cfg)
+    assert sorted(n for (_, n) in graph.GRAPH_DECODERS) == list(decode), "buffers only for the decode sizes"
+    sizes = cfg.compilation_config.cudagraph_capture_sizes
+    assert decode == tuple(x for x in sorted(sizes) if 1 + k <= x <= seqs * (1 + k))
+    made = graph.made_graph_bytes(builder)
+    assert graph.reserved_bytes() == 0, "the warm-up handed the reserve back"
+    assert made == reserved, (name, made, reserved)
+    print(f"\n{name}: decode sizes {len(decode)} (sum {sum(decode)} tokens) of {len(cfg.compilation_config.cudagraph_capture_sizes)}"
+          f" capture sizes; reserved {reserved / 2**20:.1f} MiB, made {made / 2**20:.1f} MiB per set of layer constants")
+
+
+def test_no_graph_buffers_are_made_while_serving(env, monkeypatch):
+    """After vLLM's capture (``cudagraph_capturing_enabled`` cleared) an eager step of a graph size makes
+    nothing: it runs eagerly."""
+    e = env
+    monitor = types.ModuleType("vllm.compilation.monitor")
+    monitor.cudagraph_capturing_enabled = False
+    monkeypatch.setitem(sys.modules, "vllm.compilation.monitor", monitor)
+    meta, refs = graph_step(e, [300, 5, 1000, 129])
+    forward_all(e, e.builder.build(0, meta))
+    assert graph.GRAPH_DECODERS == {} and [impl.splitkv_routed_steps for impl in e.layers] == [1, 1]
+    monitor.cudagraph_capturing_enabled = True      # the capture window: the warm-up makes them
+    forward_all(e, e.builder.build(0, graph_step(e, [300, 5])[0]))
+    assert list(graph.GRAPH_DECODERS) == [(e.builder, N)]
 
 
 def test_work_item_capacity_raises_only_for_a_step_that_replays(env, monkeypatch, caplog):

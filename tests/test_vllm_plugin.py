@@ -39,9 +39,12 @@ def fresh_plugin_state(monkeypatch):
     plugin._reset_for_tests()
 
 
-def vllm_config(additional_config=None, mode="NONE", sizes=(), dtype=torch.float16, block_size=128, max_model_len=4096):
+def vllm_config(additional_config=None, mode="NONE", sizes=(), dtype=torch.float16, block_size=128, max_model_len=4096,
+                max_num_seqs=None, num_speculative_tokens=None):
     """The parts of vLLM's VllmConfig the plugin reads."""
+    spec = None if num_speculative_tokens is None else types.SimpleNamespace(num_speculative_tokens=num_speculative_tokens)
     return types.SimpleNamespace(
+        scheduler_config=types.SimpleNamespace(max_num_seqs=max_num_seqs), speculative_config=spec,
         additional_config=additional_config or {},
         compilation_config=types.SimpleNamespace(cudagraph_mode=CUDAGraphMode[mode], cudagraph_capture_sizes=list(sizes)),
         model_config=types.SimpleNamespace(dtype=dtype, max_model_len=max_model_len),

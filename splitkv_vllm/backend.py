@@ -225,13 +225,16 @@ class SplitKVAscendAttentionImpl(_PARENT_IMPL):
 
     def forward_impl(self, query, key, value, kv_cache, attn_metadata, output):
         layer = self._splitkv_layer
+        capturing = _capturing()
         why = self._splitkv_unsupported(attn_metadata, query)
         if why:
             stats.note_fallback(why)
+            if not capturing:
+                graph.note_warm_up(attn_metadata, id(self), why)
             return super().forward_impl(query, key, value, kv_cache, attn_metadata, output)
-        if _capturing():
-            why = _capture_unsupported(_mode(self)) or graph.graph_unsupported(layer, query, self.key_cache,
-                                                                               attn_metadata)
+        if capturing:
+            why = (_capture_unsupported(_mode(self)) or graph.capture_mixed(attn_metadata)
+                   or graph.graph_unsupported(layer, query, self.key_cache, attn_metadata))
             if why:
                 once(logging.INFO, "splitkv: full-graph capture stays on vLLM Ascend's path: %s", why)
                 stats.note_fallback(f"capture: {why}")
@@ -248,12 +251,14 @@ class SplitKVAscendAttentionImpl(_PARENT_IMPL):
                     raise
                 once(logging.WARNING, "splitkv: graph buffers not made (%s: %s); captures of that size stay on "
                      "vLLM Ascend's path", type(e).__name__, e)
+                graph.note_warm_up(attn_metadata, id(self), f"graph buffers not made ({type(e).__name__})")
                 graph.drop_graph_mark(attn_metadata)
         try:
             _fence()
             adapter.forward_decode(layer, query, self.key_cache, self.value_cache, attn_metadata, output)
         except Exception as e:  # noqa: BLE001 - anything the op refuses goes to the stock path, unless strict
             _eager_failed(e)
+            graph.note_warm_up(attn_metadata, id(self), f"the routed step raised {type(e).__name__}")
             return super().forward_impl(query, key, value, kv_cache, attn_metadata, output)
         self.splitkv_routed_steps += 1
         stats.note_routed(attn_metadata)

@@ -696,6 +696,33 @@ def prepare_graph(layer: LayerSpec, query, key_cache, meta) -> None:
         meta._splitkv_graph_decoder = dec
 
 
+# padded size -> {layer id: why} of the layers that stayed on vLLM Ascend's path in a warm-up of that size
+WARM_UP_FALLBACKS: dict = {}
+
+
+def note_warm_up(meta, layer_id: int, why: str | None) -> None:
+    """An eager step built for graph mode (a warm-up before a capture, or a serving step of a graph size):
+    remember a layer that stayed on vLLM Ascend's path (``why``), per padded size. A graph is routed all
+    or nothing (:func:`capture_mixed`)."""
+    if why is None or getattr(meta, "_splitkv_graph_group", None) is None:
+        return
+    ends = getattr(meta, "actual_seq_lengths_q", None)
+    if ends:
+        WARM_UP_FALLBACKS.setdefault(int(ends[-1]), {})[layer_id] = why
+
+
+def capture_mixed(meta) -> str | None:
+    """Why a capture of this padded size stays wholly on vLLM Ascend's path: a layer fell back in its
+    warm-up, so the graph would mix our op with vLLM Ascend's FIA, whose captured parameters vLLM Ascend
+    pairs with layers by position (``update_graph_params``); ``None`` when every layer was routed."""
+    ends = getattr(meta, "actual_seq_lengths_q", None)
+    seen = WARM_UP_FALLBACKS.get(int(ends[-1])) if ends else None
+    if not seen:
+        return None
+    return (f"{len(seen)} layer(s) stay on vLLM Ascend's path in this graph ({next(iter(seen.values()))}); "
+            "a graph is routed all or nothing")
+
+
 def graph_unsupported(layer: LayerSpec, query, key_cache, meta) -> str | None:
     """``None`` when a full-graph capture of this step can run through splitkv, else why not."""
     dec = getattr(meta, "_splitkv_graph_decoder", None)

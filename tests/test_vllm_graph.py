@@ -12,6 +12,7 @@ run here: a real ``torch.npu.NPUGraph`` capture, the NPU kernels, a real vLLM As
 from __future__ import annotations
 
 import contextlib
+import logging
 import importlib
 import sys
 import types
@@ -54,6 +55,7 @@ def make_env(monkeypatch, mode="FULL_DECODE_ONLY"):
     monkeypatch.setenv("SPLITKV_VLLM_RESERVE_GRAPH_MEMORY", "0")
     monkeypatch.setattr(graph, "GRAPH_DECODERS", {})
     monkeypatch.setattr(graph, "GRAPH_WORKSPACES", {})
+    monkeypatch.setattr(graph, "WARM_UP_FALLBACKS", {})
     cfg = vllm_config(mode=mode, sizes=SIZES)
     _, v1 = _fake_vllm_ascend(monkeypatch, cfg)
     desc = types.SimpleNamespace(batch_descriptor=padded_descriptor(mode, N, uniform_decode=True))
@@ -259,6 +261,26 @@ def test_eager_steps_of_other_sizes_are_unchanged(env):
     assert graph.GRAPH_DECODERS == {} and [i.splitkv_routed_steps for i in e.layers] == [1, 1]
     for out, inputs in zip(e.outputs, ref_inputs):
         assert np.abs(out[:3].view(3, HQ, D).float().numpy() - dense_attention(inputs)[0]).max() < 2e-3
+
+
+def test_a_graph_is_routed_all_or_nothing(monkeypatch, caplog):
+    """The window layer is not opted in: it stays on vLLM Ascend's path in the warm-up, so the capture
+    of that size keeps every layer there (no graph mixing our op with FIA, whose captured parameters
+    vLLM Ascend pairs with layers by position); eager steps still route the plain layer."""
+    caplog.set_level(logging.INFO, logger="vllm")
+    e = make_env(monkeypatch)
+    monkeypatch.delenv("SPLITKV_VLLM_WINDOW")
+    e.layers = [_impl(e.backend), _impl(e.backend, sliding_window=WINDOW)]
+    for impl in e.layers:
+        impl.key_cache, impl.value_cache = e.caches
+    meta, _ = graph_step(e, [300, 5, 1000, 129])
+    forward_all(e, e.builder.build(0, meta))               # warm-up: layer 0 routed, layer 1 not
+    assert [impl.splitkv_routed_steps for impl in e.layers] == [1, 0]
+    capture(e, monkeypatch, e.builder.build(0, graph_step(e, [17, 2, 640])[0]))
+    assert [impl.splitkv_graph_captures for impl in e.layers] == [0, 0]
+    assert [impl.parent_calls for impl in e.layers] == [0 + 1, 1 + 1]
+    assert any("routed all or nothing" in r.getMessage() for r in caplog.records)
+    assert not graph.GRAPH_DECODERS[(e.builder, N)].captured
 
 
 def test_capture_without_warm_up_stays_on_vllm_ascend(env, monkeypatch):

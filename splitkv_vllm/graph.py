@@ -94,6 +94,9 @@ class GraphDecoder:
     _lengths: tuple | None = None  # (seq_lens [max_reqs], query_start_loc [max_reqs + 1]), host int32
     plans: dict = field(default_factory=dict)  # plan per (Hkv, page, Hq, D, kv bytes, window) of the last refresh
     captured: bool = False  # a graph was captured on these buffers (each later refresh precedes a replay)
+    layers_captured: int = 0   # layer calls recorded by the capture (each replay runs that many)
+    uniform_steps: int = 0     # uniform-decode steps refreshed after the capture (the steps vLLM replays)
+    replays: torch.Tensor | None = None   # int64 [1] on the device: + 1 per layer run, counted by the replays
     route: str = "ascend"
     split_tokens: int = 0   # > 0: device planning (tokens per split, fixed at capture)
     max_q_len: int = 0      # query rows per request (device plan, triton route); 0: fixed at the first refresh
@@ -129,6 +132,8 @@ class GraphDecoder:
         elif self.block_table.shape[1] != max_pages:
             raise ValueError(f"block_table: {max_pages} pages per request, this graph's buffer has "
                              f"{self.block_table.shape[1]}")
+        if self.replays is None:
+            self.replays = torch.zeros(1, dtype=torch.int64, device=dev)
         if self.seq_lens is None and (self.route == "triton" or self.split_tokens):
             self.seq_lens = torch.zeros(self.max_reqs, dtype=torch.int32, device=dev)
             self.query_start_loc = torch.zeros(self.max_reqs + 1, dtype=torch.int32, device=dev)
@@ -343,7 +348,8 @@ class GraphDecoder:
     def run(self, key: tuple, q, k_cache, v_cache, *, out=None):
         """The decode of the layers with constants ``key`` on the current buffers: ``(out, lse)``.
 
-        Enqueues the kernels only: no host read, no allocation, no host work (capturable).
+        Enqueues the kernels only: no host read, no allocation, no host work (capturable); and one
+        increment of the device counter :attr:`replays`, which a replay repeats.
         ``q`` ``[num_tokens, Hq, D]``; ``out`` (optional) the same shape, else the wrapper's buffer.
         """
         w = self.wrappers[key]
@@ -353,10 +359,13 @@ class GraphDecoder:
                            scale=c["scale"], soft_cap=c["soft_cap"], window_left=c["window_left"])
             if out is not None:
                 out.copy_(o)
-                return out, lse
-            return o, lse
-        return w.run(q, k_cache, v_cache, self.block_table, seq_lens=self.seq_lens if c["device_plan"] else None,
-                     scale=c["scale"], soft_cap=c["soft_cap"], window_left=c["window_left"], out=out)
+                o = out
+        else:
+            o, lse = w.run(q, k_cache, v_cache, self.block_table, seq_lens=self.seq_lens if c["device_plan"] else None,
+                           scale=c["scale"], soft_cap=c["soft_cap"], window_left=c["window_left"], out=out)
+        if self.replays is not None:   # captured with the kernels: the count grows at each replay
+            self.replays.add_(1)
+        return o, lse
 
 
 GRAPH_MAX_SPLITS_DEFAULT = 8
@@ -422,6 +431,21 @@ def mode_routing(mode) -> str:
     """One line: what the plugin routes in cudagraph ``mode``."""
     name = mode_name(mode)
     return f"{name}: " + GRAPH_MODE_ROUTING.get(name, ("none", "unknown mode: captures stay on vLLM Ascend's path"))[1]
+
+
+def replay_counts(read_device: bool = False) -> dict:
+    """``uniform_graph_steps``: uniform-decode steps of captured sizes the builders refreshed (host
+    count: the steps vLLM replays); ``graph_replays`` (``read_device``: one device-to-host read per
+    graph, so never inside a step or a capture; else ``None``): replays of our captured graphs,
+    counted on the device by the replays themselves. Both summed over the KV-cache groups."""
+    uniform = sum(dec.uniform_steps for dec in GRAPH_DECODERS.values())
+    replays = None
+    if read_device:
+        replays = 0
+        for dec in GRAPH_DECODERS.values():
+            if dec.replays is not None and dec.layers_captured:
+                replays += int(dec.replays.item()) // dec.layers_captured
+    return {"uniform_graph_steps": uniform, "graph_replays": replays}
 
 
 # -- memory: the graph buffers are made after vLLM sized the KV cache; hold their bytes during profiling --
@@ -633,6 +657,8 @@ def refresh_graph_step(meta, group) -> None:
         from . import stats
 
         stats.note_refresh()
+        if uniform_decode(meta, group):
+            dec.uniform_steps += 1
 
 
 def _graph_key(layer: LayerSpec, query, key_cache):
@@ -746,6 +772,7 @@ def forward_graph(layer: LayerSpec, query: torch.Tensor, key_cache: torch.Tensor
     """
     dec = meta._splitkv_graph_decoder
     dec.captured = True
+    dec.layers_captured += 1
     n = dec.num_tokens
     q = query.view(n, layer.num_heads, layer.head_size)
     dec.run(_graph_key(layer, query, key_cache), q, key_cache, value_cache,

@@ -124,22 +124,26 @@ def forward_all(e, meta):
 
 
 def capture(e, monkeypatch, meta):
-    """Run the layers with ``capturing`` set and record the operator launches (the "graph")."""
+    """Run the layers with ``capturing`` set and record the graph decoder's launches (the "graph": the
+    operator's kernels and the replay counter's increment); the counter is then reset, as a capture on an
+    NPU records the increment without running it."""
     calls = []
-    real_run = AscendDecodeWrapper.run
+    real_run = GraphDecoder.run
 
     def recording_run(self, *a, **k):
         calls.append((self, a, k))
         return real_run(self, *a, **k)
 
-    monkeypatch.setattr(AscendDecodeWrapper, "run", recording_run)
+    monkeypatch.setattr(GraphDecoder, "run", recording_run)
     e.ctx.capturing = True
     try:
         forward_all(e, meta)
     finally:
         e.ctx.capturing = False
-        monkeypatch.setattr(AscendDecodeWrapper, "run", real_run)
-    return lambda: [real_run(w, *a, **k) for w, a, k in calls]
+        monkeypatch.setattr(GraphDecoder, "run", real_run)
+    for dec, _, _ in calls:
+        dec.replays.zero_()
+    return lambda: [real_run(dec, *a, **k) for dec, a, k in calls]
 
 
 @contextlib.contextmanager
@@ -248,6 +252,24 @@ def test_draft_builds_never_touch_the_targets_graph_buffers(env, monkeypatch):
     e.query.copy_(q_target)
     replay()
     check_step(e, dec, refs, 3)
+
+
+def test_replays_are_counted_by_the_replays_not_the_builds(env, monkeypatch):
+    """``graph_replays`` grows only when the captured graph runs (a device counter in the graph); the
+    builder's count of uniform-decode steps is what vLLM should have replayed: the e2e compares them."""
+    e = env
+    dec, replay = warm_up_and_capture(e, monkeypatch)
+    for lens in ([33, 900, 4], [1] * N, [70, 2]):
+        e.builder.build(0, graph_step(e, lens)[0])
+    replay()
+    replay()
+    counts = graph.replay_counts(read_device=True)
+    assert counts == {"uniform_graph_steps": 3, "graph_replays": 2}
+    e.builder.build(0, graph_step(e, [7, 8], pad="fia")[0])   # FIA padding: still uniform (one query each)
+    replay()
+    assert graph.replay_counts(read_device=True) == {"uniform_graph_steps": 4, "graph_replays": 3}
+    assert stats.worker_stats()["graph_replays"] == 3
+    assert graph.replay_counts()["graph_replays"] is None, "no device read unless asked"
 
 
 def test_eager_steps_of_other_sizes_are_unchanged(env):

@@ -403,8 +403,11 @@ def test_stats_reach_the_driver_through_files_and_rpc(monkeypatch, tmp_path):
     assert len(files) == 1 and files[0]["routed_steps"] == 1
     rpc = stats.worker_stats(worker=object())
     assert rpc["routed_steps"] == 1 and rpc["pid"] == files[0]["pid"]
-    assert stats.total([rpc, {"routed_steps": 2, "graph_captures": 1}]) == {
-        "routed_steps": 3, "routed_layer_calls": 1, "graph_captures": 1, "graph_refreshes": 0, "workers": 2}
+    assert rpc["graph_replays"] == 0 and files[0]["graph_replays"] is None, "read from the device by the RPC only"
+    assert stats.total([rpc, {"routed_steps": 2, "graph_captures": 1, "graph_replays": 4}]) == {
+        "routed_steps": 3, "routed_layer_calls": 1, "graph_captures": 1, "graph_refreshes": 0, "workers": 2,
+        "uniform_graph_steps": 0, "graph_replays": 4}
+    assert stats.total([rpc, {"routed_steps": 2}])["graph_replays"] is None, "a worker that did not read them"
 
 
 @pytest.mark.parametrize("version, device_type, env, words", [

@@ -23,8 +23,9 @@ What vLLM Ascend hands its attention implementation (``vllm_ascend/attention/att
 What is routed (everything else stays on vLLM Ascend's own path): batches where every request
 is a decode (``num_prefills == 0``: one query, or up to ``decode_threshold`` speculative /
 short-extend queries, which our causal-tail rule computes exactly), causal, on layers that are
-plain decoder self-attention without ALiBi, attention sinks or a quantized (C8) KV cache, head dim
-at most 256. Mixed prefill+decode batches stay on vLLM Ascend's single FIA call.
+plain decoder self-attention without ALiBi, attention sinks or a quantized (C8) KV cache, with a head
+size and dtypes the Ascend kernels take (:func:`kernel_unsupported`). Mixed prefill+decode batches stay
+on vLLM Ascend's single FIA call.
 
 Sliding window. vLLM's definition: ``sliding_window = W`` lets a query at position ``p`` see
 ``p - W + 1 .. p``, W keys (FlashAttention's ``window_size = (W - 1, 0)``): our ``window_left = W - 1``
@@ -179,8 +180,8 @@ def layer_unsupported(impl, soft_cap=None, head_size_v=None) -> str | None:
         return ("sliding window: vLLM Ascend's FIA band (pre_tokens = W) is matched (W + 1 keys) but not yet "
                 "confirmed on a node (route_window_layers / SPLITKV_VLLM_WINDOW=1 routes it)")
     if soft_cap and not soft_cap_routed():
-        return ("logits soft cap: vLLM Ascend's own prefill path does not apply it, so decode through splitkv "
-                "would disagree with prefill (SPLITKV_VLLM_SOFT_CAP=1 routes it anyway)")
+        return ("logits soft cap: vLLM Ascend ignores it on every path (prefill and decode), so decode through "
+                "splitkv would disagree with the rest of the model (SPLITKV_VLLM_SOFT_CAP=1 routes it anyway)")
     return None
 
 

@@ -97,8 +97,8 @@ class LayerSpec:
     layer_unsupported: str | None
 
     @classmethod
-    def from_impl(cls, impl, soft_cap=None, head_size_v=None) -> "LayerSpec":
-        why = layer_unsupported(impl, soft_cap, head_size_v=head_size_v)
+    def from_impl(cls, impl, soft_cap=None) -> "LayerSpec":
+        why = layer_unsupported(impl, soft_cap)
         return cls(int(impl.num_heads), int(impl.num_kv_heads), int(impl.head_size), float(impl.scale),
                    window_left_like_vllm_ascend(getattr(impl, "sliding_window", None)),
                    None if not soft_cap else float(soft_cap), why)
@@ -155,10 +155,8 @@ def kernel_unsupported(head_size: int, dtype: torch.dtype | None, kv_dtype: torc
     return unsupported_reason(int(head_size), torch_dtype_name(dtype), torch_dtype_name(kv_dtype or dtype))
 
 
-def layer_unsupported(impl, soft_cap=None, head_size_v=None) -> str | None:
+def layer_unsupported(impl, soft_cap=None) -> str | None:
     """``None`` when this layer's decode can run through splitkv, else the reason."""
-    if head_size_v is not None and int(head_size_v) != int(impl.head_size):
-        return f"V head size {head_size_v} differs from K head size {impl.head_size}"
     if getattr(impl, "alibi_slopes", None) is not None:
         return "ALiBi slopes"
     if getattr(impl, "sinks", None) is not None:

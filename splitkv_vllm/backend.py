@@ -201,8 +201,10 @@ class SplitKVAscendAttentionImpl(_PARENT_IMPL):
         super().__init__(*args, **kwargs)
         settings.configure(getattr(self, "vllm_config", None))
         cap = kwargs.get("logits_soft_cap", args[_SOFT_CAP_POS] if len(args) > _SOFT_CAP_POS else None)
-        self._splitkv_layer = adapter.LayerSpec.from_impl(self, soft_cap=cap, head_size_v=kwargs.get("head_size_v"))
-        self._splitkv_cache_why = None  # checked once the caches are bound (V head size, layout, dtypes)
+        self._splitkv_layer = adapter.LayerSpec.from_impl(self, soft_cap=cap)
+        # vLLM keeps head_size_v to itself (its Attention layer does not pass it to the impl): the V head
+        # size is checked once the caches are bound, with their layout and dtypes
+        self._splitkv_cache_why = None
         self._splitkv_cache_checked = False
         if self._splitkv_layer.layer_unsupported:
             once(logging.INFO, "splitkv: layer stays on vLLM Ascend's path: %s", self._splitkv_layer.layer_unsupported)

@@ -366,7 +366,6 @@ def test_layer_whose_v_head_size_differs_is_refused(monkeypatch, caplog):
     _, v1 = _fake_vllm_ascend(monkeypatch)
     backend = importlib.import_module("splitkv_vllm.backend")
     caplog.set_level(logging.INFO, logger=LOGGER_NAME)
-    assert "V head size" in _impl(backend, head_size_v=32)._splitkv_layer.layer_unsupported
     impl = _impl(backend)
     step = make_step([1, 1], [10, 20], seed=14)
     impl.key_cache, impl.value_cache = step.key_cache, step.value_cache[..., :32].contiguous()

@@ -231,7 +231,7 @@ class SplitKVAscendAttentionImpl(_PARENT_IMPL):
         why = self._splitkv_unsupported(attn_metadata, query)
         if why:
             stats.note_fallback(why)
-            if not capturing:
+            if not capturing and not adapter.batch_unsupported(attn_metadata):   # the layer's own reason
                 graph.note_warm_up(attn_metadata, id(self), why)
             return super().forward_impl(query, key, value, kv_cache, attn_metadata, output)
         if capturing:

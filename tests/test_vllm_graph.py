@@ -305,6 +305,19 @@ def test_a_graph_is_routed_all_or_nothing(monkeypatch, caplog):
     assert not graph.GRAPH_DECODERS[(e.builder, N)].captured
 
 
+def test_a_mixed_batch_of_a_graph_size_does_not_block_its_capture(env, monkeypatch):
+    """A batch of a graph size that is not decode-only (e.g. a PIECEWISE warm-up with prefill rows) stays
+    on vLLM Ascend's path for reasons of the batch, not of a layer: the FULL capture is still ours."""
+    e = env
+    meta, _ = graph_step(e, [300, 5, 1000, 129])
+    meta.num_prefills, meta.attn_state = 1, AscendAttentionState.ChunkedPrefill
+    forward_all(e, e.builder.build(0, meta))
+    assert [impl.parent_calls for impl in e.layers] == [1, 1] and graph.WARM_UP_FALLBACKS == {}
+    for impl in e.layers:
+        impl.parent_calls = 0
+    warm_up_and_capture(e, monkeypatch)           # captured on our op: one capture per layer, no parent call
+
+
 def test_capture_without_warm_up_stays_on_vllm_ascend(env, monkeypatch):
     e = env
     meta, _ = graph_step(e, [10, 20])
@@ -422,6 +435,8 @@ def test_reserved_graph_memory_equals_what_the_warm_ups_make(monkeypatch, name, 
     assert sorted(n for (_, n) in graph.GRAPH_DECODERS) == list(decode), "buffers only for the decode sizes"
     sizes = cfg.compilation_config.cudagraph_capture_sizes
     assert decode == tuple(x for x in sorted(sizes) if 1 + k <= x <= seqs * (1 + k))
+    stores = {w._stores["workspace"].data_ptr() for dec in graph.GRAPH_DECODERS.values() for w in dec.wrappers.values()}
+    assert len(stores) == 1, "one workspace shared by every graph size"
     made = graph.made_graph_bytes(builder)
     assert graph.reserved_bytes() == 0, "the warm-up handed the reserve back"
     assert made == reserved, (name, made, reserved)

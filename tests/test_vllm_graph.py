@@ -444,6 +444,17 @@ def test_reserved_graph_memory_equals_what_the_warm_ups_make(monkeypatch, name, 
           f" capture sizes; reserved {reserved / 2**20:.1f} MiB, made {made / 2**20:.1f} MiB per set of layer constants")
 
 
+def test_a_shared_workspace_must_be_a_float32_vector_on_the_device():
+    for bad in (torch.zeros(64, dtype=torch.float16), torch.zeros(8, 8), "workspace"):
+        with pytest.raises(ValueError, match="workspace"):
+            AscendDecodeWrapper(HQ, HKV, D, BLOCK, dtype=DT, device="cpu", workspace=bad)
+    shared = torch.zeros(1 << 22)   # 16 MiB: more than this batch needs
+    w = AscendDecodeWrapper(HQ, HKV, D, BLOCK, dtype=DT, device="cpu", workspace=shared)
+    w.plan(np.array([300, 5], np.int32), max_pages=4, num_pages=NUM_BLOCKS)
+    assert 0 < w.workspace_bytes() <= shared.numel() * 4
+    assert w._buffers["workspace"].data_ptr() == shared.data_ptr(), "taken from the shared store"
+
+
 def test_no_graph_buffers_are_made_while_serving(env, monkeypatch):
     """After vLLM's capture (``cudagraph_capturing_enabled`` cleared) an eager step of a graph size makes
     nothing: it runs eagerly."""

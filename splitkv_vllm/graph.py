@@ -94,9 +94,9 @@ class GraphDecoder:
     _lengths: tuple | None = None  # (seq_lens [max_reqs], query_start_loc [max_reqs + 1]), host int32
     plans: dict = field(default_factory=dict)  # plan per (Hkv, page, Hq, D, kv bytes, window) of the last refresh
     captured: bool = False  # a graph was captured on these buffers (each later refresh precedes a replay)
-    layers_captured: int = 0   # layer calls recorded by the capture (each replay runs that many)
+    layers_captured: int = 0   # layer calls recorded by the capture
     uniform_steps: int = 0     # uniform-decode steps refreshed after the capture (the steps vLLM replays)
-    replays: torch.Tensor | None = None   # int64 [1] on the device: + 1 per layer run, counted by the replays
+    replays: torch.Tensor | None = None   # int64 [1] on the device: + 1 per replay (the first layer's run counts)
     route: str = "ascend"
     split_tokens: int = 0   # > 0: device planning (tokens per split, fixed at capture)
     max_q_len: int = 0      # query rows per request (device plan, triton route); 0: fixed at the first refresh
@@ -345,11 +345,12 @@ class GraphDecoder:
             if block_table.device != buf.device:
                 raise ValueError(f"block_table: on {block_table.device}, this graph's buffer is on {buf.device}")
 
-    def run(self, key: tuple, q, k_cache, v_cache, *, out=None):
+    def run(self, key: tuple, q, k_cache, v_cache, *, out=None, count: bool = False):
         """The decode of the layers with constants ``key`` on the current buffers: ``(out, lse)``.
 
-        Enqueues the kernels only: no host read, no allocation, no host work (capturable); and one
-        increment of the device counter :attr:`replays`, which a replay repeats.
+        Enqueues the kernels only: no host read, no allocation, no host work (capturable); with
+        ``count`` (the graph's first layer) also one increment of the device counter :attr:`replays`,
+        which every replay repeats.
         ``q`` ``[num_tokens, Hq, D]``; ``out`` (optional) the same shape, else the wrapper's buffer.
         """
         w = self.wrappers[key]
@@ -363,7 +364,7 @@ class GraphDecoder:
         else:
             o, lse = w.run(q, k_cache, v_cache, self.block_table, seq_lens=self.seq_lens if c["device_plan"] else None,
                            scale=c["scale"], soft_cap=c["soft_cap"], window_left=c["window_left"], out=out)
-        if self.replays is not None:   # captured with the kernels: the count grows at each replay
+        if count and self.replays is not None:   # captured with the kernels: the count grows at each replay
             self.replays.add_(1)
         return o, lse
 
@@ -444,7 +445,7 @@ def replay_counts(read_device: bool = False) -> dict:
         replays = 0
         for dec in GRAPH_DECODERS.values():
             if dec.replays is not None and dec.layers_captured:
-                replays += int(dec.replays.item()) // dec.layers_captured
+                replays += int(dec.replays.item())
     return {"uniform_graph_steps": uniform, "graph_replays": replays}
 
 
@@ -776,5 +777,5 @@ def forward_graph(layer: LayerSpec, query: torch.Tensor, key_cache: torch.Tensor
     n = dec.num_tokens
     q = query.view(n, layer.num_heads, layer.head_size)
     dec.run(_graph_key(layer, query, key_cache), q, key_cache, value_cache,
-            out=output.view(n, layer.num_heads, layer.head_size))
+            out=output.view(n, layer.num_heads, layer.head_size), count=dec.layers_captured == 1)
     return output

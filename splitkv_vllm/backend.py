@@ -65,6 +65,19 @@ def _capturing() -> bool:
         return False
 
 
+def _full_capture() -> bool:
+    """Whether the capture in progress records attention (a FULL graph), not a PIECEWISE one, whose
+    attention runs eagerly between the captured pieces while vLLM Ascend's ``capturing`` flag stays set:
+    vLLM's forward context's ``cudagraph_runtime_mode``; True when it does not say."""
+    try:
+        from vllm.forward_context import get_forward_context
+
+        mode = getattr(get_forward_context(), "cudagraph_runtime_mode", None)
+    except Exception:  # noqa: BLE001 - no forward context
+        return True
+    return mode is None or graph.mode_name(mode) != "PIECEWISE"
+
+
 def _graph_unsupported() -> str | None:
     """``None`` when this step may use (or make) graph buffers, else why not."""
     from . import dispatch
@@ -242,9 +255,12 @@ class SplitKVAscendAttentionImpl(_PARENT_IMPL):
                 stats.note_fallback(f"capture: {why}")
                 return super().forward_impl(query, key, value, kv_cache, attn_metadata, output)
             _fence()
-            self.splitkv_graph_captures += 1
-            stats.note_capture()
-            return graph.forward_graph(layer, query, self.key_cache, self.value_cache, attn_metadata, output)
+            full = _full_capture()
+            if full:
+                self.splitkv_graph_captures += 1
+                stats.note_capture()
+            return graph.forward_graph(layer, query, self.key_cache, self.value_cache, attn_metadata, output,
+                                       full=full)
         if getattr(attn_metadata, "_splitkv_graph_group", None) is not None and not _graph_unsupported():
             try:
                 graph.prepare_graph(layer, query, self.key_cache, attn_metadata)

@@ -765,17 +765,20 @@ def graph_unsupported(layer: LayerSpec, query, key_cache, meta) -> str | None:
 
 
 def forward_graph(layer: LayerSpec, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, meta,
-                  output: torch.Tensor) -> torch.Tensor:
+                  output: torch.Tensor, *, full: bool = True) -> torch.Tensor:
     """Decode of a full-graph step into ``output`` (all ``num_tokens`` rows; padding rows ``0``).
 
     Only enqueues the kernels on the graph's fixed buffers (see :func:`refresh_graph_step`): no
-    host read, no allocation, so a capture of it replays with each step's refreshed plan.
+    host read, no allocation, so a capture of it replays with each step's refreshed plan. ``full``:
+    the capture records it (a FULL graph: the decoder is marked captured and its first layer records
+    the replay count); else it runs eagerly on the refreshed buffers (attention of a PIECEWISE capture).
     """
     dec = meta._splitkv_graph_decoder
-    dec.captured = True
-    dec.layers_captured += 1
+    if full:
+        dec.captured = True
+        dec.layers_captured += 1
     n = dec.num_tokens
     q = query.view(n, layer.num_heads, layer.head_size)
     dec.run(_graph_key(layer, query, key_cache), q, key_cache, value_cache,
-            out=output.view(n, layer.num_heads, layer.head_size), count=dec.layers_captured == 1)
+            out=output.view(n, layer.num_heads, layer.head_size), count=full and dec.layers_captured == 1)
     return output

@@ -272,6 +272,27 @@ def test_replays_are_counted_by_the_replays_not_the_builds(env, monkeypatch):
     assert graph.replay_counts()["graph_replays"] is None, "no device read unless asked"
 
 
+def test_a_piecewise_capture_before_the_full_one_neither_marks_nor_counts(env, monkeypatch):
+    """FULL_AND_PIECEWISE: vLLM captures the PIECEWISE graphs first; their attention runs eagerly between
+    the pieces with vLLM Ascend's ``capturing`` still set. That run is not a capture of ours: the FULL
+    capture that follows records the replay count, and only its replays are counted."""
+    e = make_env(monkeypatch, "FULL_AND_PIECEWISE")
+    meta, _ = graph_step(e, [300, 5, 1000, 129])
+    forward_all(e, e.builder.build(0, meta))                # warm-up
+    dec = graph.GRAPH_DECODERS[(e.builder, N)]
+    e.desc.cudagraph_runtime_mode = CUDAGraphMode.PIECEWISE
+    capture(e, monkeypatch, e.builder.build(0, graph_step(e, [17, 2, 640])[0]))
+    assert not dec.captured and dec.layers_captured == 0 and stats.snapshot()["graph_captures"] == 0
+    e.desc.cudagraph_runtime_mode = CUDAGraphMode.FULL
+    replay = capture(e, monkeypatch, e.builder.build(0, graph_step(e, [17, 2, 640])[0]))
+    assert dec.captured and dec.layers_captured == 2
+    meta, refs = graph_step(e, [33, 900, 4])
+    e.builder.build(0, meta)
+    replay()
+    check_step(e, dec, refs, 3)
+    assert graph.replay_counts(read_device=True) == {"uniform_graph_steps": 1, "graph_replays": 1}
+
+
 def test_eager_steps_of_other_sizes_are_unchanged(env):
     e = env
     meta, ref_inputs = graph_step(e, [40, 500, 3])

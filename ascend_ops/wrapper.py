@@ -65,6 +65,10 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
             :data:`~ascend_ops.support.DEFAULT_PROFILE`, ``910b2``; or ``910b3``...); policy: ``auto``, ``none``, ``size:N``, ``count:N``;
             graph_stable, max_splits, max_work_items, min_split_tokens: as
             :func:`splitkv_common.plan.make_plan`.
+        workspace: optional 1-D float32 store on ``device`` the kernels' workspace is taken from while it
+            is large enough (a larger plan grows a store of its own): wrappers whose launches run one
+            after another on one stream (the graphs of several sizes, which replay one at a time) can
+            share one, sized for the largest of them.
 
     The attention's constants (``scale``, ``soft_cap``, ``window_left``) and the page counts are
     part of the tiling: give them to ``plan()`` so that ``run()`` does no host work.
@@ -82,7 +86,8 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  dtype=torch.bfloat16, kv_dtype=None, device=None, profile: str | None = None, policy: str = "auto",
                  graph_stable: bool = False, max_splits: int | None = None, max_work_items: int | None = None,
-                 min_split_tokens: int | None = None, device_split_tokens: int | None = None):
+                 min_split_tokens: int | None = None, device_split_tokens: int | None = None,
+                 workspace: torch.Tensor | None = None):
         check_gqa(num_q_heads, num_kv_heads)
         if device_split_tokens is not None:
             S = int(device_split_tokens)
@@ -123,6 +128,13 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
         self._pages: tuple | None = None  # (max_pages, num_pages) of the tiling
         self.kernel_reason = ""  # why the split stage of the current tiling serves the batch, in words
         self._stale = True
+        if workspace is not None:   # a store shared with other wrappers whose launches never overlap it
+            if (not isinstance(workspace, torch.Tensor) or workspace.dtype != torch.float32 or workspace.dim() != 1
+                    or workspace.device != self.device):
+                raise ValueError(f"workspace: must be a 1-D float32 tensor on {self.device}, got "
+                                 f"{getattr(workspace, 'dtype', type(workspace).__name__)} "
+                                 f"{list(getattr(workspace, 'shape', []))} on {getattr(workspace, 'device', None)}")
+            self._stores["workspace"] = workspace
 
     # -- host side ---------------------------------------------------------------------------
     def plan(self, seq_lens, q_lens=None, query_start_loc=None, window_left=None, *, scale=None,

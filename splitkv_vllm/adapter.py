@@ -23,8 +23,9 @@ What vLLM Ascend hands its attention implementation (``vllm_ascend/attention/att
 What is routed (everything else stays on vLLM Ascend's own path): batches where every request
 is a decode (``num_prefills == 0``: one query, or up to ``decode_threshold`` speculative /
 short-extend queries, which our causal-tail rule computes exactly), causal, on layers that are
-plain decoder self-attention without ALiBi, attention sinks or a quantized (C8) KV cache, head dim
-at most 256. Mixed prefill+decode batches stay on vLLM Ascend's single FIA call.
+plain decoder self-attention without ALiBi, attention sinks or a quantized (C8) KV cache, with a head
+size and dtypes the Ascend kernels take (:func:`kernel_unsupported`). Mixed prefill+decode batches stay
+on vLLM Ascend's single FIA call.
 
 Sliding window. vLLM's definition: ``sliding_window = W`` lets a query at position ``p`` see
 ``p - W + 1 .. p``, W keys (FlashAttention's ``window_size = (W - 1, 0)``): our ``window_left = W - 1``
@@ -50,7 +51,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ascend_ops.support import MAX_HEAD_DIM, profile
+from ascend_ops.support import profile, supported_head_dim, unsupported_reason
+from splitkv_common.torch_io import torch_dtype_name
 from splitkv_common.plan import Plan, make_plan
 
 from . import settings
@@ -95,8 +97,8 @@ class LayerSpec:
     layer_unsupported: str | None
 
     @classmethod
-    def from_impl(cls, impl, soft_cap=None, head_size_v=None) -> "LayerSpec":
-        why = layer_unsupported(impl, soft_cap, head_size_v=head_size_v)
+    def from_impl(cls, impl, soft_cap=None) -> "LayerSpec":
+        why = layer_unsupported(impl, soft_cap)
         return cls(int(impl.num_heads), int(impl.num_kv_heads), int(impl.head_size), float(impl.scale),
                    window_left_like_vllm_ascend(getattr(impl, "sliding_window", None)),
                    None if not soft_cap else float(soft_cap), why)
@@ -110,9 +112,9 @@ def window_routed() -> bool:
     return settings.current().route_window_layers
 
 
-def cache_unsupported(layer: "LayerSpec", key_cache, value_cache) -> str | None:
+def cache_unsupported(layer: "LayerSpec", key_cache, value_cache, query=None) -> str | None:
     """``None`` when the layer's caches have the shape we read (``[blocks, block_size, Hkv, D]``, V's head
-    size equal to K's), else why not."""
+    size equal to K's, V's dtype K's, and, ``query`` given, q's dtype, one the kernels take), else why not."""
     if key_cache is None or value_cache is None:
         return "no KV cache bound to the layer yet"
     if key_cache.dim() != 4 or value_cache.dim() != 4:
@@ -122,13 +124,39 @@ def cache_unsupported(layer: "LayerSpec", key_cache, value_cache) -> str | None:
         return f"V head size {dv} differs from K head size {dk}"
     if dk != layer.head_size or int(key_cache.shape[2]) != layer.num_kv_heads:
         return f"KV cache heads/size {tuple(key_cache.shape[2:])} differ from the layer's ({layer.num_kv_heads}, {layer.head_size})"
+    if value_cache.dtype != key_cache.dtype:
+        return f"V cache dtype {value_cache.dtype} differs from K's {key_cache.dtype}"
+    if query is not None and key_cache.dtype != query.dtype:
+        return f"KV cache dtype {key_cache.dtype} differs from q's {query.dtype} (quantized caches stay on vLLM Ascend's path)"
+    if query is not None:
+        return kernel_unsupported(layer.head_size, query.dtype, key_cache.dtype)
     return None
 
 
-def layer_unsupported(impl, soft_cap=None, head_size_v=None) -> str | None:
+_KV_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+              "half": torch.float16}
+
+
+def model_dtype(impl) -> torch.dtype | None:
+    """The model's dtype from the impl's vLLM config (``model_config.dtype``), ``None`` when unknown."""
+    dt = getattr(getattr(getattr(impl, "vllm_config", None), "model_config", None), "dtype", None)
+    if isinstance(dt, torch.dtype):
+        return dt
+    return getattr(torch, str(dt), None) if isinstance(dt, str) else None
+
+
+def kernel_unsupported(head_size: int, dtype: torch.dtype | None, kv_dtype: torch.dtype | None) -> str | None:
+    """``None`` when the Ascend kernels take this head size and these dtypes (q ``dtype``, KV ``kv_dtype``,
+    default q's; ``dtype`` ``None``: the head size only), else why not: the rules of
+    :func:`ascend_ops.support.unsupported_reason`, asked before a step is routed so that nothing the
+    kernels refuse ever reaches them."""
+    if dtype is None:
+        return supported_head_dim(int(head_size))
+    return unsupported_reason(int(head_size), torch_dtype_name(dtype), torch_dtype_name(kv_dtype or dtype))
+
+
+def layer_unsupported(impl, soft_cap=None) -> str | None:
     """``None`` when this layer's decode can run through splitkv, else the reason."""
-    if head_size_v is not None and int(head_size_v) != int(impl.head_size):
-        return f"V head size {head_size_v} differs from K head size {impl.head_size}"
     if getattr(impl, "alibi_slopes", None) is not None:
         return "ALiBi slopes"
     if getattr(impl, "sinks", None) is not None:
@@ -141,16 +169,17 @@ def layer_unsupported(impl, soft_cap=None, head_size_v=None) -> str | None:
         return f"KV cache dtype {kvd!r} (vLLM Ascend's C8 / quantized caches stay on its path)"
     if getattr(impl, "enable_c8_quant", False):
         return "C8 quantized KV cache"
-    if int(impl.head_size) > MAX_HEAD_DIM:
-        return f"head size {impl.head_size} > {MAX_HEAD_DIM}"
+    why = kernel_unsupported(int(impl.head_size), model_dtype(impl), kv_dtype=None)
+    if why:
+        return why
     if int(impl.num_heads) % int(impl.num_kv_heads):
         return "num_heads is not a multiple of num_kv_heads"
     if window_left_like_vllm_ascend(getattr(impl, "sliding_window", None)) is not None and not window_routed():
         return ("sliding window: vLLM Ascend's FIA band (pre_tokens = W) is matched (W + 1 keys) but not yet "
                 "confirmed on a node (route_window_layers / SPLITKV_VLLM_WINDOW=1 routes it)")
     if soft_cap and not soft_cap_routed():
-        return ("logits soft cap: vLLM Ascend's own prefill path does not apply it, so decode through splitkv "
-                "would disagree with prefill (SPLITKV_VLLM_SOFT_CAP=1 routes it anyway)")
+        return ("logits soft cap: vLLM Ascend ignores it on every path (prefill and decode), so decode through "
+                "splitkv would disagree with the rest of the model (SPLITKV_VLLM_SOFT_CAP=1 routes it anyway)")
     return None
 
 
@@ -178,6 +207,8 @@ class DecodeBatch:
     seq_lens: torch.Tensor          # int32 [B], host
     block_table: torch.Tensor       # int32 [B, max_blocks], device
     plan: Plan
+    host_seq_lens: np.ndarray | None = None   # int32 [B], the same lengths as NumPy
+    _uploaded: dict | None = None   # device str -> (seq_lens, query_start_loc) int32 on that device
 
     @property
     def num_tokens(self) -> int:
@@ -186,6 +217,17 @@ class DecodeBatch:
     @property
     def num_reqs(self) -> int:
         return int(self.seq_lens.shape[0])
+
+    def on_device(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(seq_lens [B], query_start_loc [B + 1])`` int32 on ``device``: uploaded at the first call
+        of the step (the first layer), the same tensors for every later layer."""
+        if self._uploaded is None:
+            self._uploaded = {}
+        key = str(device)
+        hit = self._uploaded.get(key)
+        if hit is None:
+            hit = self._uploaded[key] = (self.seq_lens.to(device), self.query_start_loc.to(device))
+        return hit
 
 
 def host_lengths(meta) -> tuple[np.ndarray, np.ndarray]:
@@ -234,34 +276,88 @@ def make_batch(meta, *, num_q_heads: int, num_kv_heads: int, head_dim: int, page
     bt = meta.block_tables[:B]
     if bt.shape[0] < B:
         raise ValueError(f"metadata: block_tables has {bt.shape[0]} rows for {B} requests")
+    if not bt.is_contiguous():
+        bt = bt.contiguous()
     opts = plan_options()
     kw = {k: v for k, v in dict(max_splits=max_splits, max_work_items=max_work_items).items() if v is not None}
     plan = make_plan(sl, num_kv_heads=num_kv_heads, page_size=page_size, query_start_loc=qsl, num_q_heads=num_q_heads,
                      head_dim=head_dim, kv_elem_bytes=kv_elem_bytes, window_left=window_left,
                      graph_stable=graph_stable, **opts, **kw)
     batch = DecodeBatch(torch.from_numpy(qsl), torch.from_numpy(sl),
-                        bt if bt.dtype == torch.int32 else bt.to(torch.int32), plan)
+                        bt if bt.dtype == torch.int32 else bt.to(torch.int32), plan, host_seq_lens=sl)
     cache[key] = batch
     return batch
+
+
+# (device, layer constants, dtypes) -> AscendDecodeWrapper of the eager path: made once per process,
+# given the step's shared plan once per step (set_plan at the step's first layer of these constants)
+_EAGER_WRAPPERS: dict = {}
+
+
+def eager_wrapper(layer: LayerSpec, query: torch.Tensor, key_cache: torch.Tensor):
+    """The eager :class:`ascend_ops.AscendDecodeWrapper` of ``layer``'s constants on ``query``'s device.
+
+    One per (device, Hq, Hkv, D, block size, q dtype, KV dtype, scale, soft cap, window): the layers
+    that share them share it. Its buffers grow to the largest step seen and are then reused (no
+    allocation per step once grown); its pinned staging buffer is made once."""
+    key = (str(query.device), layer.num_heads, layer.num_kv_heads, layer.head_size, int(key_cache.shape[1]),
+           query.dtype, key_cache.dtype, layer.scale, layer.soft_cap, layer.window_left)
+    w = _EAGER_WRAPPERS.get(key)
+    if w is None:
+        from ascend_ops import AscendDecodeWrapper
+
+        opts = plan_options()
+        w = _EAGER_WRAPPERS[key] = AscendDecodeWrapper(
+            layer.num_heads, layer.num_kv_heads, layer.head_size, int(key_cache.shape[1]), dtype=query.dtype,
+            kv_dtype=key_cache.dtype, device=query.device, profile=opts["device"], policy=opts["policy"])
+    return w
+
+
+def _query_rows(layer: LayerSpec, query: torch.Tensor, n: int) -> torch.Tensor:
+    """``query[:n]`` as a contiguous ``[n, Hq, D]`` tensor (a view when it already is one, else a copy)."""
+    q = query[:n].reshape(n, layer.num_heads, layer.head_size)
+    return q if q.is_contiguous() else q.contiguous()
 
 
 def forward_decode(layer: LayerSpec, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                    meta, output: torch.Tensor, *, impl: str | None = None) -> torch.Tensor:
     """Decode attention of a routed step into ``output[:num_tokens]`` (vLLM's buffer); returns ``output``.
 
-    ``query`` ``[num_tokens(+pad), Hq, D]``; ``key_cache``/``value_cache``
-    ``[num_blocks, block_size, Hkv, D]``; ``output`` shaped like ``query`` (or ``[N, Hq * D]``).
+    ``query`` ``[num_tokens(+pad), Hq, D]`` (or ``[num_tokens, Hq * D]``; any strides); ``key_cache`` /
+    ``value_cache`` ``[num_blocks, block_size, Hkv, D]``; ``output`` shaped like ``query``.
     Rows past the real tokens (graph padding) are left as they are.
+
+    The Ascend route reads nothing back from the device: the step's plan is made once on the host
+    from the metadata's host lengths (:func:`make_batch`, shared by the layers), the layer's eager
+    wrapper (:func:`eager_wrapper`) takes it once per step (``set_plan(validate=False)``: the shared
+    planner's plan, valid by construction) and each layer only enqueues the kernels
+    (``run(validate=False)``). The ``debug_checks`` setting adds the host checks of the page ids and
+    lengths (``run(validate=True)``: device-to-host copies of the block table and offsets).
+    The other routes (``triton``, ``torch``) take the step's lengths and offsets uploaded once per step.
     """
-    from .dispatch import decode_attention
+    from .dispatch import choose_impl, decode_attention
 
     page = int(key_cache.shape[1])
     batch = make_batch(meta, num_q_heads=layer.num_heads, num_kv_heads=layer.num_kv_heads, head_dim=layer.head_size,
                        page_size=page, kv_elem_bytes=key_cache.element_size(), window_left=layer.window_left)
     n = batch.num_tokens
-    q = query[:n].view(n, layer.num_heads, layer.head_size)
-    out, _ = decode_attention(q, key_cache, value_cache, batch.block_table, batch.seq_lens,
-                              batch.query_start_loc.to(query.device), plan=batch.plan, scale=layer.scale,
-                              soft_cap=layer.soft_cap, window_left=layer.window_left, impl=impl)
-    output.view(-1, layer.num_heads, layer.head_size)[:n].copy_(out)
+    q = _query_rows(layer, query, n)
+    o = output.view(-1, layer.num_heads, layer.head_size)[:n]
+    impl = impl or choose_impl(query.device)
+    if impl == "ascend":
+        w = eager_wrapper(layer, q, key_cache)
+        pages = (int(batch.block_table.shape[1]), int(key_cache.shape[0]))
+        if w.host_plan is not batch.plan or w._pages != pages:
+            w.set_plan(batch.plan, seq_lens=batch.host_seq_lens, scale=layer.scale, soft_cap=layer.soft_cap,
+                       window_left=layer.window_left, max_pages=pages[0], num_pages=pages[1], validate=False)
+        debug = settings.current().debug_checks
+        extra = dict(seq_lens=batch.seq_lens, query_start_loc=batch.query_start_loc) if debug else {}
+        out, _ = w.run(q, key_cache, value_cache, batch.block_table, validate=debug,
+                       out=o if o.is_contiguous() else None, **extra)
+    else:
+        sl, qsl = batch.on_device(q.device)
+        out, _ = decode_attention(q, key_cache, value_cache, batch.block_table, sl, qsl, plan=batch.plan,
+                                  scale=layer.scale, soft_cap=layer.soft_cap, window_left=layer.window_left, impl=impl)
+    if out is not o:
+        o.copy_(out)
     return output

@@ -37,6 +37,7 @@ This module imports vLLM Ascend (and so torch_npu): only the platform loads it, 
 from __future__ import annotations
 
 import logging
+import types
 
 import torch
 from vllm_ascend.attention import attention_v1 as _v1
@@ -53,6 +54,7 @@ _SOFT_CAP_POS = 7
 
 
 _PARENT_BUILDER = _v1.AscendAttentionMetadataBuilder
+KERNEL_BLOCK_SIZE = 128   # AscendAttentionBackend.get_supported_kernel_block_sizes() at the tested versions
 
 
 def _capturing() -> bool:
@@ -61,6 +63,19 @@ def _capturing() -> bool:
         return bool(getattr(_EXTRA_CTX, "capturing", False))
     except Exception:  # noqa: BLE001 - a layout without full-graph capture
         return False
+
+
+def _full_capture() -> bool:
+    """Whether the capture in progress records attention (a FULL graph), not a PIECEWISE one, whose
+    attention runs eagerly between the captured pieces while vLLM Ascend's ``capturing`` flag stays set:
+    vLLM's forward context's ``cudagraph_runtime_mode``; True when it does not say."""
+    try:
+        from vllm.forward_context import get_forward_context
+
+        mode = getattr(get_forward_context(), "cudagraph_runtime_mode", None)
+    except Exception:  # noqa: BLE001 - no forward context
+        return True
+    return mode is None or graph.mode_name(mode) != "PIECEWISE"
 
 
 def _graph_unsupported() -> str | None:
@@ -93,12 +108,22 @@ def _mode(obj):
 
 
 def _graph_sizes(builder) -> frozenset:
-    """The token counts of the full graphs that run our op (empty when none do: no buffers, no refresh)."""
+    """The token counts of the full decode graphs that run our op (:func:`splitkv_vllm.graph.decode_sizes`;
+    empty when none do: no buffers, no refresh)."""
     cc = getattr(builder, "compilation_config", None)
-    mode = getattr(cc, "cudagraph_mode", None)
-    if not graph.full_graphs_routed(mode):
+    if not graph.full_graphs_routed(getattr(cc, "cudagraph_mode", None)):
         return frozenset()
-    return frozenset(int(n) for n in (getattr(cc, "cudagraph_capture_sizes", None) or ()))
+    cfg = getattr(builder, "vllm_config", None) or types.SimpleNamespace(compilation_config=cc)
+    return frozenset(graph.decode_sizes(cfg))
+
+
+def _kernel_block_size() -> int:
+    """The physical KV block the caches use: vLLM Ascend's kernel block size (128), not the scheduler's
+    ``cache_config.block_size`` (larger for hybrid models)."""
+    try:
+        return int(_PARENT_BACKEND.get_supported_kernel_block_sizes()[0])
+    except Exception:  # noqa: BLE001 - a stand-in without it
+        return KERNEL_BLOCK_SIZE
 
 
 def _fence() -> None:
@@ -129,18 +154,20 @@ def _reserve_graph_memory(impl, layer: adapter.LayerSpec, soft_cap) -> None:
             or settings.current().impl == "torch"):
         return
     try:
-        mc, cc = cfg.model_config, cfg.cache_config
+        mc = cfg.model_config
         dtype = mc.dtype if isinstance(mc.dtype, torch.dtype) else getattr(torch, str(mc.dtype))
         kv = str(getattr(impl, "kv_cache_dtype", "auto"))
         kv_dtype = dtype if kv == "auto" else {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(kv, dtype)
-        sizes = tuple(cfg.compilation_config.cudagraph_capture_sizes or ())
-        key = (layer.num_heads, layer.num_kv_heads, layer.head_size, int(cc.block_size), dtype, kv_dtype, layer.scale,
+        sizes = graph.decode_sizes(cfg)
+        page = _kernel_block_size()
+        key = (layer.num_heads, layer.num_kv_heads, layer.head_size, page, dtype, kv_dtype, layer.scale,
                layer.soft_cap, layer.window_left, int(mc.max_model_len), sizes)
         if key not in _ESTIMATES:
             _ESTIMATES[key] = graph.estimate_graph_bytes(
                 num_q_heads=layer.num_heads, num_kv_heads=layer.num_kv_heads, head_dim=layer.head_size,
-                page_size=int(cc.block_size), dtype=dtype, kv_dtype=kv_dtype, max_model_len=int(mc.max_model_len),
-                capture_sizes=sizes, window_left=layer.window_left, soft_cap=layer.soft_cap, scale=layer.scale)
+                page_size=page, dtype=dtype, kv_dtype=kv_dtype, max_model_len=int(mc.max_model_len),
+                capture_sizes=sizes, window_left=layer.window_left, soft_cap=layer.soft_cap, scale=layer.scale,
+                query_rows=graph.speculative_rows(types.SimpleNamespace(vllm_config=cfg)) or 1)
         graph.reserve_graph_memory(key, _ESTIMATES[key], _device())
     except Exception as e:  # noqa: BLE001 - a reserve we cannot size is logged, never fatal
         once(logging.WARNING, "splitkv: graph buffer memory not reserved before profiling (%s: %s)",
@@ -149,14 +176,35 @@ def _reserve_graph_memory(impl, layer: adapter.LayerSpec, soft_cap) -> None:
 
 class SplitKVAscendMetadataBuilder(_PARENT_BUILDER):
     """vLLM Ascend's metadata builder, plus the host step of full-graph mode: before each step of a
-    captured size, re-plan the padded batch and rewrite the graph's buffers in place."""
+    captured size, re-plan the padded batch and rewrite the graph buffers in place.
 
-    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
-        meta = super().build(common_prefix_len, common_attn_metadata, fast_build)
+    A drafter's build (``fast_build``: vLLM Ascend's ``build_for_drafting``) is returned as the parent
+    made it: it never touches the target's graph buffers."""
+
+    def build(self, *args, **kwargs):
+        meta = super().build(*args, **kwargs)
+        fast_build = kwargs.get("fast_build", args[2] if len(args) > 2 else False)
+        if fast_build:
+            return meta
         ends = getattr(meta, "actual_seq_lengths_q", None)
         if ends and int(ends[-1]) in _graph_sizes(self):
             graph.refresh_graph_step(meta, self)
         return meta
+
+
+_ERRORS_SEEN: set = set()
+
+
+def _eager_failed(e: Exception) -> None:
+    """A routed eager step raised: raise again when ``strict``, else log (once per error type) and count."""
+    if settings.current().strict:
+        raise e
+    name = type(e).__name__
+    stats.note_fallback(f"error: {name}")
+    if name not in _ERRORS_SEEN:
+        _ERRORS_SEEN.add(name)
+        logger.warning("splitkv: a routed decode step raised %s (%s); it and later ones that raise go to vLLM "
+                       "Ascend's path (strict: raise)", name, e)
 
 
 class SplitKVAscendAttentionImpl(_PARENT_IMPL):
@@ -166,8 +214,10 @@ class SplitKVAscendAttentionImpl(_PARENT_IMPL):
         super().__init__(*args, **kwargs)
         settings.configure(getattr(self, "vllm_config", None))
         cap = kwargs.get("logits_soft_cap", args[_SOFT_CAP_POS] if len(args) > _SOFT_CAP_POS else None)
-        self._splitkv_layer = adapter.LayerSpec.from_impl(self, soft_cap=cap, head_size_v=kwargs.get("head_size_v"))
-        self._splitkv_cache_why = None  # checked once the caches are bound (V head size, layout)
+        self._splitkv_layer = adapter.LayerSpec.from_impl(self, soft_cap=cap)
+        # vLLM keeps head_size_v to itself (its Attention layer does not pass it to the impl): the V head
+        # size is checked once the caches are bound, with their layout and dtypes
+        self._splitkv_cache_why = None
         self._splitkv_cache_checked = False
         if self._splitkv_layer.layer_unsupported:
             once(logging.INFO, "splitkv: layer stays on vLLM Ascend's path: %s", self._splitkv_layer.layer_unsupported)
@@ -175,14 +225,14 @@ class SplitKVAscendAttentionImpl(_PARENT_IMPL):
         self.splitkv_graph_captures = 0
         _reserve_graph_memory(self, self._splitkv_layer, cap)
 
-    def _splitkv_unsupported(self, attn_metadata) -> str | None:
+    def _splitkv_unsupported(self, attn_metadata, query=None) -> str | None:
         layer = self._splitkv_layer
         if layer.layer_unsupported:
             return layer.layer_unsupported
         if self.key_cache is None:
             return "no KV cache bound to the layer yet"
         if not self._splitkv_cache_checked:
-            self._splitkv_cache_why = adapter.cache_unsupported(layer, self.key_cache, self.value_cache)
+            self._splitkv_cache_why = adapter.cache_unsupported(layer, self.key_cache, self.value_cache, query)
             self._splitkv_cache_checked = True
             if self._splitkv_cache_why:
                 once(logging.INFO, "splitkv: layer stays on vLLM Ascend's path: %s", self._splitkv_cache_why)
@@ -190,27 +240,47 @@ class SplitKVAscendAttentionImpl(_PARENT_IMPL):
 
     def forward_impl(self, query, key, value, kv_cache, attn_metadata, output):
         layer = self._splitkv_layer
-        why = self._splitkv_unsupported(attn_metadata)
+        capturing = _capturing()
+        why = self._splitkv_unsupported(attn_metadata, query)
         if why:
             stats.note_fallback(why)
+            if not capturing and not adapter.batch_unsupported(attn_metadata):   # the layer's own reason
+                graph.note_warm_up(attn_metadata, id(self), why)
             return super().forward_impl(query, key, value, kv_cache, attn_metadata, output)
-        if _capturing():
-            why = _capture_unsupported(_mode(self)) or graph.graph_unsupported(layer, query, self.key_cache,
-                                                                               attn_metadata)
+        if capturing:
+            why = (_capture_unsupported(_mode(self)) or graph.capture_mixed(attn_metadata)
+                   or graph.graph_unsupported(layer, query, self.key_cache, attn_metadata))
             if why:
                 once(logging.INFO, "splitkv: full-graph capture stays on vLLM Ascend's path: %s", why)
                 stats.note_fallback(f"capture: {why}")
                 return super().forward_impl(query, key, value, kv_cache, attn_metadata, output)
             _fence()
-            self.splitkv_graph_captures += 1
-            stats.note_capture()
-            return graph.forward_graph(layer, query, self.key_cache, self.value_cache, attn_metadata, output)
-        _fence()
+            full = _full_capture()
+            if full:
+                self.splitkv_graph_captures += 1
+                stats.note_capture()
+            return graph.forward_graph(layer, query, self.key_cache, self.value_cache, attn_metadata, output,
+                                       full=full)
+        if getattr(attn_metadata, "_splitkv_graph_group", None) is not None and not _graph_unsupported():
+            try:
+                graph.prepare_graph(layer, query, self.key_cache, attn_metadata)
+            except Exception as e:  # noqa: BLE001 - no buffers: the capture of this size stays on vLLM Ascend's
+                if settings.current().strict:
+                    raise
+                once(logging.WARNING, "splitkv: graph buffers not made (%s: %s); captures of that size stay on "
+                     "vLLM Ascend's path", type(e).__name__, e)
+                graph.note_warm_up(attn_metadata, id(self), f"graph buffers not made ({type(e).__name__})")
+                graph.drop_graph_mark(attn_metadata)
+        try:
+            _fence()
+            adapter.forward_decode(layer, query, self.key_cache, self.value_cache, attn_metadata, output)
+        except Exception as e:  # noqa: BLE001 - anything the op refuses goes to the stock path, unless strict
+            _eager_failed(e)
+            graph.note_warm_up(attn_metadata, id(self), f"the routed step raised {type(e).__name__}")
+            return super().forward_impl(query, key, value, kv_cache, attn_metadata, output)
         self.splitkv_routed_steps += 1
         stats.note_routed(attn_metadata)
-        if getattr(attn_metadata, "_splitkv_graph_group", None) is not None and not _graph_unsupported():
-            graph.prepare_graph(layer, query, self.key_cache, attn_metadata)
-        return adapter.forward_decode(layer, query, self.key_cache, self.value_cache, attn_metadata, output)
+        return output
 
 
 class SplitKVAscendAttentionBackend(_PARENT_BACKEND):

@@ -24,6 +24,8 @@ Eager (non-graph) decode is :mod:`splitkv_vllm.adapter` and :mod:`splitkv_vllm.d
 from __future__ import annotations
 
 import logging
+import sys
+import types
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -92,6 +94,9 @@ class GraphDecoder:
     _lengths: tuple | None = None  # (seq_lens [max_reqs], query_start_loc [max_reqs + 1]), host int32
     plans: dict = field(default_factory=dict)  # plan per (Hkv, page, Hq, D, kv bytes, window) of the last refresh
     captured: bool = False  # a graph was captured on these buffers (each later refresh precedes a replay)
+    layers_captured: int = 0   # layer calls recorded by the capture
+    uniform_steps: int = 0     # uniform-decode steps refreshed after the capture (the steps vLLM replays)
+    replays: torch.Tensor | None = None   # int64 [1] on the device: + 1 per replay (the first layer's run counts)
     route: str = "ascend"
     split_tokens: int = 0   # > 0: device planning (tokens per split, fixed at capture)
     max_q_len: int = 0      # query rows per request (device plan, triton route); 0: fixed at the first refresh
@@ -110,9 +115,11 @@ class GraphDecoder:
     def has(self, key: tuple) -> bool:
         return key in self.wrappers
 
-    def add(self, key: tuple, *, k_cache: torch.Tensor, max_pages: int):
+    def add(self, key: tuple, *, k_cache: torch.Tensor, max_pages: int, workspace: torch.Tensor | None = None):
         """The wrapper of these layer constants, created (buffers allocated and filled) if new.
 
+        ``workspace``: a 1-D float32 store shared with the graphs of other sizes (Ascend route; only one
+        graph replays at a time), large enough for this one's plans (else the wrapper grows its own).
         Host work and device copies: call it outside a graph capture (an eager warm-up step).
         """
         w = self.wrappers.get(key)
@@ -125,6 +132,8 @@ class GraphDecoder:
         elif self.block_table.shape[1] != max_pages:
             raise ValueError(f"block_table: {max_pages} pages per request, this graph's buffer has "
                              f"{self.block_table.shape[1]}")
+        if self.replays is None:
+            self.replays = torch.zeros(1, dtype=torch.int64, device=dev)
         if self.seq_lens is None and (self.route == "triton" or self.split_tokens):
             self.seq_lens = torch.zeros(self.max_reqs, dtype=torch.int32, device=dev)
             self.query_start_loc = torch.zeros(self.max_reqs + 1, dtype=torch.int32, device=dev)
@@ -151,11 +160,12 @@ class GraphDecoder:
                 slots = -(-int(max_pages) * page // S)
                 w = AscendDecodeWrapper(hq, hkv, d, page, dtype=dtype, kv_dtype=kv_dtype, device=dev,
                                         profile=self.profile, graph_stable=True, max_splits=slots,
-                                        device_split_tokens=S)
+                                        device_split_tokens=S, workspace=workspace)
             else:
                 w = AscendDecodeWrapper(hq, hkv, d, page, dtype=dtype, kv_dtype=kv_dtype, device=dev,
                                         profile=self.profile, policy=self.policy, graph_stable=True,
-                                        max_splits=self.max_splits, max_work_items=self.max_work_items)
+                                        max_splits=self.max_splits, max_work_items=self.max_work_items,
+                                        workspace=workspace)
         if self.route == "triton":   # its error counts go to the device's shared buffer (errors.poll reads it)
             from . import errors
 
@@ -335,10 +345,12 @@ class GraphDecoder:
             if block_table.device != buf.device:
                 raise ValueError(f"block_table: on {block_table.device}, this graph's buffer is on {buf.device}")
 
-    def run(self, key: tuple, q, k_cache, v_cache, *, out=None):
+    def run(self, key: tuple, q, k_cache, v_cache, *, out=None, count: bool = False):
         """The decode of the layers with constants ``key`` on the current buffers: ``(out, lse)``.
 
-        Enqueues the kernels only: no host read, no allocation, no host work (capturable).
+        Enqueues the kernels only: no host read, no allocation, no host work (capturable); with
+        ``count`` (the graph's first layer) also one increment of the device counter :attr:`replays`,
+        which every replay repeats.
         ``q`` ``[num_tokens, Hq, D]``; ``out`` (optional) the same shape, else the wrapper's buffer.
         """
         w = self.wrappers[key]
@@ -348,10 +360,13 @@ class GraphDecoder:
                            scale=c["scale"], soft_cap=c["soft_cap"], window_left=c["window_left"])
             if out is not None:
                 out.copy_(o)
-                return out, lse
-            return o, lse
-        return w.run(q, k_cache, v_cache, self.block_table, seq_lens=self.seq_lens if c["device_plan"] else None,
-                     scale=c["scale"], soft_cap=c["soft_cap"], window_left=c["window_left"], out=out)
+                o = out
+        else:
+            o, lse = w.run(q, k_cache, v_cache, self.block_table, seq_lens=self.seq_lens if c["device_plan"] else None,
+                           scale=c["scale"], soft_cap=c["soft_cap"], window_left=c["window_left"], out=out)
+        if count and self.replays is not None:   # captured with the kernels: the count grows at each replay
+            self.replays.add_(1)
+        return o, lse
 
 
 GRAPH_MAX_SPLITS_DEFAULT = 8
@@ -419,31 +434,101 @@ def mode_routing(mode) -> str:
     return f"{name}: " + GRAPH_MODE_ROUTING.get(name, ("none", "unknown mode: captures stay on vLLM Ascend's path"))[1]
 
 
+def replay_counts(read_device: bool = False) -> dict:
+    """``uniform_graph_steps``: uniform-decode steps of captured sizes the builders refreshed (host
+    count: the steps vLLM replays); ``graph_replays`` (``read_device``: one device-to-host read per
+    graph, so never inside a step or a capture; else ``None``): replays of our captured graphs,
+    counted on the device by the replays themselves. Both summed over the KV-cache groups."""
+    uniform = sum(dec.uniform_steps for dec in GRAPH_DECODERS.values())
+    replays = None
+    if read_device:
+        replays = 0
+        for dec in GRAPH_DECODERS.values():
+            if dec.replays is not None and dec.layers_captured:
+                replays += int(dec.replays.item())
+    return {"uniform_graph_steps": uniform, "graph_replays": replays}
+
+
 # -- memory: the graph buffers are made after vLLM sized the KV cache; hold their bytes during profiling --
 
 _RESERVE: dict = {}   # device str -> {"tensor", "bytes", "keys"}
 
 
+def decode_sizes(vllm_config) -> tuple[int, ...]:
+    """The capture sizes that get a FULL uniform-decode graph: ``q <= x <= max_num_seqs * q`` with
+    ``q = 1 + num_speculative_tokens`` (vLLM's ``capture_model``; vLLM Ascend's
+    ``_compute_decode_cudagraph_batch_sizes``), ascending; all capture sizes when ``max_num_seqs`` is
+    not in the config."""
+    cc = getattr(vllm_config, "compilation_config", None)
+    sizes = sorted({int(x) for x in (getattr(cc, "cudagraph_capture_sizes", None) or ())})
+    q = speculative_rows(types.SimpleNamespace(vllm_config=vllm_config)) or 1
+    seqs = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", None)
+    hi = int(seqs) * q if isinstance(seqs, int) and seqs > 0 else None
+    return tuple(x for x in sizes if x >= q and (hi is None or x <= hi))
+
+
+def _host_decoder(n: int, key: tuple, max_pages: int, opts: dict, query_rows: int = 1) -> "GraphDecoder":
+    """The :class:`GraphDecoder` of ``n`` tokens for layer constants ``key``, made on the host (CPU
+    tensors) with the capacity the real buffers get and planned once for a uniform-decode batch of
+    ``query_rows`` rows per request (the capture's shape, which fixes the launch), so its sizes are the
+    real ones (graph-stable: they do not depend on the lengths)."""
+    dec = GraphDecoder(num_tokens=n, max_reqs=n + 1, max_splits=opts["max_splits"], max_work_items=opts["max_work_items"],
+                       profile=plan_options()["device"], policy=plan_options()["policy"],
+                       split_tokens=opts["split_tokens"])
+    k_cache = torch.empty((1, key[3], key[1], key[2]), dtype=key[5])
+    dec.add(key, k_cache=k_cache, max_pages=max_pages)
+    qsl = np.unique(np.append(np.arange(0, n, int(query_rows)), n)).astype(np.int32)
+    B = qsl.size - 1
+    dec.refresh(np.ones(B, np.int32), qsl, torch.zeros((B, max_pages), dtype=torch.int32))
+    return dec
+
+
+def workspace_floats(key: tuple, num_tokens: int, max_pages: int, query_rows: int = 1) -> int:
+    """Float32 words of the workspace of the graph of ``num_tokens`` tokens (the largest of a group's
+    graphs: the size of the workspace they share)."""
+    dec = _host_decoder(int(num_tokens), key, int(max_pages), graph_options(), query_rows)
+    return int(dec.wrappers[key]._buffers["workspace"].numel())
+
+
+def _nbytes(t) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
 def estimate_graph_bytes(*, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, dtype, kv_dtype,
-                         max_model_len: int, capture_sizes, window_left=None, soft_cap=None, scale=1.0) -> int:
-    """Bytes of the graph buffers one set of layer constants takes over all ``capture_sizes``: planned on
-    the host (CPU tensors) with the capacity the real buffers get, so the sizes are the real ones."""
+                         max_model_len: int, capture_sizes, window_left=None, soft_cap=None, scale=1.0,
+                         query_rows: int = 1) -> int:
+    """Bytes of the graph buffers one set of layer constants takes over the decode graph sizes
+    ``capture_sizes`` (:func:`decode_sizes`): each size's block table, lengths, plan words and outputs,
+    and one workspace, the largest size's, which they share. Planned on the host (CPU tensors) with the
+    capacity the real buffers get, so the sizes are the real ones."""
     opts = graph_options()
     max_pages = -(-int(max_model_len) // int(page_size))
-    total = 0
-    k_cache = torch.empty((1, int(page_size), int(num_kv_heads), int(head_dim)), dtype=kv_dtype)
+    key = GraphDecoder.key(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size,
+                           dtype=dtype, kv_dtype=kv_dtype, scale=scale, soft_cap=soft_cap, window_left=window_left)
+    total = workspace = 0
     for n in sorted({int(x) for x in capture_sizes}):
-        dec = GraphDecoder(num_tokens=n, max_reqs=n + 1, max_splits=opts["max_splits"],
-                           max_work_items=opts["max_work_items"], profile=plan_options()["device"],
-                           policy=plan_options()["policy"], split_tokens=opts["split_tokens"])
-        key = GraphDecoder.key(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                               page_size=page_size, dtype=dtype, kv_dtype=kv_dtype, scale=scale, soft_cap=soft_cap,
-                               window_left=window_left)
-        w = dec.add(key, k_cache=k_cache, max_pages=max_pages)
-        dec.refresh(np.ones(n, np.int32), np.arange(n + 1, dtype=np.int32), torch.zeros((n, max_pages), dtype=torch.int32))
-        total += dec.block_table.numel() * dec.block_table.element_size()
-        total += sum(b.numel() * b.element_size() for b in w._buffers.values())
-    return total
+        dec = _host_decoder(n, key, max_pages, opts, query_rows)
+        bufs = dec.wrappers[key]._buffers
+        total += _nbytes(dec.block_table) + _nbytes(dec.seq_lens) + _nbytes(dec.query_start_loc)
+        total += sum(_nbytes(b) for name, b in bufs.items() if name not in ("workspace", "tiling", "plan"))
+        workspace = max(workspace, _nbytes(bufs["workspace"]))
+    return total + workspace
+
+
+def made_graph_bytes(group=None) -> int:
+    """Bytes the graph buffers made so far hold (of ``group``, default every group): each distinct
+    store once (a shared workspace counts once)."""
+    seen: dict = {}
+    for (g, _), dec in GRAPH_DECODERS.items():
+        if group is not None and g is not group:
+            continue
+        for t in (dec.block_table, dec.seq_lens, dec.query_start_loc):
+            if t is not None:
+                seen[t.untyped_storage().data_ptr()] = _nbytes(t)
+        for w in dec.wrappers.values():
+            for t in getattr(w, "_stores", {}).values():
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
 
 
 def reserve_graph_memory(key: tuple, nbytes: int, device) -> None:
@@ -512,12 +597,37 @@ def graph_decoder(group, meta, *, device=None):
     return dec
 
 
+def drop_graph_mark(meta) -> None:
+    """This step does not use graph buffers: its layers run eagerly (a capture of it stays on vLLM
+    Ascend's path)."""
+    for name in ("_splitkv_graph_group", "_splitkv_graph_decoder"):
+        try:
+            setattr(meta, name, None)
+        except AttributeError:
+            pass
+
+
+def uniform_decode(meta, group) -> bool:
+    """Whether the step is a uniform-decode batch, which vLLM replays in a FULL graph of its padded size:
+    every real request (query rows before ``num_actual_tokens``) has ``1 + num_speculative_tokens``
+    query rows (:func:`speculative_rows`, 1 without speculation)."""
+    qsl, _ = host_lengths(meta)
+    real = int(getattr(meta, "num_actual_tokens", 0) or 0) or int(qsl[-1])
+    q_lens = np.diff(qsl)[qsl[:-1] < real]
+    return bool(q_lens.size) and bool((q_lens == (speculative_rows(group) or 1)).all())
+
+
 def refresh_graph_step(meta, group) -> None:
     """The metadata builder's step in full-graph mode (host, before the model runs, so before any replay).
 
     Marks ``meta`` as built for graph mode by ``group``; if a graph of this padded size has buffers
     (made by an eager warm-up step before its capture), plans the padded batch and rewrites them in
     place, ordered on the current stream before the replay that reads them.
+
+    A batch the buffers cannot take (over their work-item or request capacity, lengths they cannot
+    hold) raises only when a captured graph of this size will replay it (a uniform-decode step):
+    the replay would read the previous step's buffers. Any other step loses its graph mark and runs
+    eagerly (logged once).
     """
     try:
         meta._splitkv_graph_group = group
@@ -530,7 +640,15 @@ def refresh_graph_step(meta, group) -> None:
         return
     qsl, sl = graph_lengths(meta)
     bt = meta.block_tables[:sl.shape[0]]
-    dec.refresh(sl, qsl, bt if bt.dtype == torch.int32 else bt.to(torch.int32))
+    try:
+        dec.refresh(sl, qsl, bt if bt.dtype == torch.int32 else bt.to(torch.int32))
+    except ValueError as e:
+        if dec.captured and uniform_decode(meta, group):
+            raise
+        once(logging.WARNING, "splitkv: a step of graph size %d runs eagerly: its batch does not fit the graph "
+             "buffers (%s)", dec.num_tokens, e)
+        drop_graph_mark(meta)
+        return
     meta._splitkv_graph_decoder = dec
     if dec.route == "triton" and dec.block_table is not None:   # the kernels' error counter, every N steps
         from . import errors
@@ -540,6 +658,8 @@ def refresh_graph_step(meta, group) -> None:
         from . import stats
 
         stats.note_refresh()
+        if uniform_decode(meta, group):
+            dec.uniform_steps += 1
 
 
 def _graph_key(layer: LayerSpec, query, key_cache):
@@ -548,11 +668,44 @@ def _graph_key(layer: LayerSpec, query, key_cache):
                             scale=layer.scale, soft_cap=layer.soft_cap, window_left=layer.window_left)
 
 
+# (group, layer-constants key) -> the float32 workspace the group's graphs of those constants share
+GRAPH_WORKSPACES: dict = {}
+
+
+def capture_window_open() -> bool:
+    """Whether vLLM is still before the end of its graph capture (``vllm.compilation.monitor``'s
+    ``cudagraph_capturing_enabled``, which ``capture_model`` clears when it is done); True when that
+    module is not loaded."""
+    mod = sys.modules.get("vllm.compilation.monitor")
+    return True if mod is None else bool(getattr(mod, "cudagraph_capturing_enabled", True))
+
+
+def shared_workspace(group, key: tuple, device, max_pages: int):
+    """The workspace the Ascend graphs of ``group`` with layer constants ``key`` share: sized for the
+    largest decode graph (:func:`decode_sizes`), made at the first warm-up; ``None`` on the Triton route."""
+    if graph_route(device) != "ascend":
+        return None
+    ws = GRAPH_WORKSPACES.get((group, key))
+    if ws is None:
+        sizes = decode_sizes(getattr(group, "vllm_config", None))
+        if not sizes:
+            return None
+        try:
+            floats = workspace_floats(key, max(sizes), max_pages, speculative_rows(group) or 1)
+        except ValueError as e:   # the largest graph would not fit its buffers: each keeps its own workspace
+            once(logging.WARNING, "splitkv: no shared graph workspace (%s)", e)
+            return None
+        ws = GRAPH_WORKSPACES[(group, key)] = torch.zeros(floats, dtype=torch.float32, device=device)
+    return ws
+
+
 def prepare_graph(layer: LayerSpec, query, key_cache, meta) -> None:
-    """Eager step of a graph-mode batch (the warm-up before a capture): make this layer's buffers for
-    the step's padded size if they do not exist yet (host work and copies: never inside a capture)."""
+    """Eager step of a graph-mode batch: during vLLM's capture warm-up (:func:`capture_window_open`),
+    make this layer's buffers for the step's padded size if they do not exist yet (host work and
+    copies: never inside a capture). While serving (after the capture) nothing is made: a step whose
+    graph was not captured simply runs eagerly."""
     group = getattr(meta, "_splitkv_graph_group", None)
-    if group is None or batch_unsupported(meta):
+    if group is None or batch_unsupported(meta) or not capture_window_open():
         return
     if int(query.shape[0]) != int(meta.actual_seq_lengths_q[-1]):
         return
@@ -563,10 +716,38 @@ def prepare_graph(layer: LayerSpec, query, key_cache, meta) -> None:
     release_graph_memory(key_cache.device)  # the reserve held during profiling: hand it to the real buffers
     qsl, sl = graph_lengths(meta)
     bt = meta.block_tables[:sl.shape[0]]
-    dec.add(key, k_cache=key_cache, max_pages=int(bt.shape[1]))  # planned at once if the step is refreshed
+    ws = shared_workspace(group, key, key_cache.device, int(bt.shape[1]))
+    dec.add(key, k_cache=key_cache, max_pages=int(bt.shape[1]), workspace=ws)  # planned at once if refreshed
     if getattr(meta, "_splitkv_graph_decoder", None) is not dec:
         dec.refresh(sl, qsl, bt if bt.dtype == torch.int32 else bt.to(torch.int32))
         meta._splitkv_graph_decoder = dec
+
+
+# padded size -> {layer id: why} of the layers that stayed on vLLM Ascend's path in a warm-up of that size
+WARM_UP_FALLBACKS: dict = {}
+
+
+def note_warm_up(meta, layer_id: int, why: str | None) -> None:
+    """An eager step built for graph mode (a warm-up before a capture, or a serving step of a graph size):
+    remember a layer that stayed on vLLM Ascend's path (``why``), per padded size. A graph is routed all
+    or nothing (:func:`capture_mixed`)."""
+    if why is None or getattr(meta, "_splitkv_graph_group", None) is None:
+        return
+    ends = getattr(meta, "actual_seq_lengths_q", None)
+    if ends:
+        WARM_UP_FALLBACKS.setdefault(int(ends[-1]), {})[layer_id] = why
+
+
+def capture_mixed(meta) -> str | None:
+    """Why a capture of this padded size stays wholly on vLLM Ascend's path: a layer fell back in its
+    warm-up, so the graph would mix our op with vLLM Ascend's FIA, whose captured parameters vLLM Ascend
+    pairs with layers by position (``update_graph_params``); ``None`` when every layer was routed."""
+    ends = getattr(meta, "actual_seq_lengths_q", None)
+    seen = WARM_UP_FALLBACKS.get(int(ends[-1])) if ends else None
+    if not seen:
+        return None
+    return (f"{len(seen)} layer(s) stay on vLLM Ascend's path in this graph ({next(iter(seen.values()))}); "
+            "a graph is routed all or nothing")
 
 
 def graph_unsupported(layer: LayerSpec, query, key_cache, meta) -> str | None:
@@ -584,16 +765,20 @@ def graph_unsupported(layer: LayerSpec, query, key_cache, meta) -> str | None:
 
 
 def forward_graph(layer: LayerSpec, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, meta,
-                  output: torch.Tensor) -> torch.Tensor:
+                  output: torch.Tensor, *, full: bool = True) -> torch.Tensor:
     """Decode of a full-graph step into ``output`` (all ``num_tokens`` rows; padding rows ``0``).
 
     Only enqueues the kernels on the graph's fixed buffers (see :func:`refresh_graph_step`): no
-    host read, no allocation, so a capture of it replays with each step's refreshed plan.
+    host read, no allocation, so a capture of it replays with each step's refreshed plan. ``full``:
+    the capture records it (a FULL graph: the decoder is marked captured and its first layer records
+    the replay count); else it runs eagerly on the refreshed buffers (attention of a PIECEWISE capture).
     """
     dec = meta._splitkv_graph_decoder
-    dec.captured = True
+    if full:
+        dec.captured = True
+        dec.layers_captured += 1
     n = dec.num_tokens
     q = query.view(n, layer.num_heads, layer.head_size)
     dec.run(_graph_key(layer, query, key_cache), q, key_cache, value_cache,
-            out=output.view(n, layer.num_heads, layer.head_size))
+            out=output.view(n, layer.num_heads, layer.head_size), count=full and dec.layers_captured == 1)
     return output

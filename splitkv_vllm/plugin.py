@@ -34,7 +34,7 @@ import logging
 import sys
 
 from . import settings
-from .log import attach_vllm, logger
+from .log import attach_vllm, logger, once
 
 ENV_ENABLE = "SPLITKV_VLLM_ENABLE"
 ENV_STRICT = "SPLITKV_VLLM_STRICT"
@@ -42,6 +42,16 @@ ASCEND_GQA_BACKEND = "vllm_ascend.attention.attention_v1.AscendAttentionBackend"
 SPLITKV_BACKEND = "splitkv_vllm.backend.SplitKVAscendAttentionBackend"
 PLATFORM_MODULE = "vllm_ascend.platform"
 ACTIVE_LINE = "splitkv: decode-only attention routed through splitkv in this worker (%s -> %s; impl=%s)"
+
+#: vLLM Ascend versions whose sources the plugin was checked against (every class, signature, metadata
+#: field and forward-context flag it uses; docs/vllm-ascend.md, "Tested versions"): the main snapshot
+#: 182b75ea (v0.19.1rc1-1637, reports 0.19.2.devN) and the release 0.23.0.post1. Outside this range the
+#: plugin stays off (``untested_versions`` lets it on, logged).
+TESTED_VERSIONS = ("0.19.1rc1", "0.23.0.post1")
+#: Ascend device types (vLLM Ascend's ``AscendDeviceType`` names) the kernels are built for: 910B (A2), A3.
+SUPPORTED_DEVICE_TYPES = ("A2", "A3")
+#: The environment variable of vLLM that selects the v2 model runner (not tested with the plugin).
+ENV_V2_RUNNER = "VLLM_USE_V2_MODEL_RUNNER"
 
 _STATE = {"wrapped": False, "active": False, "reason": "register() not called", "operator": "not checked"}
 _OPERATOR: dict = {}  # impl -> None | why not (checked once per process)
@@ -99,12 +109,90 @@ def operator_unavailable() -> str | None:
     return why
 
 
+def vllm_ascend_version() -> str | None:
+    """The installed vLLM Ascend's version (its generated ``vllm_ascend._version``, else the package
+    metadata); ``None`` when neither says."""
+    try:
+        v = getattr(importlib.import_module("vllm_ascend._version"), "__version__", None)
+        if v:
+            return str(v)
+    except Exception:  # noqa: BLE001 - a source tree without the generated file
+        pass
+    import importlib.metadata as md
+
+    for name in ("vllm_ascend", "vllm-ascend"):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            continue
+    return None
+
+
+def version_unsupported(version: str | None) -> str | None:
+    """``None`` when ``version`` is within :data:`TESTED_VERSIONS` (inclusive), else why not."""
+    from packaging.version import InvalidVersion, Version
+
+    lo, hi = TESTED_VERSIONS
+    if version is None:
+        return f"the vLLM Ascend version is unknown (tested: {lo} .. {hi})"
+    try:
+        v = Version(version)
+    except InvalidVersion:
+        return f"vLLM Ascend version {version!r} does not parse (tested: {lo} .. {hi})"
+    if not Version(lo) <= v <= Version(hi):
+        return f"vLLM Ascend {version} is outside the tested versions {lo} .. {hi}"
+    return None
+
+
+def device_type_unsupported() -> str | None:
+    """``None`` when the NPU is one the kernels are built for (:data:`SUPPORTED_DEVICE_TYPES`), else why not.
+
+    Asks vLLM Ascend (``get_ascend_device_type``: ``vllm_ascend.device.device_config`` at the main
+    snapshot, ``vllm_ascend.utils`` in the 0.23 release), which knows A5 (Ascend 950) as well."""
+    for mod in ("vllm_ascend.device.device_config", "vllm_ascend.utils"):
+        try:
+            fn = getattr(importlib.import_module(mod), "get_ascend_device_type", None)
+        except Exception:  # noqa: BLE001 - the other layout
+            continue
+        if fn is None:
+            continue
+        try:
+            kind = fn()
+        except Exception as e:  # noqa: BLE001
+            return f"vLLM Ascend cannot tell the device type ({type(e).__name__}: {e})"
+        name = str(getattr(kind, "name", kind))
+        if name not in SUPPORTED_DEVICE_TYPES:
+            return (f"the NPU is an Ascend {name}; the splitkv kernels are built for "
+                    f"{' / '.join(SUPPORTED_DEVICE_TYPES)} (910B, A3) only")
+        return None
+    return "vLLM Ascend has no get_ascend_device_type (unsupported version)"
+
+
+def gate_unsupported() -> str | None:
+    """``None`` when this worker may route, else why not: the v2 model runner (not tested), a vLLM
+    Ascend version outside :data:`TESTED_VERSIONS` (unless ``untested_versions``), and, for the Ascend
+    operator (``impl`` auto / ascend), a device type the kernels are not built for."""
+    import os
+
+    s = settings.current()
+    if os.environ.get(ENV_V2_RUNNER, "").strip().lower() in settings.TRUE:
+        return f"{ENV_V2_RUNNER}=1: the v2 model runner is not tested with the plugin"
+    why = version_unsupported(vllm_ascend_version())
+    if why and not s.untested_versions:
+        return why + " (additional_config splitkv.untested_versions / SPLITKV_VLLM_UNTESTED_VERSIONS=1 routes anyway)"
+    if why:
+        logger.warning("splitkv: %s; routing anyway (untested_versions)", why)
+    if s.impl in ("auto", "ascend"):
+        return device_type_unsupported()
+    return None
+
+
 def _off(reason: str) -> None:
     _STATE.update(active=False, reason=reason)
     msg = f"splitkv: the plugin is switched on but stays off: {reason}; vLLM Ascend's own attention is used"
     if settings.current().strict:
         raise RuntimeError(msg)
-    logger.warning(msg)
+    once(logging.WARNING, msg)
 
 
 def _decide() -> bool:
@@ -116,6 +204,10 @@ def _decide() -> bool:
         return False
     if _STATE["active"]:
         return True
+    why = gate_unsupported()
+    if why:
+        _off(why)
+        return False
     why = operator_unavailable()
     if why:
         _off(f"the splitkv Ascend operator cannot run ({why})")

@@ -28,6 +28,11 @@ stats_dir              SPLITKV_VLLM_STATS_DIR               (none)     each work
 error_check_steps      SPLITKV_VLLM_ERROR_CHECK_STEPS       256        Triton route: read the kernels' error
                                                                        counter every N routed calls / steps
                                                                        (one host sync; 0 never)
+untested_versions      SPLITKV_VLLM_UNTESTED_VERSIONS       false      route under a vLLM Ascend version outside
+                                                                       the tested range (logged)
+debug_checks           SPLITKV_VLLM_DEBUG_CHECKS            false      eager steps: check page ids and lengths
+                                                                       on the host (device-to-host copies of
+                                                                       the block table per layer: debugging)
 =====================  ===================================  =========  ==========================================
 
 Every value is parsed once per configuration (:func:`current`): a malformed one (``policy=bogus``, a
@@ -66,6 +71,8 @@ class Settings:
     split_tokens: int = 512
     stats_dir: str | None = None
     error_check_steps: int = 256
+    debug_checks: bool = False
+    untested_versions: bool = False
 
 
 ENV = {
@@ -75,7 +82,8 @@ ENV = {
     "graph_max_work_items": "SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS",
     "reserve_graph_memory": "SPLITKV_VLLM_RESERVE_GRAPH_MEMORY", "device_plan": "SPLITKV_VLLM_DEVICE_PLAN",
     "split_tokens": "SPLITKV_VLLM_SPLIT_TOKENS", "stats_dir": "SPLITKV_VLLM_STATS_DIR",
-    "error_check_steps": "SPLITKV_VLLM_ERROR_CHECK_STEPS",
+    "error_check_steps": "SPLITKV_VLLM_ERROR_CHECK_STEPS", "debug_checks": "SPLITKV_VLLM_DEBUG_CHECKS",
+    "untested_versions": "SPLITKV_VLLM_UNTESTED_VERSIONS",
 }
 DEFAULTS = Settings()
 

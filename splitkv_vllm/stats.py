@@ -13,9 +13,11 @@ the ``LLM``/server: the counters below live in each worker. Two ways to read the
 
 Counters: ``routed_steps`` (eager steps whose attention went through splitkv, counted once per step
 and KV-cache group), ``routed_layer_calls``, ``graph_captures`` (layer captures of full graphs
-recorded on our op), ``graph_refreshes`` (steps whose graph buffers the builder rewrote: each is a
-replay through our op), ``fallbacks`` (reason -> count of steps or captures left on vLLM Ascend's
-path).
+recorded on our op), ``graph_refreshes`` (steps of a captured size whose graph buffers the builder
+rewrote), ``uniform_graph_steps`` (those of them that are uniform-decode batches: the steps vLLM
+replays), ``graph_replays`` (replays of our graphs, counted on the device at replay; read by
+:func:`worker_stats` and at exit), ``fallbacks`` (reason -> count of steps or captures left on vLLM
+Ascend's path).
 """
 
 from __future__ import annotations
@@ -74,26 +76,33 @@ def note_fallback(reason: str) -> None:
         f[reason] = f.get(reason, 0) + 1
 
 
-def snapshot() -> dict:
-    """This process's counters, its pid and the plugin's state."""
-    from . import plugin, settings
+def snapshot(read_device: bool = False) -> dict:
+    """This process's counters, its pid and the plugin's state; with ``read_device`` also the replays
+    of our graphs counted on the device (:func:`splitkv_vllm.graph.replay_counts`: a device read per
+    graph, so only where no step or capture runs: the RPC, the exit)."""
+    from . import graph, plugin, settings
 
     with _LOCK:
         state = {k: _STATE[k] for k in COUNTERS}
         state["fallbacks"] = dict(_STATE["fallbacks"])
+    try:
+        state.update(graph.replay_counts(read_device))
+    except Exception as e:  # noqa: BLE001 - counting must never stop a step or a collection
+        state.update(uniform_graph_steps=None, graph_replays=None, replay_count_error=f"{type(e).__name__}: {e}")
     return {"pid": os.getpid(), **state, "plugin": plugin.status(), "settings": settings.as_dict()}
 
 
 def worker_stats(worker=None) -> dict:
-    """For ``collective_rpc``: vLLM calls it with the worker object; returns :func:`snapshot`."""
-    return snapshot()
+    """For ``collective_rpc``: vLLM calls it with the worker object (between steps); returns
+    :func:`snapshot` with the replays read from the device."""
+    return snapshot(read_device=True)
 
 
 def stats_path(directory: str, pid: int | None = None) -> str:
     return os.path.join(directory, f"splitkv-stats-{os.getpid() if pid is None else pid}.json")
 
 
-def write(directory: str | None = None) -> str | None:
+def write(directory: str | None = None, read_device: bool = False) -> str | None:
     """Write :func:`snapshot` to ``stats_dir`` (atomically); ``None`` when no directory is set. Never raises."""
     try:
         if directory is None:
@@ -106,7 +115,7 @@ def write(directory: str | None = None) -> str | None:
         path = stats_path(directory)
         tmp = f"{path}.tmp"
         with open(tmp, "w") as f:
-            json.dump(snapshot(), f)
+            json.dump(snapshot(read_device), f)
         os.replace(tmp, path)
         return path
     except Exception:  # noqa: BLE001 - counting must never stop a step
@@ -126,10 +135,13 @@ def read_dir(directory: str) -> list[dict]:
 
 
 def total(per_worker: list[dict]) -> dict:
-    """Counters summed over workers, and how many reported."""
-    tot = {k: sum(int(w.get(k, 0) or 0) for w in per_worker) for k in COUNTERS}
+    """Counters summed over workers, and how many reported (``graph_replays``: ``None`` when a worker
+    did not read it from the device)."""
+    tot = {k: sum(int(w.get(k, 0) or 0) for w in per_worker) for k in COUNTERS + ("uniform_graph_steps",)}
+    reps = [w.get("graph_replays") for w in per_worker]
+    tot["graph_replays"] = sum(reps) if reps and all(isinstance(r, int) for r in reps) else None
     tot["workers"] = len(per_worker)
     return tot
 
 
-atexit.register(write)
+atexit.register(write, None, True)

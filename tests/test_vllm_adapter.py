@@ -123,6 +123,20 @@ def test_plan_is_shared_by_layers_of_a_step():
     assert make_batch(step.meta, **kw) is not make_batch(step.meta, window_left=3, **kw)
 
 
+def test_plan_follows_lengths_rewritten_on_the_same_metadata():
+    """vLLM Ascend's v2 speculator rewrites ``seq_lens_list`` / ``actual_seq_lengths_q`` on the same
+    metadata object between draft steps: the plan is keyed on the lengths, never reused stale."""
+    step = make_step([1, 1], [10, 300])
+    kw = dict(num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=128)
+    first = make_batch(step.meta, **kw)
+    step.meta.seq_lens_list = [11, 301]
+    second = make_batch(step.meta, **kw)
+    assert second is not first and second.seq_lens.tolist() == [11, 301]
+    assert second.plan.covered_seq_lens().tolist() == [11, 301]
+    step.meta.seq_lens_list = [10, 300]
+    assert make_batch(step.meta, **kw) is first
+
+
 def test_mixed_and_prefill_batches_are_not_routed():
     mixed = make_step([1, 1, 37], [10, 20, 37], seed=6)
     assert mixed.meta.num_prefills == 1
@@ -136,7 +150,8 @@ def test_mixed_and_prefill_batches_are_not_routed():
 @pytest.mark.parametrize("change, words", [
     (dict(alibi_slopes=[0.5]), "ALiBi"), (dict(sinks=torch.zeros(8)), "sinks"),
     (dict(attn_type="encoder_decoder"), "attention type"), (dict(kv_cache_dtype="int8"), "KV cache dtype"),
-    (dict(enable_c8_quant=True), "C8"), (dict(head_size=512), "head size"),
+    (dict(enable_c8_quant=True), "C8"), (dict(head_size=512), "head dim 512"),
+    (dict(head_size=72 + 4), "head dim 76"),   # under 256 but not a multiple of 8: the kernels refuse it
 ])
 def test_unsupported_layers_stay_on_vllm_ascend(change, words):
     kw = dict(num_heads=8, head_size=64, scale=0.1, num_kv_heads=2) | change

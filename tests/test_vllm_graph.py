@@ -12,6 +12,7 @@ run here: a real ``torch.npu.NPUGraph`` capture, the NPU kernels, a real vLLM As
 from __future__ import annotations
 
 import contextlib
+import logging
 import importlib
 import sys
 import types
@@ -24,7 +25,7 @@ from ascend_ops import ops
 from ascend_ops.wrapper import AscendDecodeWrapper
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.reference import dense_attention
-from splitkv_vllm import graph
+from splitkv_vllm import graph, stats
 from splitkv_vllm.graph import GraphDecoder
 from test_vllm_plugin import CUDAGraphMode, _fake_vllm_ascend, _impl, fresh_plugin_state, vllm_config  # noqa: F401
 from test_vllm_shapes import AscendAttentionState, AscendMetadata
@@ -53,6 +54,8 @@ def make_env(monkeypatch, mode="FULL_DECODE_ONLY"):
     monkeypatch.setenv("SPLITKV_VLLM_WINDOW", "1")  # the second layer has a window
     monkeypatch.setenv("SPLITKV_VLLM_RESERVE_GRAPH_MEMORY", "0")
     monkeypatch.setattr(graph, "GRAPH_DECODERS", {})
+    monkeypatch.setattr(graph, "GRAPH_WORKSPACES", {})
+    monkeypatch.setattr(graph, "WARM_UP_FALLBACKS", {})
     cfg = vllm_config(mode=mode, sizes=SIZES)
     _, v1 = _fake_vllm_ascend(monkeypatch, cfg)
     desc = types.SimpleNamespace(batch_descriptor=padded_descriptor(mode, N, uniform_decode=True))
@@ -121,22 +124,26 @@ def forward_all(e, meta):
 
 
 def capture(e, monkeypatch, meta):
-    """Run the layers with ``capturing`` set and record the operator launches (the "graph")."""
+    """Run the layers with ``capturing`` set and record the graph decoder's launches (the "graph": the
+    operator's kernels and the replay counter's increment); the counter is then reset, as a capture on an
+    NPU records the increment without running it."""
     calls = []
-    real_run = AscendDecodeWrapper.run
+    real_run = GraphDecoder.run
 
     def recording_run(self, *a, **k):
         calls.append((self, a, k))
         return real_run(self, *a, **k)
 
-    monkeypatch.setattr(AscendDecodeWrapper, "run", recording_run)
+    monkeypatch.setattr(GraphDecoder, "run", recording_run)
     e.ctx.capturing = True
     try:
         forward_all(e, meta)
     finally:
         e.ctx.capturing = False
-        monkeypatch.setattr(AscendDecodeWrapper, "run", real_run)
-    return lambda: [real_run(w, *a, **k) for w, a, k in calls]
+        monkeypatch.setattr(GraphDecoder, "run", real_run)
+    for dec, _, _ in calls:
+        dec.replays.zero_()
+    return lambda: [real_run(dec, *a, **k) for dec, a, k in calls]
 
 
 @contextlib.contextmanager
@@ -226,6 +233,66 @@ def test_replays_follow_changing_lengths_and_request_counts(env, monkeypatch):
     assert most_splits > 1, "long requests were split (the merge ran inside the graph)"
 
 
+def test_draft_builds_never_touch_the_targets_graph_buffers(env, monkeypatch):
+    """A drafter's ``build_for_drafting`` (``fast_build=True``) in the target's attention group: the
+    target's graph buffers, plans and counters stay as the target's last step left them."""
+    e = env
+    dec, replay = warm_up_and_capture(e, monkeypatch)
+    meta, refs = graph_step(e, [33, 900, 4])
+    e.builder.build(0, meta)
+    plans = dict(dec.plans)
+    bt = dec.block_table.clone()
+    refreshes = stats.snapshot()["graph_refreshes"]
+    q_target = e.query.clone()
+    draft, _ = graph_step(e, [34, 901, 5, 6, 7])        # writes the query buffer: put back before the replay
+    built = e.builder.build(0, draft, fast_build=True)
+    assert getattr(built, "_splitkv_graph_group", None) is None
+    assert dec.plans == plans and torch.equal(dec.block_table, bt)
+    assert stats.snapshot()["graph_refreshes"] == refreshes
+    e.query.copy_(q_target)
+    replay()
+    check_step(e, dec, refs, 3)
+
+
+def test_replays_are_counted_by_the_replays_not_the_builds(env, monkeypatch):
+    """``graph_replays`` grows only when the captured graph runs (a device counter in the graph); the
+    builder's count of uniform-decode steps is what vLLM should have replayed: the e2e compares them."""
+    e = env
+    dec, replay = warm_up_and_capture(e, monkeypatch)
+    for lens in ([33, 900, 4], [1] * N, [70, 2]):
+        e.builder.build(0, graph_step(e, lens)[0])
+    replay()
+    replay()
+    counts = graph.replay_counts(read_device=True)
+    assert counts == {"uniform_graph_steps": 3, "graph_replays": 2}
+    e.builder.build(0, graph_step(e, [7, 8], pad="fia")[0])   # FIA padding: still uniform (one query each)
+    replay()
+    assert graph.replay_counts(read_device=True) == {"uniform_graph_steps": 4, "graph_replays": 3}
+    assert stats.worker_stats()["graph_replays"] == 3
+    assert graph.replay_counts()["graph_replays"] is None, "no device read unless asked"
+
+
+def test_a_piecewise_capture_before_the_full_one_neither_marks_nor_counts(env, monkeypatch):
+    """FULL_AND_PIECEWISE: vLLM captures the PIECEWISE graphs first; their attention runs eagerly between
+    the pieces with vLLM Ascend's ``capturing`` still set. That run is not a capture of ours: the FULL
+    capture that follows records the replay count, and only its replays are counted."""
+    e = make_env(monkeypatch, "FULL_AND_PIECEWISE")
+    meta, _ = graph_step(e, [300, 5, 1000, 129])
+    forward_all(e, e.builder.build(0, meta))                # warm-up
+    dec = graph.GRAPH_DECODERS[(e.builder, N)]
+    e.desc.cudagraph_runtime_mode = CUDAGraphMode.PIECEWISE
+    capture(e, monkeypatch, e.builder.build(0, graph_step(e, [17, 2, 640])[0]))
+    assert not dec.captured and dec.layers_captured == 0 and stats.snapshot()["graph_captures"] == 0
+    e.desc.cudagraph_runtime_mode = CUDAGraphMode.FULL
+    replay = capture(e, monkeypatch, e.builder.build(0, graph_step(e, [17, 2, 640])[0]))
+    assert dec.captured and dec.layers_captured == 2
+    meta, refs = graph_step(e, [33, 900, 4])
+    e.builder.build(0, meta)
+    replay()
+    check_step(e, dec, refs, 3)
+    assert graph.replay_counts(read_device=True) == {"uniform_graph_steps": 1, "graph_replays": 1}
+
+
 def test_eager_steps_of_other_sizes_are_unchanged(env):
     e = env
     meta, ref_inputs = graph_step(e, [40, 500, 3])
@@ -237,6 +304,39 @@ def test_eager_steps_of_other_sizes_are_unchanged(env):
     assert graph.GRAPH_DECODERS == {} and [i.splitkv_routed_steps for i in e.layers] == [1, 1]
     for out, inputs in zip(e.outputs, ref_inputs):
         assert np.abs(out[:3].view(3, HQ, D).float().numpy() - dense_attention(inputs)[0]).max() < 2e-3
+
+
+def test_a_graph_is_routed_all_or_nothing(monkeypatch, caplog):
+    """The window layer is not opted in: it stays on vLLM Ascend's path in the warm-up, so the capture
+    of that size keeps every layer there (no graph mixing our op with FIA, whose captured parameters
+    vLLM Ascend pairs with layers by position); eager steps still route the plain layer."""
+    caplog.set_level(logging.INFO, logger="vllm")
+    e = make_env(monkeypatch)
+    monkeypatch.delenv("SPLITKV_VLLM_WINDOW")
+    e.layers = [_impl(e.backend), _impl(e.backend, sliding_window=WINDOW)]
+    for impl in e.layers:
+        impl.key_cache, impl.value_cache = e.caches
+    meta, _ = graph_step(e, [300, 5, 1000, 129])
+    forward_all(e, e.builder.build(0, meta))               # warm-up: layer 0 routed, layer 1 not
+    assert [impl.splitkv_routed_steps for impl in e.layers] == [1, 0]
+    capture(e, monkeypatch, e.builder.build(0, graph_step(e, [17, 2, 640])[0]))
+    assert [impl.splitkv_graph_captures for impl in e.layers] == [0, 0]
+    assert [impl.parent_calls for impl in e.layers] == [0 + 1, 1 + 1]
+    assert any("routed all or nothing" in r.getMessage() for r in caplog.records)
+    assert not graph.GRAPH_DECODERS[(e.builder, N)].captured
+
+
+def test_a_mixed_batch_of_a_graph_size_does_not_block_its_capture(env, monkeypatch):
+    """A batch of a graph size that is not decode-only (e.g. a PIECEWISE warm-up with prefill rows) stays
+    on vLLM Ascend's path for reasons of the batch, not of a layer: the FULL capture is still ours."""
+    e = env
+    meta, _ = graph_step(e, [300, 5, 1000, 129])
+    meta.num_prefills, meta.attn_state = 1, AscendAttentionState.ChunkedPrefill
+    forward_all(e, e.builder.build(0, meta))
+    assert [impl.parent_calls for impl in e.layers] == [1, 1] and graph.WARM_UP_FALLBACKS == {}
+    for impl in e.layers:
+        impl.parent_calls = 0
+    warm_up_and_capture(e, monkeypatch)           # captured on our op: one capture per layer, no parent call
 
 
 def test_capture_without_warm_up_stays_on_vllm_ascend(env, monkeypatch):
@@ -299,35 +399,117 @@ def test_piecewise_mode_routes_eagerly_and_makes_no_buffers(monkeypatch):
         assert np.abs(out[:3].view(3, HQ, D).float().numpy() - dense_attention(inputs)[0]).max() < 2e-3
 
 
-def test_graph_buffer_memory_is_reserved_before_profiling(monkeypatch):
-    """The impls are built while vLLM loads the model, before its profile run: in a routed full-graph mode
-    each set of layer constants holds the bytes its graph buffers will take; the warm-up hands them back."""
-    e = make_env(monkeypatch, "FULL_DECODE_ONLY")
+def default_capture_sizes(max_num_seqs: int, q: int = 1) -> list[int]:
+    """vLLM's default ``cudagraph_capture_sizes``: 1, 2, 4, then steps of 8 to 256, then of 16, up to
+    ``min(2 * max_num_seqs * q, 512)`` (``max_cudagraph_capture_size``)."""
+    top = min(2 * max_num_seqs * q, 512)
+    return [x for x in [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16)) if x <= top]
+
+
+# vLLM-shaped configurations: (name, Hq, Hkv, D, max_model_len, max_num_seqs, speculative tokens)
+MEMORY_TABLE = [
+    ("llama3-8b", 32, 8, 128, 8192, 256, 0),
+    ("llama3-8b-mtp1", 32, 8, 128, 8192, 256, 1),
+    ("qwen-small-16seqs", 16, 2, 64, 4096, 16, 0),
+]
+
+
+def warm_up_every_decode_size(e, backend, layer_impl, cfg, key_cache):
+    """The buffers vLLM's capture would make: an eager warm-up step at each capture size the builder
+    refreshes (its decode sizes), padded with vLLM Ascend's dummy request."""
+    builder = backend.SplitKVAscendAttentionBackend.get_builder_cls()(None, ["l0"], cfg, "cpu")
+    q = graph.speculative_rows(builder) or 1
+    for n in sorted(cfg.compilation_config.cudagraph_capture_sizes):
+        reqs = max(1, n // q)
+        qsl = [q * i for i in range(reqs + 1)] + ([n] if q * reqs < n else [])
+        sl = [1] * (len(qsl) - 1)
+        meta = AscendMetadata(attn_state=AscendAttentionState.DecodeOnly, num_actual_tokens=q * reqs, num_prefills=0,
+                              num_decodes=len(sl), seq_lens=torch.tensor(sl, dtype=torch.int32), seq_lens_list=sl,
+                              actual_seq_lengths_q=qsl[1:], block_tables=torch.zeros(len(sl), cfg.model_config.max_model_len
+                                                                                      // BLOCK, dtype=torch.int32),
+                              causal=True)
+        meta = builder.build(0, meta)
+        query = torch.zeros(n, layer_impl.num_heads, layer_impl.head_size, dtype=key_cache.dtype)
+        graph.prepare_graph(layer_impl._splitkv_layer, query, key_cache, meta)
+    return builder
+
+
+@pytest.mark.parametrize("name, hq, hkv, d, max_len, seqs, k", MEMORY_TABLE)
+def test_reserved_graph_memory_equals_what_the_warm_ups_make(monkeypatch, name, hq, hkv, d, max_len, seqs, k):
+    """The reserve (held while vLLM profiles memory) equals the bytes the graph buffers take once every
+    decode graph is warmed up: buffers only for the decode capture sizes (``<= max_num_seqs * (1 + k)``),
+    one workspace shared by all of them. Printed: the table for the closing note."""
+    e = make_env(monkeypatch, "FULL_AND_PIECEWISE")
     monkeypatch.setenv("SPLITKV_VLLM_RESERVE_GRAPH_MEMORY", "1")
+    monkeypatch.setenv("SPLITKV_VLLM_POLICY", "auto")
     monkeypatch.setattr(graph, "_RESERVE", {})
     monkeypatch.setattr(e.backend, "_ESTIMATES", {})
-    layers = [_impl(e.backend), _impl(e.backend, sliding_window=WINDOW), _impl(e.backend)]
-    held = graph.reserved_bytes()
-    assert held > 0 and len(e.backend._ESTIMATES) == 2, "one estimate per set of layer constants"
-    for impl in layers[:2]:
-        impl.key_cache, impl.value_cache = e.caches
-    e.layers = layers[:2]
-    meta, _ = graph_step(e, [300, 5, 1000, 129])
-    forward_all(e, e.builder.build(0, meta))               # warm-up of one size: the reserve is released
-    assert graph.reserved_bytes() == 0
-    dec = graph.GRAPH_DECODERS[(e.builder, N)]
-    made = dec.block_table.numel() * 4 + sum(b.numel() * b.element_size() for w in dec.wrappers.values()
-                                             for b in w._buffers.values())
-    assert 0 < made < held, "the reserve covers every capture size, the warm-up made one"
+    cfg = vllm_config(mode="FULL_AND_PIECEWISE", sizes=default_capture_sizes(seqs, 1 + k), dtype=torch.bfloat16,
+                      block_size=1024, max_model_len=max_len, max_num_seqs=seqs, num_speculative_tokens=k or None)
+    monkeypatch.setattr(sys.modules["vllm.config"], "get_current_vllm_config", lambda: cfg)
+    impl = _impl(e.backend, num_heads=hq, num_kv_heads=hkv, head_size=d, scale=d ** -0.5)
+    reserved = graph.reserved_bytes()
+    assert reserved > 0 and len(e.backend._ESTIMATES) == 1
+    key_cache = torch.zeros(4, BLOCK, hkv, d, dtype=torch.bfloat16)   # the physical 128-token block, not 1024
+    builder = warm_up_every_decode_size(e, e.backend, impl, cfg, key_cache)
+    decode = graph.decode_sizes(cfg)
+    assert sorted(n for (_, n) in graph.GRAPH_DECODERS) == list(decode), "buffers only for the decode sizes"
+    sizes = cfg.compilation_config.cudagraph_capture_sizes
+    assert decode == tuple(x for x in sorted(sizes) if 1 + k <= x <= seqs * (1 + k))
+    stores = {w._stores["workspace"].data_ptr() for dec in graph.GRAPH_DECODERS.values() for w in dec.wrappers.values()}
+    assert len(stores) == 1, "one workspace shared by every graph size"
+    made = graph.made_graph_bytes(builder)
+    assert graph.reserved_bytes() == 0, "the warm-up handed the reserve back"
+    assert made == reserved, (name, made, reserved)
+    print(f"\n{name}: decode sizes {len(decode)} (sum {sum(decode)} tokens) of {len(cfg.compilation_config.cudagraph_capture_sizes)}"
+          f" capture sizes; reserved {reserved / 2**20:.1f} MiB, made {made / 2**20:.1f} MiB per set of layer constants")
 
 
-def test_work_item_capacity_is_a_clear_error(env, monkeypatch):
+def test_a_shared_workspace_must_be_a_float32_vector_on_the_device():
+    for bad in (torch.zeros(64, dtype=torch.float16), torch.zeros(8, 8), "workspace"):
+        with pytest.raises(ValueError, match="workspace"):
+            AscendDecodeWrapper(HQ, HKV, D, BLOCK, dtype=DT, device="cpu", workspace=bad)
+    shared = torch.zeros(1 << 22)   # 16 MiB: more than this batch needs
+    w = AscendDecodeWrapper(HQ, HKV, D, BLOCK, dtype=DT, device="cpu", workspace=shared)
+    w.plan(np.array([300, 5], np.int32), max_pages=4, num_pages=NUM_BLOCKS)
+    assert 0 < w.workspace_bytes() <= shared.numel() * 4
+    assert w._buffers["workspace"].data_ptr() == shared.data_ptr(), "taken from the shared store"
+
+
+def test_no_graph_buffers_are_made_while_serving(env, monkeypatch):
+    """After vLLM's capture (``cudagraph_capturing_enabled`` cleared) an eager step of a graph size makes
+    nothing: it runs eagerly."""
+    e = env
+    monitor = types.ModuleType("vllm.compilation.monitor")
+    monitor.cudagraph_capturing_enabled = False
+    monkeypatch.setitem(sys.modules, "vllm.compilation.monitor", monitor)
+    meta, refs = graph_step(e, [300, 5, 1000, 129])
+    forward_all(e, e.builder.build(0, meta))
+    assert graph.GRAPH_DECODERS == {} and [impl.splitkv_routed_steps for impl in e.layers] == [1, 1]
+    monitor.cudagraph_capturing_enabled = True      # the capture window: the warm-up makes them
+    forward_all(e, e.builder.build(0, graph_step(e, [300, 5])[0]))
+    assert list(graph.GRAPH_DECODERS) == [(e.builder, N)]
+
+
+def test_work_item_capacity_raises_only_for_a_step_that_replays(env, monkeypatch, caplog):
+    """A batch over the graph buffers' capacity: before the capture (and for any step vLLM does not
+    replay) it loses its graph mark and runs eagerly, logged once; once a graph of that size is
+    captured, a uniform-decode step (which vLLM replays) raises in build()."""
     e = env
     monkeypatch.setenv("SPLITKV_VLLM_GRAPH_MAX_WORK_ITEMS", "20")  # 9 requests x 2 KV heads = 18 items unsplit
     meta, _ = graph_step(e, [100, 200])
     forward_all(e, e.builder.build(0, meta))
     dec = graph.GRAPH_DECODERS[(e.builder, N)]
-    meta, _ = graph_step(e, [1700] * N)                    # needs splits: over 20 work items
+    meta, refs = graph_step(e, [1700] * N)                 # needs splits: over 20 work items
+    built = e.builder.build(0, meta)
+    assert built._splitkv_graph_group is None and built._splitkv_graph_decoder is None
+    assert any("does not fit the graph buffers" in r.getMessage() for r in caplog.records)
+    forward_all(e, built)
+    for out, ref in zip(e.outputs, refs):
+        assert np.abs(out.view(N, HQ, D).float().numpy() - dense_attention(ref)[0]).max() < 2e-3
+    assert [impl.parent_calls for impl in e.layers] == [0, 0]
+    capture(e, monkeypatch, e.builder.build(0, graph_step(e, [17, 2])[0]))
+    meta, _ = graph_step(e, [1700] * N)
     with pytest.raises(ValueError, match="max_work_items"):
         e.builder.build(0, meta)
     assert dec.max_work_items == 20

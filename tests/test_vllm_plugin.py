@@ -39,9 +39,12 @@ def fresh_plugin_state(monkeypatch):
     plugin._reset_for_tests()
 
 
-def vllm_config(additional_config=None, mode="NONE", sizes=(), dtype=torch.float16, block_size=128, max_model_len=4096):
+def vllm_config(additional_config=None, mode="NONE", sizes=(), dtype=torch.float16, block_size=128, max_model_len=4096,
+                max_num_seqs=None, num_speculative_tokens=None):
     """The parts of vLLM's VllmConfig the plugin reads."""
+    spec = None if num_speculative_tokens is None else types.SimpleNamespace(num_speculative_tokens=num_speculative_tokens)
     return types.SimpleNamespace(
+        scheduler_config=types.SimpleNamespace(max_num_seqs=max_num_seqs), speculative_config=spec,
         additional_config=additional_config or {},
         compilation_config=types.SimpleNamespace(cudagraph_mode=CUDAGraphMode[mode], cudagraph_capture_sizes=list(sizes)),
         model_config=types.SimpleNamespace(dtype=dtype, max_model_len=max_model_len),
@@ -60,13 +63,23 @@ class CUDAGraphMode(__import__("enum").Enum):
         return self.name.startswith("FULL")
 
 
-def _fake_vllm_ascend(monkeypatch, config=None):
+class AscendDeviceType(__import__("enum").Enum):
+    """vLLM Ascend's ``vllm_ascend.device.hardware.AscendDeviceType``."""
+    A2 = 0
+    A3 = 1
+    _310P = 2
+    A5 = 3
+
+
+def _fake_vllm_ascend(monkeypatch, config=None, version="0.23.0.post1", device_type="A2"):
     """Install fake ``vllm_ascend`` modules; returns (platform class, attention_v1 module).
 
     ``vllm_ascend.ascend_forward_context._EXTRA_CTX`` has the two flags the backend reads
     (``capturing``, ``is_draft_model``); ``attention_v1.record_attention_compute_start`` counts its
     calls in ``v1.fence_calls``; a fake ``vllm.config.get_current_vllm_config`` returns ``config``
-    (default: :func:`vllm_config`), which the impl keeps as ``self.vllm_config`` as vLLM Ascend's does."""
+    (default: :func:`vllm_config`), which the impl keeps as ``self.vllm_config`` as vLLM Ascend's does;
+    ``vllm_ascend._version.__version__`` is ``version``, ``vllm_ascend.utils.get_ascend_device_type()``
+    (the 0.23 release's place) answers ``AscendDeviceType[device_type]``."""
     config = config or vllm_config()
     pkg = types.ModuleType("vllm_ascend")
     pkg.__path__ = []
@@ -148,8 +161,13 @@ def _fake_vllm_ascend(monkeypatch, config=None):
     vcfg.get_current_vllm_config = lambda: config
     vcfg.CUDAGraphMode = CUDAGraphMode
     monkeypatch.setitem(sys.modules, "vllm.config", vcfg)
+    ver = types.ModuleType("vllm_ascend._version")
+    ver.__version__ = version
+    utils = types.ModuleType("vllm_ascend.utils")
+    utils.get_ascend_device_type = lambda: AscendDeviceType[device_type]
     for name, mod in (("vllm_ascend", pkg), ("vllm_ascend.platform", plat), ("vllm_ascend.attention", attn),
-                      ("vllm_ascend.attention.attention_v1", v1), ("vllm_ascend.ascend_forward_context", fctx)):
+                      ("vllm_ascend.attention.attention_v1", v1), ("vllm_ascend.ascend_forward_context", fctx),
+                      ("vllm_ascend._version", ver), ("vllm_ascend.utils", utils)):
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda n, *a, _f=importlib.util.find_spec: pkg.__spec__ if n == "vllm_ascend" else _f(n, *a))
@@ -348,7 +366,6 @@ def test_layer_whose_v_head_size_differs_is_refused(monkeypatch, caplog):
     _, v1 = _fake_vllm_ascend(monkeypatch)
     backend = importlib.import_module("splitkv_vllm.backend")
     caplog.set_level(logging.INFO, logger=LOGGER_NAME)
-    assert "V head size" in _impl(backend, head_size_v=32)._splitkv_layer.layer_unsupported
     impl = _impl(backend)
     step = make_step([1, 1], [10, 20], seed=14)
     impl.key_cache, impl.value_cache = step.key_cache, step.value_cache[..., :32].contiguous()
@@ -385,5 +402,49 @@ def test_stats_reach_the_driver_through_files_and_rpc(monkeypatch, tmp_path):
     assert len(files) == 1 and files[0]["routed_steps"] == 1
     rpc = stats.worker_stats(worker=object())
     assert rpc["routed_steps"] == 1 and rpc["pid"] == files[0]["pid"]
-    assert stats.total([rpc, {"routed_steps": 2, "graph_captures": 1}]) == {
-        "routed_steps": 3, "routed_layer_calls": 1, "graph_captures": 1, "graph_refreshes": 0, "workers": 2}
+    assert rpc["graph_replays"] == 0 and files[0]["graph_replays"] is None, "read from the device by the RPC only"
+    assert stats.total([rpc, {"routed_steps": 2, "graph_captures": 1, "graph_replays": 4}]) == {
+        "routed_steps": 3, "routed_layer_calls": 1, "graph_captures": 1, "graph_refreshes": 0, "workers": 2,
+        "uniform_graph_steps": 0, "graph_replays": 4}
+    assert stats.total([rpc, {"routed_steps": 2}])["graph_replays"] is None, "a worker that did not read them"
+
+
+@pytest.mark.parametrize("version, device_type, env, words", [
+    ("0.23.0.post1", "A5", {}, "Ascend A5"),                         # Ascend 950: kernels built for 910B / A3
+    ("0.18.0", "A2", {}, "outside the tested versions"),
+    ("0.24.0", "A3", {}, "outside the tested versions"),
+    ("0.23.0.post1", "A2", {"VLLM_USE_V2_MODEL_RUNNER": "1"}, "v2 model runner"),
+])
+def test_gates_keep_the_stock_path_with_one_line(monkeypatch, caplog, version, device_type, env, words):
+    monkeypatch.setenv("SPLITKV_VLLM_ENABLE", "1")
+    monkeypatch.setattr(plugin, "operator_unavailable", lambda: None)   # the operator itself would run
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    platform_cls, _ = _fake_vllm_ascend(monkeypatch, version=version, device_type=device_type)
+    plugin.register()
+    with caplog.at_level(logging.WARNING, logger="vllm"):
+        for _ in range(3):
+            assert platform_cls.get_attn_backend_cls(None, _cfg()) == GQA
+    lines = [r.getMessage() for r in caplog.records if "stays off" in r.getMessage()]
+    assert len(lines) == 1 and words in lines[0], lines
+    monkeypatch.setenv("SPLITKV_VLLM_STRICT", "1")
+    with pytest.raises(RuntimeError, match=words):
+        platform_cls.get_attn_backend_cls(None, _cfg())
+
+
+@pytest.mark.parametrize("version, device_type", [("0.19.2.dev1637+g182b75ea8", "A2"), ("0.23.0.post1", "A3")])
+def test_gates_pass_the_tested_versions_and_chips(monkeypatch, version, device_type):
+    monkeypatch.setenv("SPLITKV_VLLM_ENABLE", "1")
+    monkeypatch.setattr(plugin, "operator_unavailable", lambda: None)
+    platform_cls, _ = _fake_vllm_ascend(monkeypatch, version=version, device_type=device_type)
+    plugin.register()
+    assert platform_cls.get_attn_backend_cls(None, _cfg()) == plugin.SPLITKV_BACKEND
+
+
+def test_untested_version_routes_when_asked(monkeypatch):
+    monkeypatch.setenv("SPLITKV_VLLM_ENABLE", "1")
+    monkeypatch.setenv("SPLITKV_VLLM_UNTESTED_VERSIONS", "1")
+    monkeypatch.setattr(plugin, "operator_unavailable", lambda: None)
+    platform_cls, _ = _fake_vllm_ascend(monkeypatch, version="0.30.0")
+    plugin.register()
+    assert platform_cls.get_attn_backend_cls(None, _cfg()) == plugin.SPLITKV_BACKEND

@@ -310,6 +310,9 @@ def eager_wrapper(layer: LayerSpec, query: torch.Tensor, key_cache: torch.Tensor
         w = _EAGER_WRAPPERS[key] = AscendDecodeWrapper(
             layer.num_heads, layer.num_kv_heads, layer.head_size, int(key_cache.shape[1]), dtype=query.dtype,
             kv_dtype=key_cache.dtype, device=query.device, profile=opts["device"], policy=opts["policy"])
+        from . import errors
+
+        errors.attach_ascend(w, query.device)   # its error section, read every error_check_steps calls
     return w
 
 
@@ -354,6 +357,9 @@ def forward_decode(layer: LayerSpec, query: torch.Tensor, key_cache: torch.Tenso
         extra = dict(seq_lens=batch.seq_lens, query_start_loc=batch.query_start_loc) if debug else {}
         out, _ = w.run(q, key_cache, value_cache, batch.block_table, validate=debug,
                        out=o if o.is_contiguous() else None, **extra)
+        from . import errors
+
+        errors.tick(q.device)
     else:
         sl, qsl = batch.on_device(q.device)
         out, _ = decode_attention(q, key_cache, value_cache, batch.block_table, sl, qsl, plan=batch.plan,

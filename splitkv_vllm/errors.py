@@ -1,4 +1,9 @@
-"""The Triton route's kernel error counter, read without a host sync per layer.
+"""The kernels' error counts, read without a host sync per layer.
+
+The Ascend route's wrappers count into their workspace's error section
+(:meth:`ascend_ops.AscendDecodeWrapper.check_errors`): :func:`attach_ascend` registers each, and
+:func:`poll` asks every registered one on the device (a wrapper sharing a workspace with others
+reads their counts too, once). The Triton route:
 
 Every Triton ``DecodeWrapper`` the vLLM side makes (the eager route's, one a call; the full-graph
 wrappers) writes its error counts into one shared int32 buffer per device (:func:`shared_buffer`,
@@ -19,6 +24,7 @@ from . import settings
 from .log import once
 
 _BUFFERS: dict = {}   # device -> int32 [ERROR_SLOTS] on it
+_ASCEND: dict = {}    # device -> [AscendDecodeWrapper] whose workspaces count errors
 _CALLS: dict = {}     # device -> routed calls (or steps) since the last poll
 _NUM_PAGES: dict = {}
 
@@ -44,6 +50,13 @@ def attach(wrapper, num_pages: int | None = None) -> None:
         _NUM_PAGES[str(wrapper.device)] = int(num_pages)
 
 
+def attach_ascend(wrapper, device) -> None:
+    """Have :func:`poll` read an ``AscendDecodeWrapper``'s error section (its ``check_errors()``)."""
+    ws = _ASCEND.setdefault(str(device), [])
+    if not any(w is wrapper for w in ws):
+        ws.append(wrapper)
+
+
 def tick(device, steps: int = 1) -> None:
     """Count routed calls or steps on ``device``; every ``error_check_steps`` of them, :func:`poll`.
     Cost: a dict update, and one host sync every ``error_check_steps`` calls."""
@@ -63,28 +76,33 @@ def poll(device=None) -> str | None:
     message, or None when there was nothing."""
     from cuda_ref.checks import describe_errors
 
-    keys = [str(device)] if device is not None else list(_BUFFERS)
+    keys = [str(device)] if device is not None else sorted(set(_BUFFERS) | set(_ASCEND))
     msgs = []
     for key in keys:
         buf = _BUFFERS.get(key)
-        if buf is None:
-            continue
-        vals = buf.tolist()
-        msg = describe_errors(vals, _NUM_PAGES.get(key, 0))
-        if msg:
-            buf.zero_()
-            msgs.append(f"{key}: {msg}")
+        if buf is not None:
+            vals = buf.tolist()
+            msg = describe_errors(vals, _NUM_PAGES.get(key, 0))
+            if msg:
+                buf.zero_()
+                msgs.append(f"{key}: {msg}")
+        for w in _ASCEND.get(key, ()):
+            try:
+                w.check_errors()
+            except RuntimeError as e:   # counted and reset by the wrapper
+                msgs.append(f"{key}: {e}")
     if not msgs:
         return None
     text = "; ".join(msgs)
     if settings.current().strict:
-        raise RuntimeError(f"splitkv: the Triton kernels met values they could not honour: {text}")
-    once(logging.ERROR, "splitkv: the Triton kernels met values they could not honour (rows may be wrong): %s", text)
+        raise RuntimeError(f"splitkv: the kernels met values they could not honour: {text}")
+    once(logging.ERROR, "splitkv: the kernels met values they could not honour (rows may be wrong): %s", text)
     return text
 
 
 def reset() -> None:
     """Forget the buffers and counts (tests)."""
     _BUFFERS.clear()
+    _ASCEND.clear()
     _CALLS.clear()
     _NUM_PAGES.clear()

@@ -166,10 +166,12 @@ class GraphDecoder:
                                         profile=self.profile, policy=self.policy, graph_stable=True,
                                         max_splits=self.max_splits, max_work_items=self.max_work_items,
                                         workspace=workspace)
-        if self.route == "triton":   # its error counts go to the device's shared buffer (errors.poll reads it)
-            from . import errors
+        from . import errors   # the kernels' error counts, read by errors.poll every N steps
 
+        if self.route == "triton":   # into the device's shared buffer
             errors.attach(w, k_cache.shape[0])
+        else:                        # into the workspace's error section
+            errors.attach_ascend(w, dev)
         w._splitkv_const = const
         self.wrappers[key] = w
         if self._lengths is not None:
@@ -650,7 +652,7 @@ def refresh_graph_step(meta, group) -> None:
         drop_graph_mark(meta)
         return
     meta._splitkv_graph_decoder = dec
-    if dec.route == "triton" and dec.block_table is not None:   # the kernels' error counter, every N steps
+    if dec.block_table is not None:   # the kernels' error counts, every N steps
         from . import errors
 
         errors.tick(dec.block_table.device)

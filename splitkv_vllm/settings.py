@@ -25,7 +25,7 @@ device_plan            SPLITKV_VLLM_DEVICE_PLAN             false      full grap
 split_tokens           SPLITKV_VLLM_SPLIT_TOKENS            512        device_plan: the fixed split size (tokens,
                                                                        a multiple of the block size)
 stats_dir              SPLITKV_VLLM_STATS_DIR               (none)     each worker writes its counters here
-error_check_steps      SPLITKV_VLLM_ERROR_CHECK_STEPS       256        Triton route: read the kernels' error
+error_check_steps      SPLITKV_VLLM_ERROR_CHECK_STEPS       256        read the kernels' error
                                                                        counter every N routed calls / steps
                                                                        (one host sync; 0 never)
 untested_versions      SPLITKV_VLLM_UNTESTED_VERSIONS       false      route under a vLLM Ascend version outside

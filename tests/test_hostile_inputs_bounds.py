@@ -445,6 +445,38 @@ def test_vllm_error_poll_reads_the_shared_counter(monkeypatch):
         settings.reset()
 
 
+def test_vllm_error_poll_reads_the_ascend_wrappers_error_sections(monkeypatch):
+    """The Ascend route's wrappers count into their workspace's error section; the poll asks each
+    registered one (check_errors), logs or (strict) raises what it found, and it is reset."""
+    pytest.importorskip("torch")
+    import torch
+
+    from ascend_ops.wrapper import AscendDecodeWrapper
+    from ascend_ops import tiling as tl
+    from splitkv_vllm import errors, settings
+
+    errors.reset()
+    settings.reset()
+    try:
+        w = AscendDecodeWrapper(8, 2, 64, 16, dtype=torch.float16, device="cpu")
+        w.plan([40, 300], max_pages=20, num_pages=64)
+        errors.attach_ascend(w, "cpu")
+        errors.attach_ascend(w, "cpu")   # once only
+        assert errors.poll("cpu") is None
+        section = w._stores["workspace"][:tl.ERROR_BYTES // 4].view(torch.int32).view(tl.ERROR_SLOTS, -1)
+        section[3, :4] = torch.tensor([2, 1, 7, 99], dtype=torch.int32)   # what a block writes for masked pages
+        msg = errors.poll("cpu")
+        assert "request 1, logical page 7, page id 99" in msg and "2 K tile copies" in msg
+        assert not section.any()
+        section[0, 4:8] = torch.tensor([2, 1, 0, 2], dtype=torch.int32)   # a negative device length
+        monkeypatch.setenv("SPLITKV_VLLM_STRICT", "1")
+        with pytest.raises(RuntimeError, match="negative"):
+            errors.poll("cpu")
+    finally:
+        errors.reset()
+        settings.reset()
+
+
 def test_the_bounds_suite_size():
     """The size by class (rows x entry points), for the closing note."""
     sizes = {"scalars": len(_scalar_params()), "planner": len(PLAN_INT_CASES) + 1,

@@ -386,6 +386,13 @@ def run_catalog(inputs: DecodeInputs, plan: Plan, kernel: str = "auto") -> tuple
     return run_in_orders(lambda: run_twin(inputs, plan, kernel=kernel))
 
 
+def _shared_prefix(inputs: DecodeInputs, shared_prefix, **kw) -> tuple[np.ndarray, np.ndarray]:
+    from .shared_prefix import run_twin_shared_prefix
+
+    return run_twin_shared_prefix(inputs, shared_prefix, **kw)
+
+
 sim_backend = Backend(
     name="ascend-sim", run=run_catalog, unavailable=_unavailable, unsupported=_unsupported, device=PROFILE,
-    description="Ascend C kernels on the CPU twin (g++ against our API emulation; a test double, not the NPU)")
+    description="Ascend C kernels on the CPU twin (g++ against our API emulation; a test double, not the NPU)",
+    extra={"shared_prefix": _shared_prefix})

@@ -213,9 +213,8 @@ def run_case(backend: Backend, case: Case, reference=None, plan=None) -> CaseRes
                       "" if acc.passed else acc.reason)
 
 
-def run_parity(backends: list[Backend], cases: list[Case], progress: bool = True) -> ParityReport:
-    """Run every case on every available backend (see module docstring)."""
-    report = ParityReport(provenance=provenance())
+def available_backends(backends: list[Backend], report: ParityReport) -> list[Backend]:
+    """The backends that can run here; each other one is recorded in ``report.unavailable`` with why."""
     ready = []
     for b in backends:
         why = unavailable_reason(b)
@@ -223,6 +222,13 @@ def run_parity(backends: list[Backend], cases: list[Case], progress: bool = True
             report.unavailable[b.name] = why
         else:
             ready.append(b)
+    return ready
+
+
+def run_parity(backends: list[Backend], cases: list[Case], progress: bool = True) -> ParityReport:
+    """Run every case on every available backend (see module docstring)."""
+    report = ParityReport(provenance=provenance())
+    ready = available_backends(backends, report)
     bar = _progress(len(cases) * len(ready), enabled=progress and bool(ready))
     for case in cases:
         inputs = case.build()

@@ -13,8 +13,8 @@ import time
 from ..reference import dense_attention, plain_attention
 from .accuracy import check
 from .cases import SHARED_PREFIX_CATALOG, SharedPrefixCase
-from .harness import ERROR, FAIL, PASS, UNSUPPORTED, CaseResult, ParityReport
-from .registry import Backend, unavailable_reason
+from .harness import ERROR, FAIL, PASS, UNSUPPORTED, CaseResult, ParityReport, available_backends
+from .registry import Backend
 from ..provenance import provenance
 
 
@@ -46,13 +46,7 @@ def run_shared_prefix_parity(backends: list, cases=None) -> ParityReport:
     """Every shared-prefix case on every available backend (the reference computed once a case)."""
     cases = SHARED_PREFIX_CATALOG if cases is None else cases
     report = ParityReport(provenance=provenance())
-    ready = []
-    for b in backends:
-        why = unavailable_reason(b)
-        if why:
-            report.unavailable[b.name] = why
-        else:
-            ready.append(b)
+    ready = available_backends(backends, report)
     for case in cases:
         inputs, _ = case.build()
         reference = (*dense_attention(inputs), plain_attention(inputs))

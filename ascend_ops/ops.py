@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from splitkv_common.plan import Plan
+from splitkv_common.plan_layout import Plan
 from splitkv_common.torch_io import TORCH_DTYPES, torch_dtype_name
 from splitkv_common.validation import check_decode_args, host
 
@@ -216,7 +216,7 @@ def _graph_mode_plan(t: dict, seq_lens: np.ndarray, qsl: np.ndarray) -> Plan:
     """The plan the kernels derive in graph mode (``deviceSplitTokens`` S): splits of S tokens, slots
     ``row * maxSplits + j`` (the same partials as the device grid; the window start is page-aligned
     here, which changes no output)."""
-    from splitkv_common.plan import make_plan
+    from splitkv_common.planner import make_plan
 
     S, cap = int(t["deviceSplitTokens"]), int(t["maxSplits"])
     window = int(t["windowLeft"]) if t["windowLeft"] >= 0 else None
@@ -228,7 +228,7 @@ def _graph_mode_plan(t: dict, seq_lens: np.ndarray, qsl: np.ndarray) -> Plan:
 
 
 def _policy_none():
-    from splitkv_common.plan import SplitPolicy
+    from splitkv_common.policies import SplitPolicy
 
     return SplitPolicy("none")
 

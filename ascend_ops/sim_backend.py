@@ -29,7 +29,7 @@ import numpy as np
 
 from splitkv_common.devices import get_profile
 from splitkv_common.inputs import DecodeInputs
-from splitkv_common.plan import Plan
+from splitkv_common.plan_layout import Plan
 from splitkv_common.parity.registry import Backend
 
 from . import tiling as tl

@@ -15,7 +15,7 @@ import torch
 
 from splitkv_common import native as _native
 from splitkv_common.devices import PROFILES
-from splitkv_common.plan import Plan
+from splitkv_common.plan_layout import Plan
 
 from . import kernels
 from .fast_launch import FastLaunch, describe

@@ -24,7 +24,7 @@ import pathlib
 
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.npu_probe import DEFAULT_NPU_PROFILE, npu_device, npu_unavailable
-from splitkv_common.plan import Plan
+from splitkv_common.plan_layout import Plan
 from splitkv_common.parity.registry import Backend
 
 # (max head dim, q dtype family) -> (max BLOCK_M, BLOCK_N). "16" is float16 / bfloat16 q and KV.

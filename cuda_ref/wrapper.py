@@ -46,7 +46,8 @@ import torch
 
 from splitkv_common import native
 from splitkv_common.guards import ThreadOwner, check_validate
-from splitkv_common.plan import Plan, PlannedWrapper, PlanSpec
+from splitkv_common.plan_layout import Plan
+from splitkv_common.plan_spec import PlannedWrapper, PlanSpec
 from splitkv_common.torch_io import as_torch_dtype, grown_store
 from splitkv_common.validation import check_decode_args, check_gqa, check_wrapper_tensors, host, normalize_window
 from splitkv_common.validation import step_lengths

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .merge import check_merge_inputs
-from .plan import Plan
+from .plan_layout import Plan
 
 def _dequant(x: torch.Tensor, scale, offset, head: torch.Tensor) -> torch.Tensor:
     """Gathered cache rows ``[W, L, D]`` of KV heads ``head [W]`` -> float32; int8 uses

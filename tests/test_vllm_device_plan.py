@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-import splitkv_common.plan as plan_mod
+import splitkv_common.plan_spec as plan_mod   # PlanSpec.make plans with its make_plan
 from ascend_ops import ops
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.reference import dense_attention

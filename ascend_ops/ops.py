@@ -20,9 +20,9 @@ Kernels registered for the op:
 The schema lives here only. The C++ library implements it without restating it; when it is loaded
 the dispatcher checks its C++ signature against this schema.
 
-Python API (the same as :mod:`cuda_ref`'s): :func:`decode_attention` here (one call: validate,
-plan, run) and :class:`~ascend_ops.wrapper.AscendDecodeWrapper` (``plan()`` on the host, ``run()``
-on the device without host sync, aclgraph-capturable). What is missing to run on an NPU, the
+Python API (the same as :mod:`cuda_ref`'s), in :mod:`ascend_ops.wrapper`: ``decode_attention``
+(one call: validate, plan, run) and ``AscendDecodeWrapper`` (``plan()`` on the host, ``run()`` on
+the device without host sync, aclgraph-capturable); this module imports neither. What is missing to run on an NPU, the
 library and the device: :mod:`ascend_ops.runtime`. What the kernels take: :mod:`ascend_ops.support`.
 """
 
@@ -33,9 +33,8 @@ import torch
 
 from splitkv_common.plan_layout import Plan
 from splitkv_common.torch_io import TORCH_DTYPES, torch_dtype_name
-from splitkv_common.validation import check_decode_args, host
 
-from .support import KV_QUANT_DTYPE, Q_DTYPES, supported_head_dims
+from .support import KV_QUANT_DTYPE, Q_DTYPES
 
 NAMESPACE = "splitkv_ascend"
 OP_NAME = "decode_attention"
@@ -252,58 +251,3 @@ def pack_kv_quant(k_scale, v_scale, k_offset=None, v_offset=None, *, num_kv_head
         return x.to(device=device, dtype=torch.float32).reshape(num_kv_heads, -1).expand(num_kv_heads, head_dim)
 
     return torch.stack([full(k_scale, 1.0), full(k_offset, 0.0), full(v_scale, 1.0), full(v_offset, 0.0)]).contiguous()
-
-
-# ---------------------------------------------------------------------------------------------
-# Python API: one call
-# ---------------------------------------------------------------------------------------------
-
-def decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, *, scale=None,
-                     soft_cap=None, window_left=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
-                     plan: Plan | None = None, policy: str = "auto", out=None, lse=None,
-                     profile: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split-KV decode attention on an Ascend NPU: ``(out [T, Hq, D] in q's dtype, lse [T, Hq] float32)``.
-
-    Shapes and semantics are ``docs/conventions.md``'s (the same call as ``cuda_ref``): ``q [T, Hq, D]``;
-    ``k_cache``/``v_cache [num_pages, page_size, Hkv, D]`` in q's dtype or int8 (then ``k_scale``/
-    ``v_scale`` float32 ``[Hkv]`` or ``[Hkv, D]``, optional offsets); ``block_table [B, max_pages]``
-    int32; ``seq_lens [B]``; ``query_start_loc [B + 1]`` (default one row per request); lse natural log.
-
-    The arguments are validated first (the shared checks, reading host copies of the lengths and the
-    block table), then a plan is made unless given, then the kernels run. One call plans and runs;
-    for a decode loop (and aclgraph) use :class:`~ascend_ops.wrapper.AscendDecodeWrapper`.
-
-    Raises:
-        TypeError, ValueError: invalid arguments (the shared messages).
-        RuntimeError: the operator cannot run here (says what is missing: torch_npu, an NPU, the
-            built extension).
-    """
-    # the wrapper and the runtime import this module (the op must exist before its library loads)
-    from .runtime import require_npu_kernel, runtime_unavailable
-    from .wrapper import AscendDecodeWrapper
-
-    dims = check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale=scale,
-                             soft_cap=soft_cap, window_left=window_left, k_scale=k_scale, v_scale=v_scale,
-                             k_offset=k_offset, v_offset=v_offset, supported_head_dims=supported_head_dims(),
-                             backend="ascend")
-    sl = host(seq_lens)
-    qsl = None if query_start_loc is None else host(query_start_loc)
-    if plan is not None:  # a plan from outside: checked before anything runs
-        plan.validate(sl, qsl if qsl is not None else np.arange(dims.batch_size + 1), window_left=window_left,
-                      num_kv_heads=dims.num_kv_heads)
-    if q.device.type == "cpu":
-        why = runtime_unavailable()
-        raise RuntimeError(f"{QUALNAME}: q is a CPU tensor; the operator runs on an Ascend NPU"
-                           + (f", and none is usable here: {why}" if why else " (move the tensors to 'npu')"))
-    require_npu_kernel(q.device)
-    w = AscendDecodeWrapper(dims.num_q_heads, dims.num_kv_heads, dims.head_dim, dims.page_size, dtype=q.dtype,
-                            kv_dtype=k_cache.dtype, device=q.device, profile=profile, policy=policy)
-    const = dict(scale=scale, soft_cap=soft_cap, window_left=window_left, max_pages=dims.max_pages,
-                 num_pages=dims.num_pages)
-    if plan is None:
-        w.plan(sl, query_start_loc=qsl, **const)
-    else:
-        w.set_plan(plan, seq_lens=sl, **const)
-    bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
-    return w.run(q, k_cache, v_cache, bt, scale=scale, soft_cap=soft_cap, window_left=window_left,
-                 k_scale=k_scale, v_scale=v_scale, k_offset=k_offset, v_offset=v_offset, out=out, lse=lse)

@@ -337,7 +337,9 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
         Metadata only is checked (no device memory is read). The kernels take the lengths from the
         plan (``plan()``'s host ``seq_lens``); ``validate=True`` also runs the shared value checks
         and compares ``seq_lens``/``query_start_loc`` with the plan (host syncs: not in a graph);
-        ``"auto"``: the same when q is on the CPU; anything else is refused.
+        ``"auto"``: the same when q is on the CPU; anything else is refused. The checks run here,
+        once: the kernels (the CPU kernel too) check only the operator's contract, so without
+        ``validate`` an out-of-range page id is not refused (on the CPU it is masked).
         ``scale``/``soft_cap``/``window_left`` default to the planned ones; another ``scale`` or
         ``soft_cap`` rebuilds the tiling (host work: do it before a capture, not inside); another
         ``window_left`` is refused (the plan's ranges cover its window's span).
@@ -375,11 +377,12 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
                 raise
         self.check(q, k_cache, v_cache, block_table, k_scale, v_scale, k_offset, v_offset)
         if validate:
-            check_decode_args(q, k_cache, v_cache, block_table,
-                              seq_lens if seq_lens is not None else torch.from_numpy(self._seq_lens),
-                              query_start_loc, scale=attn[0], soft_cap=attn[1], window_left=attn[2],
-                              k_scale=k_scale, v_scale=v_scale, k_offset=k_offset, v_offset=v_offset,
-                              supported_head_dims=supported_head_dims(), backend="ascend")
+            # omitted lengths and rows are the planned ones (what the kernels read)
+            sl = seq_lens if seq_lens is not None else torch.from_numpy(self._seq_lens)
+            qsl = query_start_loc if query_start_loc is not None else torch.from_numpy(self.host_plan.query_start_loc)
+            check_decode_args(q, k_cache, v_cache, block_table, sl, qsl, scale=attn[0], soft_cap=attn[1],
+                              window_left=attn[2], k_scale=k_scale, v_scale=v_scale, k_offset=k_offset,
+                              v_offset=v_offset, supported_head_dims=supported_head_dims(), backend="ascend")
             self.host_plan.check_batch(None if seq_lens is None else host(seq_lens),
                                        None if query_start_loc is None else host(query_start_loc))
         b = self._buffers
@@ -491,7 +494,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
     if plan is None:
         w.plan(sl, query_start_loc=qsl, **const)
     else:
-        w.set_plan(plan, seq_lens=sl, **const)
+        w.set_plan(plan, seq_lens=sl, validate=False, **const)   # validated above, with the batch's rows
     bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
     return w.run(q, k_cache, v_cache, bt, scale=scale, soft_cap=soft_cap, window_left=window_left,
                  k_scale=k_scale, v_scale=v_scale, k_offset=k_offset, v_offset=v_offset, out=out, lse=lse)

@@ -11,11 +11,11 @@ import types
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
-from splitkv_common.reference import dense_attention
-from splitkv_vllm import upstream
-from test_vllm_shapes import AscendAttentionState, make_step
+from splitkv_common.reference import dense_attention  # noqa: E402
+from splitkv_vllm import upstream  # noqa: E402
+from test_vllm_shapes import AscendAttentionState, make_step  # noqa: E402
 
 
 def attention_v1_standin() -> str:

@@ -93,7 +93,9 @@ def run_triton_npu(inputs: DecodeInputs, plan: Plan):
     from splitkv_common.torch_io import from_torch, to_torch
 
     from .checks import check_launch, check_plan
-    from .launch import DevicePlan, KernelConfig, launch_decode
+    from .configs import KernelConfig
+    from .launch import launch_decode
+    from .plan_upload import DevicePlan
 
     t = to_torch(inputs, npu_device())
     q, k = t["q"], t["k_cache"]

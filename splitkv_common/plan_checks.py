@@ -117,7 +117,6 @@ class Batch:
     max_items: int | None = None   # a graph-stable plan's capacity: auto's splits must fit it
 
 
-
 def check_inputs(seq_lens, num_kv_heads, page_size, q_lens, query_start_loc, policy, device, num_q_heads,
                   head_dim, min_split_tokens, max_splits) -> Batch:
     """Parse and validate the arguments (errors in the documented order)."""

@@ -33,6 +33,7 @@ from .plan_checks import Batch, validate_plan
 from .policies import SplitPolicy, round_up
 from .validation import int_vector
 
+
 @dataclass(frozen=True)
 class Plan:
     """A split plan (see module docstring for the layout). All arrays are int32 NumPy arrays."""
@@ -429,8 +430,6 @@ def partial_slots(num_splits: np.ndarray, ql, T: int, cap: int, graph_stable: bo
         return np.arange(0, T * cap, cap, dtype=np.int32), row_ns, T * cap
     ends = np.cumsum(row_ns, dtype=np.int64)
     return (ends - row_ns).astype(np.int32), row_ns, int(ends[-1])
-
-
 
 
 def new_plan(buf, n_valid, num_splits, qsl, row_start, row_ns, num_slots, hkv, page, pol, split, graph_stable,

@@ -18,6 +18,7 @@ from .planner import _I32_LIMIT, _fast_policy, _fast_settings, make_plan
 from .policies import SplitPolicy, fixed_choice, lone_bandwidth
 from .validation import normalize_window
 
+
 @dataclass(frozen=True)
 class PlanSpec:
     """The planning settings a backend's ``plan()`` / ``run()`` wrapper fixes at construction.

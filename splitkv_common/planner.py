@@ -349,7 +349,6 @@ def _plan_wide(seq_lens, q_lens, query_start_loc, policy, device, f: _Fast):
                      f.graph_stable, reason, est)
 
 
-
 def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query_start_loc=None,
               policy: "str | SplitPolicy" = "auto", device: "str | DeviceProfile" = "h200",
               num_q_heads: int | None = None, head_dim: int = 128, kv_elem_bytes: int = 2,
@@ -412,4 +411,3 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
     buf, n_valid = work_items(sp, s, n, most, num_kv_heads, capacity, reuse, order_items(batch.prof))
     return new_plan(buf, n_valid, num_splits, batch.qsl.astype(np.int32), row_start, row_ns, num_slots,
                      num_kv_heads, int(page_size), batch.pol, split, graph_stable, reason, est)
-

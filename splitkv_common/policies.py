@@ -67,7 +67,6 @@ class SplitPolicy:
         return self.kind if self.kind in ("auto", "none") else f"{self.kind}:{self.value}"
 
 
-
 parse_policy = functools.lru_cache(maxsize=64)(SplitPolicy.parse)   # policy text -> the (frozen) policy
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 
 # public name -> the submodule that defines it (loaded on first use)
-_NAMES = {"decode_attention": "ops", "SCHEMA": "ops", "QUALNAME": "ops", "AscendDecodeWrapper": "wrapper",
+_NAMES = {"decode_attention": "wrapper", "SCHEMA": "ops", "QUALNAME": "ops", "AscendDecodeWrapper": "wrapper",
           "load_extension": "runtime", "runtime_unavailable": "runtime", "npu_unavailable": "runtime"}
 _SUBMODULES = ("ops", "runtime", "wrapper", "support", "tiling", "npu_backend", "sim_backend", "cann_fia", "atb_paged", "build")
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.npu_probe import npu_device, npu_op_unavailable
-from splitkv_common.plan import Plan
+from splitkv_common.plan_layout import Plan
 from splitkv_common.parity.registry import Backend
 
 from .support import DEFAULT_PROFILE

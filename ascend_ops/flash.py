@@ -13,7 +13,7 @@ def ascend_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *
                   policy):
     """:func:`ascend_ops.decode_attention` as the FlashAttention-call adapter's
     :class:`~splitkv_common.flash_compat.Decode`."""
-    from .ops import decode_attention
+    from .wrapper import decode_attention
 
     return decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale=scale,
                             soft_cap=soft_cap, window_left=window_left, policy=policy)

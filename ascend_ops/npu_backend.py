@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.npu_probe import npu_device, npu_unavailable
-from splitkv_common.plan import Plan
+from splitkv_common.plan_layout import Plan
 from splitkv_common.parity.registry import Backend
 
 from .support import profile, unsupported_reason

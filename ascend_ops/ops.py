@@ -20,9 +20,9 @@ Kernels registered for the op:
 The schema lives here only. The C++ library implements it without restating it; when it is loaded
 the dispatcher checks its C++ signature against this schema.
 
-Python API (the same as :mod:`cuda_ref`'s): :func:`decode_attention` here (one call: validate,
-plan, run) and :class:`~ascend_ops.wrapper.AscendDecodeWrapper` (``plan()`` on the host, ``run()``
-on the device without host sync, aclgraph-capturable). What is missing to run on an NPU, the
+Python API (the same as :mod:`cuda_ref`'s), in :mod:`ascend_ops.wrapper`: ``decode_attention``
+(one call: validate, plan, run) and ``AscendDecodeWrapper`` (``plan()`` on the host, ``run()`` on
+the device without host sync, aclgraph-capturable); this module imports neither. What is missing to run on an NPU, the
 library and the device: :mod:`ascend_ops.runtime`. What the kernels take: :mod:`ascend_ops.support`.
 """
 
@@ -32,11 +32,10 @@ import numpy as np
 import torch
 
 from splitkv_common.device_errors import merge_records
-from splitkv_common.plan import Plan
+from splitkv_common.plan_layout import Plan
 from splitkv_common.torch_io import TORCH_DTYPES, torch_dtype_name
-from splitkv_common.validation import check_decode_args, host
 
-from .support import KV_QUANT_DTYPE, Q_DTYPES, supported_head_dims
+from .support import KV_QUANT_DTYPE, Q_DTYPES
 
 NAMESPACE = "splitkv_ascend"
 OP_NAME = "decode_attention"
@@ -155,7 +154,11 @@ def _fake_kernel(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, works
 
 def _cpu_kernel(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, workspace, out, lse, block_dim,
                 kernel=KERNEL_VECTOR):
-    """The op's contract on CPU tensors, from the same ``plan`` and ``tiling`` the kernels read."""
+    """The op's contract on CPU tensors, from the same ``plan`` and ``tiling`` the kernels read.
+
+    It checks what the NPU kernel checks (:func:`_check_meta`, :func:`_check_tiling`) and the plan
+    words' structure; the arguments' value checks are the caller's (``AscendDecodeWrapper.run``'s
+    ``validate``), run once per call there, not again here."""
     from splitkv_common.torch_eager import decode_attention as eager
 
     from . import tiling as tl
@@ -177,15 +180,18 @@ def _cpu_kernel(q, k_cache, v_cache, block_table, kv_quant, plan, tiling, worksp
                            torch.from_numpy(qsl), plan=host_plan, scale=float(t["scale"]),
                            soft_cap=float(t["softCap"]) if t["softCap"] > 0 else None,
                            window_left=int(t["windowLeft"]) if t["windowLeft"] >= 0 else None,
-                           return_partials=True, **quant)
+                           return_partials=True, validate=False, **quant)
     out.copy_(o)
     lse.copy_(lse_rows)
-    # the workspace as the split stage leaves it: the error section (graph mode's device lengths,
-    # counted as the kernels count them), o [numSlots, Hq, D], then lse [numSlots, Hq, 8]
+    # the workspace as the split stage leaves it: the error section (masked block-table reads and
+    # graph mode's device lengths, counted as the kernels count them), o [numSlots, Hq, D], then
+    # lse [numSlots, Hq, 8]
     ws = workspace.view(-1)
-    if bad_lengths is not None:
+    found = [r for r in (_masked_reads(host_plan, block_table, int(t["pageSize"]), int(t["numPages"])), bad_lengths)
+             if r is not None]
+    if found:
         errors = ws[:tl.ERROR_SLOT_BYTES // 4].view(torch.int32)
-        errors[:8].copy_(torch.tensor(merge_records([errors[:8].tolist(), bad_lengths]), dtype=torch.int32))
+        errors[:8].copy_(torch.tensor(merge_records([errors[:8].tolist(), *found]), dtype=torch.int32))
     o_at, n_o = tl.ERROR_BYTES // 4, po.numel()
     lse_at = int(t["lseOffsetBytes"]) // 4
     if ws.numel() >= lse_at + pl.numel() * 8 and ws.numel() >= o_at + n_o:
@@ -219,6 +225,31 @@ def plan_from_words(words: np.ndarray, t: dict) -> tuple[Plan, np.ndarray, np.nd
     return p, seq_lens, qsl
 
 
+def _masked_reads(plan: Plan, block_table, page_size: int, num_pages: int) -> "list[int] | None":
+    """The error record of the block-table entries outside ``[0, num_pages)`` that ``plan``'s work
+    items read (one count per item and page, as the kernels count a page per tile copy of an
+    item), None when there are none."""
+    from splitkv_common.device_errors import ERROR_SLOTS
+
+    bt = block_table.numpy()
+    W = plan.num_valid_items
+    b, a, e = (np.asarray(x[:W], np.int64) for x in (plan.item_request, plan.item_kv_start, plan.item_kv_end))
+    live = e > a
+    if not live.any():
+        return None
+    cols = [np.arange(lo // page_size, (hi - 1) // page_size + 1) for lo, hi in zip(a[live], e[live])]
+    reqs = np.repeat(b[live], [c.size for c in cols])
+    cols = np.concatenate(cols)
+    ids = bt[reqs, cols]
+    bad = np.flatnonzero((ids < 0) | (ids >= num_pages))
+    if not bad.size:
+        return None
+    rec = [0] * ERROR_SLOTS
+    k = bad[0]
+    rec[0], rec[1], rec[2], rec[3] = int(bad.size), int(reqs[k]), int(cols[k]), int(ids[k])
+    return rec
+
+
 def _device_lengths(t: dict, seq_lens: np.ndarray) -> tuple[np.ndarray, "list[int] | None"]:
     """Graph mode's device lengths as the kernels take them: read within ``[0, min(block-table row,
     max_splits x device_split_tokens)]``, and the error record of those outside (request bits of
@@ -241,7 +272,7 @@ def _graph_mode_plan(t: dict, seq_lens: np.ndarray, qsl: np.ndarray) -> Plan:
     """The plan the kernels derive in graph mode (``deviceSplitTokens`` S): splits of S tokens, slots
     ``row * maxSplits + j`` (the same partials as the device grid; the window start is page-aligned
     here, which changes no output)."""
-    from splitkv_common.plan import make_plan
+    from splitkv_common.planner import make_plan
 
     S, cap = int(t["deviceSplitTokens"]), int(t["maxSplits"])
     window = int(t["windowLeft"]) if t["windowLeft"] >= 0 else None
@@ -253,7 +284,7 @@ def _graph_mode_plan(t: dict, seq_lens: np.ndarray, qsl: np.ndarray) -> Plan:
 
 
 def _policy_none():
-    from splitkv_common.plan import SplitPolicy
+    from splitkv_common.policies import SplitPolicy
 
     return SplitPolicy("none")
 
@@ -277,58 +308,3 @@ def pack_kv_quant(k_scale, v_scale, k_offset=None, v_offset=None, *, num_kv_head
         return x.to(device=device, dtype=torch.float32).reshape(num_kv_heads, -1).expand(num_kv_heads, head_dim)
 
     return torch.stack([full(k_scale, 1.0), full(k_offset, 0.0), full(v_scale, 1.0), full(v_offset, 0.0)]).contiguous()
-
-
-# ---------------------------------------------------------------------------------------------
-# Python API: one call
-# ---------------------------------------------------------------------------------------------
-
-def decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, *, scale=None,
-                     soft_cap=None, window_left=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
-                     plan: Plan | None = None, policy: str = "auto", out=None, lse=None,
-                     profile: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split-KV decode attention on an Ascend NPU: ``(out [T, Hq, D] in q's dtype, lse [T, Hq] float32)``.
-
-    Shapes and semantics are ``docs/conventions.md``'s (the same call as ``cuda_ref``): ``q [T, Hq, D]``;
-    ``k_cache``/``v_cache [num_pages, page_size, Hkv, D]`` in q's dtype or int8 (then ``k_scale``/
-    ``v_scale`` float32 ``[Hkv]`` or ``[Hkv, D]``, optional offsets); ``block_table [B, max_pages]``
-    int32; ``seq_lens [B]``; ``query_start_loc [B + 1]`` (default one row per request); lse natural log.
-
-    The arguments are validated first (the shared checks, reading host copies of the lengths and the
-    block table), then a plan is made unless given, then the kernels run. One call plans and runs;
-    for a decode loop (and aclgraph) use :class:`~ascend_ops.wrapper.AscendDecodeWrapper`.
-
-    Raises:
-        TypeError, ValueError: invalid arguments (the shared messages).
-        RuntimeError: the operator cannot run here (says what is missing: torch_npu, an NPU, the
-            built extension).
-    """
-    # the wrapper and the runtime import this module (the op must exist before its library loads)
-    from .runtime import require_npu_kernel, runtime_unavailable
-    from .wrapper import AscendDecodeWrapper
-
-    dims = check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale=scale,
-                             soft_cap=soft_cap, window_left=window_left, k_scale=k_scale, v_scale=v_scale,
-                             k_offset=k_offset, v_offset=v_offset, supported_head_dims=supported_head_dims(),
-                             backend="ascend")
-    sl = host(seq_lens)
-    qsl = None if query_start_loc is None else host(query_start_loc)
-    if plan is not None:  # a plan from outside: checked before anything runs
-        plan.validate(sl, qsl if qsl is not None else np.arange(dims.batch_size + 1), window_left=window_left,
-                      num_kv_heads=dims.num_kv_heads)
-    if q.device.type == "cpu":
-        why = runtime_unavailable()
-        raise RuntimeError(f"{QUALNAME}: q is a CPU tensor; the operator runs on an Ascend NPU"
-                           + (f", and none is usable here: {why}" if why else " (move the tensors to 'npu')"))
-    require_npu_kernel(q.device)
-    w = AscendDecodeWrapper(dims.num_q_heads, dims.num_kv_heads, dims.head_dim, dims.page_size, dtype=q.dtype,
-                            kv_dtype=k_cache.dtype, device=q.device, profile=profile, policy=policy)
-    const = dict(scale=scale, soft_cap=soft_cap, window_left=window_left, max_pages=dims.max_pages,
-                 num_pages=dims.num_pages)
-    if plan is None:
-        w.plan(sl, query_start_loc=qsl, **const)
-    else:
-        w.set_plan(plan, seq_lens=sl, **const)
-    bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
-    return w.run(q, k_cache, v_cache, bt, scale=scale, soft_cap=soft_cap, window_left=window_left,
-                 k_scale=k_scale, v_scale=v_scale, k_offset=k_offset, v_offset=v_offset, out=out, lse=lse)

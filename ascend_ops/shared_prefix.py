@@ -15,20 +15,16 @@ merged exactly (:func:`~splitkv_common.merge.merge_states`).
 A batch with a sliding window takes the plain route: a chunk's rows sit at different positions,
 which one "request" of the plain kernels cannot express.
 
-:func:`run_twin_shared_prefix` runs it on the CPU twin (the ``ascend-sim`` backend's shared-prefix
-route); nothing here ran on an NPU.
+:func:`ascend_ops.sim_backend.run_twin_shared_prefix` runs it on the CPU twin (the ``ascend-sim``
+backend's shared-prefix route); nothing here ran on an NPU.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from splitkv_common.dtypes import round_to
 from splitkv_common.inputs import DecodeInputs
-from splitkv_common.merge import merge_states
-from splitkv_common.shared_prefix import Groups, plan_for_inputs, tail_inputs
-
-from . import tiling as tl
+from splitkv_common.shared_prefix import Groups
 
 #: query rows x GQA group of one prefix item: the cube's M (a multiple of 16 up to MIX_MAX_ROWS)
 PREFIX_ROWS_PER_ITEM = 64
@@ -64,31 +60,3 @@ def prefix_batch(inp: DecodeInputs, groups: Groups,
                        k_offset=inp.k_offset, v_offset=inp.v_offset)
     causal = (lens + np.diff(np.asarray(qsl)) - 1).astype(np.int32)
     return vin, causal, rows
-
-
-def run_twin_shared_prefix(inputs: DecodeInputs, shared_prefix, *, mode: str = "auto", policy: str = "auto",
-                           profile: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Shared-prefix decode on the CPU twin: ``(out [T, Hq, D] float32 values of q's dtype, lse [T, Hq])``.
-
-    The planner decides for the Ascend profile (``mode``: ``auto``, ``on``, ``off``); on the shared
-    route the prefix stage (:func:`prefix_batch`) and the tails run as the kernels' launches, each
-    in every block order of the parity runs, then the exact merge. A window takes the plain route."""
-    from . import sim_backend as sim
-
-    profile = profile or sim.PROFILE
-    splan = plan_for_inputs(inputs, shared_prefix, device=profile, policy=policy,
-                            mode="off" if inputs.window_left is not None else mode)
-    if not splan.use_shared:
-        return sim.run_catalog(inputs, splan.plain)
-    T, Hq, D = inputs.q.shape
-    tin = tail_inputs(inputs, splan.groups)
-    to, tlse = sim.run_catalog(tin, tin.plan(policy, device=profile))
-    vin, causal, rows = prefix_batch(inputs, splan.groups)
-    vplan = vin.plan(policy, device=profile)
-    til = sim.with_seq_lens(tl.build_tiling(vin, vplan, profile), causal)
-    po, pl = sim.run_in_orders(lambda: sim.run_tiling(vin, vplan, til))
-    out, lse = to.astype(np.float32).copy(), tlse.astype(np.float32).copy()
-    if rows.size:
-        mo, ml = merge_states(np.stack([to[rows], po], 1), np.stack([tlse[rows], pl], 1), axis=1)
-        out[rows], lse[rows] = mo, ml
-    return round_to(out, inputs.dtype), lse

@@ -28,12 +28,16 @@ from pathlib import Path
 import numpy as np
 
 from splitkv_common.device_errors import merge_records
+from splitkv_common.dtypes import round_to
 from splitkv_common.devices import get_profile
 from splitkv_common.inputs import DecodeInputs
-from splitkv_common.plan import Plan
+from splitkv_common.merge import merge_states
+from splitkv_common.plan_layout import Plan
 from splitkv_common.parity.registry import Backend
+from splitkv_common.shared_prefix import plan_for_inputs, tail_inputs
 
 from . import tiling as tl
+from .shared_prefix import prefix_batch
 from .support import DEFAULT_PROFILE, unsupported_reason
 
 HERE = Path(__file__).parent
@@ -386,13 +390,33 @@ def run_catalog(inputs: DecodeInputs, plan: Plan, kernel: str = "auto") -> tuple
     return run_in_orders(lambda: run_twin(inputs, plan, kernel=kernel))
 
 
-def _shared_prefix(inputs: DecodeInputs, shared_prefix, **kw) -> tuple[np.ndarray, np.ndarray]:
-    from .shared_prefix import run_twin_shared_prefix
-
-    return run_twin_shared_prefix(inputs, shared_prefix, **kw)
+def run_twin_shared_prefix(inputs: DecodeInputs, shared_prefix, *, mode: str = "auto", policy: str = "auto",
+                           profile: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Shared-prefix decode on the twin (``ascend_ops.shared_prefix``): ``(out [T, Hq, D] float32
+    values of q's dtype, lse [T, Hq])``. The planner decides for the Ascend profile (``mode``:
+    ``auto``, ``on``, ``off``); on the shared route the prefix stage (:func:`prefix_batch`, its plan's
+    ``seqLens`` words replaced by the causal lengths) and the tails run as the kernels' launches,
+    each in every block order, then the exact merge of each covered row's two states. A window
+    takes the plain route."""
+    profile = profile or PROFILE
+    splan = plan_for_inputs(inputs, shared_prefix, device=profile, policy=policy,
+                            mode="off" if inputs.window_left is not None else mode)
+    if not splan.use_shared:
+        return run_catalog(inputs, splan.plain)
+    tin = tail_inputs(inputs, splan.groups)
+    to, tlse = run_catalog(tin, tin.plan(policy, device=profile))
+    vin, causal, rows = prefix_batch(inputs, splan.groups)
+    vplan = vin.plan(policy, device=profile)
+    til = with_seq_lens(tl.build_tiling(vin, vplan, profile), causal)
+    po, pl = run_in_orders(lambda: run_tiling(vin, vplan, til))
+    out, lse = to.astype(np.float32).copy(), tlse.astype(np.float32).copy()
+    if rows.size:
+        mo, ml = merge_states(np.stack([to[rows], po], 1), np.stack([tlse[rows], pl], 1), axis=1)
+        out[rows], lse[rows] = mo, ml
+    return round_to(out, inputs.dtype), lse
 
 
 sim_backend = Backend(
     name="ascend-sim", run=run_catalog, unavailable=_unavailable, unsupported=_unsupported, device=PROFILE,
     description="Ascend C kernels on the CPU twin (g++ against our API emulation; a test double, not the NPU)",
-    extra={"shared_prefix": _shared_prefix})
+    extra={"shared_prefix": run_twin_shared_prefix})

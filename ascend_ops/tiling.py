@@ -28,7 +28,8 @@ import numpy as np
 
 from splitkv_common import native as _native
 from splitkv_common.devices import get_profile
-from splitkv_common.plan import Plan, make_plan
+from splitkv_common.plan_layout import Plan
+from splitkv_common.planner import make_plan
 
 from .support import (DEFAULT_PROFILE, kv_dtype_supported, mixed_kernel_unsupported, q_dtype_supported,
                       supported_head_dim)

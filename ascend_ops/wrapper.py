@@ -7,6 +7,8 @@
 ``plan()`` builds the shared plan and the ``plan``/``tiling`` device buffers (:mod:`ascend_ops.tiling`);
 ``run()`` enqueues ``torch.ops.splitkv_ascend.decode_attention`` (:mod:`ascend_ops.ops`) on them,
 so it can be captured in an aclgraph (docs/npu.md, "Plan, run and aclgraph").
+
+:func:`decode_attention`: one call (validate, plan, run) through a wrapper.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from splitkv_common.device_errors import describe_errors, merge_records
 from splitkv_common.guards import ThreadOwner, check_validate
 from splitkv_common.npu_probe import torch_npu_imported
 from splitkv_common.torch_io import as_torch_dtype, grown_store, torch_dtype_name
-from splitkv_common.plan import Plan, PlannedWrapper, PlanSpec
+from splitkv_common.plan_layout import Plan
+from splitkv_common.plan_spec import PlannedWrapper, PlanSpec
 from splitkv_common.validation import (check_decode_args, check_gqa, check_scalars, check_wrapper_tensors, host,
                                        normalize_window)
 
 from . import ops
 from .ops import QUALNAME, pack_kv_quant
-from .runtime import require_npu_kernel, resolve_device
+from .runtime import require_npu_kernel, resolve_device, runtime_unavailable
 from .support import launch_profile, supported_head_dims, unsupported_reason
 from .tiling import TILING_BYTES
 
@@ -358,7 +361,7 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
         e = store[:tl.ERROR_BYTES // 4]
         slots = e.view(torch.int32).cpu().numpy().reshape(tl.ERROR_SLOTS, tl.ERROR_SLOT_BYTES // 4)
         num_pages = 0 if self.tiling is None else int(self.tiling["numPages"])
-        msg = describe_errors(merge_records(slots), num_pages, counted="K tile copies")
+        msg = describe_errors(merge_records(slots), num_pages, counted="block-table reads")
         if msg:
             e.zero_()
             raise RuntimeError(msg)
@@ -372,7 +375,9 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
         Metadata only is checked (no device memory is read). The kernels take the lengths from the
         plan (``plan()``'s host ``seq_lens``); ``validate=True`` also runs the shared value checks
         and compares ``seq_lens``/``query_start_loc`` with the plan (host syncs: not in a graph);
-        ``"auto"``: the same when q is on the CPU; anything else is refused.
+        ``"auto"``: the same when q is on the CPU; anything else is refused. The checks run here,
+        once: the kernels (the CPU kernel too) check only the operator's contract, so without
+        ``validate`` an out-of-range page id is not refused (on the CPU it is masked).
         ``scale``/``soft_cap``/``window_left`` default to the planned ones; another ``scale`` or
         ``soft_cap`` rebuilds the tiling (host work: do it before a capture, not inside); another
         ``window_left`` is refused (the plan's ranges cover its window's span).
@@ -410,11 +415,12 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
                 raise
         self.check(q, k_cache, v_cache, block_table, k_scale, v_scale, k_offset, v_offset)
         if validate:
-            check_decode_args(q, k_cache, v_cache, block_table,
-                              seq_lens if seq_lens is not None else torch.from_numpy(self._seq_lens),
-                              query_start_loc, scale=attn[0], soft_cap=attn[1], window_left=attn[2],
-                              k_scale=k_scale, v_scale=v_scale, k_offset=k_offset, v_offset=v_offset,
-                              supported_head_dims=supported_head_dims(), backend="ascend")
+            # omitted lengths and rows are the planned ones (what the kernels read)
+            sl = seq_lens if seq_lens is not None else torch.from_numpy(self._seq_lens)
+            qsl = query_start_loc if query_start_loc is not None else torch.from_numpy(self.host_plan.query_start_loc)
+            check_decode_args(q, k_cache, v_cache, block_table, sl, qsl, scale=attn[0], soft_cap=attn[1],
+                              window_left=attn[2], k_scale=k_scale, v_scale=v_scale, k_offset=k_offset,
+                              v_offset=v_offset, supported_head_dims=supported_head_dims(), backend="ascend")
             self.host_plan.check_batch(None if seq_lens is None else host(seq_lens),
                                        None if query_start_loc is None else host(query_start_loc))
         b = self._buffers
@@ -479,3 +485,54 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
             if not named[name].is_contiguous():
                 raise ValueError(f"{name}: must be contiguous (the kernels address it densely)")
         self.spec.check_shapes(self.host_plan, q, k_cache, v_cache, block_table)
+
+
+# ---------------------------------------------------------------------------------------------
+# Python API: one call
+# ---------------------------------------------------------------------------------------------
+
+def decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, *, scale=None,
+                     soft_cap=None, window_left=None, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
+                     plan: Plan | None = None, policy: str = "auto", out=None, lse=None,
+                     profile: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split-KV decode attention on an Ascend NPU: ``(out [T, Hq, D] in q's dtype, lse [T, Hq] float32)``.
+
+    Shapes and semantics are ``docs/conventions.md``'s (the same call as ``cuda_ref``): ``q [T, Hq, D]``;
+    ``k_cache``/``v_cache [num_pages, page_size, Hkv, D]`` in q's dtype or int8 (then ``k_scale``/
+    ``v_scale`` float32 ``[Hkv]`` or ``[Hkv, D]``, optional offsets); ``block_table [B, max_pages]``
+    int32; ``seq_lens [B]``; ``query_start_loc [B + 1]`` (default one row per request); lse natural log.
+
+    The arguments are validated first (the shared checks, reading host copies of the lengths and the
+    block table), then a plan is made unless given, then the kernels run. One call plans and runs;
+    for a decode loop (and aclgraph) use :class:`AscendDecodeWrapper`.
+
+    Raises:
+        TypeError, ValueError: invalid arguments (the shared messages).
+        RuntimeError: the operator cannot run here (says what is missing: torch_npu, an NPU, the
+            built extension).
+    """
+    dims = check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale=scale,
+                             soft_cap=soft_cap, window_left=window_left, k_scale=k_scale, v_scale=v_scale,
+                             k_offset=k_offset, v_offset=v_offset, supported_head_dims=supported_head_dims(),
+                             backend="ascend")
+    sl = host(seq_lens)
+    qsl = None if query_start_loc is None else host(query_start_loc)
+    if plan is not None:  # a plan from outside: checked before anything runs
+        plan.validate(sl, qsl if qsl is not None else np.arange(dims.batch_size + 1), window_left=window_left,
+                      num_kv_heads=dims.num_kv_heads)
+    if q.device.type == "cpu":
+        why = runtime_unavailable()
+        raise RuntimeError(f"{QUALNAME}: q is a CPU tensor; the operator runs on an Ascend NPU"
+                           + (f", and none is usable here: {why}" if why else " (move the tensors to 'npu')"))
+    require_npu_kernel(q.device)
+    w = AscendDecodeWrapper(dims.num_q_heads, dims.num_kv_heads, dims.head_dim, dims.page_size, dtype=q.dtype,
+                            kv_dtype=k_cache.dtype, device=q.device, profile=profile, policy=policy)
+    const = dict(scale=scale, soft_cap=soft_cap, window_left=window_left, max_pages=dims.max_pages,
+                 num_pages=dims.num_pages)
+    if plan is None:
+        w.plan(sl, query_start_loc=qsl, **const)
+    else:
+        w.set_plan(plan, seq_lens=sl, validate=False, **const)   # validated above, with the batch's rows
+    bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
+    return w.run(q, k_cache, v_cache, bt, scale=scale, soft_cap=soft_cap, window_left=window_left,
+                 k_scale=k_scale, v_scale=v_scale, k_offset=k_offset, v_offset=v_offset, out=out, lse=lse)

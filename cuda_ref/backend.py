@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from splitkv_common.inputs import DecodeInputs
-from splitkv_common.plan import Plan
+from splitkv_common.plan_layout import Plan
 from splitkv_common.parity.registry import Backend
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256

@@ -26,7 +26,7 @@ inlines into the kernel: the same PTX instructions as the kernel written in one 
   or graph replay.
 
 * :func:`merge_kernel` (stage 2): one program per (output row, head, 64 columns of the head dim:
-  ``cuda_ref.launch.merge_d_parts``); merges the row's partial
+  ``cuda_ref.configs.merge_d_parts``); merges the row's partial
   states with the exact rule of ``splitkv_common.merge`` (``m = max lse``, ``w = exp(lse - m)``,
   ``out = sum w o / sum w``, ``lse = m + log sum w``), up to ``CHUNK`` splits per round trip to
   memory. ``lse = +inf`` on input is read as empty. Rows with a single split are skipped when

@@ -24,7 +24,7 @@ import pathlib
 
 from splitkv_common.inputs import DecodeInputs
 from splitkv_common.npu_probe import DEFAULT_NPU_PROFILE, npu_device, npu_unavailable
-from splitkv_common.plan import Plan
+from splitkv_common.plan_layout import Plan
 from splitkv_common.parity.registry import Backend
 
 # (max head dim, q dtype family) -> (max BLOCK_M, BLOCK_N). "16" is float16 / bfloat16 q and KV.
@@ -93,7 +93,9 @@ def run_triton_npu(inputs: DecodeInputs, plan: Plan):
     from splitkv_common.torch_io import from_torch, to_torch
 
     from .checks import check_launch, check_plan
-    from .launch import DevicePlan, KernelConfig, launch_decode
+    from .configs import KernelConfig
+    from .launch import launch_decode
+    from .plan_upload import DevicePlan
 
     t = to_torch(inputs, npu_device())
     q, k = t["q"], t["k_cache"]

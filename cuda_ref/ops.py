@@ -6,7 +6,7 @@ graph-captured decoding use :class:`cuda_ref.wrapper.DecodeWrapper` (``plan()`` 
 
 * ``decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, plan_data,
   plan_shape, scale, soft_cap, window_left, k_scale, v_scale, k_offset, v_offset) -> (out, lse)``:
-  ``plan_data`` is a :class:`~cuda_ref.launch.DevicePlan`'s int32 buffer and ``plan_shape`` its sizes
+  ``plan_data`` is a :class:`~cuda_ref.plan_upload.DevicePlan`'s int32 buffer and ``plan_shape`` its sizes
   (:func:`plan_args` gives both); ``out [T, Hq, D]`` in q's dtype, ``lse [T, Hq]`` float32 natural log.
   ``plan_shape``'s optional ninth entry is the plan's most query rows per request (``0``: unknown):
   with ``1`` the kernel leaves out the loop for tiles whose rows see different positions (fewer
@@ -32,7 +32,8 @@ import torch
 
 from . import INTERPRET
 from .checks import SignatureCache, check_launch
-from .launch import DevicePlan, launch_decode, launch_merge
+from .launch import launch_decode, launch_merge
+from .plan_upload import DevicePlan
 from splitkv_common.merge import check_merge_inputs
 
 _checked = SignatureCache(256)

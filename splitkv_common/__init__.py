@@ -15,7 +15,10 @@
 from .devices import PROFILES, DeviceProfile, get_profile
 from .inputs import DecodeInputs
 from .merge import merge_pair, merge_rows, merge_states
-from .plan import Plan, PlanSpec, SplitPolicy, make_plan
+from .plan_layout import Plan
+from .plan_spec import PlanSpec
+from .planner import make_plan
+from .policies import SplitPolicy
 from .states import (canonical_lse, ifa_to_state, lse_from_base2, lse_to_base2, mlu_to_state, state_to_ifa,
                      state_to_mlu)
 from .validation import check_decode_args

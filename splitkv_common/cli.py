@@ -61,9 +61,9 @@ KV_BYTES = (1, 2, 4)
 
 
 def _cmd_plan(args) -> int:
-    from .plan import make_plan
-
-    from .validation import MAX_BATCH, check_plan_limits
+    from .plan_checks import check_plan_limits
+    from .planner import make_plan
+    from .validation import MAX_BATCH
 
     seq = args.seq_lens
     batch = args.batch if args.batch is not None else len(seq)

@@ -46,7 +46,7 @@ import zlib
 
 from .cp_sharding import (LAYOUTS, Shard, check_used_page_ids, localize, page_owners, shard, shard_all,  # noqa: F401
                           shard_plan)
-from .plan import Plan
+from .plan_layout import Plan
 from .torch_eager import decode_attention, merge_states
 from .validation import as_int64_lengths, normalize_window
 

@@ -34,7 +34,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .plan import Plan, SplitPolicy, visible_range
+from .plan_layout import Plan, visible_range
+from .policies import SplitPolicy
 from .validation import MAX_SEQ_LEN, as_int64_lengths
 
 _INT32_MAX = (1 << 31) - 1

@@ -51,7 +51,7 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
-from .plan import make_plan
+from .planner import make_plan
 from .validation import _is_real as _is_number
 from .guards import check_append_slots, check_disjoint_views, check_no_self_overlap
 from .validation import check_decode_args, check_gqa, check_page_ids, check_scalars

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .plan import Plan, SplitPolicy, make_plan
+from .plan_layout import Plan
+from .planner import make_plan
+from .policies import SplitPolicy
 from .validation import DecodeDims, check_decode_args, normalize_window
 
 

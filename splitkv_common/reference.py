@@ -17,7 +17,7 @@ import numpy as np
 from .dtypes import round_to
 from .inputs import DecodeInputs
 from .merge import merge_rows
-from .plan import Plan
+from .plan_layout import Plan
 from .states import mlu_to_state
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .merge import check_merge_inputs
-from .plan import Plan
+from .plan_layout import Plan
 
 def _dequant(x: torch.Tensor, scale, offset, head: torch.Tensor) -> torch.Tensor:
     """Gathered cache rows ``[W, L, D]`` of KV heads ``head [W]`` -> float32; int8 uses
@@ -128,8 +128,9 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
             data is on the host: an out-of-range page id a row would read is refused), metadata,
             scalar and plan checks only on a device (no host sync; there an out-of-range page id
             is masked: its positions count as invisible); ``True``: always the full checks;
-            ``False`` (internal callers such as context-parallel shards, whose plan covers part of
-            each request and whose q may be upcast): the scalars and the plan's structure only.
+            ``False`` (internal callers: context-parallel shards, whose plan covers part of each
+            request and whose q may be upcast; the Ascend operator's CPU kernel, whose caller
+            checked the arguments): the scalars and the plan's structure only.
 
     Isolation (``docs/conventions.md``): a lane only reads positions of its own request's
     ``[start, end)`` range, and values at positions a row cannot see never enter its arithmetic

@@ -35,7 +35,7 @@ from ascend_ops.support import DEFAULT_PROFILE
 from splitkv_common.plan import Plan
 from splitkv_common.validation import MAX_SEQ_LEN, as_int64_lengths
 
-from . import settings
+from . import settings, stats
 from .adapter import LayerSpec, batch_unsupported, host_lengths, plan_options
 from .log import once
 
@@ -451,6 +451,9 @@ def replay_counts(read_device: bool = False) -> dict:
     return {"uniform_graph_steps": uniform, "graph_replays": replays}
 
 
+stats.count_replays_with(replay_counts)
+
+
 # -- memory: the graph buffers are made after vLLM sized the KV cache; hold their bytes during profiling --
 
 _RESERVE: dict = {}   # device str -> {"tensor", "bytes", "keys"}
@@ -657,8 +660,6 @@ def refresh_graph_step(meta, group) -> None:
 
         errors.tick(dec.block_table.device)
     if dec.captured:
-        from . import stats
-
         stats.note_refresh()
         if uniform_decode(meta, group):
             dec.uniform_steps += 1

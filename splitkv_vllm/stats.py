@@ -76,17 +76,27 @@ def note_fallback(reason: str) -> None:
         f[reason] = f.get(reason, 0) + 1
 
 
+_REPLAY_COUNTS: list = []   # splitkv_vllm.graph.replay_counts, once graph mode is loaded (it registers it)
+
+
+def count_replays_with(fn) -> None:
+    """Where :func:`snapshot` reads the graphs' replay counts from (``splitkv_vllm.graph`` registers
+    its ``replay_counts`` when it is imported; without graph mode there are no graphs)."""
+    _REPLAY_COUNTS[:] = [fn]
+
+
 def snapshot(read_device: bool = False) -> dict:
     """This process's counters, its pid and the plugin's state; with ``read_device`` also the replays
     of our graphs counted on the device (:func:`splitkv_vllm.graph.replay_counts`: a device read per
     graph, so only where no step or capture runs: the RPC, the exit)."""
-    from . import graph, plugin, settings
+    from . import plugin, settings
 
     with _LOCK:
         state = {k: _STATE[k] for k in COUNTERS}
         state["fallbacks"] = dict(_STATE["fallbacks"])
     try:
-        state.update(graph.replay_counts(read_device))
+        state.update(_REPLAY_COUNTS[0](read_device) if _REPLAY_COUNTS else
+                     {"uniform_graph_steps": 0, "graph_replays": 0 if read_device else None})
     except Exception as e:  # noqa: BLE001 - counting must never stop a step or a collection
         state.update(uniform_graph_steps=None, graph_replays=None, replay_count_error=f"{type(e).__name__}: {e}")
     return {"pid": os.getpid(), **state, "plugin": plugin.status(), "settings": settings.as_dict()}

@@ -7,19 +7,7 @@ import math
 import numpy as np
 
 from splitkv_common.devices import DeviceProfile, get_profile
-from splitkv_common.plan import Plan, SplitPolicy, npu_auto
-
-
-def visible_range(seq_len: int, q_len: int, window_left: int | None) -> tuple[int, int]:
-    """``[lo, hi)``: logical KV positions any query row of the request can see.
-
-    Query ``i`` sees ``p <= seq_len - q_len + i`` and, with a window, ``p >= pos - window_left``;
-    the union over the rows is ``[max(0, seq_len - q_len - window_left), seq_len)``.
-    """
-    if seq_len <= 0:
-        return 0, 0
-    lo = 0 if window_left is None or window_left < 0 else max(0, seq_len - q_len - window_left)
-    return lo, seq_len
+from splitkv_common.plan import Plan, SplitPolicy, npu_auto, visible_range   # make_plan reads no visible_range
 
 
 def _round_up(x: int, m: int) -> int:
@@ -78,25 +66,8 @@ def make_plan(seq_lens, *, num_kv_heads: int, page_size: int, q_lens=None, query
               window_left: int | None = None, min_split_tokens: int | None = None,
               max_splits: int | None = None, graph_stable: bool = False,
               max_work_items: int | None = None) -> Plan:
-    """Plan the split of a decode batch.
-
-    Args:
-        seq_lens: ``[B]`` valid KV tokens per request (current tokens included), ``>= 0``.
-        num_kv_heads: ``Hkv``; one work item per (request, KV head, split).
-        page_size: tokens per KV page; split boundaries are multiples of it.
-        q_lens / query_start_loc: query rows per request (default one each).
-        policy: ``auto``, ``none``, ``size:N`` (tokens, a multiple of ``page_size``) or ``count:N``.
-        device: device profile name or object (``auto`` decides from it).
-        num_q_heads, head_dim, kv_elem_bytes: shape facts for the cost model and workspace.
-        window_left: sliding window (positions before ``pos - window_left`` are never read).
-        min_split_tokens / max_splits: bounds ``auto`` respects (default: the profile's);
-            ``max_splits`` caps every policy.
-        graph_stable: fixed shapes for graph replay: ``max_splits`` slots per query row and
-            ``max_work_items`` work items (padded with ``item_request = -1``).
-        max_work_items: capacity of a graph-stable plan (default ``B * Hkv * max_splits``; for ``auto``
-            on a GPU profile and ``none`` ``min(that, max(2 * B * Hkv, 4 * units))``, which ``auto``'s
-            choice then fits).
-    """
+    """The loop planner: :func:`splitkv_common.planner.make_plan`'s plan (and its errors) for the same
+    arguments, one request and one range at a time."""
     prof = get_profile(device)
     pol = SplitPolicy.parse(policy)
     seq = np.asarray(seq_lens).astype(np.int64).reshape(-1)

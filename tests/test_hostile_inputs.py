@@ -7,7 +7,7 @@ result: values a row cannot see never change it (bit-identical to a clean run), 
 can see makes exactly that row NaN, an empty batch gives empty outputs.
 
 Entry points: the NumPy split path and float64 reference, the torch backend, ``flash_compat``,
-the Ascend wrapper's CPU path (through the op's CPU kernel), the op itself, the ``ascend-sim``
+the Ascend wrapper's CPU path (its checks, then the op's CPU kernel), the op itself, the ``ascend-sim``
 twin and the Triton interpreter (a few cases each), both merges, the planner and the ``splitkv``
 CLI, ``PlanSpec.check_shapes`` and ``Plan.validate``.
 """
@@ -180,8 +180,9 @@ def run_ascend_wrapper(p):
     bt = a["block_table"]
     w.plan(_host(p.seq), query_start_loc=None if p.qsl is None else _host(p.qsl), window_left=p.window_left,
            scale=p.scale, soft_cap=p.soft_cap, max_pages=int(bt.shape[-1]), num_pages=int(a["k_cache"].shape[0]))
+    # the value checks are run()'s (validate "auto": on a CPU); the op's CPU kernel checks its contract
     out, lse = w.run(a["q"], a["k_cache"], a["v_cache"], bt, k_scale=a["k_scale"], v_scale=a["v_scale"],
-                     k_offset=a["k_offset"], v_offset=a["v_offset"])
+                     k_offset=a["k_offset"], v_offset=a["v_offset"], validate="auto")
     return _np(out, lse)
 
 

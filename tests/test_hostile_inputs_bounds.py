@@ -466,7 +466,7 @@ def test_vllm_error_poll_reads_the_ascend_wrappers_error_sections(monkeypatch):
         section = w._stores["workspace"][:tl.ERROR_BYTES // 4].view(torch.int32).view(tl.ERROR_SLOTS, -1)
         section[3, :4] = torch.tensor([2, 1, 7, 99], dtype=torch.int32)   # what a block writes for masked pages
         msg = errors.poll("cpu")
-        assert "request 1, logical page 7, page id 99" in msg and "2 K tile copies" in msg
+        assert "request 1, logical page 7, page id 99" in msg and "2 block-table reads" in msg
         assert not section.any()
         section[0, 4:8] = torch.tensor([2, 1, 0, 2], dtype=torch.int32)   # a negative device length
         monkeypatch.setenv("SPLITKV_VLLM_STRICT", "1")

@@ -1,6 +1,7 @@
 """The import rules of docs/architecture.md, read from the source: `splitkv_common` knows no backend,
 backends (`cuda_ref`, `ascend_ops`) never import each other, integrations (`splitkv_vllm`) may
-import backends. A violating import anywhere in a module (top level or inside a function) fails."""
+import backends. A violating import anywhere in a module (top level or inside a function) fails, and
+so does an import circle among the modules of the four packages (below)."""
 
 import ast
 from pathlib import Path
@@ -117,3 +118,100 @@ def test_the_public_api_rule_has_teeth(tmp_path):
     assert private_uses(f) == [(1, "cuda_ref.launch._x"), (3, "splitkv_common._y"),
                                (4, "cuda_ref.backend._unsupported"), (6, "splitkv_bench.perf_check._own")]
     assert (6, "splitkv_bench.perf_check._own") not in private_uses(f, own="splitkv_bench")
+
+
+# --- no import circles ------------------------------------------------------------------------------
+# The graph: one node a module (a package is its ``__init__``) of the four packages; an edge for
+# every import statement anywhere in a module (top level, inside functions, under ``if
+# TYPE_CHECKING``) and every ``importlib.import_module("...")`` with a constant name, relative
+# imports resolved; ``from p import n`` is an edge to ``p.n`` where that is a module, else to ``p``.
+# Function-level imports count because deferring an import into a function is how a circle is
+# hidden, not how it is broken. Not counted: imports of a computed name (the packages' lazy
+# ``__getattr__``, ``importlib.import_module(f".{name}", ...)``), which run on the first use of a
+# name, after both modules are loaded.
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_imports(path: Path, modules: set[str], root: Path = ROOT) -> set[str]:
+    """The project modules ``path`` imports (see above), itself left out."""
+    me = module_name(path, root)
+    package = me.split(".") if path.name == "__init__.py" else me.split(".")[:-1]
+    targets = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else [])) \
+                if node.level else node.module
+            targets += [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            targets.append(node.args[0].value)
+    found = set()
+    for name in targets:
+        while name and name not in modules:   # pkg.mod.attr -> pkg.mod
+            name = name.rpartition(".")[0]
+        if name and name != me:
+            found.add(name)
+    return found
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    paths = {module_name(p, root): p for pkg in ALLOWED for p in sorted((root / pkg).rglob("*.py"))}
+    return {m: module_imports(p, set(paths), root) for m, p in paths.items()}
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while not comp or comp[-1] != v:
+                comp.append(stack.pop())
+                on_stack.discard(comp[-1])
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_import_circles():
+    graph = import_graph()
+    assert "splitkv_common.plan_layout" in graph["splitkv_common.planner"]   # the graph sees relative imports
+    circles = import_circles(graph)
+    assert not circles, "import circles: " + "; ".join(
+        " <-> ".join(c) + " (" + ", ".join(f"{m} imports {sorted(graph[m] & set(c))}" for m in c) + ")"
+        for c in circles)
+
+
+def test_the_circle_rule_has_teeth(tmp_path):
+    pkg = tmp_path / "splitkv_common"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .b import x\n")
+    (pkg / "b.py").write_text("def f():\n    from .sub import c\n")   # inside a function: counted
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "c.py").write_text("from .. import a\n")
+    (pkg / "d.py").write_text("import importlib\nimportlib.import_module('splitkv_common.a')\n")
+    graph = import_graph(tmp_path)
+    assert graph["splitkv_common.b"] == {"splitkv_common.sub.c"}
+    assert graph["splitkv_common.d"] == {"splitkv_common.a"}
+    assert import_circles(graph) == [["splitkv_common.a", "splitkv_common.b", "splitkv_common.sub.c"]]

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from splitkv_common import native
 from splitkv_common.devices import PROFILES
-from splitkv_common.plan import NativePlanner, PlanSpec, _fast_settings, _plan_fast
+from splitkv_common.plan import NativePlanner, PlanSpec
+from splitkv_common.planner import _fast_settings, _plan_fast
 from test_planner_equality import assert_same_plan
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason=f"C planner: {native.status()}")

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from planner_oracle import make_plan as oracle_make_plan
 from splitkv_common.devices import PROFILES, get_profile
 from splitkv_common.plan import make_plan
-from splitkv_common.validation import check_plan_limits
+from splitkv_common.plan_checks import check_plan_limits
 
 ARRAY_FIELDS = ("item_request", "item_kv_head", "item_split", "item_kv_start", "item_kv_end", "num_splits",
                 "query_start_loc", "row_slot_start", "row_num_splits")
@@ -187,7 +187,7 @@ def test_same_plans_on_edges(page):
 def test_same_plans_on_the_fast_path(dtype, rows):
     """Batch sizes on both sides of the small-batch bound, the input types the fast path takes,
     spec-decode rows, graph-stable plans, the policies it plans itself and those it hands on."""
-    from splitkv_common.plan import _SMALL_B
+    from splitkv_common.planner import _SMALL_B
 
     rng = np.random.default_rng(7)
     for B in sorted({1, 2, 3, 4, 7, _SMALL_B, _SMALL_B + 1, 40, 150}):

@@ -3,12 +3,12 @@ checked against the float64 NumPy reference through the torch eager path."""
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
-from splitkv_common.reference import dense_attention
-from splitkv_vllm import adapter
-from splitkv_vllm.adapter import LayerSpec, batch_unsupported, forward_decode, make_batch, window_left_from_vllm
-from test_vllm_shapes import AscendAttentionState, Impl, make_step
+from splitkv_common.reference import dense_attention  # noqa: E402
+from splitkv_vllm import adapter  # noqa: E402
+from splitkv_vllm.adapter import LayerSpec, batch_unsupported, forward_decode, make_batch, window_left_from_vllm  # noqa: E402
+from test_vllm_shapes import AscendAttentionState, Impl, make_step  # noqa: E402
 
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-4}
 

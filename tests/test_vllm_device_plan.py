@@ -18,17 +18,17 @@ import types
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
-import splitkv_common.plan as plan_mod
-from ascend_ops import ops
-from splitkv_common.inputs import DecodeInputs
-from splitkv_common.reference import dense_attention
-from splitkv_vllm import adapter, graph, settings
-from splitkv_vllm.graph import GraphDecoder
-from test_vllm_graph import BLOCK, DT, HKV, HQ, NUM_BLOCKS, D, N, make_env
-from test_vllm_plugin import _impl, fresh_plugin_state  # noqa: F401
-from test_vllm_shapes import AscendAttentionState, AscendMetadata
+import splitkv_common.plan_spec as plan_mod  # noqa: E402  (PlanSpec.make plans with its make_plan)
+from ascend_ops import ops  # noqa: E402
+from splitkv_common.inputs import DecodeInputs  # noqa: E402
+from splitkv_common.reference import dense_attention  # noqa: E402
+from splitkv_vllm import adapter, graph, settings  # noqa: E402
+from splitkv_vllm.graph import GraphDecoder  # noqa: E402
+from test_vllm_graph import BLOCK, DT, HKV, HQ, NUM_BLOCKS, D, N, make_env  # noqa: E402
+from test_vllm_plugin import _impl, fresh_plugin_state  # noqa: E402, F401
+from test_vllm_shapes import AscendAttentionState, AscendMetadata  # noqa: E402
 
 S = 256     # the split size fixed at capture
 MAX_BLOCKS = 16

@@ -19,16 +19,16 @@ import types
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
-from ascend_ops import ops
-from ascend_ops.wrapper import AscendDecodeWrapper
-from splitkv_common.inputs import DecodeInputs
-from splitkv_common.reference import dense_attention
-from splitkv_vllm import graph, stats
-from splitkv_vllm.graph import GraphDecoder
-from test_vllm_plugin import CUDAGraphMode, _fake_vllm_ascend, _impl, fresh_plugin_state, vllm_config  # noqa: F401
-from test_vllm_shapes import AscendAttentionState, AscendMetadata
+from ascend_ops import ops  # noqa: E402
+from ascend_ops.wrapper import AscendDecodeWrapper  # noqa: E402
+from splitkv_common.inputs import DecodeInputs  # noqa: E402
+from splitkv_common.reference import dense_attention  # noqa: E402
+from splitkv_vllm import graph, stats  # noqa: E402
+from splitkv_vllm.graph import GraphDecoder  # noqa: E402
+from test_vllm_plugin import CUDAGraphMode, _fake_vllm_ascend, _impl, fresh_plugin_state, vllm_config  # noqa: E402, F401
+from test_vllm_shapes import AscendAttentionState, AscendMetadata  # noqa: E402
 
 N = 8                    # the captured graph's token count (uniform decode, one query per request)
 HQ, HKV, D, BLOCK = 8, 2, 64, 128

@@ -13,12 +13,12 @@ import types
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
-from splitkv_common.reference import dense_attention
-from splitkv_vllm import log, plugin, settings, stats
-from splitkv_vllm.log import LOGGER_NAME
-from test_vllm_shapes import AscendAttentionState, make_step
+from splitkv_common.reference import dense_attention  # noqa: E402
+from splitkv_vllm import log, plugin, settings, stats  # noqa: E402
+from splitkv_vllm.log import LOGGER_NAME  # noqa: E402
+from test_vllm_shapes import AscendAttentionState, make_step  # noqa: E402
 
 GQA = plugin.ASCEND_GQA_BACKEND
 MLA = "vllm_ascend.attention.mla_v1.AscendMLABackend"

@@ -18,10 +18,12 @@ import enum
 from dataclasses import dataclass
 
 import numpy as np
-import torch
+import pytest
 
-from splitkv_common.inputs import DecodeInputs
-from splitkv_common.torch_io import torch_dtype_name
+torch = pytest.importorskip("torch")
+
+from splitkv_common.inputs import DecodeInputs  # noqa: E402
+from splitkv_common.torch_io import torch_dtype_name  # noqa: E402
 
 
 class AscendAttentionState(enum.Enum):

@@ -22,13 +22,13 @@ import unittest
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
-from splitkv_common.reference import dense_attention
-from splitkv_vllm import upstream
-from test_vllm_eager import _device_tensors, count_device_reads
-from test_vllm_plugin import _fake_vllm_ascend, fresh_plugin_state, vllm_config  # noqa: F401
-from test_vllm_shapes import make_step
+from splitkv_common.reference import dense_attention  # noqa: E402
+from splitkv_vllm import upstream  # noqa: E402
+from test_vllm_eager import _device_tensors, count_device_reads  # noqa: E402
+from test_vllm_plugin import _fake_vllm_ascend, fresh_plugin_state, vllm_config  # noqa: E402, F401
+from test_vllm_shapes import make_step  # noqa: E402
 
 GQA = "vllm_ascend.attention.attention_v1.AscendAttentionBackend"
 FA3 = "vllm_ascend.attention.fa3_v1.AscendFABackend"

@@ -3,7 +3,7 @@
 A decode step plans its batch on the host, and in serving that plan sits between the steps' kernels.
 For the common case (no window; ``auto`` on a GPU or an Ascend profile, ``size:N`` or ``none``; inputs
 within the limits) ``plan_fast.c`` makes the NumPy planner's plans bit for bit in one call, packs a
-plan into the device layout in another (:class:`splitkv_common.plan.NativePlanner` and
+plan into the device layout in another (:class:`splitkv_common.plan_spec.NativePlanner` and
 ``cuda_ref.launch.DevicePlan.pack_into`` use them), and writes an Ascend plan's words with the AI
 cores' balance in a third (``ascend_ops.tiling.TilingBuilder``); its ``Refresher`` makes a captured
 plan's ``plan()`` in one call with its bookkeeping (:meth:`NativePlanner.refresher`, for

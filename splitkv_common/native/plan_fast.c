@@ -1,4 +1,4 @@
-/* The planner's common decode case in C: the plans of splitkv_common.plan._plan_fast, bit for bit.
+/* The planner's common decode case in C: the plans of splitkv_common.planner._plan_fast, bit for bit.
  *
  * The common case is a batch without a sliding window under `auto` (the cost model on a GPU profile,
  * the NPU rule on an Ascend one), `size:N` or `none`, every input within the limits
@@ -10,7 +10,7 @@
  * only for arguments of the wrong type. tests/test_native_plan.py holds it to the NumPy planner.
  *
  * Python side: splitkv_common/native/__init__.py (build, load, the settings struct) and
- * splitkv_common/plan.py (NativePlanner: the Plan object over the arrays written here). The Refresher
+ * splitkv_common/plan_spec.py (NativePlanner: the Plan object over the arrays written here). The Refresher
  * type makes a captured plan's plan() in one call (cuda_ref.wrapper.DecodeWrapper, plan_in_graph), the
  * LengthsWriter type a device-planned step's lengths write (cuda_ref.wrapper.StepInputs, in_graph).
  * ascend_words() writes an Ascend plan's words for ascend_ops.tiling.TilingBuilder
@@ -158,7 +158,7 @@ static inline int64_t div_by(int64_t x, Divisor d) {
     return d.shift >= 0 ? (int64_t)((uint32_t)x >> d.shift) : (int64_t)((uint32_t)x / d.d);
 }
 
-/* The `auto` choice (splitkv_common.plan._auto_candidates, _candidate_stats, _auto_costs,
+/* The `auto` choice (splitkv_common.policies.auto_candidates, _candidate_stats, _auto_costs,
  * _cheapest) for lengths `seq`, query rows `ql` (NULL: one each), `T` rows in all; -2 where a
  * cost's integer product would pass int64 (Python's are exact: the NumPy path plans it). */
 static int64_t choose_auto(const Settings *s, const int64_t *seq, const int64_t *ql, int64_t B, int64_t T,
@@ -211,7 +211,7 @@ static int64_t choose_auto(const Settings *s, const int64_t *seq, const int64_t 
     return best_c;
 }
 
-/* `auto` on an Ascend profile (splitkv_common.plan.npu_auto): the split length for `active` requests
+/* `auto` on an Ascend profile (splitkv_common.policies.npu_auto): the split length for `active` requests
  * that see a token, the longest `longest` tokens; -2 where a product would pass int64. */
 static int64_t choose_npu(const Settings *s, int64_t active, int64_t longest) {
     int64_t items = active * s->hkv;

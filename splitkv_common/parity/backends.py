@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ..inputs import DecodeInputs
-from ..plan import Plan
+from ..plan_layout import Plan
 from ..reference import split_attention
 from .registry import Backend
 

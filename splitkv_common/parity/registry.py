@@ -19,7 +19,7 @@ import numpy as np
 
 from ..inputs import DecodeInputs
 from ..optional import missing_reason
-from ..plan import Plan
+from ..plan_layout import Plan
 
 ENTRY_POINT_GROUP = "splitkv.backends"
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
-from ascend_ops import atb_paged
-from splitkv_common.parity import cases
-from splitkv_common.parity.accuracy import check
-from splitkv_common.parity.harness import UNSUPPORTED, run_case
-from splitkv_common.parity.registry import Backend
-from splitkv_common.reference import dense_attention, plain_attention
+from ascend_ops import atb_paged  # noqa: E402
+from splitkv_common.parity import cases  # noqa: E402
+from splitkv_common.parity.accuracy import check  # noqa: E402
+from splitkv_common.parity.harness import UNSUPPORTED, run_case  # noqa: E402
+from splitkv_common.parity.registry import Backend  # noqa: E402
+from splitkv_common.reference import dense_attention, plain_attention  # noqa: E402
 
 
 def _schema_args(schema: str = atb_paged.ATB_SCHEMA) -> list[tuple[str, str]]:

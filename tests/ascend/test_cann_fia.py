@@ -4,13 +4,13 @@ emulation of FIA's documented semantics (both in ``fia_emulation.py``)."""
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
-from ascend_ops import cann_fia
-from splitkv_common.parity.cases import random_inputs
-from splitkv_common.reference import dense_attention
+from ascend_ops import cann_fia  # noqa: E402
+from splitkv_common.parity.cases import random_inputs  # noqa: E402
+from splitkv_common.reference import dense_attention  # noqa: E402
 
-from . import fia_emulation
+from . import fia_emulation  # noqa: E402
 
 
 def _inputs(seq, **kw):

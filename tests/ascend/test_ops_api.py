@@ -423,3 +423,25 @@ def test_graph_check_script_logic_on_the_cpu(monkeypatch):
             assert r["mode"] == ("device" if device_ranges else "host")
             if device_ranges:
                 assert wrappers[-1].tiling["deviceSplitTokens"] > 0
+
+
+def test_masked_page_reads_are_counted_and_named_by_check_errors():
+    """``run(validate=False)`` leaves the block table to the kernels: an entry outside the cache is
+    masked (its tokens absent) and counted in the workspace's error section, which ``check_errors``
+    names (the first request, logical page and id) and resets."""
+    import dataclasses
+
+    from splitkv_common.parity.cases import random_inputs
+
+    inp = random_inputs(5, [40, 70], num_q_heads=4, num_kv_heads=2, head_dim=64, page_size=16, dtype="float16")
+    bt = inp.block_table.copy()
+    bt[1, 2] = 10 ** 6
+    t = to_torch(dataclasses.replace(inp, block_table=bt), "cpu")
+    w = AscendDecodeWrapper(4, 2, 64, 16, dtype=torch.float16, device="cpu")
+    w.plan(inp.seq_lens, max_pages=bt.shape[1], num_pages=inp.k_cache.shape[0])
+    w.run(t["q"], t["k_cache"], t["v_cache"], t["block_table"], validate=False)
+    with pytest.raises(RuntimeError, match=r"outside \[0, \d+\).*First seen: request 1, logical page 2, page id 1000000"):
+        w.check_errors()
+    w.check_errors()   # reset
+    w.run(t["q"], t["k_cache"], t["v_cache"], to_torch(inp, "cpu")["block_table"], validate=False)
+    w.check_errors()   # a clean table counts nothing

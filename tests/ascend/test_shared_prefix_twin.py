@@ -48,11 +48,11 @@ def test_rows_past_one_item_and_groups_beside_loners(dtype, monkeypatch):
 
     made = []
     real = asp.prefix_batch
-    monkeypatch.setattr(asp, "prefix_batch", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    monkeypatch.setattr(sim, "prefix_batch", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
     inp, sp = shared_prefix_inputs(11, [70 + 3 * i for i in range(22)], [(1, 21, 64)], num_q_heads=8, num_kv_heads=2,
                                    head_dim=64, page_size=16, dtype=dtype)
     check_shared_prefix(sp, inp.seq_lens, inp.query_start_loc, 16, inp.block_table, inp.k_cache.shape[0])
-    out, lse = asp.run_twin_shared_prefix(inp, sp, mode="on")
+    out, lse = sim.run_twin_shared_prefix(inp, sp, mode="on")
     vin = made[0][0]
     assert vin.query_start_loc.tolist() == [0, 16, 20]   # 16 rows x G 4 = 64 cube rows, then 4
     ro, rl = dense_attention(inp)

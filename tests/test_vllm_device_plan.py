@@ -27,6 +27,7 @@ from splitkv_common.reference import dense_attention  # noqa: E402
 from splitkv_vllm import adapter, graph, settings  # noqa: E402
 from splitkv_vllm.graph import GraphDecoder  # noqa: E402
 from test_vllm_graph import BLOCK, DT, HKV, HQ, NUM_BLOCKS, D, N, make_env  # noqa: E402
+from device_side import while_running  # noqa: E402
 from test_vllm_plugin import _impl, fresh_plugin_state  # noqa: E402, F401
 from test_vllm_shapes import AscendAttentionState, AscendMetadata  # noqa: E402
 
@@ -131,18 +132,9 @@ def planner_spy(monkeypatch):
             return real(*a, **k)
         return counted
 
-    def device_side(real):
-        def kernel(*a, **k):
-            in_kernel[0] = True
-            try:
-                return real(*a, **k)
-            finally:
-                in_kernel[0] = False
-        return kernel
-
     monkeypatch.setattr(plan_mod, "make_plan", spy(plan_mod.make_plan))
     monkeypatch.setattr(adapter, "make_plan", spy(adapter.make_plan))
-    monkeypatch.setattr(ops, "decode_attention_op", device_side(ops.decode_attention_op))
+    monkeypatch.setattr(ops, "decode_attention_op", while_running(ops.decode_attention_op, in_kernel, True))
     return calls
 
 

@@ -22,6 +22,7 @@ from ascend_ops import ops
 from ascend_ops.wrapper import AscendDecodeWrapper
 from splitkv_common.reference import dense_attention
 from splitkv_vllm import adapter, stats
+from device_side import while_running
 from test_vllm_plugin import _fake_vllm_ascend, _impl, fresh_plugin_state  # noqa: F401
 from test_vllm_shapes import make_step
 
@@ -58,14 +59,8 @@ def count_device_reads(device_tensors):
         return real_to(self, *a, **k)
 
     mp.setattr(torch.Tensor, "to", to)
-    real_kernel, real_check = ops.decode_attention_op, wrapper_mod.check_decode_args
-
-    def kernel(*a, **k):
-        in_kernel[0] = True
-        try:
-            return real_kernel(*a, **k)
-        finally:
-            in_kernel[0] = False
+    real_check = wrapper_mod.check_decode_args
+    kernel = while_running(ops.decode_attention_op, in_kernel, True)
 
     def check(*a, **k):
         seen["checks"] += 1

@@ -27,6 +27,7 @@ from splitkv_common.inputs import DecodeInputs  # noqa: E402
 from splitkv_common.reference import dense_attention  # noqa: E402
 from splitkv_vllm import graph, stats  # noqa: E402
 from splitkv_vllm.graph import GraphDecoder  # noqa: E402
+from device_side import while_running  # noqa: E402
 from test_vllm_plugin import CUDAGraphMode, _fake_vllm_ascend, _impl, fresh_plugin_state, vllm_config  # noqa: E402, F401
 from test_vllm_shapes import AscendAttentionState, AscendMetadata  # noqa: E402
 
@@ -162,16 +163,7 @@ def no_host_reads():
             return _orig(self, *a, **k)
 
         monkeypatch.setattr(torch.Tensor, name, guarded)
-    real_op = ops.decode_attention_op
-
-    def kernel(*a, **k):
-        active[0] = False
-        try:
-            return real_op(*a, **k)
-        finally:
-            active[0] = True
-
-    monkeypatch.setattr(ops, "decode_attention_op", kernel)
+    monkeypatch.setattr(ops, "decode_attention_op", while_running(ops.decode_attention_op, active, False))
     try:
         yield reads
     finally:

@@ -89,6 +89,47 @@ def _dequant(x, sc, off, KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr, UPCAST
     return x
 
 
+@triton.jit
+def _seen_values(v, visible, l_i):
+    """``v [N, D]`` with its non-finite values set to 0 (a value a row cannot see must be 0, not
+    NaN, before the ``p . v`` dot), and ``l_i [M]`` NaN for each row that sees one (``visible
+    [M, N]``): the NaN rule."""
+    v_fin = (v - v) == 0.0
+    v = tl.where(v_fin, v, 0.0)
+    v_bad = tl.max(tl.where(v_fin, 0, 1), 1)
+    seen_bad = tl.max(tl.where(visible, v_bad[None, :], 0), 1)
+    return v, l_i + tl.where(seen_bad > 0, float("nan"), 0.0)
+
+
+@triton.jit
+def _pv(p, v, DOT_IEEE: tl.constexpr):
+    """``p [M, N] . v [N, D]`` in float32 (``DOT_IEEE``: full float32 products; else ``p`` in V's dtype)."""
+    if DOT_IEEE:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return pv
+
+
+@triton.jit
+def _tile_scores(q, k_raw, k_sc, k_of, qk_scale, soft_cap, KV_INT8: tl.constexpr, HAS_OFFSET: tl.constexpr,
+                 UPCAST: tl.constexpr, DOT_IEEE: tl.constexpr, SOFT_CAP: tl.constexpr):
+    """A tile's scores in base 2: ``q [M, D] . k [N, D]^T * scale * log2(e)`` (through the soft cap
+    ``cap * tanh(s / cap)`` when ``SOFT_CAP``), float32 ``[M, N]``; ``k_raw`` dequantized first (int8).
+    A non-finite product is made NaN before the cap (which would turn ``-inf`` into a finite score)."""
+    k = _dequant(k_raw, k_sc, k_of, KV_INT8, HAS_OFFSET, UPCAST)
+    if DOT_IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = s + s * 0.0  # +-inf -> NaN (finite scores unchanged)
+    if SOFT_CAP:
+        s = soft_cap * LOG2E * _tanh(s * (qk_scale / soft_cap))
+    else:
+        s = s * (qk_scale * LOG2E)
+    return s
+
+
 @triton.jit(do_not_specialize=STAGE1_DO_NOT_SPECIALIZE)
 def split_kv_kernel(
     Q, K, V, BLOCK_TABLE, SEQ_LENS, QUERY_START,
@@ -511,16 +552,7 @@ def _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, hi_ok, end, load_end, col_
     k_raw = tl.load(k_base + k_row[:, None] + offs_d[None, :], mask=tile_ok, other=0)
     v_raw = tl.load(v_base + v_row[:, None] + offs_d[None, :], mask=tile_ok, other=0)
     # -- scores (base 2), soft cap, visibility ----------------------------------------------
-    k = _dequant(k_raw, k_sc, k_of, KV_INT8, HAS_OFFSET, UPCAST)
-    if DOT_IEEE:
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k))
-    s = s + s * 0.0  # +-inf -> NaN (finite scores unchanged)
-    if SOFT_CAP:
-        s = soft_cap * LOG2E * _tanh(s * (qk_scale / soft_cap))
-    else:
-        s = s * (qk_scale * LOG2E)
+    s = _tile_scores(q, k_raw, k_sc, k_of, qk_scale, soft_cap, KV_INT8, HAS_OFFSET, UPCAST, DOT_IEEE, SOFT_CAP)
     if MIXED:
         visible = kv_ok[None, :] & (pos[None, :] <= q_pos[:, None])
         if HAS_WINDOW:
@@ -539,16 +571,8 @@ def _kv_tile(q, q_pos, m_i, l_i, acc, bad, n0, lo_ok, hi_ok, end, load_end, col_
         l_i = l_i * alpha + tl.sum(p, 1)
     v = _dequant(v_raw, v_sc, v_of, KV_INT8, HAS_OFFSET, UPCAST)
     if MIXED:  # V a row cannot see must be 0, not NaN; a non-finite V a row sees poisons it
-        v_fin = (v - v) == 0.0
-        v = tl.where(v_fin, v, 0.0)
-        v_bad = tl.max(tl.where(v_fin, 0, 1), 1)
-        seen_bad = tl.max(tl.where(visible, v_bad[None, :], 0), 1)
-        l_i = l_i + tl.where(seen_bad > 0, float("nan"), 0.0)
-    if DOT_IEEE:
-        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-    else:
-        pv = tl.dot(p.to(v.dtype), v)
-    acc = acc * alpha[:, None] + pv
+        v, l_i = _seen_values(v, visible, l_i)
+    acc = acc * alpha[:, None] + _pv(p, v, DOT_IEEE)
     return m_new, l_i, acc, bad
 
 

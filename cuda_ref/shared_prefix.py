@@ -34,7 +34,7 @@ from splitkv_common.torch_io import as_torch_dtype
 from splitkv_common.validation import check_gqa, check_scalars, host, normalize_window
 
 from . import INTERPRET
-from .kernels import LOG2E, _dequant, _load_kv_scales, _split_state, _tanh
+from .kernels import _dequant, _load_kv_scales, _pv, _seen_values, _split_state, _tile_scores
 from .launch import PlanUploader, launch_decode, launch_merge
 
 PREFIX_BLOCK_N = 64
@@ -114,16 +114,7 @@ def prefix_stage_kernel(
                         mask=tile_ok, other=0)
         v_raw = tl.load(v_base + (page * stride_vp + (pos % PAGE) * stride_vt)[:, None] + offs_d[None, :],
                         mask=tile_ok, other=0)
-        k = _dequant(k_raw, k_sc, k_of, KV_INT8, HAS_OFFSET, UPCAST)
-        if DOT_IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = s + s * 0.0  # +-inf -> NaN (finite scores unchanged)
-        if SOFT_CAP:
-            s = soft_cap * LOG2E * _tanh(s * (qk_scale / soft_cap))
-        else:
-            s = s * (qk_scale * LOG2E)
+        s = _tile_scores(q, k_raw, k_sc, k_of, qk_scale, soft_cap, KV_INT8, HAS_OFFSET, UPCAST, DOT_IEEE, SOFT_CAP)
         visible = tok_ok[None, :] & row_ok[:, None]
         if HAS_WINDOW:
             visible = visible & (pos[None, :] >= lo_row[:, None])
@@ -134,16 +125,8 @@ def prefix_stage_kernel(
         p = tl.exp2(s - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _dequant(v_raw, v_sc, v_of, KV_INT8, HAS_OFFSET, UPCAST)
-        v_fin = (v - v) == 0.0       # a V value a row cannot see is 0 here; one it sees and is not finite poisons it
-        v = tl.where(v_fin, v, 0.0)
-        v_bad = tl.max(tl.where(v_fin, 0, 1), 1)
-        seen_bad = tl.max(tl.where(visible, v_bad[None, :], 0), 1)
-        l_i = l_i + tl.where(seen_bad > 0, float("nan"), 0.0)
-        if DOT_IEEE:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
+        v, l_i = _seen_values(v, visible, l_i)   # a V value a row sees and is not finite poisons it
+        acc = acc * alpha[:, None] + _pv(p, v, DOT_IEEE)
         m_i = m_new
 
     o, lse = _split_state(acc, m_i, l_i)

@@ -28,6 +28,7 @@ from splitkv_vllm import adapter, graph, settings  # noqa: E402
 from splitkv_vllm.graph import GraphDecoder  # noqa: E402
 from test_vllm_graph import BLOCK, DT, HKV, HQ, NUM_BLOCKS, D, N, make_env  # noqa: E402
 from device_side import while_running  # noqa: E402
+from test_vllm_graph import capture as graph_capture, forward_all, run_an_eager_step_of_three_tokens  # noqa: E402, F401
 from test_vllm_plugin import _impl, fresh_plugin_state  # noqa: E402, F401
 from test_vllm_shapes import AscendAttentionState, AscendMetadata  # noqa: E402
 
@@ -85,29 +86,11 @@ def step(e, seq_lens, *, q_len=1, pad="uniform"):
     return meta, refs
 
 
-def forward_all(e, meta):
-    for impl, out in zip(e.layers, e.outputs):
-        impl.forward_impl(e.query, None, None, tuple(e.caches), meta, out)
-
-
 def capture(e, monkeypatch, meta):
-    """The layers' forward with ``capturing`` set; returns the "graph": the decoder launches they made."""
-    calls = []
-    real_run = GraphDecoder.run
-
-    def recording_run(self, *a, **k):
-        calls.append((self, a, k))
-        return real_run(self, *a, **k)
-
-    monkeypatch.setattr(GraphDecoder, "run", recording_run)
-    e.ctx.capturing = True
-    try:
-        forward_all(e, meta)
-    finally:
-        e.ctx.capturing = False
-        monkeypatch.setattr(GraphDecoder, "run", real_run)
+    """:func:`test_vllm_graph.capture`, and every layer captured once."""
+    replay = graph_capture(e, monkeypatch, meta)
     assert [impl.splitkv_graph_captures for impl in e.layers] == [1, 1]
-    return lambda: [real_run(d, *a, **k) for d, a, k in calls]
+    return replay
 
 
 def warm_up_and_capture(e, monkeypatch, *, q_len=1):
@@ -294,12 +277,4 @@ def test_memory_estimate_covers_the_device_plan_slots(monkeypatch):
 def test_eager_steps_on_the_triton_route(monkeypatch):
     """``impl=triton``: eager decode steps run the Triton kernels (interpreter here) on the step's host plan."""
     e = device_env(monkeypatch, "triton")
-    meta, refs = step(e, [40, 500, 3])
-    meta.actual_seq_lengths_q = [1, 2, 3]                  # 3 tokens: not a graph size, an eager step
-    meta.seq_lens_list = meta.seq_lens_list[:3]
-    e.builder.build(0, meta)
-    for impl, out in zip(e.layers, e.outputs):
-        impl.forward_impl(e.query[:3], None, None, tuple(e.caches), meta, out)
-    assert graph.GRAPH_DECODERS == {} and [i.splitkv_routed_steps for i in e.layers] == [1, 1]
-    for out, ref in zip(e.outputs, refs):
-        assert np.abs(out[:3].view(3, HQ, D).float().numpy() - dense_attention(ref)[0]).max() < 2e-3
+    run_an_eager_step_of_three_tokens(e, *step(e, [40, 500, 3]))

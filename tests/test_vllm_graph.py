@@ -285,17 +285,21 @@ def test_a_piecewise_capture_before_the_full_one_neither_marks_nor_counts(env, m
     assert graph.replay_counts(read_device=True) == {"uniform_graph_steps": 1, "graph_replays": 1}
 
 
-def test_eager_steps_of_other_sizes_are_unchanged(env):
-    e = env
-    meta, ref_inputs = graph_step(e, [40, 500, 3])
-    meta.actual_seq_lengths_q = [1, 2, 3]                  # an eager step of 3 tokens: not a graph size
+def run_an_eager_step_of_three_tokens(e, meta, refs):
+    """The step's first 3 tokens (not a graph size) as an eager step: routed, no graph decoder made,
+    each layer's output the float64 reference's (``refs``: the layers' inputs)."""
+    meta.actual_seq_lengths_q = [1, 2, 3]
     meta.seq_lens_list = meta.seq_lens_list[:3]
     e.builder.build(0, meta)
     for impl, out in zip(e.layers, e.outputs):
         impl.forward_impl(e.query[:3], None, None, tuple(e.caches), meta, out)
     assert graph.GRAPH_DECODERS == {} and [i.splitkv_routed_steps for i in e.layers] == [1, 1]
-    for out, inputs in zip(e.outputs, ref_inputs):
+    for out, inputs in zip(e.outputs, refs):
         assert np.abs(out[:3].view(3, HQ, D).float().numpy() - dense_attention(inputs)[0]).max() < 2e-3
+
+
+def test_eager_steps_of_other_sizes_are_unchanged(env):
+    run_an_eager_step_of_three_tokens(env, *graph_step(env, [40, 500, 3]))
 
 
 def test_a_graph_is_routed_all_or_nothing(monkeypatch, caplog):

@@ -169,10 +169,18 @@ def pack_prefix_plan(splan: SharedPrefixPlan, seq_lens, query_start_loc) -> tupl
 
 
 def tail_plan_for_kernels(splan: SharedPrefixPlan):
-    """The tail plan as the split kernel is to run it here: every split writes a partial (a request's
-    split count at least 2, so no row is written final) into the merged layout's tail slots."""
+    """The tail plan as the split kernel is to run it here: on each request's own block-table row and
+    length, its work items' ranges moved past the request's prefix (``[P_b + a, P_b + e)`` for the
+    tail's ``[a, e)``), so the step needs no shifted copy of the block table or the lengths (no device
+    op before the kernels); every split writes a partial (a request's split count at least 2, so no
+    row is written final) into the merged layout's tail slots. Positions are the request's own, so the
+    causal rule and a window need no change."""
     tp = splan.tail
+    req = np.asarray(tp.item_request)
+    shift = np.where(req >= 0, np.asarray(splan.groups.request_prefix, np.int64)[np.maximum(req, 0)], 0)
     return dataclasses.replace(tp, num_splits=np.maximum(tp.num_splits, 2).astype(np.int32),
+                               item_kv_start=(tp.item_kv_start + shift).astype(np.int32),
+                               item_kv_end=(tp.item_kv_end + shift).astype(np.int32),
                                row_slot_start=splan.row_slot_start, num_slots=int(splan.num_slots))
 
 
@@ -340,15 +348,8 @@ class SharedPrefixWrapper:
             return out, lse
         part_o, part_lse = self._partials(T)
         vw = self._views
-        # the tails: block-table rows shifted past the prefix, lengths less the prefix (device ops)
-        shift = vw["request_prefix"].long() // self.page
-        W = block_table.shape[1]
-        col = torch.arange(W, device=q.device)[None, :] + shift[:, None]
-        bt_tail = torch.where(col < W, block_table.long().gather(1, col.clamp(max=W - 1)),
-                              torch.full_like(col, -1)).to(torch.int32)
-        seq_tail = (seq_lens.long() - vw["request_prefix"].long()).to(torch.int32)
         quant = dict(k_scale=k_scale, v_scale=v_scale, k_offset=k_offset, v_offset=v_offset)
-        launch_decode(q, k_cache, v_cache, bt_tail, seq_tail, query_start_loc, self._tail_dplan, out, lse, part_o,
+        launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, self._tail_dplan, out, lse, part_o,
                       part_lse, scale=scale, soft_cap=soft_cap, window_left=normalize_window(window_left),
                       interpret=INTERPRET, merge=False, **quant)
         self._launch_prefix(q, k_cache, v_cache, part_o, part_lse, scale, soft_cap, normalize_window(window_left),

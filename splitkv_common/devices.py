@@ -58,6 +58,11 @@ class DeviceProfile:
     #: TFLOP/s (the shared-prefix stage's compute term, ``splitkv_common.shared_prefix``); 0: not
     #: modelled. Assumed, not measured: about a third of the dense peak.
     dot_tflops: float = 0.0
+    #: GB/s at which a launch re-reads bytes that its other work items read at about the same time
+    #: (a shared prefix's pages, read by every request of its group in the plain step, or by every
+    #: row block of the prefix stage): such re-reads are L2 hits, not HBM reads. 0: charged at
+    #: ``bandwidth_gbps`` (not known for the device).
+    l2_reread_gbps: float = 0.0
 
 
 PROFILES: dict[str, DeviceProfile] = {
@@ -65,11 +70,13 @@ PROFILES: dict[str, DeviceProfile] = {
         name="h200", units=132, items_per_unit=2, bandwidth_gbps=4270.0, unit_bandwidth_gbps=20.0,
         item_overhead_us=6.0, launch_us=3.0, min_split_tokens=64, max_splits=64,
         lone_unit_bandwidth_gbps=32.0, lone_min_tokens=1024, lone_head_dim=128, lone_kv_bytes=2,
-        dot_tflops=300.0,
+        dot_tflops=300.0, l2_reread_gbps=7000.0,
         note="NVIDIA H200 SXM: 132 SMs; copy ceiling 4.27 TB/s measured; per-item bandwidth and per-wave "
              "cost fitted to the Triton kernels' split sweeps; splits down to 64 tokens at short contexts "
              "(run 16: B1 x 1k 12.0 against 14.5 us with 256; docs/perf-notes.md); one item an SM of 16-bit "
-             "D 128 with 128-token tiles and 8 warps: 32-35 GB/s an item (run 55: B16 x 1k-8k unsplit)"),
+             "D 128 with 128-token tiles and 8 warps: 32-35 GB/s an item (run 55: B16 x 1k-8k unsplit); "
+             "a shared prefix's re-reads at 6.4-7.5 TB/s, L2 hits (H100 run 136: the plain step over a 4k "
+             "prefix at B64 read 1,141 MB in 177 us, 84 MB of them unique; 17.4 GB in 2.3 ms at B256 x 16k)"),
     "910b2": DeviceProfile(
         name="910b2", units=48, items_per_unit=1, bandwidth_gbps=1500.0, unit_bandwidth_gbps=60.0,
         item_overhead_us=2.0, launch_us=5.0, min_split_tokens=512, max_splits=32, ub_bytes=192 * 1024,

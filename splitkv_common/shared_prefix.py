@@ -373,14 +373,19 @@ class SharedPrefixPlan:
                 f"{self.groups.num_groups} group(s)\nreason: {self.reason}")
 
 
-def _stage_us(prof: DeviceProfile, read_bytes: float, items: int, longest_bytes: float, flops: float = 0.0) -> float:
+def _stage_us(prof: DeviceProfile, read_bytes: float, items: int, longest_bytes: float, flops: float = 0.0,
+              reread_bytes: float = 0.0) -> float:
     """One kernel of the cost model (``docs/planner.md``): a launch, the bytes at the device's
-    bandwidth (or the longest item at one unit's), the matrix work at ``dot_tflops``, per-wave cost."""
+    bandwidth (or the longest item at one unit's), the matrix work at ``dot_tflops``, per-wave cost.
+    ``reread_bytes`` of ``read_bytes`` are re-reads of bytes other items read at about the same time,
+    charged at ``l2_reread_gbps`` where the profile knows it."""
     bw, unit_bw = prof.bandwidth_gbps * 1e3, prof.unit_bandwidth_gbps * 1e3
+    reread = min(max(reread_bytes, 0.0), read_bytes) if prof.l2_reread_gbps > 0 else 0.0
+    t_read = (read_bytes - reread) / bw + (reread / (prof.l2_reread_gbps * 1e3) if reread else 0.0)
     slots = prof.units * prof.items_per_unit
     t_dot = flops / (prof.dot_tflops * 1e6) if flops and prof.dot_tflops > 0 else 0.0
     waves = -(-items // slots)
-    return prof.launch_us + max(read_bytes / bw, longest_bytes / unit_bw, t_dot) + waves * prof.item_overhead_us
+    return prof.launch_us + max(t_read, longest_bytes / unit_bw, t_dot) + waves * prof.item_overhead_us
 
 
 def _plan_bytes_and_items(plan: Plan, token_bytes: int, num_kv_heads: int) -> tuple[float, int, float]:
@@ -442,10 +447,10 @@ def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix |
     token_bytes = head_dim * 2 * kv_elem_bytes
     group = num_q_heads // num_kv_heads
     pb, pi, pl = _plan_bytes_and_items(plain, token_bytes, num_kv_heads)
-    t_plain = _stage_us(prof, pb, pi, pl) + (_merge_us(prof, int(plain.row_num_splits[plain.row_num_splits > 1].sum()),
-                                                       num_q_heads, head_dim) if plain.max_splits > 1 else 0.0)
     floor = float((seq.sum() - sum(int(L) * (int(e - f) - 1) for f, e, L in
                                    zip(groups.first, groups.end, groups.prefix_len))) * token_bytes * num_kv_heads)
+    t_plain = _stage_us(prof, pb, pi, pl, reread_bytes=pb - floor) + (_merge_us(prof, int(plain.row_num_splits[plain.row_num_splits > 1].sum()),
+                                                       num_q_heads, head_dim) if plain.max_splits > 1 else 0.0)
     est = {"plain_us": round(t_plain, 3), "plain_bytes": pb, "unique_bytes": floor}
 
     def _plain(why):
@@ -475,7 +480,8 @@ def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix |
     lens = (prefix.item_kv_end[:n].astype(np.int64) - prefix.item_kv_start[:n])
     xb = float((lens * item_blocks).sum() * token_bytes)
     flops = float((lens * rows[prefix.item_request[:n]] if n else lens).sum()) * group * head_dim * 4
-    t_prefix = _stage_us(prof, xb, int(item_blocks.sum()), float(lens.max(initial=0) * token_bytes), flops)
+    t_prefix = _stage_us(prof, xb, int(item_blocks.sum()), float(lens.max(initial=0) * token_bytes), flops,
+                         reread_bytes=xb - float(lens.sum() * token_bytes))
     tb, ti, tlong = _plan_bytes_and_items(tail, token_bytes, num_kv_heads)
     t_tail = _stage_us(prof, tb, ti, tlong)
     # slots: each row's tail partials then its prefix partials

@@ -240,6 +240,24 @@ def test_auto_keeps_the_plain_path_where_shared_loses(B, prefix, tail):
     assert plan.prefix is None and plan.plain is not None
 
 
+def test_the_plain_estimate_charges_a_prefix_re_read_at_the_l2_rate_where_the_profile_knows_it():
+    """The plain step's re-reads of a shared prefix are L2 hits on a GPU (H100 run 136: 1,141 MB in
+    177 µs at B64 x 4k x 256); a profile without ``l2_reread_gbps`` charges them at HBM bandwidth."""
+    import dataclasses
+
+    from splitkv_common.devices import get_profile
+    gpu = get_profile("h200")
+    assert gpu.l2_reread_gbps > gpu.bandwidth_gbps
+    hbm_only = dataclasses.replace(gpu, name="h200-no-l2", l2_reread_gbps=0.0)
+    with_l2 = _decide(64, 4096, 256, gpu).estimates_us
+    without = _decide(64, 4096, 256, hbm_only).estimates_us
+    assert with_l2["plain_bytes"] == without["plain_bytes"]
+    reread_mb = (with_l2["plain_bytes"] - with_l2["unique_bytes"]) / 1e6
+    saved = reread_mb / gpu.bandwidth_gbps * 1e3 - reread_mb / gpu.l2_reread_gbps * 1e3
+    assert with_l2["plain_us"] == pytest.approx(without["plain_us"] - saved, rel=1e-3)
+    assert with_l2["prefix_us"] <= without["prefix_us"]
+
+
 def test_modes_on_and_off_override_the_estimate():
     assert _decide(2, 1024, 256, mode="on").use_shared
     off = _decide(64, 4096, 256, mode="off")

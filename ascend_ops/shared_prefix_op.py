@@ -150,3 +150,4 @@ class SharedPrefixRoute:
 
     def workspace_bytes(self) -> int:
         return self.tail.workspace_bytes() + self.prefix.workspace_bytes()
+

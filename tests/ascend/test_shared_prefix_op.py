@@ -193,3 +193,18 @@ def test_run_refusals(batch, no_kernel):
     with pytest.raises(ValueError, match="plan: covers 40 KV tokens of request 0, whose seq_len is 39"):
         w.run(t["q"], t["k_cache"], t["v_cache"], t["block_table"], t["seq_lens"] - 1, t["query_start_loc"],
               validate=True)
+
+
+def test_the_ascend_backends_shared_prefix_route_on_the_cpu_kernel():
+    """The ``ascend`` parity backend's route (``backend.extra["shared_prefix"]``), here on the CPU kernel."""
+    import dataclasses
+    import functools
+
+    from ascend_ops.npu_backend import ascend_backend, run_shared_prefix
+    from splitkv_common.parity.shared_prefix import run_shared_prefix_parity
+
+    on_cpu = dataclasses.replace(ascend_backend, unavailable=lambda: None,
+                                 extra={"shared_prefix": functools.partial(run_shared_prefix, device="cpu")})
+    rep = run_shared_prefix_parity([on_cpu])
+    assert ascend_backend.extra["shared_prefix"] is run_shared_prefix
+    assert [r.status for r in rep.results] == ["pass"] * len(SHARED_PREFIX_CATALOG), rep.to_markdown()

@@ -13,7 +13,10 @@ decision; on the shared route it keeps a :class:`SharedPrefixRoute`, whose ``run
 3. the exact merge of each covered row's two states (:func:`splitkv_common.torch_eager.merge_states`).
 
 Each stage is an :class:`~ascend_ops.wrapper.AscendDecodeWrapper` of its own, planned on the host in
-``plan()``; ``run()`` does device work only (gathers, the two launches, the merge): no host sync.
+``plan()`` (kept from one plan to the next); ``run()`` does device work only (gathers, the two
+launches, the merge): no host sync. The prefix pages are read from ``run()``'s block table on the
+device (each chunk's row: its group's first request's, which starts with the prefix's pages), so
+``plan()`` needs no host block table; ``run(validate=True)`` checks it against the prefix on the host.
 A sliding window takes the plain route (a prefix chunk's rows sit at different positions, which one
 "request" of the kernels cannot express), as on the twin (:func:`ascend_ops.sim_backend.run_twin_shared_prefix`).
 """
@@ -54,10 +57,6 @@ def plan_route(wrapper, seq, qsl, window_left, shared_prefix, *, mode: str, bloc
                                num_pages=num_pages, mode="off" if win is not None else mode)
     if win is not None and mode != "off" and splan.groups.num_groups:
         splan = dataclasses.replace(splan, mode=mode, reason=f"shared prefix off ({mode}): {WINDOW_REASON}")
-    if splan.use_shared:
-        g = splan.groups
-        if any((g.pages[k, :int(L) // wrapper.page_size] < 0).any() for k, L in enumerate(g.prefix_len)):
-            raise ValueError("block_table: plan() needs it (host) where a group of shared_prefix gives no prefix_pages")
     return splan
 
 
@@ -65,7 +64,7 @@ class SharedPrefixRoute:
     """The two stages' wrappers and the device indices of one shared plan (see the module doc)."""
 
     def __init__(self, wrapper, splan: SharedPrefixPlan, seq, qsl, *, scale, soft_cap, max_pages, num_pages,
-                 rows_per_item: int = PREFIX_ROWS_PER_ITEM):
+                 stages: "tuple | None" = None, rows_per_item: int = PREFIX_ROWS_PER_ITEM):
         self.splan = splan
         self.page = wrapper.page_size
         self.dtype, self.kv_dtype, self.device = wrapper.dtype, wrapper.kv_dtype, wrapper.device
@@ -79,20 +78,27 @@ class SharedPrefixRoute:
         groups = splan.groups
         const = dict(scale=scale, soft_cap=soft_cap, num_pages=num_pages)
         # the tails: the shared plan's tail plan, lengths less each request's prefix
-        self.tail = stage()
+        self.tail, self.prefix = stages if stages is not None else (stage(), stage())
         self.tail_seq = (np.asarray(seq, np.int64) - groups.request_prefix).astype(np.int32)
         self.tail.set_plan(splan.tail, seq_lens=self.tail_seq, validate=False, max_pages=max_pages, **const)
         # the prefix stage: a plain batch whose plan's seqLens words are the causal lengths
-        bt, lens, pqsl, causal, rows = prefix_layout(groups, wrapper.num_q_heads // wrapper.num_kv_heads,
-                                                     rows_per_item)
-        self.prefix = stage()
+        G = wrapper.num_q_heads // wrapper.num_kv_heads
+        bt, lens, pqsl, causal, rows = prefix_layout(groups, G, rows_per_item)
         pplan = self.prefix.make_plan(lens, None, pqsl, None)
         self.prefix.set_plan(pplan, seq_lens=causal, validate=False, max_pages=bt.shape[1], **const)
+        # each chunk's block-table row: its group's first request's (the prefix's pages first)
+        per = max(1, rows_per_item // G)
+        chunks = [-(-int(e - s) // per) for s, e in zip(groups.row_start, groups.row_end)]
+        self.prefix_pages = int(bt.shape[1])
         dev = wrapper.device
-        self.prefix_block_table = torch.from_numpy(np.ascontiguousarray(bt, np.int32)).to(dev)
+        self.chunk_request = torch.from_numpy(np.repeat(groups.first, chunks).astype(np.int64)).to(dev)
         self.rows = torch.from_numpy(rows).to(dev)
         self.shift = torch.from_numpy(groups.request_prefix // self.page).to(dev)
         self._q = None   # the prefix rows of q (kept: no allocation once large enough)
+
+    @property
+    def stages(self) -> tuple:
+        return self.tail, self.prefix
 
     # -- device side --------------------------------------------------------------------------
     def tail_block_table(self, block_table: torch.Tensor) -> torch.Tensor:
@@ -117,6 +123,9 @@ class SharedPrefixRoute:
         if block_table.shape[0] != B or q.shape[0] != T:
             raise ValueError(f"q, block_table: the shared-prefix plan was made for {B} requests and {T} rows, got "
                              f"{block_table.shape[0]} and {q.shape[0]}")
+        if block_table.shape[1] < self.prefix_pages:
+            raise ValueError(f"block_table: {block_table.shape[1]} columns, fewer than the {self.prefix_pages} pages "
+                             f"of the planned prefix")
         quant = dict(k_scale=k_scale, v_scale=v_scale, k_offset=k_offset, v_offset=v_offset)
         if validate:   # host checks (a sync): the whole batch, then the prefix against its block table
             sl = seq_lens if seq_lens is not None else torch.from_numpy(self.tail_seq + splan.groups.request_prefix)
@@ -136,7 +145,8 @@ class SharedPrefixRoute:
             self._q = torch.empty((n, *q.shape[1:]), dtype=q.dtype, device=q.device)
         qp = self._q[:n]
         torch.index_select(q, 0, self.rows, out=qp)
-        po, pl = self.prefix.run(qp, k_cache, v_cache, self.prefix_block_table, **const)
+        pbt = block_table.index_select(0, self.chunk_request)[:, :self.prefix_pages].contiguous()
+        po, pl = self.prefix.run(qp, k_cache, v_cache, pbt, **const)
         mo, ml = merge_states(torch.stack([out.index_select(0, self.rows), po], 1),
                               torch.stack([lse.index_select(0, self.rows), pl], 1), dim=1)
         out.index_copy_(0, self.rows, mo.to(out.dtype))
@@ -151,3 +161,44 @@ class SharedPrefixRoute:
     def workspace_bytes(self) -> int:
         return self.tail.workspace_bytes() + self.prefix.workspace_bytes()
 
+
+
+def check_mode(mode, name: str = "shared_prefix_mode") -> str:
+    from splitkv_common.shared_prefix import MODES
+
+    if mode not in MODES:
+        raise ValueError(f"{name}: must be one of {MODES}, got {mode!r}")
+    return mode
+
+
+def plan_wrapper(wrapper, seq_lens, q_lens, query_start_loc, window_left, shared_prefix, block_table, mode,
+                 **const) -> SharedPrefixPlan:
+    """``AscendDecodeWrapper.plan(..., shared_prefix=...)``: the planner's decision (:func:`plan_route`),
+    then the shared route (a :class:`SharedPrefixRoute`, the stage wrappers of the route in use kept)
+    or the wrapper's own plain plan of the batch. A refused batch leaves the previous plan in use,
+    except where building the new route failed after its stages were replanned: the wrapper is then
+    unplanned (``run()`` asks for a plan)."""
+    seq = np.asarray(host(seq_lens), np.int64).reshape(-1)
+    if query_start_loc is not None and q_lens is not None:
+        raise ValueError("q_lens, query_start_loc: give one of them")
+    if query_start_loc is not None:
+        qsl = np.asarray(host(query_start_loc), np.int64).reshape(-1)
+    else:
+        ql = np.ones(seq.shape[0], np.int64) if q_lens is None else np.asarray(host(q_lens), np.int64).reshape(-1)
+        qsl = np.concatenate([[0], np.cumsum(ql)])
+    mode = wrapper.shared_prefix_mode if mode is None else check_mode(mode)
+    splan = plan_route(wrapper, seq, qsl, window_left, shared_prefix, mode=mode, block_table=block_table,
+                       num_pages=const["num_pages"])
+    if splan.use_shared:
+        old, wrapper._route = wrapper._route, None
+        try:
+            route = SharedPrefixRoute(wrapper, splan, seq, qsl, stages=None if old is None else old.stages, **const)
+        except BaseException:
+            if old is not None:
+                wrapper.host_plan = wrapper.shared_prefix_plan = None
+            raise
+    else:
+        wrapper.plan(seq, query_start_loc=qsl, window_left=window_left, **const)
+        route = None
+    wrapper._route, wrapper.shared_prefix_plan = route, splan
+    return splan

@@ -92,7 +92,9 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
                  min_split_tokens: int | None = None, device_split_tokens: int | None = None,
                  workspace: torch.Tensor | None = None, shared_prefix_mode: str = "auto"):
         check_gqa(num_q_heads, num_kv_heads)
-        self.shared_prefix_mode = _shared_prefix_mode(shared_prefix_mode, "shared_prefix_mode")
+        from .shared_prefix_op import check_mode
+
+        self.shared_prefix_mode = check_mode(shared_prefix_mode)
         if device_split_tokens is not None:
             S = int(device_split_tokens)
             if not graph_stable:
@@ -175,27 +177,11 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
         return p
 
     def _plan_shared(self, seq_lens, q_lens, query_start_loc, window_left, shared_prefix, block_table, mode, **const):
-        """``plan(..., shared_prefix=...)``: the decision, then the shared route or the plain plan."""
-        from .shared_prefix_op import SharedPrefixRoute, plan_route
+        """``plan(..., shared_prefix=...)``: :func:`ascend_ops.shared_prefix_op.plan_wrapper`."""
+        from .shared_prefix_op import plan_wrapper
 
-        seq = np.asarray(host(seq_lens), np.int64).reshape(-1)
-        if query_start_loc is not None and q_lens is not None:
-            raise ValueError("q_lens, query_start_loc: give one of them")
-        if query_start_loc is not None:
-            qsl = host(query_start_loc)
-        else:
-            ql = np.ones(seq.shape[0], np.int64) if q_lens is None else np.asarray(host(q_lens), np.int64).reshape(-1)
-            qsl = np.concatenate([[0], np.cumsum(ql)])
-        mode = self.shared_prefix_mode if mode is None else _shared_prefix_mode(mode, "shared_prefix_mode")
-        splan = plan_route(self, seq, qsl, window_left, shared_prefix, mode=mode, block_table=block_table,
-                           num_pages=const["num_pages"])
-        if splan.use_shared:
-            route = SharedPrefixRoute(self, splan, seq, qsl, **const)
-        else:
-            self.plan(seq, query_start_loc=qsl, window_left=window_left, **const)
-            route = None
-        self._route, self.shared_prefix_plan = route, splan
-        return splan
+        return plan_wrapper(self, seq_lens, q_lens, query_start_loc, window_left, shared_prefix, block_table, mode,
+                            **const)
 
     def set_plan(self, plan: Plan, *, seq_lens=None, scale=None, soft_cap=None, window_left=None,
                  max_pages: int | None = None, num_pages: int | None = None, validate: bool = True) -> None:
@@ -538,14 +524,6 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
             if not named[name].is_contiguous():
                 raise ValueError(f"{name}: must be contiguous (the kernels address it densely)")
         self.spec.check_shapes(self.host_plan, q, k_cache, v_cache, block_table)
-
-
-def _shared_prefix_mode(mode, name: str) -> str:
-    from splitkv_common.shared_prefix import MODES
-
-    if mode not in MODES:
-        raise ValueError(f"{name}: must be one of {MODES}, got {mode!r}")
-    return mode
 
 
 # ---------------------------------------------------------------------------------------------

@@ -163,10 +163,15 @@ def test_plan_refuses_a_block_table_that_does_not_start_with_the_prefix(batch, n
         wrapper_for(inp, t).plan(inp.seq_lens, shared_prefix=sp, block_table=bt, shared_prefix_mode="on")
 
 
-def test_plan_needs_the_pages(batch, no_kernel):
+def test_without_a_host_block_table_the_pages_come_from_runs_block_table(batch):
+    """plan() needs no host block table: each prefix chunk reads its group's first row on the device."""
     inp, sp, t = batch
-    with pytest.raises(ValueError, match="block_table: plan.. needs it"):
-        wrapper_for(inp, t).plan(inp.seq_lens, shared_prefix=sp, shared_prefix_mode="on")
+    w = wrapper_for(inp, t)
+    assert w.plan(inp.seq_lens, scale=inp.scale, shared_prefix=sp, shared_prefix_mode="on").use_shared
+    o, _ = w.run(t["q"], t["k_cache"], t["v_cache"], t["block_table"])
+    np.testing.assert_allclose(o.float().numpy(), dense_attention(inp)[0], atol=2e-3, rtol=0)
+    with pytest.raises(ValueError, match="block_table: 3 columns, fewer than the 4 pages of the planned prefix"):
+        w.run(t["q"], t["k_cache"], t["v_cache"], t["block_table"][:, :3].contiguous())
 
 
 def test_graph_stable_wrappers_refuse_a_shared_prefix(batch, no_kernel):

@@ -199,7 +199,7 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
         """
         self._claim_thread("set_plan")
         check_validate(validate, allow_auto=False)
-        self._route = None   # a plan of its own: the shared-prefix route (if any) is no longer in use
+        self._route = self.shared_prefix_plan = None   # a plan of its own: no shared-prefix route in use
         check_scalars(scale, soft_cap, window_left)
         if not isinstance(plan, Plan):
             raise TypeError(f"plan: expected a splitkv_common.plan.Plan, got {type(plan).__name__}")

@@ -213,3 +213,35 @@ def test_the_ascend_backends_shared_prefix_route_on_the_cpu_kernel():
     rep = run_shared_prefix_parity([on_cpu])
     assert ascend_backend.extra["shared_prefix"] is run_shared_prefix
     assert [r.status for r in rep.results] == ["pass"] * len(SHARED_PREFIX_CATALOG), rep.to_markdown()
+
+
+def test_groups_whose_rows_span_several_prefix_chunks(monkeypatch):
+    """Twenty requests under one prefix (GQA 4: 16 rows a chunk, two chunks), a second group after a
+    loner: each chunk's block-table row is its group's first request's, gathered on the device."""
+    inp, sp = shared_prefix_inputs(27, [70 + 3 * i for i in range(24)], [(1, 21, 64), (22, 24, 32)], num_q_heads=8,
+                                   num_kv_heads=2, head_dim=64, page_size=16, dtype="bfloat16")
+    t = to_torch(inp, "cpu")
+    w = wrapper_for(inp, t)
+    w.plan(inp.seq_lens, scale=inp.scale, shared_prefix=sp, shared_prefix_mode="on")
+    assert w._route.chunk_request.tolist() == [1, 1, 22]
+    rows = []
+    real = ops.decode_attention_op
+    monkeypatch.setattr(ops, "decode_attention_op", lambda *a, **k: rows.append(a[0].shape[0]) or real(*a, **k))
+    o, l = w.run(t["q"], t["k_cache"], t["v_cache"], t["block_table"])
+    assert rows == [24, 22]
+    out, lse = from_torch(o, l)
+    ref_o, ref_l = shared_prefix_reference(inp, sp)
+    acc = check(out, lse, ref_o, ref_l, plain_attention(inp), inp.dtype)
+    assert acc.passed, acc.reason
+
+
+def test_a_refused_plan_leaves_the_shared_route_in_use(batch):
+    inp, sp, t = batch
+    w = wrapper_for(inp, t)
+    splan = w.plan(inp.seq_lens, scale=inp.scale, shared_prefix=sp, shared_prefix_mode="on")
+    route = w._route
+    with pytest.raises(ValueError, match="multiple of page_size 8"):
+        w.plan(inp.seq_lens, scale=inp.scale, shared_prefix=SharedPrefix.single(12, batch_size=3))
+    assert w._route is route and w.shared_prefix_plan is splan
+    o, _ = w.run(t["q"], t["k_cache"], t["v_cache"], t["block_table"])
+    np.testing.assert_allclose(o.float().numpy(), dense_attention(inp)[0], atol=2e-3, rtol=0)

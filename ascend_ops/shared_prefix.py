@@ -30,18 +30,14 @@ from splitkv_common.shared_prefix import Groups
 PREFIX_ROWS_PER_ITEM = 64
 
 
-def prefix_batch(inp: DecodeInputs, groups: Groups,
-                 rows_per_item: int = PREFIX_ROWS_PER_ITEM) -> tuple[DecodeInputs, np.ndarray, np.ndarray]:
-    """The prefix stage as a plain batch: ``(inputs, causal_lens, rows)``.
-
-    ``inputs``: one request per chunk of a group's query rows (``max(1, rows_per_item // G)`` rows a
-    chunk), ``q`` those rows ``[Tv, Hq, D]``, block-table row the group's prefix pages (-1 padded,
-    never read), ``seq_lens`` the prefix length (what the plan's ranges cover), no window; caches,
-    scale, soft cap and int8 scales are ``inp``'s. ``causal_lens`` int32 ``[Bv]``: the lengths the
-    kernels must see (``prefix_len + rows - 1``), written over the plan's ``seqLens`` words.
-    ``rows`` int64 ``[Tv]``: each row's row in ``inp``."""
-    G = inp.q.shape[1] // inp.k_cache.shape[2]
-    per = max(1, rows_per_item // G)
+def prefix_layout(groups: Groups, gqa: int, rows_per_item: int = PREFIX_ROWS_PER_ITEM) -> tuple:
+    """The prefix stage's batch from host facts alone: ``(block_table, seq_lens, query_start_loc,
+    causal_lens, rows)``, one request per chunk of a group's query rows (``max(1, rows_per_item //
+    gqa)`` rows a chunk): block-table row the group's prefix pages (-1 padded, never read),
+    ``seq_lens`` the prefix length (what the plan's ranges cover), ``causal_lens`` int32 ``[Bv]`` the
+    lengths the kernels must see (``prefix_len + rows - 1``, written over the plan's ``seqLens``
+    words), ``rows`` int64 ``[Tv]`` each row's row in the batch."""
+    per = max(1, rows_per_item // gqa)
     rows, bt_rows, lens, qsl = [], [], [], [0]
     for g in range(groups.num_groups):
         P = int(groups.prefix_len[g])
@@ -51,12 +47,24 @@ def prefix_batch(inp: DecodeInputs, groups: Groups,
             bt_rows.append(groups.pages[g])
             lens.append(P)
             qsl.append(qsl[-1] + r.size)
-    rows = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+    rows = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
     lens = np.asarray(lens, np.int32)
     bt = np.stack(bt_rows).astype(np.int32) if bt_rows else np.zeros((0, 1), np.int32)
+    qsl = np.asarray(qsl, np.int32)
+    causal = (lens + np.diff(qsl) - 1).astype(np.int32)
+    return bt, lens, qsl, causal, rows
+
+
+def prefix_batch(inp: DecodeInputs, groups: Groups,
+                 rows_per_item: int = PREFIX_ROWS_PER_ITEM) -> tuple[DecodeInputs, np.ndarray, np.ndarray]:
+    """The prefix stage as a plain batch: ``(inputs, causal_lens, rows)`` (:func:`prefix_layout`).
+
+    ``inputs``: ``q`` the chunks' rows ``[Tv, Hq, D]``, the layout's block table, lengths and rows,
+    no window; caches, scale, soft cap and int8 scales are ``inp``'s."""
+    G = inp.q.shape[1] // inp.k_cache.shape[2]
+    bt, lens, qsl, causal, rows = prefix_layout(groups, G, rows_per_item)
     vin = DecodeInputs(q=np.ascontiguousarray(inp.q[rows]), k_cache=inp.k_cache, v_cache=inp.v_cache, block_table=bt,
-                       seq_lens=lens, query_start_loc=np.asarray(qsl, np.int32), dtype=inp.dtype, scale=inp.scale,
+                       seq_lens=lens, query_start_loc=qsl, dtype=inp.dtype, scale=inp.scale,
                        soft_cap=inp.soft_cap, window_left=None, k_scale=inp.k_scale, v_scale=inp.v_scale,
                        k_offset=inp.k_offset, v_offset=inp.v_offset)
-    causal = (lens + np.diff(np.asarray(qsl)) - 1).astype(np.int32)
     return vin, causal, rows

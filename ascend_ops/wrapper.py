@@ -90,8 +90,11 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
                  dtype=torch.bfloat16, kv_dtype=None, device=None, profile: str | None = None, policy: str = "auto",
                  graph_stable: bool = False, max_splits: int | None = None, max_work_items: int | None = None,
                  min_split_tokens: int | None = None, device_split_tokens: int | None = None,
-                 workspace: torch.Tensor | None = None):
+                 workspace: torch.Tensor | None = None, shared_prefix_mode: str = "auto"):
         check_gqa(num_q_heads, num_kv_heads)
+        from .shared_prefix_op import check_mode
+
+        self.shared_prefix_mode = check_mode(shared_prefix_mode)
         if device_split_tokens is not None:
             S = int(device_split_tokens)
             if not graph_stable:
@@ -131,6 +134,9 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
         self._pages: tuple | None = None  # (max_pages, num_pages) of the tiling
         self.kernel_reason = ""  # why the split stage of the current tiling serves the batch, in words
         self._stale = True
+        #: the planner's decision of the last plan() given a shared_prefix (None: none was given)
+        self.shared_prefix_plan = None
+        self._route = None   # the shared-prefix route in use (ascend_ops.shared_prefix_op), or None
         if workspace is not None:   # a store shared with other wrappers whose launches never overlap it
             if (not isinstance(workspace, torch.Tensor) or workspace.dtype != torch.float32 or workspace.dim() != 1
                     or workspace.device != self.device):
@@ -141,18 +147,41 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
 
     # -- host side ---------------------------------------------------------------------------
     def plan(self, seq_lens, q_lens=None, query_start_loc=None, window_left=None, *, scale=None,
-             soft_cap=None, max_pages: int | None = None, num_pages: int | None = None) -> Plan:
+             soft_cap=None, max_pages: int | None = None, num_pages: int | None = None, shared_prefix=None,
+             block_table=None, shared_prefix_mode: str | None = None):
         """Plan a batch from host lengths and prepare the device buffers (may allocate). A
         graph-stable plan returned here stays valid until the second ``plan()`` after it, which
-        writes into its buffer. A refused batch leaves the previous plan in use."""
+        writes into its buffer. A refused batch leaves the previous plan in use.
+
+        ``shared_prefix`` (a :class:`splitkv_common.shared_prefix.SharedPrefix`, checked as the
+        Triton ``SharedPrefixWrapper.plan`` checks it; ``block_table`` on the host gives the prefix's
+        pages where a group does not): the shared planner decides between the shared-prefix route
+        and the plain one for this wrapper's device profile (``shared_prefix_mode``: ``auto``, ``on``,
+        ``off``; default the wrapper's) and ``plan()`` returns its
+        :class:`~splitkv_common.shared_prefix.SharedPrefixPlan` (also ``self.shared_prefix_plan``; its
+        ``reason`` says why). ``run()`` then runs that route (:mod:`ascend_ops.shared_prefix_op`)."""
         self._claim_thread("plan")
         check_scalars(scale, soft_cap, window_left)
+        if shared_prefix is not None:
+            return self._plan_shared(seq_lens, q_lens, query_start_loc, window_left, shared_prefix, block_table,
+                                     shared_prefix_mode, scale=scale, soft_cap=soft_cap, max_pages=max_pages,
+                                     num_pages=num_pages)
+        if block_table is not None or shared_prefix_mode is not None:
+            raise ValueError("block_table, shared_prefix_mode: only with shared_prefix")
         p = self.make_plan(host(seq_lens), None if q_lens is None else host(q_lens),
                            None if query_start_loc is None else host(query_start_loc), window_left)
         # made by the shared planner: valid by construction (tests/test_planner*.py), not checked again
         self.set_plan(p, seq_lens=seq_lens, scale=scale, soft_cap=soft_cap, window_left=window_left,
                       max_pages=max_pages, num_pages=num_pages, validate=False)
+        self.shared_prefix_plan = None
         return p
+
+    def _plan_shared(self, seq_lens, q_lens, query_start_loc, window_left, shared_prefix, block_table, mode, **const):
+        """``plan(..., shared_prefix=...)``: :func:`ascend_ops.shared_prefix_op.plan_wrapper`."""
+        from .shared_prefix_op import plan_wrapper
+
+        return plan_wrapper(self, seq_lens, q_lens, query_start_loc, window_left, shared_prefix, block_table, mode,
+                            **const)
 
     def set_plan(self, plan: Plan, *, seq_lens=None, scale=None, soft_cap=None, window_left=None,
                  max_pages: int | None = None, num_pages: int | None = None, validate: bool = True) -> None:
@@ -170,6 +199,7 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
         """
         self._claim_thread("set_plan")
         check_validate(validate, allow_auto=False)
+        self._route = self.shared_prefix_plan = None   # a plan of its own: no shared-prefix route in use
         check_scalars(scale, soft_cap, window_left)
         if not isinstance(plan, Plan):
             raise TypeError(f"plan: expected a splitkv_common.plan.Plan, got {type(plan).__name__}")
@@ -342,6 +372,8 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
 
     def workspace_bytes(self) -> int:
         """Bytes of the kernels' workspace for the current plan (0 before the first run/plan)."""
+        if self._route is not None:
+            return self._route.workspace_bytes()
         return 0 if self.tiling is None else int(self.tiling["workspaceBytes"])
 
     def check_errors(self) -> None:
@@ -355,6 +387,8 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
         steps or in a debug mode)."""
         from . import tiling as tl
 
+        if self._route is not None:
+            return self._route.check_errors()
         store = self._stores.get("workspace")
         if store is None:
             return
@@ -385,6 +419,11 @@ class AscendDecodeWrapper(PlannedWrapper, ThreadOwner):
         self._claim_thread("run")
         if validate is not False:
             validate = check_validate(validate) is True or (validate == "auto" and q.device.type == "cpu")
+        if self._route is not None:   # plan(..., shared_prefix=...) chose the shared-prefix route
+            check_scalars(scale, soft_cap, window_left)
+            return self._route.run(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale=scale,
+                                   soft_cap=soft_cap, window_left=window_left, k_scale=k_scale, v_scale=v_scale,
+                                   k_offset=k_offset, v_offset=v_offset, out=out, lse=lse, validate=validate)
         if self.host_plan is None:
             raise RuntimeError("plan: call plan() (or set_plan()) before run()")
         check_scalars(scale, soft_cap, window_left)

@@ -137,10 +137,15 @@ def _cmd_backends(args) -> int:
     return 0
 
 
+#: what ``splitkv parity --catalog`` selects from: the decode cases, the shared-prefix ones, or both
+CATALOGS = ("decode", "shared-prefix", "all")
+
+
 def _cmd_parity(args) -> int:
-    from .parity.cases import catalog
-    from .parity.harness import check_report_path, run_parity
+    from .parity.cases import SHARED_PREFIX_CATALOG, catalog, select_cases
+    from .parity.harness import ParityReport, check_report_path, run_parity
     from .parity.registry import discover
+    from .parity.shared_prefix import run_shared_prefix_parity
 
     paths = args.report or ()
     if len(set(map(os.path.realpath, paths))) != len(paths):   # two spellings of one file, links resolved
@@ -162,18 +167,26 @@ def _cmd_parity(args) -> int:
         print(f"error: unknown backend(s) {unknown}; known: {sorted(known)}", file=sys.stderr)
         return 2
     sizes = {"small": ("small",), "full": ("full",), "all": ("small", "full")}[args.size]
-    cases = catalog(sizes, args.cases)
-    if not cases:
-        print(f"error: no case matches --cases {args.cases!r} (size {args.size})", file=sys.stderr)
+    cases = catalog(sizes, args.cases) if args.catalog in ("decode", "all") else []
+    # the shared-prefix cases run through each backend's shared-prefix route (backend.extra)
+    sp_cases = select_cases(SHARED_PREFIX_CATALOG, sizes, args.cases) if args.catalog != "decode" else []
+    if not cases and not sp_cases:
+        print(f"error: no case matches --cases {args.cases!r} (size {args.size}, catalog {args.catalog}; "
+              f"--catalog shared-prefix or all selects the shared-prefix cases)", file=sys.stderr)
         return 2
     if args.list:
         if args.json:
-            _print_json([{"name": c.name, "size": c.size, "policy": c.policy, "doc": c.doc} for c in cases])
+            _print_json([{"name": c.name, "size": c.size, "policy": c.policy, "doc": c.doc} for c in cases + sp_cases])
             return 0
-        for c in cases:
+        for c in cases + sp_cases:
             print(f"{c.name:<40} {c.size:<6} {c.policy:<10} {c.doc}")
         return 0
-    report = run_parity([known[n] for n in names], cases, progress=_progress_wanted(args))
+    backends = [known[n] for n in names]
+    report = run_parity(backends, cases, progress=_progress_wanted(args)) if cases else None
+    if sp_cases:
+        sp = run_shared_prefix_parity(backends, sp_cases)
+        report = sp if report is None else ParityReport(report.results + sp.results,
+                                                        {**report.unavailable, **sp.unavailable}, report.provenance)
     print(report.to_json() if args.json else report.to_markdown())
     for path in paths:
         try:
@@ -232,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--cases", default=None, help="filter: glob or substring of case names, comma-separated")
     pa.add_argument("--size", choices=("small", "full", "all"), default="small",
                     help="small (CI), full (long contexts, production heads) or all")
+    pa.add_argument("--catalog", choices=CATALOGS, default="decode",
+                    help="decode (the decode cases, default), shared-prefix (the shared-prefix cases, on every "
+                         "backend's shared-prefix route; a backend without one reports them unsupported) or all")
     pa.add_argument("--report", action="append",
                     help="write the report to FILE.md or FILE.json (repeatable); written atomically, never over "
                          "an existing file without --force; the path is checked before the run")

@@ -39,6 +39,19 @@ Semantics (FlashAttention's, converted to ``docs/conventions.md``):
   ``lse [B, Hq, Sq]`` float32, natural log. A row that sees no key gets ``out = 0`` and
   ``lse = -inf`` (FlashAttention 2 writes ``+inf`` there; both mean "empty", docs/state-formats.md).
 
+* ``common_prefix_len`` (vLLM's convention for its cascade attention, keyword only): the first
+  ``common_prefix_len`` tokens of every request are the same pages, ``block_table[0, :common_prefix_len
+  / page_block_size]``, at the start of every row of ``block_table``. ``0`` (default): nothing is
+  shared, the plain decode. Otherwise the shared-prefix route of the backend
+  (:mod:`splitkv_common.shared_prefix`: the prefix read once for all the batch's query rows, merged
+  exactly with each request's tail) where the planner takes it (``shared_prefix_mode``: ``auto``, the
+  default, ``on`` or ``off``; splitkv's own keyword): the same attention either way. Refused
+  (``ValueError`` naming ``common_prefix_len`` and the rule) unless: an int ``>= 0``, a multiple of the
+  page size (vLLM rounds it down so; splitkv does not guess), with ``block_table`` (a paged cache),
+  bottom-right causal rows (``causal=True``, or one query row per request), every request's query rows
+  after the prefix (``cache_seqlens + Sk - Sq >= common_prefix_len``), and every row of
+  ``block_table`` starting with the prefix's pages.
+
 Rotary embedding, ALiBi and ``cache_leftpad`` are refused with a clear error (apply rotary to q and
 k before the call). The call plans on the host (it reads ``cache_seqlens``): for decode loops and
 graphs use the backend's ``plan()``/``run()`` wrapper.
@@ -67,6 +80,31 @@ class Decode(Protocol):
 
     def __call__(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, scale: float,
                  soft_cap: float | None, window_left: int | None, policy: str): ...
+
+
+class SharedDecode(Protocol):
+    """One backend's shared-prefix decode: :class:`Decode`'s call with ``shared_prefix`` (a
+    :class:`~splitkv_common.shared_prefix.SharedPrefix`, already checked against the host block table)
+    and ``mode`` (the planner's ``auto``, ``on``, ``off``)."""
+
+    def __call__(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, shared_prefix, mode: str,
+                 scale: float, soft_cap: float | None, window_left: int | None, policy: str): ...
+
+
+def torch_shared_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, shared_prefix, mode, scale,
+                        soft_cap, window_left, policy):
+    """:class:`SharedDecode` with stock torch ops on q's device (``splitkv_common.shared_prefix_torch``)."""
+    from .shared_prefix import plan_shared_prefix
+    from .shared_prefix_torch import decode_attention
+
+    _, Hq, D = q.shape
+    P, page, Hkv, _ = k_cache.shape
+    splan = plan_shared_prefix(seq_lens.cpu().numpy(), query_start_loc.cpu().numpy(), shared_prefix,
+                               num_kv_heads=Hkv, page_size=page, num_q_heads=Hq, head_dim=D,
+                               kv_elem_bytes=k_cache.element_size(), device="cpu", policy=policy,
+                               window_left=window_left, block_table=block_table.cpu().numpy(), num_pages=P, mode=mode)
+    return decode_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, splan=splan, scale=scale,
+                            soft_cap=soft_cap, window_left=window_left, validate=False)
 
 
 def torch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, scale, soft_cap, window_left,
@@ -234,14 +272,35 @@ def _attend(decode, q, k_cache, v_cache, bt, total, left, right, *, scale, soft_
     return out, lse
 
 
-def make_flash_attn_with_kvcache(decode: Decode, where: str) -> Callable:
-    """FlashAttention's ``flash_attn_with_kvcache`` over ``decode`` (see the module docstring)."""
+def _check_common_prefix(common_prefix_len, shared_prefix_mode, block_table, Sq: int, right: int) -> int:
+    """``common_prefix_len`` as an int, or refused naming the argument and the rule (before any work)."""
+    from .shared_prefix import MODES
+
+    if not isinstance(common_prefix_len, (int, np.integer)) or isinstance(common_prefix_len, (bool, np.bool_)):
+        raise TypeError(f"common_prefix_len: must be an int (tokens every request shares), got "
+                        f"{type(common_prefix_len).__name__}")
+    if common_prefix_len < 0:
+        raise ValueError(f"common_prefix_len: must be >= 0 (0: nothing shared), got {common_prefix_len}")
+    if shared_prefix_mode not in MODES:
+        raise ValueError(f"shared_prefix_mode: must be one of {MODES}, got {shared_prefix_mode!r}")
+    if common_prefix_len and block_table is None:
+        raise ValueError("common_prefix_len: needs block_table (the shared tokens are pages every request's "
+                         "block-table row starts with); a contiguous cache shares none")
+    if common_prefix_len and Sq > 1 and right != 0:
+        raise ValueError(f"common_prefix_len: needs causal=True (or window_size[1] == 0) with {Sq} query rows per "
+                         f"request: the shared route computes bottom-right causal rows")
+    return int(common_prefix_len)
+
+
+def make_flash_attn_with_kvcache(decode: Decode, where: str, shared_decode: "SharedDecode | None" = None) -> Callable:
+    """FlashAttention's ``flash_attn_with_kvcache`` over ``decode`` (see the module docstring);
+    ``shared_decode``: the backend's shared-prefix route for ``common_prefix_len`` (None: refused)."""
 
     def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                                 cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                                 softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                                 rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                                return_softmax_lse=False):
+                                return_softmax_lse=False, *, common_prefix_len=0, shared_prefix_mode="auto"):
         _refuse(rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_leftpad=cache_leftpad, alibi_slopes=alibi_slopes)
         for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
             if not isinstance(x, torch.Tensor) or x.dim() != 4:
@@ -263,6 +322,11 @@ def make_flash_attn_with_kvcache(decode: Decode, where: str) -> Callable:
         left, right = _check_window(window_size)
         if causal:
             right = 0
+        prefix = _check_common_prefix(common_prefix_len, shared_prefix_mode, block_table, Sq, right)
+        if prefix and shared_decode is None:
+            raise ValueError(f"common_prefix_len: {where} has no shared-prefix route; pass 0")
+        if prefix:
+            right = 0   # one row per request (or causal): the row's keys end at its position either way
         policy = _policy(num_splits)
         # FlashAttention spells "no cap" softcap=0.0; the shared rule is None (docs/conventions.md)
         soft_cap = None if softcap is None or (_is_number(softcap) and softcap == 0) else softcap
@@ -291,6 +355,18 @@ def make_flash_attn_with_kvcache(decode: Decode, where: str) -> Callable:
             # token would be written to must lie in the cache, never index from its end
             src = bt if block_table is None else block_table  # before any int32 narrowing
             check_page_ids(src.cpu().numpy(), host_total.astype(np.int64), bt.shape[1], page, k_cache.shape[0])
+        shared = None
+        if prefix:
+            # before the write: the prefix precedes every query row and starts every block-table row
+            from .shared_prefix import SharedPrefix, check_shared_prefix
+
+            shared = SharedPrefix.from_common_prefix_len(prefix, B)
+            try:
+                check_shared_prefix(shared, host_total, np.arange(0, (B + 1) * Sq, Sq), page, bt.cpu().numpy(),
+                                    k_cache.shape[0])
+            except ValueError as e:
+                raise ValueError(f"common_prefix_len: {prefix} tokens (vLLM's convention: pages "
+                                 f"block_table[0, :{prefix // page}] start every row): {e}") from None
         if new:
             # all or nothing: every check of the write and of the decode that follows it runs before
             # the first byte is written, and a decode that still fails puts the old slots back
@@ -301,8 +377,14 @@ def make_flash_attn_with_kvcache(decode: Decode, where: str) -> Callable:
                               window_left=None if left < 0 else left)
         saved = _append(k_cache, v_cache, k, v, bt, page, lengths)
         try:
-            out, lse = _attend(decode, q, k_cache, v_cache, bt, total, left, right, scale=scale, soft_cap=soft_cap,
-                               policy=policy)
+            if shared is not None:
+                out, lse = shared_decode(q.reshape(B * Sq, Hq, D), k_cache, v_cache, bt, total.to(torch.int32),
+                                         torch.arange(0, (B + 1) * Sq, Sq, dtype=torch.int32, device=q.device),
+                                         shared_prefix=shared, mode=shared_prefix_mode, scale=scale,
+                                         soft_cap=soft_cap, window_left=None if left < 0 else left, policy=policy)
+            else:
+                out, lse = _attend(decode, q, k_cache, v_cache, bt, total, left, right, scale=scale,
+                                   soft_cap=soft_cap, policy=policy)
         except BaseException:
             _restore(k_cache, v_cache, saved)
             raise
@@ -317,4 +399,5 @@ def make_flash_attn_with_kvcache(decode: Decode, where: str) -> Callable:
     return flash_attn_with_kvcache
 
 
-flash_attn_with_kvcache = make_flash_attn_with_kvcache(torch_decode, "stock torch ops, on q's device")
+flash_attn_with_kvcache = make_flash_attn_with_kvcache(torch_decode, "stock torch ops, on q's device",
+                                                       torch_shared_decode)

@@ -337,6 +337,8 @@ def forward_decode(layer: LayerSpec, query: torch.Tensor, key_cache: torch.Tenso
     (``run(validate=False)``). The ``debug_checks`` setting adds the host checks of the page ids and
     lengths (``run(validate=True)``: device-to-host copies of the block table and offsets).
     The other routes (``triton``, ``torch``) take the step's lengths and offsets uploaded once per step.
+    With the ``shared_prefix`` setting on and ``common_prefix_len > 0`` in the metadata, the Ascend
+    route plans the step with its shared prefix instead (:mod:`splitkv_vllm.shared_prefix`).
     """
     from .dispatch import choose_impl, decode_attention
 
@@ -348,9 +350,15 @@ def forward_decode(layer: LayerSpec, query: torch.Tensor, key_cache: torch.Tenso
     o = output.view(-1, layer.num_heads, layer.head_size)[:n]
     impl = impl or choose_impl(query.device)
     if impl == "ascend":
+        from . import shared_prefix
+
         w = eager_wrapper(layer, q, key_cache)
         pages = (int(batch.block_table.shape[1]), int(key_cache.shape[0]))
-        if w.host_plan is not batch.plan or w._pages != pages:
+        mode = shared_prefix.shared_mode(layer, impl) if shared_prefix.common_prefix_len(meta) else None
+        if mode is not None and shared_prefix.plan_step(w, layer, batch, meta, key_cache, mode):
+            pass   # planned with the step's shared prefix (the route, or the plain plan the planner chose)
+        elif w.host_plan is not batch.plan or w._pages != pages or w.shared_prefix_plan is not None:
+            w._splitkv_shared_step = None
             w.set_plan(batch.plan, seq_lens=batch.host_seq_lens, scale=layer.scale, soft_cap=layer.soft_cap,
                        window_left=layer.window_left, max_pages=pages[0], num_pages=pages[1], validate=False)
         debug = settings.current().debug_checks

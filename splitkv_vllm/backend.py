@@ -42,7 +42,7 @@ import types
 import torch
 from vllm_ascend.attention import attention_v1 as _v1
 
-from . import adapter, graph, settings, stats
+from . import adapter, graph, settings, shared_prefix, stats
 from .log import logger, once
 
 _PARENT_BACKEND = _v1.AscendAttentionBackend
@@ -186,6 +186,9 @@ class SplitKVAscendMetadataBuilder(_PARENT_BUILDER):
         fast_build = kwargs.get("fast_build", args[2] if len(args) > 2 else False)
         if fast_build:
             return meta
+        # vLLM's build(common_prefix_len, common_attn_metadata, fast_build): kept for the eager step's
+        # shared-prefix route (splitkv_vllm.shared_prefix)
+        shared_prefix.record(meta, kwargs.get("common_prefix_len", args[0] if args else 0))
         ends = getattr(meta, "actual_seq_lengths_q", None)
         if ends and int(ends[-1]) in _graph_sizes(self):
             graph.refresh_graph_step(meta, self)

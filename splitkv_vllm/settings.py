@@ -33,6 +33,10 @@ untested_versions      SPLITKV_VLLM_UNTESTED_VERSIONS       false      route und
 debug_checks           SPLITKV_VLLM_DEBUG_CHECKS            false      eager steps: check page ids and lengths
                                                                        on the host (device-to-host copies of
                                                                        the block table per layer: debugging)
+shared_prefix          SPLITKV_VLLM_SHARED_PREFIX           off        eager steps whose metadata carries
+                                                                       common_prefix_len > 0: auto (the planner
+                                                                       decides), on, off (off by default until
+                                                                       measured on a node)
 =====================  ===================================  =========  ==========================================
 
 Every value is parsed once per configuration (:func:`current`): a malformed one (``policy=bogus``, a
@@ -52,6 +56,7 @@ from .log import once
 
 CONFIG_KEY = "splitkv"
 IMPLS = ("auto", "ascend", "triton", "torch")
+SHARED_PREFIX_MODES = ("auto", "on", "off")
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off", "")
 
@@ -73,6 +78,7 @@ class Settings:
     error_check_steps: int = 256
     debug_checks: bool = False
     untested_versions: bool = False
+    shared_prefix: str = "off"
 
 
 ENV = {
@@ -83,7 +89,7 @@ ENV = {
     "reserve_graph_memory": "SPLITKV_VLLM_RESERVE_GRAPH_MEMORY", "device_plan": "SPLITKV_VLLM_DEVICE_PLAN",
     "split_tokens": "SPLITKV_VLLM_SPLIT_TOKENS", "stats_dir": "SPLITKV_VLLM_STATS_DIR",
     "error_check_steps": "SPLITKV_VLLM_ERROR_CHECK_STEPS", "debug_checks": "SPLITKV_VLLM_DEBUG_CHECKS",
-    "untested_versions": "SPLITKV_VLLM_UNTESTED_VERSIONS",
+    "untested_versions": "SPLITKV_VLLM_UNTESTED_VERSIONS", "shared_prefix": "SPLITKV_VLLM_SHARED_PREFIX",
 }
 DEFAULTS = Settings()
 
@@ -115,6 +121,11 @@ def _parse(key: str, value, source: str):
     if key == "impl":
         text = str(value).strip().lower() or "auto"
         return text if text in IMPLS else _bad(source, key, value, f"expected one of {IMPLS}")
+    if key == "shared_prefix":
+        if isinstance(value, bool):   # additional_config {"shared_prefix": true}
+            return "on" if value else "off"
+        text = str(value).strip().lower() or default
+        return text if text in SHARED_PREFIX_MODES else _bad(source, key, value, f"expected one of {SHARED_PREFIX_MODES}")
     if key == "error_check_steps":   # 0: never
         try:
             v = int(str(value).strip())

@@ -198,9 +198,14 @@ CATALOG: list[Case] = _build_catalog()
 def catalog(sizes=("small",), pattern: str | None = None) -> list[Case]:
     """Cases of the given size tags (``('small',)``, ``('small', 'full')``), optionally filtered by a
     glob or substring ``pattern`` on the name (comma-separated alternatives)."""
+    return select_cases(CATALOG, sizes, pattern)
+
+
+def select_cases(cases, sizes=("small",), pattern: str | None = None) -> list:
+    """The ``cases`` of the given size tags whose names match ``pattern`` (as :func:`catalog`)."""
     if isinstance(sizes, str):
         sizes = ("small", "full") if sizes == "all" else (sizes,)
-    out = [c for c in CATALOG if c.size in sizes]
+    out = [c for c in cases if c.size in sizes]
     if pattern:
         pats = [p.strip() for p in pattern.split(",") if p.strip()]
         out = [c for c in out if any(fnmatch.fnmatch(c.name, p) or p in c.name for p in pats)]

@@ -48,6 +48,14 @@ constexpr uint32_t kDataCopyPadMaxPadBytes = 32;
 // (ascend910B1_ini.h), so a continuous mask is 1 .. 256 / sizeof(T) elements; the twin takes
 // repeatTimes as int32 so that a value the real uint8 parameter would silently wrap is caught).
 constexpr uint32_t kMaxRepeatTimes = 255;
+// Reduction repeat forms (WholeReduceSum / WholeReduceMax / BlockReduceSum / BlockReduceMax):
+// repeatTimes in [0, 255] (ASCENDC_CHECK_VALUE_RANGE in ascendc/basic_api/inner_interface/
+// inner_kernel_operator_vec_reduce_intf.cppm); the source repeat stride is a data-block count of the
+// repeat-parameter encoding, [0, 255] (the "repeatStride" general description of the API
+// reference); dstRepStride and srcBlkStride are passed to the CPU-debug checks as uint16_t
+// (CheckFunVecReduceOther / CheckFunVecReduceOtherWhl, ascendc/basic_api/impl/utils/kernel_check_vec.h).
+constexpr uint32_t kMaxReduceSrcRepStride = 255;
+constexpr uint32_t kMaxReduceStride16 = 65535;
 
 // ---- Cube unit (AIC).
 // Mmad: m, n, k are 12-bit fields, each in [0, 4095] (MmadParams table of the Mmad page;

@@ -8,8 +8,9 @@
 // "Ascend C API reference", hiascend.com, page ids atlasascendc_api_07_XXXX), and it turns the
 // documented constraints the type-check cannot see into errors (sim::Violation, rule names in []):
 //   [ub-capacity]   sum of TPipe::InitBuffer sizes (each rounded up to 32 B) <= 192 KiB
-//   [alignment]     UB operand start addresses 32-byte aligned (ReduceSum/ReduceMax dst: element
-//                   alignment); DataCopy lengths multiples of 32 bytes
+//   [alignment]     UB operand start addresses 32-byte aligned (ReduceSum/ReduceMax/WholeReduceSum
+//                   dst: element alignment, WholeReduceMax dst: two elements, BlockReduce dst: 16 /
+//                   32 bytes); DataCopy lengths multiples of 32 bytes
 //   [queue]         AllocTensor beyond the buffers given to InitBuffer, more than 8 outstanding
 //                   allocations on one TPosition, EnQue beyond the depth or of a tensor not
 //                   allocated from the queue, DeQue of an empty queue, FreeTensor of a tensor not

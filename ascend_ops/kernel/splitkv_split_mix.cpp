@@ -50,8 +50,8 @@ using namespace AscendC;
 namespace splitkv {
 
 constexpr uint16_t kFlagS = 1, kFlagP = 2, kFlagO = 3, kFlagZero = 4, kFlagQ = 5;
-constexpr int32_t kMaxVecRows = 64;
-constexpr int32_t kMaxRepeat = 255;   // repeatTimes of one vector instruction (MAX_REPEAT_TIMES)  // rows one vector core holds (host: rows padded <= 128)
+constexpr int32_t kMaxVecRows = 64;  // rows one vector core holds (host: rows padded <= 128)
+constexpr int32_t kMaxRepeat = 255;   // repeatTimes of one vector instruction (MAX_REPEAT_TIMES)
 // int8 KV (MSD): int8 rows per q row (~23 bits of q') and per P row (~15 bits of p); tiling.py
 // MIX_Q_STEPS / MIX_P_STEPS
 constexpr int32_t kQSteps = 3, kPSteps = 2;
@@ -1200,7 +1200,7 @@ private:
         const int32_t D = c_.D, G = c_.G;
         LocalTensor<float> acc = Acc(par);
         // the running state to the scalar unit (one round trip per item); NaN rule, 16-bit KV: a NaN
-        // / inf value row the row saw reached its accumulator (one sum per row); int8 values are
+        // / inf value row the row saw reached its accumulator (the rows' sums); int8 values are
         // finite (their scales: vBad_)
         if (nr > 0) {
             LocalTensor<float> red = red_.Get<float>();

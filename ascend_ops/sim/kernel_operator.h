@@ -1389,7 +1389,7 @@ inline void ReduceMax(const LocalTensor<T>& d, const LocalTensor<T>& s, const Lo
 //     r * dstRepStride units of 8 elements; dst 16-byte (half) / 32-byte (float) aligned. A block with
 //     no lane inside the mask is not written.
 // src 32-byte aligned; limits (sim_limits.h): repeatTimes <= 255, mask 1 .. 256 / sizeof(T), source
-// repeat stride <= 255 blocks, the other strides <= 65535.
+// repeat stride <= 255 blocks (an assumption), the other strides <= 65535.
 // ASSUMPTIONS (the reduction order and NaN handling of the units are not documented): a sum adds
 // lanes pairwise, a binary tree over the repeat's 64 (float) lanes or a block's 8, masked lanes as 0,
 // rounding to T at each step (ReduceSum's A2 order above); a maximum skips NaN lanes (std::fmax, as
@@ -1408,7 +1408,7 @@ inline void reduce_rep(const LocalTensor<T>& d, const LocalTensor<T>& s, int32_t
     sim::check_range("vec-param", api, "repeatTimes", u(repeatTimes), 0, sim::limits::kMaxRepeatTimes, kRep);
     sim::check_range("vec-param", api, "mask (continuous)", u(mask), 1, uint64_t(perRep), "ONE_REP_BYTE_SIZE / sizeof(T)");
     sim::check_range("vec-param", api, "srcRepStride", u(srcRepStride), 0, sim::limits::kMaxReduceSrcRepStride,
-                     "repeatStride, 8-bit block count");
+                     "ASSUMPTION: the 8-bit repeat stride of the other repeat forms (sim_limits.h)");
     sim::check_range("vec-param", api, "srcBlkStride", u(srcBlkStride), 0, sim::limits::kMaxReduceStride16,
                      "uint16_t, kernel_check_vec.h");
     sim::check_range("vec-param", api, "dstRepStride", u(dstRepStride), 0, sim::limits::kMaxReduceStride16,

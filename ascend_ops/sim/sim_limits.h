@@ -50,10 +50,13 @@ constexpr uint32_t kDataCopyPadMaxPadBytes = 32;
 constexpr uint32_t kMaxRepeatTimes = 255;
 // Reduction repeat forms (WholeReduceSum / WholeReduceMax / BlockReduceSum / BlockReduceMax):
 // repeatTimes in [0, 255] (ASCENDC_CHECK_VALUE_RANGE in ascendc/basic_api/inner_interface/
-// inner_kernel_operator_vec_reduce_intf.cppm); the source repeat stride is a data-block count of the
-// repeat-parameter encoding, [0, 255] (the "repeatStride" general description of the API
-// reference); dstRepStride and srcBlkStride are passed to the CPU-debug checks as uint16_t
-// (CheckFunVecReduceOther / CheckFunVecReduceOtherWhl, ascendc/basic_api/impl/utils/kernel_check_vec.h).
+// inner_kernel_operator_vec_reduce_intf.cppm); dstRepStride and srcBlkStride are uint16_t in the
+// CPU-debug checks (CheckFunVecReduceOther / CheckFunVecReduceOtherWhl,
+// ascendc/basic_api/impl/utils/kernel_check_vec.h) and in the vcadd / vcmax / vcbmax prototypes
+// (<toolkit>/tools/tikicpulib/lib/include/stub_fun.h). srcRepStride is uint16_t there too;
+// ASSUMPTION: the twin holds it to the 8-bit range of the other repeat forms' repeat strides
+// (uint8_t in UnaryRepeatParams / BinaryRepeatParams), stricter than the prototype, as no page
+// states the reduction's own field width.
 constexpr uint32_t kMaxReduceSrcRepStride = 255;
 constexpr uint32_t kMaxReduceStride16 = 65535;
 

@@ -171,8 +171,11 @@ class VecWork:
     """Vector-core work, from the twin's counters of the kernel (per vector core, its rows).
 
     Per exchange step: ``ins`` instructions, ``drains`` pipe drains (barriers and count-mode
-    reductions), ``v_to_s`` V -> S round trips, plus ``repeats_per_token`` 256-byte repeats per KV
-    token of the step; per item the same fields prefixed ``item_`` (start and finish)."""
+    ``ReduceSum`` / ``ReduceMax``, each of which waits for its own result; the repeat-form
+    ``BlockReduce`` / ``WholeReduce`` that reduce all of a tile's rows at once are plain instructions,
+    their levels' barriers counted as barriers), ``v_to_s`` V -> S round trips, plus
+    ``repeats_per_token`` 256-byte repeats per KV token of the step; per item the same fields
+    prefixed ``item_`` (start and finish)."""
 
     ins: float
     drains: float

@@ -51,6 +51,7 @@ namespace splitkv {
 
 constexpr uint16_t kFlagS = 1, kFlagP = 2, kFlagO = 3, kFlagZero = 4, kFlagQ = 5;
 constexpr int32_t kMaxVecRows = 64;  // rows one vector core holds (host: rows padded <= 128)
+constexpr int32_t kMaxRepeat = 255;   // repeatTimes of one vector instruction (MAX_REPEAT_TIMES)
 // int8 KV (MSD): int8 rows per q row (~23 bits of q') and per P row (~15 bits of p); tiling.py
 // MIX_Q_STEPS / MIX_P_STEPS
 constexpr int32_t kQSteps = 3, kPSteps = 2;
@@ -688,9 +689,7 @@ private:
             PipeBarrier<PIPE_V>();
             Max(tmp, tmp, qf, cnt);
             PipeBarrier<PIPE_V>();
-            for (int32_t r = 0; r < nr; r++) {
-                ReduceMax(red[2 * r], tmp[r * D], work, D);
-            }
+            RowsReduce<true>(red, tmp, e, nr, D);  // e: free until the q steps below
             WaitFor<HardEvent::V_S>();
             vBad_ = !IsFinite(red.GetValue(RHP_));
             float mul[kMaxVecRows];
@@ -733,9 +732,7 @@ private:
                 Mul(tmp[r * D], rec[r * D], kvq[D], D);
             }
             PipeBarrier<PIPE_V>();
-            for (int32_t r = 0; r < nr; r++) {
-                ReduceSum(red[2 * r], tmp[r * D], work, D);
-            }
+            RowsReduce<false>(red, tmp, e, nr, D);  // e: read for the last time above
             WaitFor<HardEvent::V_MTE3>();
             for (int32_t i = 0; i < kQSteps; i++) {
                 DataCopy(qxGm_[(uint64_t(i) * M + r0) * D], qx[i * cnt], uint32_t(cnt));
@@ -792,6 +789,72 @@ private:
         return blk_.Get<float>()[(which + (which < kItemBlocks ? par * kItemBlocks : 0)) * RHP_ * 8];
     }
     __aicore__ inline LocalTensor<float> Acc(int32_t par) { return acc_.Get<float>()[par * RH_ * c_.D]; }
+
+    // Row reductions of a tile: each of `nr` rows of n floats, packed at pitch n (row r at src[r n]),
+    // summed (kMax: its maximum) into dst[2 r] (the pitch-2 slots Brcb spreads), in a number of
+    // vector instructions that does not grow with nr. While a row holds more than 64 values,
+    // BlockReduceSum / BlockReduceMax over the whole tile (repeats walk it contiguously, one value per
+    // 32-byte block: a row of m values becomes m / 8, still whole blocks when m is a multiple of 64)
+    // into tmp (at most n nr 9 / 64 floats), then one WholeReduceSum / WholeReduceMax with a repeat
+    // per row (source repeat stride: the row pitch in blocks). A row width that does not stay whole
+    // blocks (m > 64 not a multiple of 64 at some level: an item's last, partial tile, or a head dim
+    // such as 80), or more rows than one instruction repeats, takes one count-mode ReduceSum /
+    // ReduceMax per row instead (each waits for its own result); so do nr rows when nr is no more
+    // than the levels (each level ends with a PipeBarrier, one drain, as a row's ReduceSum is, and the
+    // levels take one instruction more). The caller orders src's writes
+    // before (PipeBarrier) and reads dst after a PipeBarrier or a V -> S wait.
+    template <bool kMax>
+    __aicore__ inline void RowsReduce(const LocalTensor<float>& dst, const LocalTensor<float>& src,
+                                      const LocalTensor<float>& tmp, int32_t nr, int32_t n) {
+        int32_t m = n, levels = 0;
+        bool block = nr <= kMaxRepeat && n % 8 == 0;
+        while (block && m > 64) {
+            block = m % 64 == 0;
+            m /= 8;
+            levels++;
+        }
+        if (!block || nr <= levels) {  // (nr <= levels: as few drains per row, and fewer instructions)
+            LocalTensor<float> work = work_.Get<float>();
+            for (int32_t r = 0; r < nr; r++) {
+                if constexpr (kMax) {
+                    ReduceMax(dst[2 * r], src[r * n], work, n);
+                } else {
+                    ReduceSum(dst[2 * r], src[r * n], work, n);
+                }
+            }
+            return;
+        }
+        // levels: src -> tmp[0] -> tmp[half] -> tmp[0] ..., each output an eighth of its input
+        const int32_t half = nr * n / 8;
+        LocalTensor<float> in = src;
+        int32_t cnt = nr * n, at = 0;
+        for (int32_t l = 0; l < levels; l++) {
+            LocalTensor<float> out = tmp[at];
+            const int32_t reps = cnt / 64;
+            for (int32_t k = 0; k < reps; k += kMaxRepeat) {
+                const int32_t rk = Min(kMaxRepeat, reps - k);
+                if constexpr (kMax) {
+                    BlockReduceMax(out[k * 8], in[k * 64], rk, 64, 1, 1, 8);
+                } else {
+                    BlockReduceSum(out[k * 8], in[k * 64], rk, 64, 1, 1, 8);
+                }
+            }
+            PipeBarrier<PIPE_V>();
+            in = out;
+            cnt /= 8;
+            at = at == 0 ? half : 0;
+        }
+        if constexpr (kMax) {
+            WholeReduceMax(dst, in, m, nr, 2, 1, m / 8, ReduceOrder::ORDER_ONLY_VALUE);
+        } else {
+            WholeReduceSum(dst, in, m, nr, 2, 1, m / 8);
+        }
+    }
+    // Scratch of the softmax's row reductions: the P buffer (16-bit KV: free once the previous tile's
+    // P copy-out has read it, MTE3 -> V), for int8 KV the P residual buffer (vector work only).
+    __aicore__ inline LocalTensor<float> SoftmaxRedTmp() {
+        return c_.quant ? pf_.Get<float>() : p_.Get<C>().template ReinterpretCast<float>();
+    }
 
     // row[0, n) op= the 32-byte block `b` (a row's value broadcast): Sub or Mul, in at most two
     // instructions (whole 64-element repeats, then the tail), n a multiple of 8
@@ -954,23 +1017,20 @@ private:
         // iff a score it sees is (q or K held NaN / inf); the sums are read with the row maxima
         // below. int8 KV needs no check per tile: integer products are finite, and a row whose q,
         // K scale or K offset is not finite is known from PrepQ (rowBad_, its scores 0).
-        LocalTensor<float> red = red_.Get<float>(), work = work_.Get<float>();
+        LocalTensor<float> red = red_.Get<float>(), rt = SoftmaxRedTmp();
         if (!c_.quant) {
+            WaitFor<HardEvent::MTE3_V>();  // the previous tile's P copy-out has read p (rt below)
             Mask(it, s, r0, nr, p0, n, n16, 0.0f);
-            for (int32_t r = 0; r < nr; r++) {
-                ReduceSum(red[RHP_ + 2 * r], s[r * n16], work, n16);
-            }
+            RowsReduce<false>(red[RHP_], s, rt, nr, n16);
         }
         if (c_.t.softCap > 0.0f) {
             SoftCap(s, cnt);
         }
         Mask(it, s, r0, nr, p0, n, n16, kNegInf);
-        // row max (one instruction per row); the running max, alpha, l and lr as vectors of row
-        // blocks (no round trip to the scalar unit per tile): m_new = max(m, rowmax),
+        // the rows' maxima (RowsReduce: all rows at once); the running max, alpha, l and lr as vectors
+        // of row blocks (no round trip to the scalar unit per tile): m_new = max(m, rowmax),
         // alpha = exp(m - m_new), s - m_new by each row's block
-        for (int32_t r = 0; r < nr; r++) {
-            ReduceMax(red[2 * r], s[r * n16], work, n16);
-        }
+        RowsReduce<true>(red, s, rt, nr, n16);
         const int32_t bn = 16 * nr;  // the rows' blocks, row r at block 2 r
         const uint8_t brep = static_cast<uint8_t>(CeilDiv(2 * nr, 8));
         LocalTensor<float> mOld = Blk(kM + cur_[par], par), mNew = Blk(kM + 1 - cur_[par], par);
@@ -989,9 +1049,7 @@ private:
         Exp(s, s, cnt);  // masked columns: exp(-inf) = 0
         PipeBarrier<PIPE_V>();
         cur_[par] = 1 - cur_[par];
-        for (int32_t r = 0; r < nr; r++) {
-            ReduceSum(red[2 * r], s[r * n16], work, n16);
-        }
+        RowsReduce<false>(red, s, rt, nr, n16);
         LocalTensor<C> p = p_.Get<C>();
         if constexpr (sizeof(C) == 1) {
             // int8 KV: x = 127 p in [0, 127], x_0 = rint(x), x_1 = rint(254 (x - x_0)); lr sums
@@ -1017,17 +1075,15 @@ private:
             Axpy(e, e[cnt], kInvStep, cnt);
             PipeBarrier<PIPE_V>();
             Cast(p[cnt], h[cnt], RoundMode::CAST_NONE, uint32_t(cnt));
-            for (int32_t r = 0; r < nr; r++) {
-                ReduceSum(red[RHP_ + 2 * r], e[r * n16], work, n16);
-            }
+            RowsReduce<false>(red[RHP_], e, f, nr, n16);  // f: read for the last time above
             WaitFor<HardEvent::V_MTE3>();
             for (int32_t i = 0; i < kPSteps; i++) {
                 DataCopy(pGm_[(gTile % 2) * c_.PR * TT + (uint64_t(i) * M + r0) * TT], p[i * cnt],
                          DataCopyParams(static_cast<uint16_t>(nr), static_cast<uint16_t>(n16 / 32), 0,
                                         static_cast<uint16_t>((TT - n16) / 32)));
             }
-        } else {
-            WaitFor<HardEvent::MTE3_V>();  // the previous tile's P copy-out has read p
+        } else {  // the previous tile's P copy-out has read p: waited before the reductions above (a
+                  // V write after the sums' V reads of p is in order)
             if constexpr (!IsSameType<C, half>::value) {
                 Cast(p, s, RoundMode::CAST_RINT, uint32_t(cnt));
             } else {
@@ -1144,16 +1200,14 @@ private:
         const int32_t D = c_.D, G = c_.G;
         LocalTensor<float> acc = Acc(par);
         // the running state to the scalar unit (one round trip per item); NaN rule, 16-bit KV: a NaN
-        // / inf value row the row saw reached its accumulator (one sum per row); int8 values are
+        // / inf value row the row saw reached its accumulator (the rows' sums); int8 values are
         // finite (their scales: vBad_)
         if (nr > 0) {
-            LocalTensor<float> red = red_.Get<float>(), work = work_.Get<float>();
+            LocalTensor<float> red = red_.Get<float>();
             LocalTensor<float> mB = Blk(kM + cur_[par], par), lB = Blk(kL, par), lrB = Blk(kLR, par);
             PipeBarrier<PIPE_V>();  // acc's and the blocks' last writes
-            if (!c_.quant) {
-                for (int32_t r = 0; r < nr; r++) {
-                    ReduceSum(red[RHP_ + 2 * r], acc[r * D], work, D);
-                }
+            if (!c_.quant) {  // scratch: o (the last update has read it)
+                RowsReduce<false>(red[RHP_], acc, o_.Get<float>(), nr, D);
             }
             WaitFor<HardEvent::V_S>();
             for (int32_t r = 0; r < nr; r++) {

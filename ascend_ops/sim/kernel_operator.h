@@ -8,8 +8,9 @@
 // "Ascend C API reference", hiascend.com, page ids atlasascendc_api_07_XXXX), and it turns the
 // documented constraints the type-check cannot see into errors (sim::Violation, rule names in []):
 //   [ub-capacity]   sum of TPipe::InitBuffer sizes (each rounded up to 32 B) <= 192 KiB
-//   [alignment]     UB operand start addresses 32-byte aligned (ReduceSum/ReduceMax dst: element
-//                   alignment); DataCopy lengths multiples of 32 bytes
+//   [alignment]     UB operand start addresses 32-byte aligned (ReduceSum/ReduceMax/WholeReduceSum
+//                   dst: element alignment, WholeReduceMax dst: two elements, BlockReduce dst: 16 /
+//                   32 bytes); DataCopy lengths multiples of 32 bytes
 //   [queue]         AllocTensor beyond the buffers given to InitBuffer, more than 8 outstanding
 //                   allocations on one TPosition, EnQue beyond the depth or of a tensor not
 //                   allocated from the queue, DeQue of an empty queue, FreeTensor of a tensor not
@@ -61,6 +62,9 @@
 //   AllocTensor       .../CANNCommunityEdition/81RC1alpha002/apiref/ascendcopapi/atlasascendc_api_07_0138.html
 //   ReduceSum         .../CANNCommunityEdition/81RC1alpha002/apiref/ascendcopapi/atlasascendc_api_07_0078.html
 //   ReduceMax         .../canncommercial/850/API/ascendcopapi/atlasascendc_api_07_0075.html
+//   WholeReduceSum    .../canncommercial/800/apiref/ascendcopapi/atlasascendc_api_07_0081.html
+//   WholeReduceMax    .../canncommercial/800/apiref/ascendcopapi/atlasascendc_api_07_0079.html
+//   BlockReduceMax    .../canncommercial/800/apiref/ascendcopapi/atlasascendc_api_07_0082.html
 //   Axpy              .../canncommercial/800/apiref/ascendcopapi/atlasascendc_api_07_0063.html
 //   Cast              .../canncommercial/900/API/ascendcopapi/atlasascendc_api_07_0073.html
 //   (prefix https://www.hiascend.com/document/detail/zh/). The element-wise APIs (Add, Sub, Mul,
@@ -1368,6 +1372,155 @@ inline void ReduceMax(const LocalTensor<T>& d, const LocalTensor<T>& s, const Lo
     detail::st(d, 0, m);
     detail::done(ins, d, 1);
     detail::done(ins, work, 2 * reps);
+}
+
+
+// Reduction repeat forms, "mask continuous" prototypes (kernel_operator_vec_reduce_intf.h), one
+// instruction each on pipe V (vcadd / vcmax / vcbadd / vcbmax: no wait for their own result, unlike
+// the count-mode ReduceSum / ReduceMax above). Repeat r reads the first `mask` elements of 8 data
+// blocks, block b at (r * srcRepStride + b * srcBlkStride) 32-byte blocks from src.
+//   WholeReduceSum: one sum per repeat, at dst + r * dstRepStride elements (the unit is one repeat's
+//     result: sizeof(T)); dst element-aligned (2 B half, 4 B float).
+//   WholeReduceMax: one maximum per repeat; ORDER_VALUE_INDEX writes (value, index) and
+//     ORDER_INDEX_VALUE (index, value), a unit of 2 elements; ORDER_ONLY_VALUE the value, a unit of
+//     one element. The index is the lane (0 .. mask - 1) inside the repeat, its integer bits stored in
+//     the element slot. dst 4-byte (half) / 8-byte (float) aligned. ORDER_ONLY_INDEX is not emulated.
+//   BlockReduceSum / BlockReduceMax: one result per data block, the 8 results of repeat r at dst +
+//     r * dstRepStride units of 8 elements; dst 16-byte (half) / 32-byte (float) aligned. A block with
+//     no lane inside the mask is not written.
+// src 32-byte aligned; limits (sim_limits.h): repeatTimes <= 255, mask 1 .. 256 / sizeof(T), source
+// repeat stride <= 255 blocks (an assumption), the other strides <= 65535.
+// ASSUMPTIONS (the reduction order and NaN handling of the units are not documented): a sum adds
+// lanes pairwise, a binary tree over the repeat's 64 (float) lanes or a block's 8, masked lanes as 0,
+// rounding to T at each step (ReduceSum's A2 order above); a maximum skips NaN lanes (std::fmax, as
+// ReduceMax above); index ties go to the lowest lane.
+enum class ReduceOrder : uint8_t { ORDER_VALUE_INDEX = 0, ORDER_INDEX_VALUE, ORDER_ONLY_VALUE, ORDER_ONLY_INDEX };
+namespace detail {
+enum class RedKind { WholeSum, WholeMax, BlockSum, BlockMax };
+template <typename T>
+inline void reduce_rep(const LocalTensor<T>& d, const LocalTensor<T>& s, int32_t mask, int32_t repeatTimes,
+                       int32_t dstRepStride, int32_t srcBlkStride, int32_t srcRepStride, RedKind kind,
+                       ReduceOrder order, const char* api, const sim::Loc& loc) {
+    static_assert(std::is_same<T, float>::value || std::is_same<T, half>::value, "reductions: half / float");
+    const int32_t perRep = int32_t(sim::limits::kRepeatBytes / sizeof(T)), perBlk = 32 / int32_t(sizeof(T));
+    auto u = [](int32_t v) { return v < 0 ? ~0ull : uint64_t(v); };
+    const char* kRep = "ASCENDC_CHECK_VALUE_RANGE, inner_kernel_operator_vec_reduce_intf.cppm";
+    sim::check_range("vec-param", api, "repeatTimes", u(repeatTimes), 0, sim::limits::kMaxRepeatTimes, kRep);
+    sim::check_range("vec-param", api, "mask (continuous)", u(mask), 1, uint64_t(perRep), "ONE_REP_BYTE_SIZE / sizeof(T)");
+    sim::check_range("vec-param", api, "srcRepStride", u(srcRepStride), 0, sim::limits::kMaxReduceSrcRepStride,
+                     "ASSUMPTION: the 8-bit repeat stride of the other repeat forms (sim_limits.h)");
+    sim::check_range("vec-param", api, "srcBlkStride", u(srcBlkStride), 0, sim::limits::kMaxReduceStride16,
+                     "uint16_t, kernel_check_vec.h");
+    sim::check_range("vec-param", api, "dstRepStride", u(dstRepStride), 0, sim::limits::kMaxReduceStride16,
+                     "uint16_t, kernel_check_vec.h");
+    if (kind == RedKind::WholeMax && order == ReduceOrder::ORDER_ONLY_INDEX)
+        sim::fail("bounds", "twin: WholeReduceMax ORDER_ONLY_INDEX not emulated");
+    const bool whole = kind == RedKind::WholeSum || kind == RedKind::WholeMax;
+    const bool isMax = kind == RedKind::WholeMax || kind == RedKind::BlockMax;
+    const bool pair = kind == RedKind::WholeMax && order != ReduceOrder::ORDER_ONLY_VALUE;
+    const uint32_t dAlign = kind == RedKind::WholeSum ? sizeof(T)
+                          : kind == RedKind::WholeMax ? 2 * sizeof(T) : 8 * sizeof(T);
+    d.ub_only(api); s.ub_only(api);
+    sim::check_align(d.addr_, dAlign, api, "destination");
+    sim::check_align(s.addr_, 32, api, "source");
+    sim::Ins ins = sim::issue(sim::P_V, api, loc);
+    const uint64_t unit = whole ? (pair ? 2 : 1) : 8;  // dst elements per dstRepStride step
+    std::vector<std::pair<uint64_t, T>> res;              // all reads before any write, as one instruction
+    auto sum_tree = [](std::vector<float> v) {           // pairwise, rounding to T
+        for (size_t w = v.size(); w > 1; w /= 2)
+            for (size_t i = 0; i < w / 2; i++) v[i] = float(T(v[2 * i] + v[2 * i + 1]));
+        return v[0];
+    };
+    for (int32_t r = 0; r < repeatTimes; r++) {
+        std::vector<float> lane(perRep, 0.0f);
+        std::vector<bool> on(perRep, false);
+        for (int32_t e = 0; e < mask; e++) {
+            const uint64_t si = (uint64_t(r) * uint64_t(srcRepStride) + uint64_t(e / perBlk) * uint64_t(srcBlkStride)) *
+                                    uint64_t(perBlk) + uint64_t(e % perBlk);
+            s.need(si + 1, api);
+            sim::check_written(s.addr_ + uint32_t(si * sizeof(T)), sizeof(T), api);
+            sim::ub_read(ins, s.addr_ + uint32_t(si * sizeof(T)), sizeof(T));
+            lane[e] = detail::ld(s, uint32_t(si));
+            on[e] = true;
+        }
+        const uint64_t d0 = uint64_t(r) * uint64_t(dstRepStride) * unit;
+        if (whole) {
+            if (!isMax) {
+                res.emplace_back(d0, T(sum_tree(lane)));
+                continue;
+            }
+            int32_t at = 0;
+            float m = lane[0];
+            for (int32_t e = 1; e < mask; e++)
+                if (lane[e] > m || (m != m && lane[e] == lane[e])) m = lane[e], at = e;  // fmax; ties: lowest lane
+            if (!pair) {
+                res.emplace_back(d0, T(m));
+                continue;
+            }
+            T idx;
+            std::memset(&idx, 0, sizeof(T));
+            const uint32_t bits = uint32_t(at);
+            std::memcpy(&idx, &bits, sizeof(T) < 4 ? sizeof(T) : 4);  // little-endian low bytes
+            const bool vi = order == ReduceOrder::ORDER_VALUE_INDEX;
+            res.emplace_back(d0 + (vi ? 0 : 1), T(m));
+            res.emplace_back(d0 + (vi ? 1 : 0), idx);
+            continue;
+        }
+        for (int32_t b = 0; b < perRep / perBlk; b++) {
+            if (!on[b * perBlk]) continue;  // no lane of this block inside the mask
+            std::vector<float> blk(lane.begin() + b * perBlk, lane.begin() + (b + 1) * perBlk);
+            float v;
+            if (isMax) {
+                v = blk[0];
+                for (int32_t e = 1; e < perBlk && on[b * perBlk + e]; e++) v = std::fmax(v, blk[e]);
+            } else {
+                v = sum_tree(blk);
+            }
+            res.emplace_back(d0 + uint64_t(b), T(v));
+        }
+    }
+    for (const auto& x : res) {
+        d.need(x.first + 1, api);
+        d.put(x.first, x.second);
+        sim::ub_write(ins, d.addr_ + uint32_t(x.first * sizeof(T)), sizeof(T));
+        sim::mark(d.addr_ + uint32_t(x.first * sizeof(T)), sizeof(T));
+    }
+    sim::Stats& st = sim::core().st;
+    st.vecElems += uint64_t(repeatTimes) * uint64_t(mask);
+    st.vecRepeats += uint64_t(repeatTimes);
+}
+}  // namespace detail
+template <typename T, bool isSetMask = true>
+inline void WholeReduceSum(const LocalTensor<T>& d, const LocalTensor<T>& s, const int32_t mask, const int32_t repeatTimes,
+                           const int32_t dstRepStride, const int32_t srcBlkStride, const int32_t srcRepStride,
+                           sim::Loc loc = {}) {
+    static_assert(isSetMask, "twin: only the mask set by the call is emulated");
+    detail::reduce_rep(d, s, mask, repeatTimes, dstRepStride, srcBlkStride, srcRepStride, detail::RedKind::WholeSum,
+                       ReduceOrder::ORDER_ONLY_VALUE, "WholeReduceSum", loc);
+}
+template <typename T, bool isSetMask = true>
+inline void WholeReduceMax(const LocalTensor<T>& d, const LocalTensor<T>& s, const int32_t mask, const int32_t repeatTimes,
+                           const int32_t dstRepStride, const int32_t srcBlkStride, const int32_t srcRepStride,
+                           ReduceOrder order = ReduceOrder::ORDER_VALUE_INDEX, sim::Loc loc = {}) {
+    static_assert(isSetMask, "twin: only the mask set by the call is emulated");
+    detail::reduce_rep(d, s, mask, repeatTimes, dstRepStride, srcBlkStride, srcRepStride, detail::RedKind::WholeMax,
+                       order, "WholeReduceMax", loc);
+}
+template <typename T, bool isSetMask = true>
+inline void BlockReduceSum(const LocalTensor<T>& d, const LocalTensor<T>& s, const int32_t repeatTimes, const int32_t mask,
+                           const int32_t dstRepStride, const int32_t srcBlkStride, const int32_t srcRepStride,
+                           sim::Loc loc = {}) {
+    static_assert(isSetMask, "twin: only the mask set by the call is emulated");
+    detail::reduce_rep(d, s, mask, repeatTimes, dstRepStride, srcBlkStride, srcRepStride, detail::RedKind::BlockSum,
+                       ReduceOrder::ORDER_ONLY_VALUE, "BlockReduceSum", loc);
+}
+template <typename T, bool isSetMask = true>
+inline void BlockReduceMax(const LocalTensor<T>& d, const LocalTensor<T>& s, const int32_t repeatTimes, const int32_t mask,
+                           const int32_t dstRepStride, const int32_t srcBlkStride, const int32_t srcRepStride,
+                           sim::Loc loc = {}) {
+    static_assert(isSetMask, "twin: only the mask set by the call is emulated");
+    detail::reduce_rep(d, s, mask, repeatTimes, dstRepStride, srcBlkStride, srcRepStride, detail::RedKind::BlockMax,
+                       ReduceOrder::ORDER_ONLY_VALUE, "BlockReduceMax", loc);
 }
 
 }  // namespace AscendC

@@ -48,6 +48,17 @@ constexpr uint32_t kDataCopyPadMaxPadBytes = 32;
 // (ascend910B1_ini.h), so a continuous mask is 1 .. 256 / sizeof(T) elements; the twin takes
 // repeatTimes as int32 so that a value the real uint8 parameter would silently wrap is caught).
 constexpr uint32_t kMaxRepeatTimes = 255;
+// Reduction repeat forms (WholeReduceSum / WholeReduceMax / BlockReduceSum / BlockReduceMax):
+// repeatTimes in [0, 255] (ASCENDC_CHECK_VALUE_RANGE in ascendc/basic_api/inner_interface/
+// inner_kernel_operator_vec_reduce_intf.cppm); dstRepStride and srcBlkStride are uint16_t in the
+// CPU-debug checks (CheckFunVecReduceOther / CheckFunVecReduceOtherWhl,
+// ascendc/basic_api/impl/utils/kernel_check_vec.h) and in the vcadd / vcmax / vcbmax prototypes
+// (<toolkit>/tools/tikicpulib/lib/include/stub_fun.h). srcRepStride is uint16_t there too;
+// ASSUMPTION: the twin holds it to the 8-bit range of the other repeat forms' repeat strides
+// (uint8_t in UnaryRepeatParams / BinaryRepeatParams), stricter than the prototype, as no page
+// states the reduction's own field width.
+constexpr uint32_t kMaxReduceSrcRepStride = 255;
+constexpr uint32_t kMaxReduceStride16 = 65535;
 
 // ---- Cube unit (AIC).
 // Mmad: m, n, k are 12-bit fields, each in [0, 4095] (MmadParams table of the Mmad page;

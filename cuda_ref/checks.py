@@ -4,8 +4,11 @@
   ``docs/conventions.md``; the message names the argument and the rule).
 * :func:`check_launch`: the metadata of a launch (ranks, shapes, dtypes, devices, strides): no
   device memory is read, so no host sync; safe inside a CUDA graph capture.
+* :func:`tensor_guard`: one call's tensors' metadata (type, shape, strides, dtype, device), to
+  compare a later call's with in one step (torch's C ``TensorGuards`` where it passes a self-test,
+  else Python): ``DecodeWrapper.check`` keeps the last call that passed this way.
 * :class:`SignatureCache`: remembers the signatures (shapes, strides, dtypes, devices, scalars) that
-  passed, so a repeated call costs one tuple and one dict lookup.
+  passed, so a repeated call past that guard costs one tuple and one set lookup.
 * :func:`check_plan`: a plan's internal consistency through the shared ``Plan.validate`` (vectorised
   NumPy, host only): every work item's request, KV head, split and range, every row's partial slots
   inside the workspace.
@@ -98,6 +101,11 @@ def _py_guard(*tensors):
         except (AttributeError, TypeError):
             return False
     return same
+
+
+def tensor_guard_kind() -> str:
+    """Which :func:`tensor_guard` is used by default: ``"torch"`` (the C one) or ``"python"``."""
+    return "torch" if _C_GUARD is not None else "python"
 
 
 def tensor_guard(*tensors, native: bool | None = None):

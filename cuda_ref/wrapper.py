@@ -13,8 +13,10 @@ so ``run()`` can be captured in a CUDA graph once and replayed while the lengths
     seq_lens.copy_(new_lens); w.plan(new_lens_host); g.replay()
 
 Safety: ``run()`` checks every call's metadata (shapes, strides, dtypes, devices, scalars; no host
-sync, so also while a graph is captured), cached per signature so a repeated shape costs a dict
-lookup. Values it cannot see without a sync are made harmless in the kernels: a block-table entry
+sync, so also while a graph is captured); a call whose tensors' metadata, scalars and plan sizes
+equal those of the last call that passed costs one guard (:func:`cuda_ref.checks.tensor_guard`: one
+C call for all the tensors where torch has it, about 0.5 µs), any other signature that passed a set
+lookup (:meth:`DecodeWrapper.check`). Values it cannot see without a sync are made harmless in the kernels: a block-table entry
 outside ``[0, num_pages)`` reads as an absent page and is counted in a small device-side error
 buffer; :meth:`DecodeWrapper.check_errors` (a host sync) raises on it; ``wrapper.debug = True`` (or
 ``SPLITKV_DEBUG=1``) calls it after every eager ``run()``. ``set_plan()`` checks the plan against

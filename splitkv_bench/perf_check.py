@@ -273,7 +273,7 @@ def check_path_us(w, q, k, v, bt, seq, qsl) -> dict:
     args = (q, k, v, bt, seq, qsl)
     n_views = 64
     views = [tuple(t[:] for t in args) for _ in range(n_views)]
-    r = dict(guard="torch" if C._C_GUARD is not None else "python")
+    r = dict(guard=C.tensor_guard_kind())
     w.forget_checks()
     w.check(*args)
     r["check_us"] = _host_us(lambda: w.check(*args))

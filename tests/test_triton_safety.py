@@ -390,7 +390,7 @@ def test_checks_run_once_per_signature(clean, monkeypatch):
 
 # -- check()'s guard: the last call that passed ------------------------------------------------------
 
-GUARDS = ["torch", "python"] if checks._C_GUARD is not None else ["python"]
+GUARDS = ["torch", "python"] if checks.tensor_guard_kind() == "torch" else ["python"]
 
 
 @pytest.fixture(params=GUARDS)

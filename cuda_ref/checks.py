@@ -113,13 +113,14 @@ def tensor_guard(*tensors, native: bool | None = None):
     ``tensors``, each of the same Python type, shape, strides, dtype and device as its counterpart
     (so every :func:`tensor_signature` is equal). May also say False for others that pass that (the
     C check compares ``requires_grad`` and the dispatch keys too, which ``torch.inference_mode``
-    changes, and newer versions refuse one tensor given twice): the caller then checks the slow way. One C call where torch has a working
+    changes): the caller then checks the slow way. The C check says False for one tensor object given
+    twice, so ``tensors`` with a repeated object get the Python one by default. One C call where torch has a working
     ``TensorGuards`` (about 0.5 µs for six tensors; :func:`_c_tensor_guards`), else the Python
     comparison of each tensor's metadata. ``native``: True / False to ask for one (True where the C
     one is missing: ``ValueError``); None: the C one where available. Holds no reference to the
     tensors."""
-    if native is None:
-        native = _C_GUARD is not None
+    if native is None:   # the C one refuses a tensor given twice (k_cache is v_cache): Python then
+        native = _C_GUARD is not None and len({id(t) for t in tensors}) == len(tensors)
     if native:
         if _C_GUARD is None:
             raise ValueError("native: torch's TensorGuards is not available (or SPLITKV_TENSOR_GUARDS=0)")

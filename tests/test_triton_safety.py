@@ -395,11 +395,11 @@ GUARDS = ["torch", "python"] if checks.tensor_guard_kind() == "torch" else ["pyt
 
 @pytest.fixture(params=GUARDS)
 def guarded(request, monkeypatch):
-    """A fresh wrapper whose check() guard is torch's C one or the Python one, its inputs, and the
-    calls that went past the guard (``_check_signature``)."""
-    native = request.param == "torch"
-    real_guard = checks.tensor_guard
-    monkeypatch.setattr("cuda_ref.wrapper.tensor_guard", lambda *ts: real_guard(*ts, native=native))
+    """A fresh wrapper whose check() guard is the default one (torch's C one where it works) or the
+    Python one, its inputs, and the calls that went past the guard (``_check_signature``)."""
+    if request.param == "python":
+        real_guard = checks.tensor_guard
+        monkeypatch.setattr("cuda_ref.wrapper.tensor_guard", lambda *ts: real_guard(*ts, native=False))
     inp = _inputs()
     w = _wrapper(inp)
     x = to_torch(inp, DEVICE)
@@ -504,6 +504,14 @@ def test_int8_scales_are_guarded_with_the_rest(monkeypatch):
         _check(w, x, k_scale=_transposed_head_dim(x["k_scale"]), v_scale=_transposed_head_dim(x["v_scale"]),
                k_offset=_transposed_head_dim(x["k_offset"]), v_offset=_transposed_head_dim(x["v_offset"]))
     assert _check(w, x) == key
+
+
+def test_one_cache_for_k_and_v_takes_the_guard(guarded):
+    w, x, past = guarded
+    x = dict(x, v_cache=x["k_cache"])
+    key = _check(w, x)
+    assert _check(w, dict(x, q=x["q"][:])) == key
+    assert len(past) == 1
 
 
 def test_tensor_guard_compares_type_shape_strides_dtype_and_device():

@@ -4,8 +4,11 @@
   ``docs/conventions.md``; the message names the argument and the rule).
 * :func:`check_launch`: the metadata of a launch (ranks, shapes, dtypes, devices, strides): no
   device memory is read, so no host sync; safe inside a CUDA graph capture.
+* :func:`tensor_guard`: one call's tensors' metadata (type, shape, strides, dtype, device), to
+  compare a later call's with in one step (torch's C ``TensorGuards`` where it passes a self-test,
+  else Python): ``DecodeWrapper.check`` keeps the last call that passed this way.
 * :class:`SignatureCache`: remembers the signatures (shapes, strides, dtypes, devices, scalars) that
-  passed, so a repeated call costs one tuple and one dict lookup.
+  passed, so a repeated call past that guard costs one tuple and one set lookup.
 * :func:`check_plan`: a plan's internal consistency through the shared ``Plan.validate`` (vectorised
   NumPy, host only): every work item's request, KV head, split and range, every row's partial slots
   inside the workspace.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 
 import numpy as np
 import torch
@@ -56,6 +60,72 @@ def check_scalars(scale, soft_cap, window_left) -> None:
 def tensor_signature(x):
     """What the checks of a tensor depend on: ``(shape, strides, dtype, device)`` (None for None)."""
     return None if x is None else (x.shape, x.stride(), x.dtype, x.device)
+
+
+def _c_tensor_guards():
+    """torch's C check of tensors' metadata (``torch._C._dynamo.guards.TensorGuards``, the one behind
+    ``torch.compile``'s guards), or None where it is missing, refuses its arguments, or fails the
+    self-test below (a private API: its behaviour is checked here, not assumed). It records, per
+    tensor, the Python type, the dispatch key set (which carries the device type), dtype, device
+    index, ``requires_grad``, sizes and strides; ``check(*tensors)`` is True only if every one is
+    equal. ``SPLITKV_TENSOR_GUARDS=0`` leaves it unused (:func:`tensor_guard` falls back to Python)."""
+    if os.environ.get("SPLITKV_TENSOR_GUARDS", "") == "0":
+        return None
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+        a, b = torch.empty(2, 3), torch.empty(2, 3)
+
+        def guard(*ts):   # both keywords always given (a call without them crashes some versions)
+            return TensorGuards(*ts, dynamic_dims_sizes=None, dynamic_dims_strides=None).check
+
+        same = guard(a, b)
+        ok = same(a, b) and same(b[:], a.view(2, 3)) and not any(same(a, x) for x in (
+            a.t(), torch.empty(2, 4)[:, :3], torch.empty(2, 3, 1), torch.empty(2, 3, dtype=torch.float64),
+            torch.empty(2, 3, device="meta"), torch.empty(2, 3).requires_grad_()))
+        return guard if ok and guard(a)(a) is True else None
+    except Exception:  # noqa: BLE001 - any failure: the Python comparison instead
+        return None
+
+
+_C_GUARD = _c_tensor_guards()
+
+
+def _py_guard(*tensors):
+    """:func:`tensor_guard` in Python: each tensor's type, shape, strides, dtype and device, compared
+    as one flat tuple."""
+    want = [(type(t), t.shape, t.stride(), t.dtype, t.device) for t in tensors]
+
+    def same(*ts) -> bool:
+        try:
+            return [(type(t), t.shape, t.stride(), t.dtype, t.device) for t in ts] == want
+        except (AttributeError, TypeError):
+            return False
+    return same
+
+
+def tensor_guard_kind() -> str:
+    """Which :func:`tensor_guard` is used by default: ``"torch"`` (the C one) or ``"python"``."""
+    return "torch" if _C_GUARD is not None else "python"
+
+
+def tensor_guard(*tensors, native: bool | None = None):
+    """A function ``same(*others) -> bool``: True only if ``others`` are as many tensors as
+    ``tensors``, each of the same Python type, shape, strides, dtype and device as its counterpart
+    (so every :func:`tensor_signature` is equal). May also say False for others that pass that (the
+    C check compares ``requires_grad`` and the dispatch keys too, which ``torch.inference_mode``
+    changes): the caller then checks the slow way. The C check says False for one tensor object given
+    twice, so ``tensors`` with a repeated object get the Python one by default. One C call where torch has a working
+    ``TensorGuards`` (about 0.5 µs for six tensors; :func:`_c_tensor_guards`), else the Python
+    comparison of each tensor's metadata. ``native``: True / False to ask for one (True where the C
+    one is missing: ``ValueError``); None: the C one where available. Holds no reference to the
+    tensors."""
+    if native is None:   # the C one refuses a tensor given twice (k_cache is v_cache): Python then
+        native = _C_GUARD is not None and len({id(t) for t in tensors}) == len(tensors)
+    if native:
+        if _C_GUARD is None:
+            raise ValueError("native: torch's TensorGuards is not available (or SPLITKV_TENSOR_GUARDS=0)")
+        return _C_GUARD(*tensors)
+    return _py_guard(*tensors)
 
 
 def _any_batch(sig):

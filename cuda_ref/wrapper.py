@@ -13,8 +13,10 @@ so ``run()`` can be captured in a CUDA graph once and replayed while the lengths
     seq_lens.copy_(new_lens); w.plan(new_lens_host); g.replay()
 
 Safety: ``run()`` checks every call's metadata (shapes, strides, dtypes, devices, scalars; no host
-sync, so also while a graph is captured), cached per signature so a repeated shape costs a dict
-lookup. Values it cannot see without a sync are made harmless in the kernels: a block-table entry
+sync, so also while a graph is captured); a call whose tensors' metadata, scalars and plan sizes
+equal those of the last call that passed costs one guard (:func:`cuda_ref.checks.tensor_guard`: one
+C call for all the tensors where torch has it, about 0.5 µs), any other signature that passed a set
+lookup (:meth:`DecodeWrapper.check`). Values it cannot see without a sync are made harmless in the kernels: a block-table entry
 outside ``[0, num_pages)`` reads as an absent page and is counted in a small device-side error
 buffer; :meth:`DecodeWrapper.check_errors` (a host sync) raises on it; ``wrapper.debug = True`` (or
 ``SPLITKV_DEBUG=1``) calls it after every eager ``run()``. ``set_plan()`` checks the plan against
@@ -52,7 +54,7 @@ from splitkv_common.validation import check_decode_args, check_gqa, check_wrappe
 
 from . import INTERPRET
 from .checks import ERROR_SLOTS, SignatureCache, any_batch_key, check_launch, check_plan, check_scalars, describe_errors
-from .checks import tensor_signature
+from .checks import tensor_guard, tensor_signature
 from .checks import plan_pages as plan_page_count
 from .configs import KernelConfig, packed_limit
 from .driver_launch import event_query_address
@@ -534,14 +536,73 @@ class DecodeWrapper(PlannedWrapper, ThreadOwner):
               k_scale=None, v_scale=None, k_offset=None, v_offset=None, *, scale=None, soft_cap=None,
               window_left=None):
         """Metadata checks (no host sync): ranks, shapes, strides, dtypes, devices, scalars, and the
-        plan against the batch. A signature (each tensor's shape, strides, dtype and device, the
+        plan against the batch. Returns the call's signature (each tensor's shape, strides, dtype and
+        device, the plan's batch and rows, the scalars with their types; None when it is not
+        hashable).
+
+        The last call that passed is remembered as one guard over its tensors'
+        metadata (:func:`~cuda_ref.checks.tensor_guard`: one C call where torch has it), its scalars
+        and the plan's sizes: a call that matches it (the same shapes, strides, dtypes and devices,
+        the same scalars, a plan of the same batch and rows; new tensor objects are fine, as for each
+        layer of a model) passed every rule that call did, and costs that guard plus one comparison
+        of the block table's width with the pages the plan reads (which a new plan of the same
+        batch may change). Otherwise :meth:`_check_signature`: a signature that passed before costs
+        one set lookup, one whose batch sizes alone are new a second lookup and a comparison of
+        those sizes; anything else runs every check."""
+        last = self._last_call
+        if last is not None:
+            same, sc, cap, win, sig, cols, key, opt, scalars = last
+            if opt is None:
+                ok = k_scale is None and v_scale is None and k_offset is None and v_offset is None and \
+                    same(q, k_cache, v_cache, block_table, seq_lens, query_start_loc)
+            else:   # int8: the same scales and offsets given (guarded with the rest)
+                ok = (k_scale is None, v_scale is None, k_offset is None, v_offset is None) == opt and \
+                    same(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
+                         *[x for x in (k_scale, v_scale, k_offset, v_offset) if x is not None])
+            # scalars: the same objects (stored only when int, float or None: immutable), else equal with
+            # equal types (the signature's rule); the plan's (requests, rows)
+            if ok and (scale is sc and soft_cap is cap and window_left is win or
+                       (type(scale), scale, type(soft_cap), soft_cap, type(window_left), window_left) == scalars) \
+                    and self._plan_sig == sig:
+                if self._plan_pages > cols:
+                    self._check_plan_pages(block_table)   # raises
+                return key
+        key = self._check_signature(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale,
+                                    k_offset, v_offset, scale, soft_cap, window_left)
+        self._remember_call(key, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale,
+                            k_offset, v_offset, scale, soft_cap, window_left)
+        return key
+
+    def _remember_call(self, key, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale,
+                       k_offset, v_offset, scale, soft_cap, window_left) -> None:
+        """A call that passed :meth:`_check_signature` becomes :meth:`check`'s guard (not one whose
+        signature is not hashable: those always take the full checks)."""
+        if key is None:
+            self._last_call = None
+            return
+        opt = (k_scale is None, v_scale is None, k_offset is None, v_offset is None)
+        extra = [x for x in (k_scale, v_scale, k_offset, v_offset) if x is not None]
+        try:
+            same = tensor_guard(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *extra)
+        except TypeError:   # not all torch tensors (a look-alike that matched a signature): no guard
+            self._last_call = None
+            return
+
+        def kept(x):   # compared by identity only where that implies the value
+            return x if x is None or type(x) in (int, float) else object()
+        self._last_call = (same, kept(scale), kept(soft_cap), kept(window_left), self._plan_sig,
+                           block_table.shape[1], key, None if not extra else opt,
+                           (type(scale), scale, type(soft_cap), soft_cap, type(window_left), window_left))
+
+    def _check_signature(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale,
+                         k_offset, v_offset, scale, soft_cap, window_left):
+        """:meth:`check` past its guard: a signature (each tensor's shape, strides, dtype and device, the
         scalars, the plan's batch and rows) that passed once is remembered: repeating it costs one
-        lookup, and the block table's width against the pages the plan reads (which a new plan of the
-        same batch may change) one comparison. A batch of another size whose signature without the
-        batch's sizes passed (:func:`~cuda_ref.checks.any_batch_key`) costs a second lookup and a
-        comparison of those sizes with each other and with the plan. Returns that signature (None
-        when it is not hashable)."""
-        s = tensor_signature  # spelled out: this runs on every call (about 20 attribute reads and one set lookup)
+        lookup, and the block table's width against the pages the plan reads one comparison. A batch
+        of another size whose signature without the batch's sizes passed
+        (:func:`~cuda_ref.checks.any_batch_key`) costs a second lookup and a comparison of those
+        sizes with each other and with the plan. Otherwise every check runs."""
+        s = tensor_signature
         try:
             key = (s(q), s(k_cache), s(v_cache), s(block_table), s(seq_lens), s(query_start_loc), s(k_scale),
                    s(v_scale), s(k_offset), s(v_offset), self._plan_sig, type(scale), scale, type(soft_cap), soft_cap,
@@ -581,6 +642,7 @@ class DecodeWrapper(PlannedWrapper, ThreadOwner):
         """Forget every signature that passed (the next call runs all the metadata checks again)."""
         self._checked = SignatureCache()
         self._checked_any_batch = SignatureCache()
+        self._last_call = None   # check()'s guard: the last call that passed (_remember_call)
 
     def _batch_fits(self, q, block_table, seq_lens, query_start_loc) -> bool:
         """The batch's sizes agree with each other and with the plan (what :meth:`check`'s signature

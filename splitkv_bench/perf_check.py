@@ -24,7 +24,13 @@ that parameter no longer launch from the current ``launch.py``.)
 kernels' bounds masks (the default) and without them (``launch.KERNEL_BOUNDS = False``, the
 previous kernel), the host time of ``run()``'s metadata checks on a repeated signature (the cached
 path) and uncached, and eager ``run()`` against an eager launch with no checks at all; each cost as
-a percentage of the default graph's decode time (target: at most 1 %).
+a percentage of the default graph's decode time (target: at most 1 %); ``DIR/overhead.md`` the
+tables. Each point also times the host check path by part on its tensors (:func:`check_path_us`:
+the guard of the last call, new views of the same tensors, the Python guard, the signature path,
+uncached), and again on CPU tensors of the same shapes; ``--overhead POINTS --cpu`` times only those
+(no GPU needed):
+
+    python -m splitkv_bench perf-check --out DIR --overhead B1x16k,B64x2k --cpu
 
 ``--eager`` writes ``DIR/eager.json`` and ``DIR/eager.md``: per point, eager ``DecodeWrapper.run()``
 with the launch fast path (``cuda_ref.fast_launch``) on and off (``SPLITKV_FAST_LAUNCH``, a fresh
@@ -224,6 +230,8 @@ def overhead(names, timer):
             w.forget_checks()
             w.check(q, k, v, bt, seq, qsl)
         r["host_checks_uncached_us"] = _host_us(uncached, 300)
+        r["check_path"] = check_path_us(w, q, k, v, bt, seq, qsl)
+        w.check(q, k, v, bt, seq, qsl)
         b = w._buffers
 
         def bare():  # what run() launches, without any check
@@ -244,6 +252,119 @@ def overhead(names, timer):
         del q, k, v, bt, seq, w, w_u
         torch.cuda.empty_cache()
     return out
+
+
+def check_path_us(w, q, k, v, bt, seq, qsl) -> dict:
+    """Host µs of ``w.check()`` (``run()``'s metadata checks) on this call's tensors, by path and part
+    (:meth:`DecodeWrapper.check`; median of 5 rounds, :func:`_host_us`):
+
+    * ``check_us``: a repeated call (the default path: the guard of the last call that passed);
+    * ``check_new_views_us``: new tensor objects of the same metadata each call (one model's layers;
+      with the loop picking them, ``check_new_views_loop_us`` alone);
+    * ``check_python_guard_us``: the same as ``check_us`` with the Python guard (where torch's C one is
+      missing or ``SPLITKV_TENSOR_GUARDS=0``);
+    * ``guard_us`` / ``python_guard_us``: the tensor guard alone (:func:`cuda_ref.checks.tensor_guard`);
+    * ``signature_us``: the path past the guard for a signature that passed before (building it, one
+      set lookup: the per-call path before the guard);
+    * ``uncached_us``: every check (the first call of a signature).
+    ``guard``: which guard the default path took ("torch" or "python")."""
+    from cuda_ref import checks as C
+    from cuda_ref import wrapper as W
+    args = (q, k, v, bt, seq, qsl)
+    n_views = 64
+    views = [tuple(t[:] for t in args) for _ in range(n_views)]
+    r = dict(guard=C.tensor_guard_kind())
+    w.forget_checks()
+    w.check(*args)
+    _host_us(lambda: w.check(*args))   # warm-up (the first point's first timing ran high without it)
+    r["check_us"] = _host_us(lambda: w.check(*args))
+    it = [0]
+
+    def layers():
+        i = it[0] = (it[0] + 1) % n_views
+        w.check(*views[i])
+    r["check_new_views_us"] = _host_us(layers)
+    r["check_new_views_loop_us"] = _host_us(lambda: (it.__setitem__(0, (it[0] + 1) % n_views), views[it[0]]))
+    g = C.tensor_guard(*args)
+    r["guard_us"] = _host_us(lambda: g(*args))
+    g = C.tensor_guard(*args, native=False)
+    r["python_guard_us"] = _host_us(lambda: g(*args))
+    real = W.tensor_guard
+    W.tensor_guard = lambda *ts: real(*ts, native=False)
+    try:
+        w.forget_checks()
+        w.check(*args)
+        r["check_python_guard_us"] = _host_us(lambda: w.check(*args))
+    finally:
+        W.tensor_guard = real
+        w.forget_checks()
+    w.check(*args)
+    sig = w._check_signature
+    r["signature_us"] = _host_us(lambda: sig(*args, None, None, None, None, None, None, None))
+
+    def uncached():
+        w.forget_checks()
+        w.check(*args)
+    r["uncached_us"] = _host_us(uncached, 300)
+    w.forget_checks()
+    return r
+
+
+def cpu_check_path(names, page=PAGE) -> list:
+    """:func:`check_path_us` at each point with CPU tensors (the decode's shapes: bf16, Hq 32, Hkv 8,
+    D 128, ``page`` tokens a page; no GPU needed, nothing launched): the host side of the checks alone."""
+    out = []
+    for name in names.split(","):
+        B, ctx = POINTS[name]
+        pages = -(-ctx // page)
+        q = torch.empty(B, 32, 128, dtype=torch.bfloat16)
+        k = torch.empty(B * pages, page, 8, 128, dtype=torch.bfloat16)
+        v = torch.empty_like(k)
+        bt = torch.arange(B * pages, dtype=torch.int32).view(B, pages)
+        seq = torch.full((B,), ctx, dtype=torch.int32)
+        qsl = torch.arange(B + 1, dtype=torch.int32)
+        w = DecodeWrapper(32, 8, 128, page, dtype=torch.bfloat16, device="cpu")
+        w.plan(seq.numpy())
+        r = dict(point=name, B=B, ctx=ctx, page=page, **check_path_us(w, q, k, v, bt, seq, qsl))
+        print(f"{name} (CPU tensors): check {r['check_us']:.2f} us ({r['guard']} guard {r['guard_us']:.2f}), new views "
+              f"{r['check_new_views_us']:.2f}, Python guard {r['check_python_guard_us']:.2f}, signature path "
+              f"{r['signature_us']:.2f}, uncached {r['uncached_us']:.1f}", flush=True)
+        out.append(r)
+    return out
+
+
+CHECK_PATH_COLUMNS = [("check_us", "check() µs"), ("check_new_views_us", "new views µs"),
+                      ("guard_us", "guard alone µs"), ("check_python_guard_us", "check() with the Python guard µs"),
+                      ("python_guard_us", "Python guard alone µs"), ("signature_us", "signature path µs"),
+                      ("uncached_us", "uncached µs")]
+
+
+def overhead_summary(res) -> str:
+    """The Markdown of ``--overhead``: the decode and the checks' costs per point (GPU), and the host
+    check path by part (:func:`check_path_us`)."""
+    lines = provenance_markdown(res["provenance"]) if "provenance" in res else []
+    lines += [f"{res.get('gpu', 'CPU only')}, torch {res['torch']}, {res['date']}; the cost of the always-on "
+              "checks (target: at most 1 % of the decode)", ""]
+    gpu = [r for r in res["points"] if "graph_us" in r]
+    if gpu:
+        lines += ["| point | graph µs | no kernel bounds µs | host checks µs (cached) | % of the graph | "
+                  "uncached µs | eager run µs | bare launch µs |", "|---|---|---|---|---|---|---|---|"]
+        for r in gpu:
+            lines.append(f"| {r['point']} | {r['graph_us']:.2f} | {r['graph_unbounded_kernel_us']:.2f} | "
+                         f"{r['host_checks_cached_us']:.2f} | {r['pct']['host_checks_cached']:.2f} | "
+                         f"{r['host_checks_uncached_us']:.1f} | {r['eager_run_us']:.1f} | "
+                         f"{r['eager_bare_launch_us']:.1f} |")
+        lines.append("")
+    rows = [(r["point"] + (" (GPU tensors)" if "graph_us" in r else " (CPU tensors)"), r.get("check_path", r))
+            for r in res["points"] + res.get("cpu_points", [])]
+    rows = [(n, c) for n, c in rows if c and "check_us" in c]
+    if rows:
+        lines += ["Host check path by part (`splitkv_bench.perf_check.check_path_us`; median of 5 rounds):", "",
+                  "| point | guard | " + " | ".join(t for _, t in CHECK_PATH_COLUMNS) + " |",
+                  "|---|---|" + "---|" * len(CHECK_PATH_COLUMNS)]
+        for n, c in rows:
+            lines.append(f"| {n} | {c['guard']} | " + " | ".join(f"{c[k]:.2f}" for k, _ in CHECK_PATH_COLUMNS) + " |")
+    return "\n".join(lines)
 
 
 def _idle_host_us(fn, n=200, warmup=20) -> float:
@@ -509,6 +630,8 @@ def main(argv=None):
     ap.add_argument("--eager-once", default=None, metavar="POINTS")
     ap.add_argument("--overhead", default=None, metavar="POINTS",
                     help="the cost of the safety checks at these points (e.g. B1x16k,B64x2k): DIR/overhead.json")
+    ap.add_argument("--cpu", action="store_true",
+                    help="with --overhead: only the host check path, on CPU tensors (no GPU needed)")
     ap.add_argument("--eager", default=None, metavar="POINTS",
                     help="eager run() with the launch fast path on / off at these points: DIR/eager.json, eager.md")
     ap.add_argument("--variants", default=None, help="comma-separated variant names to time (default: all)")
@@ -529,14 +652,20 @@ def main(argv=None):
                    new_batches=eager_new_batches())
         print(save_outputs(a.out, "eager", res, eager_summary(res), default=str))
         return 0
+    if a.overhead and a.cpu:
+        res = dict(provenance=provenance(), torch=torch.__version__,
+                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), points=[],
+                   cpu_points=cpu_check_path(a.overhead))
+        print(save_outputs(a.out, "overhead", res, overhead_summary(res)))
+        return 0
     if a.overhead:
         timer = Timer(a.iters, flush=a.flush.split(",")[0])
         res = dict(provenance=provenance(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                    triton=importlib.import_module("triton").__version__, flush=timer.flush_mode,
                    kernels_from=a.kernels_from and os.path.basename(a.kernels_from),
                    date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), points=overhead(a.overhead, timer))
-        with open(os.path.join(a.out, "overhead.json"), "w") as f:
-            json.dump(res, f, indent=1)
+        res["cpu_points"] = cpu_check_path(a.overhead)
+        print(save_outputs(a.out, "overhead", res, overhead_summary(res)))
         return 0
     timers = {fl: Timer(a.iters, flush=fl) for fl in a.flush.split(",")}
     res = dict(provenance=provenance(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,

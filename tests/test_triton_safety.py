@@ -388,6 +388,143 @@ def test_checks_run_once_per_signature(clean, monkeypatch):
         w.run(**dict(x, seq_lens=_strided(x, "seq_lens")))
 
 
+# -- check()'s guard: the last call that passed ------------------------------------------------------
+
+GUARDS = ["torch", "python"] if checks.tensor_guard_kind() == "torch" else ["python"]
+
+
+@pytest.fixture(params=GUARDS)
+def guarded(request, monkeypatch):
+    """A fresh wrapper whose check() guard is the default one (torch's C one where it works) or the
+    Python one, its inputs, and the calls that went past the guard (``_check_signature``)."""
+    if request.param == "python":
+        real_guard = checks.tensor_guard
+        monkeypatch.setattr("cuda_ref.wrapper.tensor_guard", lambda *ts: real_guard(*ts, native=False))
+    inp = _inputs()
+    w = _wrapper(inp)
+    x = to_torch(inp, DEVICE)
+    past = []
+    real = w._check_signature
+    w._check_signature = lambda *a: (past.append(1), real(*a))[1]
+    return w, x, past
+
+
+def _check(w, x, **kw):
+    x = dict(x, **kw)
+    scalars = {n: x.pop(n) for n in ("scale", "soft_cap", "window_left") if n in x}
+    return w.check(x["q"], x["k_cache"], x["v_cache"], x["block_table"], x["seq_lens"], x["query_start_loc"],
+                   x.get("k_scale"), x.get("v_scale"), x.get("k_offset"), x.get("v_offset"), **scalars)
+
+
+def test_new_tensor_objects_of_the_same_metadata_take_the_guard(guarded):
+    w, x, past = guarded
+    key = _check(w, x)
+    for _ in range(3):   # a model's layers: new views (or new tensors) of the same shapes each call
+        assert _check(w, {n: t[:] if t is not None else None for n, t in x.items()}) == key
+    assert _check(w, {n: t.clone() if t is not None else None for n, t in x.items()}) == key
+    assert len(past) == 1
+    _check(w, x, soft_cap=5.0)   # other scalars: past the guard, then guarded in turn
+    _check(w, x, soft_cap=float("5"))
+    assert len(past) == 2
+
+
+def _transposed_head_dim(t):   # the same shape, the head-dim axis not contiguous
+    return t.transpose(0, -1).contiguous().transpose(0, -1)
+
+
+@pytest.mark.parametrize("change, error, msg", [
+    (lambda x: dict(seq_lens=_strided(x, "seq_lens")), ValueError, "stride 1"),
+    (lambda x: dict(block_table=_strided(x, "block_table")), ValueError, "stride 1"),
+    (lambda x: dict(q=_transposed_head_dim(x["q"])), ValueError, "stride 1"),
+    (lambda x: dict(v_cache=_transposed_head_dim(x["v_cache"])), ValueError, "v_cache"),
+    (lambda x: dict(q=x["q"].double()), TypeError, "q"),
+    (lambda x: dict(seq_lens=x["seq_lens"].long()), TypeError, "seq_lens"),
+    (lambda x: dict(k_cache=x["k_cache"].to("meta")), ValueError, "k_cache"),
+    (lambda x: dict(block_table=x["block_table"][:, :3]), ValueError, "plan: reads 5 pages"),
+    (lambda x: dict(query_start_loc=x["query_start_loc"][:-1]), ValueError, "query_start_loc"),
+    (lambda x: dict(k_scale=torch.ones(2)), ValueError, "k_scale"),
+    (lambda x: dict(scale=-0.5), ValueError, "scale"),
+    (lambda x: dict(window_left=True), ValueError, "window_left"),
+], ids=["strided-seq_lens", "strided-block_table", "q-head-dim", "v-strides", "q-dtype", "seq_lens-dtype",
+        "k-device", "narrow-block_table", "qsl-shape", "scale-without-int8", "negative-scale", "bool-window"])
+def test_a_call_unlike_the_last_one_is_checked_again(guarded, change, error, msg):
+    w, x, past = guarded
+    _check(w, x, scale=0.5, window_left=1)
+    _check(w, x, scale=0.5, window_left=1)
+    assert len(past) == 1
+    bad = change(x)
+    kw = dict(dict(scale=0.5, window_left=1), **bad)
+    with pytest.raises(error, match=msg):
+        _check(w, x, **kw)
+    with pytest.raises(error, match=msg):   # not remembered
+        _check(w, x, **kw)
+    _check(w, x, scale=0.5, window_left=1)
+
+
+def test_a_new_plan_reading_more_pages_is_checked_against_the_guarded_block_table(guarded):
+    w, x, past = guarded
+    inp = _inputs()
+    _check(w, x)
+    w.plan(np.minimum(inp.seq_lens, 8), query_start_loc=inp.query_start_loc)   # reads 2 pages: the same batch
+    narrow = x["block_table"][:, :2].contiguous()
+    _check(w, x, block_table=narrow)
+    _check(w, x, block_table=narrow)
+    w.plan(inp.seq_lens, query_start_loc=inp.query_start_loc)   # 5 pages: the guarded call's table is too narrow
+    with pytest.raises(ValueError, match="plan: reads 5 pages"):
+        _check(w, x, block_table=narrow)
+
+
+def test_the_guard_follows_torch_modes(guarded):
+    w, x, past = guarded
+    key = _check(w, x)
+    with torch.inference_mode():
+        assert _check(w, x) == key
+        assert _check(w, x) == key
+    with torch.no_grad():
+        assert _check(w, x) == key
+    with pytest.raises(ValueError, match="stride 1"):
+        with torch.inference_mode():
+            _check(w, x, seq_lens=_strided(x, "seq_lens"))
+
+
+def test_int8_scales_are_guarded_with_the_rest(monkeypatch):
+    inp = _inputs(kv_quant="channel", kv_offset=True)
+    T, Hq, D = inp.q.shape
+    _, page, Hkv, _ = inp.k_cache.shape
+    w = DecodeWrapper(Hq, Hkv, D, page, dtype=inp.dtype, kv_dtype="int8", device=DEVICE, policy="size:8")
+    w.plan(inp.seq_lens, query_start_loc=inp.query_start_loc)
+    x = to_torch(inp, DEVICE)
+    key = _check(w, x)
+    assert _check(w, {n: t[:] for n, t in x.items()}) == key
+    with pytest.raises(ValueError, match="k_offset, v_offset: give both or neither"):
+        _check(w, x, v_offset=None)
+    with pytest.raises(ValueError, match="k_scale"):
+        _check(w, x, k_scale=x["k_scale"][:, :1].contiguous())
+    with pytest.raises(ValueError, match="channel axis"):
+        _check(w, x, k_scale=_transposed_head_dim(x["k_scale"]), v_scale=_transposed_head_dim(x["v_scale"]),
+               k_offset=_transposed_head_dim(x["k_offset"]), v_offset=_transposed_head_dim(x["v_offset"]))
+    assert _check(w, x) == key
+
+
+def test_one_cache_for_k_and_v_takes_the_guard(guarded):
+    w, x, past = guarded
+    x = dict(x, v_cache=x["k_cache"])
+    key = _check(w, x)
+    assert _check(w, dict(x, q=x["q"][:])) == key
+    assert len(past) == 1
+
+
+def test_tensor_guard_compares_type_shape_strides_dtype_and_device():
+    a = torch.empty(2, 3)
+    for native in [n == "torch" for n in GUARDS]:
+        same = checks.tensor_guard(a, torch.empty(4), native=native)
+        assert same(torch.empty(2, 3), torch.empty(4)) and same(a[:], torch.empty(8)[:4])
+        for other in (a.t(), torch.empty(2, 4)[:, :3], torch.empty(2, 3, 1), a.double(), a.to("meta"),
+                      torch.nn.Parameter(a), None, 3):
+            assert not same(other, torch.empty(4))
+        assert not same(a, torch.empty(8)[::2])
+
+
 # -- plans --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("field,index,value,msg", [

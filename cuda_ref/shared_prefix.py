@@ -38,6 +38,7 @@ from .kernels import _dequant, _load_kv_scales, _pv, _seen_values, _split_state,
 from .launch import PlanUploader, launch_decode, launch_merge
 
 PREFIX_BLOCK_N = 64
+PREFIX_NUM_STAGES = 2
 
 
 @triton.jit
@@ -385,7 +386,7 @@ class SharedPrefixWrapper:
             SOFT_CAP=soft_cap is not None, HAS_WINDOW=window_left is not None,
             DOT_IEEE=q.dtype == torch.float32 or kv_int8, UPCAST=INTERPRET,
             SCALE_PER_CHANNEL=k_scale is not None and k_scale.dim() == 2,
-            num_warps=4 if self.block_m <= 64 else 8, num_stages=2)
+            num_warps=4 if self.block_m <= 64 else 8, num_stages=PREFIX_NUM_STAGES)
 
 
 def decode_with_common_prefix(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, common_prefix_len: int,

@@ -262,10 +262,13 @@ def probe_fixpipe(L, s: Settings, results: dict) -> dict:
     rt = _us_per_iter(_need([r for r in records(buf, 3) if r["ctx"] == 0], 1, "probe_fixpipe_gm_mte2"))
     flag = results.get("cross_core_flag_roundtrip", {}).get("detail", {}).get("round_trip_us")
     detail = {"loop_us": rt, "iters": s.iters, "flag_round_trip_us": flag}
-    if flag is None:
+    if flag is None or rt <= flag:
+        # no flag figure, or a loop no longer than the flags' round trip (timer noise): the whole loop,
+        # an upper bound, never 0 (the cost model refuses a zero constant)
+        why = "the flag probe did not run" if flag is None else "the loop was not longer than the flags' round trip"
         return {"value": rt, "unit": "us", "detail": detail,
-                "what": "Fixpipe -> GM -> MTE2 round trip INCLUDING the two flags (the flag probe did not run)"}
-    return {"value": max(0.0, rt - flag), "unit": "us", "detail": detail,
+                "what": f"Fixpipe -> GM -> MTE2 round trip INCLUDING the two flags ({why})"}
+    return {"value": rt - flag, "unit": "us", "detail": detail,
             "what": "Fixpipe write -> another core's MTE2 read, the flag round trip subtracted"}
 
 

@@ -39,6 +39,7 @@ from .dtypes import round_to
 from .inputs import DecodeInputs
 from .merge import merge_states
 from .plan import Plan, make_plan
+from .policies import lone_bandwidth
 from .validation import MAX_SEQ_LEN, host, int_vector, normalize_window
 
 #: ``auto`` takes the shared path only when its estimate is below this fraction of the plain one:
@@ -374,12 +375,17 @@ class SharedPrefixPlan:
 
 
 def _stage_us(prof: DeviceProfile, read_bytes: float, items: int, longest_bytes: float, flops: float = 0.0,
-              reread_bytes: float = 0.0) -> float:
+              reread_bytes: float = 0.0, lone_bw: float = 0.0, longest_tokens: int = 0) -> float:
     """One kernel of the cost model (``docs/planner.md``): a launch, the bytes at the device's
     bandwidth (or the longest item at one unit's), the matrix work at ``dot_tflops``, per-wave cost.
     ``reread_bytes`` of ``read_bytes`` are re-reads of bytes other items read at about the same time,
-    charged at ``l2_reread_gbps`` where the profile knows it."""
+    charged at ``l2_reread_gbps`` where the profile knows it. ``lone_bw`` (bytes / µs,
+    :func:`~splitkv_common.policies.lone_bandwidth`): a split-kernel plan of one item a unit whose
+    longest item has ``longest_tokens >= lone_min_tokens`` streams at that rate, as the planner's own
+    model says (the backend's deeper-tile configuration)."""
     bw, unit_bw = prof.bandwidth_gbps * 1e3, prof.unit_bandwidth_gbps * 1e3
+    if lone_bw and items <= prof.units and longest_tokens >= prof.lone_min_tokens:
+        unit_bw = lone_bw
     reread = min(max(reread_bytes, 0.0), read_bytes) if prof.l2_reread_gbps > 0 else 0.0
     t_read = (read_bytes - reread) / bw + (reread / (prof.l2_reread_gbps * 1e3) if reread else 0.0)
     slots = prof.units * prof.items_per_unit
@@ -447,9 +453,10 @@ def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix |
     token_bytes = head_dim * 2 * kv_elem_bytes
     group = num_q_heads // num_kv_heads
     pb, pi, pl = _plan_bytes_and_items(plain, token_bytes, num_kv_heads)
+    lone = dict(lone_bw=lone_bandwidth(prof, head_dim, kv_elem_bytes, not graph_stable))
     floor = float((seq.sum() - sum(int(L) * (int(e - f) - 1) for f, e, L in
                                    zip(groups.first, groups.end, groups.prefix_len))) * token_bytes * num_kv_heads)
-    t_plain = _stage_us(prof, pb, pi, pl, reread_bytes=pb - floor) + (_merge_us(prof, int(plain.row_num_splits[plain.row_num_splits > 1].sum()),
+    t_plain = _stage_us(prof, pb, pi, pl, reread_bytes=pb - floor, longest_tokens=int(pl // token_bytes), **lone) + (_merge_us(prof, int(plain.row_num_splits[plain.row_num_splits > 1].sum()),
                                                        num_q_heads, head_dim) if plain.max_splits > 1 else 0.0)
     est = {"plain_us": round(t_plain, 3), "plain_bytes": pb, "unique_bytes": floor}
 
@@ -483,7 +490,7 @@ def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix |
     t_prefix = _stage_us(prof, xb, int(item_blocks.sum()), float(lens.max(initial=0) * token_bytes), flops,
                          reread_bytes=xb - float(lens.sum() * token_bytes))
     tb, ti, tlong = _plan_bytes_and_items(tail, token_bytes, num_kv_heads)
-    t_tail = _stage_us(prof, tb, ti, tlong)
+    t_tail = _stage_us(prof, tb, ti, tlong, longest_tokens=int(tlong // token_bytes), **lone)
     # slots: each row's tail partials then its prefix partials
     T = int(qsl[-1])
     tail_n = tail.row_num_splits.astype(np.int64)

@@ -39,6 +39,7 @@ from .launch import PlanUploader, launch_decode, launch_merge
 
 PREFIX_BLOCK_N = 64
 PREFIX_NUM_STAGES = 2
+PREFIX_NUM_WARPS = None  # None: 4 for blocks of up to 64 packed rows, else 8
 
 
 @triton.jit
@@ -386,7 +387,7 @@ class SharedPrefixWrapper:
             SOFT_CAP=soft_cap is not None, HAS_WINDOW=window_left is not None,
             DOT_IEEE=q.dtype == torch.float32 or kv_int8, UPCAST=INTERPRET,
             SCALE_PER_CHANNEL=k_scale is not None and k_scale.dim() == 2,
-            num_warps=4 if self.block_m <= 64 else 8, num_stages=PREFIX_NUM_STAGES)
+            num_warps=PREFIX_NUM_WARPS or (4 if self.block_m <= 64 else 8), num_stages=PREFIX_NUM_STAGES)
 
 
 def decode_with_common_prefix(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, common_prefix_len: int,

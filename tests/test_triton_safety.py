@@ -307,6 +307,27 @@ def test_op_refuses_q_with_fewer_rows_than_the_plan():
         torch.ops.splitkv.decode_attention(*args)
 
 
+def test_op_after_a_call_that_passed_still_refuses_a_changed_call():
+    """The op keeps a guard of the last call that passed: a call like it skips the rebuilt checks,
+    a changed one (rows, a strided table, another dtype, a scalar, the plan's shape) is checked again."""
+    args = _op_args(_inputs())
+    torch.ops.splitkv.decode_attention(*args)
+    torch.ops.splitkv.decode_attention(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+    changed = {
+        "q: the plan is for 3 query rows": lambda a: a.__setitem__(0, a[0][:2]),
+        "block_table": lambda a: a.__setitem__(3, torch.cat([a[3], a[3]], 1)[:, ::2]),
+        "q": lambda a: a.__setitem__(0, a[0].double()),
+        "scale": lambda a: a.__setitem__(8, -1.0),
+        "q: the plan is for 4 query rows": lambda a: a.__setitem__(7, [*a[7][:2], a[7][2] + 1, *a[7][3:]]),
+    }
+    for match, change in changed.items():
+        a = list(args)
+        change(a)
+        with pytest.raises((ValueError, TypeError), match=match):
+            torch.ops.splitkv.decode_attention(*a)
+        torch.ops.splitkv.decode_attention(*args)   # the good call again: the guard is its
+
+
 def test_op_refuses_int8_cache_without_scales():
     args = _op_args(_inputs(kv_quant="head"))
     with pytest.raises(ValueError, match="k_scale, v_scale: required"):

@@ -201,6 +201,7 @@ class SharedPrefixWrapper:
             plain) holds for every later one (a captured graph launches its kernels), and a later
             batch that cannot take it is refused.
         block_m: packed rows (query rows x GQA group) of one prefix program, >= 16.
+        prefix_policy: the prefix plan's split policy (None: ``policy``).
 
     Usage::
 
@@ -214,7 +215,8 @@ class SharedPrefixWrapper:
 
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  dtype=torch.bfloat16, kv_dtype=None, device=None, profile: str = "h200", policy: str = "auto",
-                 mode: str = "auto", graph_stable: bool = False, block_m: int = PREFIX_BLOCK_M):
+                 mode: str = "auto", graph_stable: bool = False, block_m: int = PREFIX_BLOCK_M,
+                 prefix_policy=None):
         check_gqa(num_q_heads, num_kv_heads)
         if not isinstance(block_m, int) or block_m < 16 or block_m & (block_m - 1):
             raise ValueError(f"block_m: must be a power of two >= 16 (the dot's smallest M), got {block_m!r}")
@@ -224,6 +226,7 @@ class SharedPrefixWrapper:
         self.device = torch.device(device if device is not None else ("cpu" if INTERPRET else "cuda"))
         self.profile, self.policy, self.mode, self.graph_stable = profile, policy, mode, bool(graph_stable)
         self.block_m = block_m
+        self.prefix_policy = prefix_policy
         self.splan: "SharedPrefixPlan | None" = None
         self._window = None
         self._plain = None
@@ -253,7 +256,8 @@ class SharedPrefixWrapper:
                                    kv_elem_bytes=torch.empty(0, dtype=self.kv_dtype).element_size(),
                                    device=self.profile, policy=self.policy, window_left=win,
                                    block_table=None if block_table is None else host(block_table),
-                                   mode=mode, graph_stable=self.graph_stable, block_m=self.block_m)
+                                   mode=mode, graph_stable=self.graph_stable, block_m=self.block_m,
+                                   prefix_policy=self.prefix_policy)
         if mode == "on" and not splan.use_shared:
             raise ValueError(f"shared_prefix: this graph-stable wrapper runs the shared route (its first plan's), "
                              f"but the batch shares nothing ({splan.reason}); make a new wrapper and capture again")

@@ -415,7 +415,7 @@ def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix |
                        device: "str | DeviceProfile" = "h200", policy="auto", window_left=None,
                        block_table=None, num_pages: "int | None" = None, mode: str = "auto",
                        graph_stable: bool = False, max_batch: "int | None" = None,
-                       block_m: int = PREFIX_BLOCK_M) -> SharedPrefixPlan:
+                       block_m: int = PREFIX_BLOCK_M, prefix_policy=None) -> SharedPrefixPlan:
     """Decide between the shared-prefix route and the plain one, and plan it.
 
     Args:
@@ -424,6 +424,8 @@ def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix |
         num_kv_heads, page_size, num_q_heads, head_dim, kv_elem_bytes: shape facts (bytes per KV element).
         device: the profile whose figures the estimates use (:mod:`splitkv_common.devices`).
         policy: the split policy of the plain, tail and prefix plans (``auto``, ``size:N``, ...).
+        prefix_policy: the prefix plan's own split policy (None: ``policy``); its work items run once
+            per block of ``block_m`` packed rows, so its best split can differ from a request's.
         window_left: the sliding window (None: none).
         block_table, num_pages: for the checks of :func:`check_shared_prefix`.
         mode: ``auto`` (the cost model decides), ``on`` (shared whenever a group shares > 0 tokens),
@@ -478,7 +480,8 @@ def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix |
             return _plain(f"shared prefix off on {prof.name}: the window starts after every group's prefix")
     rows = (groups.row_end - groups.row_start).astype(np.int64)
     prefix_qsl = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
-    prefix = make_plan(groups.prefix_len, query_start_loc=prefix_qsl, window_left=None, **common)
+    prefix = make_plan(groups.prefix_len, query_start_loc=prefix_qsl, window_left=None,
+                       **dict(common, policy=policy if prefix_policy is None else prefix_policy))
     t_seq = seq - groups.request_prefix
     tail = make_plan(t_seq, query_start_loc=qsl, window_left=window_left, **common)
     blocks = np.array([packed_row_blocks(int(r), group, block_m) for r in rows], np.int64)

@@ -258,6 +258,17 @@ def test_the_plain_estimate_charges_a_prefix_re_read_at_the_l2_rate_where_the_pr
     assert with_l2["prefix_us"] <= without["prefix_us"]
 
 
+def test_the_prefix_plan_takes_its_own_split_policy():
+    """``prefix_policy`` splits the prefix plan alone; the plain and tail plans keep ``policy``."""
+    base = _decide(64, 4096, 256, mode="on")
+    own = _decide(64, 4096, 256, mode="on", prefix_policy="size:1024")
+    assert own.prefix.max_splits == 4 and base.prefix.max_splits != 4
+    np.testing.assert_array_equal(own.tail.item_kv_end, base.tail.item_kv_end)
+    np.testing.assert_array_equal(own.plain.item_kv_end, base.plain.item_kv_end)
+    lens = own.prefix.item_kv_end - own.prefix.item_kv_start
+    assert lens.max() == 1024 and lens.sum() == 4096 * 8
+
+
 def test_modes_on_and_off_override_the_estimate():
     assert _decide(2, 1024, 256, mode="on").use_shared
     off = _decide(64, 4096, 256, mode="off")

@@ -157,3 +157,13 @@ def test_graph_stable_refuses_a_batch_of_other_shapes():
         w.plan(inp.seq_lens, inp.query_start_loc, shared_prefix=SharedPrefix.single(32, 0, 3),
                block_table=inp.block_table)
     assert torch.equal(w._buf, buf)
+
+
+def test_a_prefix_plan_of_its_own_split_policy_passes_the_accuracy_rule():
+    case = CASES["shared-prefix/two-groups-and-loner"]
+    inp, sp = case.build()
+    out, lse, splan = run_triton(inp, sp, mode="on", policy=case.policy, prefix_policy="size:32")
+    assert splan.use_shared and splan.prefix.max_splits == 2
+    ref_out, ref_lse = dense_attention(inp)
+    acc = check(out, lse, ref_out, ref_lse, plain_attention(inp), inp.dtype)
+    assert acc.passed, acc.reason

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from splitkv_common.reference import dense_attention  # noqa: E402
 from splitkv_vllm import adapter, settings, stats  # noqa: E402
 from splitkv_vllm import shared_prefix as vsp  # noqa: E402
-from test_vllm_eager import _device_tensors, count_device_reads  # noqa: E402
+from test_vllm_eager import _check as check, _device_tensors, _run_step as run_step, count_device_reads  # noqa: E402
 from test_vllm_plugin import _fake_vllm_ascend, _impl, fresh_plugin_state, vllm_config  # noqa: E402, F401
 from test_vllm_shapes import make_step  # noqa: E402
 
@@ -41,23 +41,6 @@ def layers(monkeypatch, **env):
     _fake_vllm_ascend(monkeypatch)
     backend = importlib.import_module("splitkv_vllm.backend")
     return backend, [_impl(backend), _impl(backend)]
-
-
-def run_step(impls, step):
-    outs = []
-    for impl in impls:
-        impl.key_cache, impl.value_cache = step.key_cache, step.value_cache
-        out = torch.zeros_like(step.query)
-        impl.forward_impl(step.query, None, None, None, step.meta, out)
-        outs.append(out)
-    return outs
-
-
-def check(impls, step, outs):
-    step.inputs.scale = impls[0].scale
-    ref, _ = dense_attention(step.inputs)
-    for out in outs:
-        assert np.abs(out[:ref.shape[0]].float().numpy() - ref).max() < 2e-3
 
 
 def the_wrapper():

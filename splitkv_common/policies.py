@@ -209,6 +209,15 @@ def lone_bandwidth(prof: DeviceProfile, head_dim: int, kv_elem_bytes: int, lone:
     return gbps * 1e3 if lone and gbps > 0 and fits else 0.0
 
 
+def item_bandwidth(prof: DeviceProfile, items: int, longest_tokens: int, lone_bw: float) -> float:
+    """Bytes / µs one work item pulls: ``lone_bw`` (:func:`lone_bandwidth`) for a plan of at most one
+    item a unit whose longest item has at least ``lone_min_tokens`` tokens, else the profile's
+    ``unit_bandwidth_gbps``."""
+    if lone_bw and items <= prof.units and longest_tokens >= prof.lone_min_tokens:
+        return lone_bw
+    return prof.unit_bandwidth_gbps * 1e3
+
+
 def _auto_costs(prof: DeviceProfile, hq: int, cands: list, stats, lens_total: int, num_kv_heads: int,
                 head_dim: int, kv_elem_bytes: int, lone: bool = True) -> list:
     """The cost model (``docs/planner.md``) of every candidate (``stats``: :func:`_candidate_stats`'s
@@ -218,7 +227,7 @@ def _auto_costs(prof: DeviceProfile, hq: int, cands: list, stats, lens_total: in
     graph-stable plans)."""
     ranges, rows, most, longest = stats
     token_bytes = head_dim * 2 * kv_elem_bytes
-    bw, unit_bw = prof.bandwidth_gbps * 1e3, prof.unit_bandwidth_gbps * 1e3
+    bw = prof.bandwidth_gbps * 1e3
     lone_bw = lone_bandwidth(prof, head_dim, kv_elem_bytes, lone)
     launch, per_wave, slots = prof.launch_us, prof.item_overhead_us, prof.units * prof.items_per_unit
     t_stream = lens_total * num_kv_heads * token_bytes / bw   # the same tokens whatever the split
@@ -226,7 +235,7 @@ def _auto_costs(prof: DeviceProfile, hq: int, cands: list, stats, lens_total: in
     out = []
     for c, r, pr, m, lg in zip(cands, ranges, rows, most, longest):
         w = r * num_kv_heads
-        ubw = lone_bw if (lone_bw and w <= prof.units and lg >= prof.lone_min_tokens) else unit_bw
+        ubw = item_bandwidth(prof, w, lg, lone_bw)
         t_attn = launch + max(t_stream, lg * token_bytes / ubw) + -(-w // slots) * per_wave
         out.append((c, w, t_attn, launch + pr * merge_bytes / bw if m > 1 else None))
     return out

@@ -39,7 +39,7 @@ from .dtypes import round_to
 from .inputs import DecodeInputs
 from .merge import merge_states
 from .plan import Plan, make_plan
-from .policies import lone_bandwidth
+from .policies import item_bandwidth, lone_bandwidth
 from .validation import MAX_SEQ_LEN, host, int_vector, normalize_window
 
 #: ``auto`` takes the shared path only when its estimate is below this fraction of the plain one:
@@ -383,9 +383,7 @@ def _stage_us(prof: DeviceProfile, read_bytes: float, items: int, longest_bytes:
     :func:`~splitkv_common.policies.lone_bandwidth`): a split-kernel plan of one item a unit whose
     longest item has ``longest_tokens >= lone_min_tokens`` streams at that rate, as the planner's own
     model says (the backend's deeper-tile configuration)."""
-    bw, unit_bw = prof.bandwidth_gbps * 1e3, prof.unit_bandwidth_gbps * 1e3
-    if lone_bw and items <= prof.units and longest_tokens >= prof.lone_min_tokens:
-        unit_bw = lone_bw
+    bw, unit_bw = prof.bandwidth_gbps * 1e3, item_bandwidth(prof, items, longest_tokens, lone_bw)
     reread = min(max(reread_bytes, 0.0), read_bytes) if prof.l2_reread_gbps > 0 else 0.0
     t_read = (read_bytes - reread) / bw + (reread / (prof.l2_reread_gbps * 1e3) if reread else 0.0)
     slots = prof.units * prof.items_per_unit

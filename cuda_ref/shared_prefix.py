@@ -236,6 +236,7 @@ class SharedPrefixWrapper:
         self._views: dict = {}
         self._tail_dplan = None
         self._parts: "tuple | None" = None
+        self._prefix_rows_most = 1
 
     # -- host side -----------------------------------------------------------------------------
     def plan(self, seq_lens, query_start_loc=None, *, shared_prefix: "SharedPrefix | None" = None,
@@ -280,6 +281,8 @@ class SharedPrefixWrapper:
             else:
                 self._buf = host_t.to(self.device)
             self._layout = layout
+            # the prefix stage's longest group (rows), made once here rather than on every run()
+            self._prefix_rows_most = int(np.diff(splan.prefix.query_start_loc).max(initial=1))
             self._views = {f: self._buf[o:o + n] for f, (o, n) in layout.items()}
             self._plain = None
         else:
@@ -369,8 +372,7 @@ class SharedPrefixWrapper:
         pp = splan.prefix
         T = q.shape[0]
         G = self.Hq // self.Hkv
-        rows = np.diff(pp.query_start_loc)
-        most = T if self.graph_stable else int(rows.max(initial=1))
+        most = T if self.graph_stable else self._prefix_rows_most
         grid = (pp.num_items, max(1, -(-most * G // self.block_m)))
         kv_int8 = k_cache.dtype == torch.int8
         sh = 0 if k_scale is None else k_scale.stride(0)

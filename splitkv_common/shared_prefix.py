@@ -478,8 +478,13 @@ def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix |
             return _plain(f"shared prefix off on {prof.name}: the window starts after every group's prefix")
     rows = (groups.row_end - groups.row_start).astype(np.int64)
     prefix_qsl = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
-    prefix = make_plan(groups.prefix_len, query_start_loc=prefix_qsl, window_left=None,
-                       **dict(common, policy=policy if prefix_policy is None else prefix_policy))
+    try:
+        prefix = make_plan(groups.prefix_len, query_start_loc=prefix_qsl, window_left=None,
+                           **dict(common, policy=policy if prefix_policy is None else prefix_policy))
+    except ValueError as e:   # the plain plan took the lengths: here it is the prefix's own policy
+        if prefix_policy is None:
+            raise
+        raise ValueError(f"prefix_policy: {e}") from None
     t_seq = seq - groups.request_prefix
     tail = make_plan(t_seq, query_start_loc=qsl, window_left=window_left, **common)
     blocks = np.array([packed_row_blocks(int(r), group, block_m) for r in rows], np.int64)

@@ -269,6 +269,12 @@ def test_the_prefix_plan_takes_its_own_split_policy():
     assert lens.max() == 1024 and lens.sum() == 4096 * 8
 
 
+@pytest.mark.parametrize("bad", ["bogus", "size:7", -3, "size:0"])
+def test_a_bad_prefix_policy_is_refused_by_name(bad):
+    with pytest.raises(ValueError, match="^prefix_policy: "):
+        _decide(64, 4096, 256, mode="on", prefix_policy=bad)
+
+
 def test_modes_on_and_off_override_the_estimate():
     assert _decide(2, 1024, 256, mode="on").use_shared
     off = _decide(64, 4096, 256, mode="off")

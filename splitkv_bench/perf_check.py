@@ -269,7 +269,7 @@ def check_path_us(w, q, k, v, bt, seq, qsl) -> dict:
     * ``uncached_us``: every check (the first call of a signature).
     ``guard``: which guard the default path took ("torch" or "python")."""
     from cuda_ref import checks as C
-    from cuda_ref import wrapper as W
+    from cuda_ref import call_checks as W
     args = (q, k, v, bt, seq, qsl)
     n_views = 64
     views = [tuple(t[:] for t in args) for _ in range(n_views)]

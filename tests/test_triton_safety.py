@@ -398,7 +398,7 @@ def test_checks_run_once_per_signature(clean, monkeypatch):
     inp, w, x, _ = clean
     calls = []
     real = checks.check_launch
-    monkeypatch.setattr("cuda_ref.wrapper.check_launch", lambda *a, **k: (calls.append(1), real(*a, **k)))
+    monkeypatch.setattr("cuda_ref.call_checks.check_launch", lambda *a, **k: (calls.append(1), real(*a, **k)))
     w.forget_checks()
     w.run(**x)
     w.run(**x)
@@ -420,7 +420,7 @@ def guarded(request, monkeypatch):
     Python one, its inputs, and the calls that went past the guard (``_check_signature``)."""
     if request.param == "python":
         real_guard = checks.tensor_guard
-        monkeypatch.setattr("cuda_ref.wrapper.tensor_guard", lambda *ts: real_guard(*ts, native=False))
+        monkeypatch.setattr("cuda_ref.call_checks.tensor_guard", lambda *ts: real_guard(*ts, native=False))
     inp = _inputs()
     w = _wrapper(inp)
     x = to_torch(inp, DEVICE)

@@ -201,7 +201,8 @@ class SharedPrefixWrapper:
             plain) holds for every later one (a captured graph launches its kernels), and a later
             batch that cannot take it is refused.
         block_m: packed rows (query rows x GQA group) of one prefix program, >= 16.
-        prefix_policy: the prefix plan's split policy (None: ``policy``).
+        prefix_policy: the prefix plan's split policy (None: ``policy``, the model's own length under ``auto``:
+            :func:`~splitkv_common.shared_prefix.prefix_split`).
 
     Usage::
 

@@ -39,7 +39,7 @@ from .dtypes import round_to
 from .inputs import DecodeInputs
 from .merge import merge_states
 from .plan import Plan, make_plan
-from .policies import item_bandwidth, lone_bandwidth
+from .policies import auto_candidates, item_bandwidth, lone_bandwidth
 from .validation import MAX_SEQ_LEN, host, int_vector, normalize_window
 
 #: ``auto`` takes the shared path only when its estimate is below this fraction of the plain one:
@@ -408,6 +408,41 @@ def packed_row_blocks(rows: int, group: int, block_m: int = PREFIX_BLOCK_M) -> i
     return max(1, -(-rows * group // block_m))
 
 
+def prefix_split(prof: DeviceProfile, prefix_len, rows, blocks, *, num_kv_heads: int, num_q_heads: int,
+                 head_dim: int, token_bytes: int, page_size: int) -> tuple[int, str]:
+    """The prefix plan's split length (tokens) under ``auto``: the candidate of least estimated prefix
+    stage plus its partials' share of the merge, and a clause for the plan's reason.
+
+    The plain planner's ``auto`` sees the groups as a few long requests and splits them to fill the
+    device; but each prefix work item runs once per block of packed rows (``blocks [G]``) and each of
+    its splits adds a partial state for every one of the group's ``rows [G]`` query rows and
+    ``num_q_heads`` heads (float32 o and lse, written by the stage and read by the merge). The
+    candidates are ``auto``'s lengths (:func:`~splitkv_common.policies.auto_candidates`: the profile's
+    shortest split doubled, at most ``max_splits`` a group) and the longest prefix unsplit; each is
+    costed by the stage model of :func:`plan_shared_prefix` (``_stage_us``) from the groups' lengths
+    alone (no plan is made). Ties go to the longer split (fewer partials)."""
+    lens = np.asarray(prefix_len, np.int64)
+    rows, blocks = np.asarray(rows, np.int64), np.asarray(blocks, np.int64)
+    longest = int(lens.max(initial=0))
+    whole = max(page_size, -(-longest // page_size) * page_size)
+    cands = [c for c in auto_candidates(longest, prof.min_split_tokens, page_size, prof.max_splits) if c]
+    cands.append(whole)
+    group = num_q_heads // num_kv_heads
+    unique = float(lens.sum() * num_kv_heads * token_bytes)
+    read = float((lens * blocks).sum() * num_kv_heads * token_bytes)
+    flops = float((lens * rows).sum()) * num_kv_heads * group * head_dim * 4
+    slot_bytes = 2 * num_q_heads * (head_dim + 1) * 4 / (prof.bandwidth_gbps * 1e3)   # µs a row's partial
+    c = np.array(cands, np.int64)[:, None]
+    splits = np.maximum(1, -(-lens[None, :] // c))                        # [C, G]
+    programs = (splits * blocks).sum(1) * num_kv_heads
+    partial_us = (splits * rows).sum(1) * slot_bytes
+    costs = [_stage_us(prof, read, int(n), float(min(s, longest) * token_bytes), flops, reread_bytes=read - unique)
+             + float(m) for s, n, m in zip(cands, programs, partial_us)]
+    i = len(costs) - 1 - int(np.argmin(costs[::-1]))   # the longest of the least
+    size, most = cands[i], int(splits[i].max(initial=1))
+    return size, f"; prefix split {size} tokens ({most} a group; least est. of {len(cands)} lengths)"
+
+
 def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix | None", *, num_kv_heads: int,
                        page_size: int, num_q_heads: int, head_dim: int = 128, kv_elem_bytes: int = 2,
                        device: "str | DeviceProfile" = "h200", policy="auto", window_left=None,
@@ -422,8 +457,9 @@ def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix |
         num_kv_heads, page_size, num_q_heads, head_dim, kv_elem_bytes: shape facts (bytes per KV element).
         device: the profile whose figures the estimates use (:mod:`splitkv_common.devices`).
         policy: the split policy of the plain, tail and prefix plans (``auto``, ``size:N``, ...).
-        prefix_policy: the prefix plan's own split policy (None: ``policy``); its work items run once
-            per block of ``block_m`` packed rows, so its best split can differ from a request's.
+        prefix_policy: the prefix plan's own split policy (None: ``policy``; under ``auto`` the length
+            :func:`prefix_split` finds least: its work items run once per block of ``block_m`` packed
+            rows, so its best split differs from a request's).
         window_left: the sliding window (None: none).
         block_table, num_pages: for the checks of :func:`check_shared_prefix`.
         mode: ``auto`` (the cost model decides), ``on`` (shared whenever a group shares > 0 tokens),
@@ -478,6 +514,13 @@ def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix |
             return _plain(f"shared prefix off on {prof.name}: the window starts after every group's prefix")
     rows = (groups.row_end - groups.row_start).astype(np.int64)
     prefix_qsl = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+    blocks = np.array([packed_row_blocks(int(r), group, block_m) for r in rows], np.int64)
+    chosen = ""
+    if prefix_policy is None and str(policy) == "auto":
+        size, chosen = prefix_split(prof, groups.prefix_len, rows, blocks, num_kv_heads=num_kv_heads,
+                                    num_q_heads=num_q_heads, head_dim=head_dim, token_bytes=token_bytes,
+                                    page_size=page_size)
+        prefix_policy = f"size:{size}"
     try:
         prefix = make_plan(groups.prefix_len, query_start_loc=prefix_qsl, window_left=None,
                            **dict(common, policy=policy if prefix_policy is None else prefix_policy))
@@ -487,7 +530,6 @@ def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix |
         raise ValueError(f"prefix_policy: {e}") from None
     t_seq = seq - groups.request_prefix
     tail = make_plan(t_seq, query_start_loc=qsl, window_left=window_left, **common)
-    blocks = np.array([packed_row_blocks(int(r), group, block_m) for r in rows], np.int64)
     n = prefix.num_valid_items
     item_blocks = blocks[prefix.item_request[:n]] if n else np.zeros(0, np.int64)
     lens = (prefix.item_kv_end[:n].astype(np.int64) - prefix.item_kv_start[:n])
@@ -521,7 +563,7 @@ def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix |
     facts = (f"{groups.num_groups} group(s) of {covered} request(s) share {int(groups.prefix_len.max())} tokens "
              f"at most; "
              f"shared est. {t_shared:.1f} µs (prefix {t_prefix:.1f}: {xb / 1e6:.2f} MB for {int(rows.sum())} rows "
-             f"x {group} heads in {int(blocks.sum())} blocks; tails {t_tail:.1f}: {tb / 1e6:.2f} MB; merge "
+             f"x {group} heads in {int(blocks.sum())} blocks{chosen}; tails {t_tail:.1f}: {tb / 1e6:.2f} MB; merge "
              f"{t_merge:.1f}) vs plain est. {t_plain:.1f} µs ({pb / 1e6:.2f} MB); unique bytes {floor / 1e6:.2f} MB")
     if mode == "auto" and not t_shared < SHARED_MARGIN * t_plain:
         return _plain(f"shared prefix off on {prof.name} (auto): not below {SHARED_MARGIN} x plain; {facts}")

@@ -4,7 +4,9 @@ planner's decision (``splitkv_common.shared_prefix``, ``docs/conventions.md`` "S
 import numpy as np
 import pytest
 
+from splitkv_common.devices import get_profile
 from splitkv_common.parity.accuracy import check
+from splitkv_common.policies import auto_candidates
 from splitkv_common.parity.cases import SHARED_PREFIX_CATALOG, shared_prefix_inputs
 from splitkv_common.reference import dense_attention, plain_attention
 from splitkv_common.shared_prefix import (
@@ -267,6 +269,37 @@ def test_the_prefix_plan_takes_its_own_split_policy():
     np.testing.assert_array_equal(own.plain.item_kv_end, base.plain.item_kv_end)
     lens = own.prefix.item_kv_end - own.prefix.item_kv_start
     assert lens.max() == 1024 and lens.sum() == 4096 * 8
+
+
+@pytest.mark.parametrize("device", ["h200", "910b2"])
+@pytest.mark.parametrize("B,prefix,tail", [(64, 4096, 256), (256, 4096, 64), (2, 16384, 256), (16, 1024, 64)])
+def test_the_default_prefix_split_is_the_least_estimate_among_the_candidates(device, B, prefix, tail):
+    """Under ``auto`` the prefix plan's split is the model's own choice (row blocks and partials
+    counted): no other candidate length given as ``prefix_policy`` gives a lower shared estimate."""
+    chosen = _decide(B, prefix, tail, device, mode="on")
+    size = int((chosen.prefix.item_kv_end - chosen.prefix.item_kv_start).max())
+    assert f"prefix split {size} tokens" in chosen.reason
+    prof = get_profile(device)
+    for c in [c for c in auto_candidates(prefix, prof.min_split_tokens, 16, prof.max_splits) if c] + [prefix]:
+        other = _decide(B, prefix, tail, device, mode="on", prefix_policy=f"size:{c}")
+        assert chosen.estimates_us["shared_us"] <= other.estimates_us["shared_us"] + 1e-9, c
+
+
+def test_the_prefix_split_counts_row_blocks_and_partials_where_plain_auto_does_not():
+    """At B 64 x 4k x 256 the plain planner's ``auto`` cuts the one 4k "request" into 16 splits to fill
+    the device; counting its 4 row blocks a KV head and 64 x 4 partial rows a split, the model takes
+    fewer, longer splits, and its estimate is lower."""
+    model, plain_auto = _decide(64, 4096, 256, mode="on"), _decide(64, 4096, 256, mode="on", prefix_policy="auto")
+    assert model.prefix.max_splits < plain_auto.prefix.max_splits
+    assert model.estimates_us["shared_us"] < plain_auto.estimates_us["shared_us"]
+    assert model.estimates_us["merge_us"] < plain_auto.estimates_us["merge_us"]
+
+
+def test_a_fixed_policy_still_splits_the_prefix_plan():
+    """The model chooses only under ``auto``: a fixed policy is the prefix plan's too (batch invariance)."""
+    fixed = _decide(64, 4096, 256, mode="on", policy="size:256")
+    assert (fixed.prefix.item_kv_end - fixed.prefix.item_kv_start).max() == 256
+    assert "prefix split" not in fixed.reason
 
 
 @pytest.mark.parametrize("bad", ["bogus", "size:7", -3, "size:0"])

@@ -1,6 +1,6 @@
 """The metadata checks of :class:`cuda_ref.wrapper.DecodeWrapper` calls (no host sync, so also
 while a CUDA graph is captured): :class:`CallChecks`, the wrapper's ``check()`` and the state it keeps
-(the last call that passed as one :func:`~cuda_ref.checks.tensor_guard`, the signatures that passed).
+(the last call that passed as one :func:`~cuda_ref.checks.call_guard`, the signatures that passed).
 
 The wrapper provides ``host_plan``, ``device_plan``, ``spec``, ``dtype``, ``kv_dtype``, ``device``,
 ``_plan_sig`` (the plan's batch and rows) and ``_plan_pages`` (the pages of a request it reads)."""
@@ -11,7 +11,7 @@ import torch
 
 from splitkv_common.validation import check_wrapper_tensors, normalize_window
 
-from .checks import SignatureCache, any_batch_key, check_launch, check_scalars, tensor_guard, tensor_signature
+from .checks import SignatureCache, any_batch_key, call_guard, check_launch, check_scalars, tensor_signature
 
 
 class _Sizes:
@@ -33,33 +33,21 @@ class CallChecks:
         device, the plan's batch and rows, the scalars with their types; None when it is not
         hashable).
 
-        The last call that passed is remembered as one guard over its tensors'
-        metadata (:func:`~cuda_ref.checks.tensor_guard`: one C call where torch has it), its scalars
-        and the plan's sizes: a call that matches it (the same shapes, strides, dtypes and devices,
-        the same scalars, a plan of the same batch and rows; new tensor objects are fine, as for each
-        layer of a model) passed every rule that call did, and costs that guard plus one comparison
-        of the block table's width with the pages the plan reads (which a new plan of the same
-        batch may change). Otherwise :meth:`_check_signature`: a signature that passed before costs
+        The last call that passed is remembered as one guard over its tensors' metadata and its
+        scalars (:func:`~cuda_ref.checks.call_guard`: one C++ call where it builds) and the plan's
+        sizes: a call that matches it (the same shapes, strides, dtypes and devices, the same
+        scalars; new tensor objects are fine, as for each layer of a model) passed every rule that
+        call did, and costs that guard and one comparison of the block table's width with the pages
+        the plan reads (which a new plan of the same batch may change). A plan of another batch or
+        rows forgets the guard (:meth:`set_plan_sig`). Otherwise :meth:`_check_signature`: a signature that passed before costs
         one set lookup, one whose batch sizes alone are new a second lookup and a comparison of
         those sizes; anything else runs every check."""
-        last = self._last_call
-        if last is not None:
-            same, sc, cap, win, sig, cols, key, opt, scalars = last
-            if opt is None:
-                ok = k_scale is None and v_scale is None and k_offset is None and v_offset is None and \
-                    same(q, k_cache, v_cache, block_table, seq_lens, query_start_loc)
-            else:   # int8: the same scales and offsets given (guarded with the rest)
-                ok = (k_scale is None, v_scale is None, k_offset is None, v_offset is None) == opt and \
-                    same(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
-                         *[x for x in (k_scale, v_scale, k_offset, v_offset) if x is not None])
-            # scalars: the same objects (stored only when int, float or None: immutable), else equal with
-            # equal types (the signature's rule); the plan's (requests, rows)
-            if ok and (scale is sc and soft_cap is cap and window_left is win or
-                       (type(scale), scale, type(soft_cap), soft_cap, type(window_left), window_left) == scalars) \
-                    and self._plan_sig == sig:
-                if self._plan_pages > cols:
-                    self._check_plan_pages(block_table)   # raises
-                return key
+        last = self._last_call   # None after a plan of another batch or rows (set_plan_sig)
+        if last is not None and last[0](q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale,
+                                        k_offset, v_offset, scale, soft_cap, window_left):
+            if self._plan_pages > last[1]:
+                self._check_plan_pages(block_table)   # raises
+            return last[2]
         key = self._check_signature(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale,
                                     k_offset, v_offset, scale, soft_cap, window_left)
         self._remember_call(key, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale,
@@ -73,19 +61,20 @@ class CallChecks:
         if key is None:
             self._last_call = None
             return
-        opt = (k_scale is None, v_scale is None, k_offset is None, v_offset is None)
-        extra = [x for x in (k_scale, v_scale, k_offset, v_offset) if x is not None]
         try:
-            same = tensor_guard(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *extra)
+            same = call_guard(10, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale,
+                              k_offset, v_offset, scale, soft_cap, window_left)
         except TypeError:   # not all torch tensors (a look-alike that matched a signature): no guard
             self._last_call = None
             return
+        self._last_call = (same, block_table.shape[1], key)
 
-        def kept(x):   # compared by identity only where that implies the value
-            return x if x is None or type(x) in (int, float) else object()
-        self._last_call = (same, kept(scale), kept(soft_cap), kept(window_left), self._plan_sig,
-                           block_table.shape[1], key, None if not extra else opt,
-                           (type(scale), scale, type(soft_cap), soft_cap, type(window_left), window_left))
+    def set_plan_sig(self, sig: tuple) -> None:
+        """The plan's (requests, rows), which every signature includes: a plan of others forgets
+        :meth:`check`'s guard (the last call that passed)."""
+        if sig != self._plan_sig:
+            self._last_call = None
+        self._plan_sig = sig
 
     def _check_signature(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale,
                          k_offset, v_offset, scale, soft_cap, window_left):

@@ -31,14 +31,14 @@ from typing import Optional
 import torch
 
 from . import INTERPRET
-from .checks import SignatureCache, check_launch, tensor_guard
+from .checks import SignatureCache, call_guard, check_launch
 from .launch import launch_decode, launch_merge
 from .plan_upload import DevicePlan
 from splitkv_common.merge import check_merge_inputs
 
 _checked = SignatureCache(256)
-# the last call that passed: (which tensors were None, the scalars with their types, a guard of the
-# others' metadata); a call equal to it in all three is the same signature, without building its key
+# the last call that passed: (a call_guard of its tensors and scalars, plan_shape with its types); a call
+# that passes both is the same signature, without building its key
 _last: "tuple | None" = None
 
 
@@ -46,26 +46,21 @@ def check_decode_op(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
                     soft_cap=None, window_left=None, k_scale=None, v_scale=None, k_offset=None,
                     v_offset=None) -> None:
     """The real kernel's checks before any allocation or launch (metadata only, remembered per
-    signature; a call like the last that passed costs one :func:`cuda_ref.checks.tensor_guard` of its
-    tensors): :func:`cuda_ref.checks.check_launch`, ``plan_shape`` = ``[items, B, T, slots,
+    signature; a call like the last that passed costs one :func:`cuda_ref.checks.call_guard` of its
+    tensors and scalars): :func:`cuda_ref.checks.check_launch`, ``plan_shape`` = ``[items, B, T, slots,
     max_splits, block_m, row_blocks, graph_stable[, max_q_len]]`` matching the tensors (``T`` q's rows, ``B``
     block_table's), ``plan_data`` a contiguous int32 buffer of exactly the plan's size on q's
     device. Raises ``TypeError`` / ``ValueError`` naming the argument."""
     global _last
     tensors = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, plan_data, k_scale, v_scale, k_offset,
                v_offset)
-    absent = tuple(t is None for t in tensors)
     try:
-        extra = tuple((type(e), e) for e in (scale, soft_cap, window_left, *plan_shape))
+        shape = tuple((type(e), e) for e in plan_shape)
     except TypeError:   # plan_shape not a sequence: the checks below name it
-        extra = None
+        shape = None
     last = _last
-    if last is not None and last[0] == absent and last[1] == extra:
-        try:
-            if last[2](*(t for t in tensors if t is not None)):
-                return
-        except (AttributeError, TypeError):   # not tensors: the checks below name the argument
-            pass
+    if last is not None and last[0](*tensors, scale, soft_cap, window_left) and last[1] == shape:
+        return
     try:
         key = SignatureCache.key(tensors, (scale, soft_cap, window_left, tuple(plan_shape)))
     except (AttributeError, TypeError):
@@ -94,8 +89,8 @@ def check_decode_op(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
         raise ValueError(f"plan_data: {plan_data.numel()} entries, plan_shape {list(plan_shape)} needs {need}")
     if key is not None:
         _checked.add(key)
-    if extra is not None:
-        _last = (absent, extra, tensor_guard(*(t for t in tensors if t is not None)))
+    if shape is not None:
+        _last = (call_guard(len(tensors), *tensors, scale, soft_cap, window_left), shape)
 
 
 def plan_args(dplan: DevicePlan) -> tuple[torch.Tensor, list[int]]:

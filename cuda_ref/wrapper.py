@@ -13,10 +13,10 @@ so ``run()`` can be captured in a CUDA graph once and replayed while the lengths
     seq_lens.copy_(new_lens); w.plan(new_lens_host); g.replay()
 
 Safety: ``run()`` checks every call's metadata (shapes, strides, dtypes, devices, scalars; no host
-sync, so also while a graph is captured); a call whose tensors' metadata, scalars and plan sizes
-equal those of the last call that passed costs one guard (:func:`cuda_ref.checks.tensor_guard`: one
-C call for all the tensors where torch has it, about 0.5 µs), any other signature that passed a set
-lookup (:meth:`DecodeWrapper.check`). Values it cannot see without a sync are made harmless in the kernels: a block-table entry
+sync, so also while a graph is captured); a call whose tensors' metadata and scalars equal those of
+the last call that passed (under a plan of the same batch and rows) costs one guard
+(:func:`cuda_ref.checks.call_guard`: one C++ call for all of them where it builds, about 0.1 µs), any
+other signature that passed a set lookup (:meth:`DecodeWrapper.check`). Values it cannot see without a sync are made harmless in the kernels: a block-table entry
 outside ``[0, num_pages)`` reads as an absent page and is counted in a small device-side error
 buffer; :meth:`DecodeWrapper.check_errors` (a host sync) raises on it; ``wrapper.debug = True`` (or
 ``SPLITKV_DEBUG=1``) calls it after every eager ``run()``. ``set_plan()`` checks the plan against
@@ -238,7 +238,7 @@ class DecodeWrapper(CallChecks, PlannedWrapper, ThreadOwner):
         self._retire_plan(plan)
         self.host_plan = plan
         self._plan_pages = plan_pages
-        self._plan_sig = (plan.batch_size, plan.num_rows)  # what check()'s cached part depends on in the plan
+        self.set_plan_sig((plan.batch_size, plan.num_rows))  # what check()'s cached part depends on in the plan
         self._plan_window = window
         qsl = plan.query_start_loc
         self._plan_one_row = bool(qsl.shape[0] == plan.batch_size + 1 and int(qsl[-1]) == plan.batch_size
@@ -367,8 +367,13 @@ class DecodeWrapper(CallChecks, PlannedWrapper, ThreadOwner):
                 raise ValueError("query_start_loc: required: the plan was made for other query rows per request "
                                  "than one each (pass the batch's query_start_loc)")
             query_start_loc = self._default_qsl(q.shape[0], block_table.shape[0], q.device)
-        key = self.check(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale, k_offset,
-                         v_offset, scale=scale, soft_cap=soft_cap, window_left=window_left)
+        last = self._last_call   # check()'s guard inline (a method call costs more than the guard): same rule
+        if last is not None and last[0](q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale,
+                                        k_offset, v_offset, scale, soft_cap, window_left) and self._plan_pages <= last[1]:
+            key = last[2]
+        else:
+            key = self.check(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale, k_offset,
+                             v_offset, scale=scale, soft_cap=soft_cap, window_left=window_left)
         pw = self._plan_window
         if pw is not None and pw is not _UNKNOWN and not self.device_plan and \
                 (window_left is None or window_left == -1 or window_left > pw):
@@ -495,7 +500,7 @@ class DecodeWrapper(CallChecks, PlannedWrapper, ThreadOwner):
         self.dplan = d
         self._plan_pages = 0
         self._device_shape = shape
-        self._plan_sig = (B, T)
+        self.set_plan_sig((B, T))
         self._buffers_for(T, d.num_slots, B * self.num_kv_heads * d.row_blocks)
 
     def check_errors(self) -> None:

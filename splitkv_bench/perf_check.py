@@ -224,7 +224,9 @@ def overhead(names, timer):
         finally:
             L.KERNEL_BOUNDS = True
         r["bitwise_same_as_unbounded"] = bool(torch.equal(run()[0], out_u))
-        r["host_checks_cached_us"] = _host_us(lambda: w.check(q, k, v, bt, seq, qsl))
+        w.check(q, k, v, bt, seq, qsl)
+        r["host_checks_cached_us"] = _host_us(run_guard(w, (q, k, v, bt, seq, qsl)))
+        r["check_method_cached_us"] = _host_us(lambda: w.check(q, k, v, bt, seq, qsl))
 
         def uncached():
             w.forget_checks()
@@ -254,30 +256,49 @@ def overhead(names, timer):
     return out
 
 
+def run_guard(w, args: tuple):
+    """What ``run()`` executes of the checks for a call like the last that passed
+    (:meth:`cuda_ref.wrapper.DecodeWrapper.run`: :meth:`~cuda_ref.call_checks.CallChecks.check`'s
+    guard inline, the same expression), as a function of no arguments (whose own call is timed with
+    it: an upper bound). ``args``: the call's six tensors; the last call that passed must be theirs."""
+    slots = (*args, None, None, None, None, None, None, None)
+
+    def inline():
+        last = w._last_call
+        return last is not None and last[0](*slots) and w._plan_pages <= last[1]
+    if inline() is not True:
+        raise RuntimeError("run_guard: the last call that passed is not this one (call check() with it first)")
+    return inline
+
+
 def check_path_us(w, q, k, v, bt, seq, qsl) -> dict:
     """Host µs of ``w.check()`` (``run()``'s metadata checks) on this call's tensors, by path and part
     (:meth:`DecodeWrapper.check`; median of 5 rounds, :func:`_host_us`):
 
-    * ``check_us``: a repeated call (the default path: the guard of the last call that passed);
+    * ``run_guard_us``: what ``run()`` executes of the checks for a repeated call (:func:`run_guard`);
+    * ``check_us``: ``check()`` for a repeated call (the method around the same guard);
     * ``check_new_views_us``: new tensor objects of the same metadata each call (one model's layers;
       with the loop picking them, ``check_new_views_loop_us`` alone);
-    * ``check_python_guard_us``: the same as ``check_us`` with the Python guard (where torch's C one is
-      missing or ``SPLITKV_TENSOR_GUARDS=0``);
-    * ``guard_us`` / ``python_guard_us``: the tensor guard alone (:func:`cuda_ref.checks.tensor_guard`);
+    * ``check_torch_guard_us`` / ``check_python_guard_us``: the same as ``check_us`` with torch's
+      ``TensorGuards`` (where it works) / the Python guard, the fallbacks where the C++ one does not build;
+    * ``guard_us`` / ``torch_guard_us`` / ``python_guard_us``: the guard alone
+      (:func:`cuda_ref.checks.call_guard` of the call's ten tensor slots and three scalars);
     * ``signature_us``: the path past the guard for a signature that passed before (building it, one
       set lookup: the per-call path before the guard);
     * ``uncached_us``: every check (the first call of a signature).
-    ``guard``: which guard the default path took ("torch" or "python")."""
+    ``guard``: which guard the default path took (``"native"``, ``"torch"`` or ``"python"``)."""
     from cuda_ref import checks as C
     from cuda_ref import call_checks as W
     args = (q, k, v, bt, seq, qsl)
+    slots = (*args, None, None, None, None, None, None, None)
     n_views = 64
     views = [tuple(t[:] for t in args) for _ in range(n_views)]
-    r = dict(guard=C.tensor_guard_kind())
+    r = dict(guard=C.call_guard_kind())
     w.forget_checks()
     w.check(*args)
     _host_us(lambda: w.check(*args))   # warm-up (the first point's first timing ran high without it)
     r["check_us"] = _host_us(lambda: w.check(*args))
+    r["run_guard_us"] = _host_us(run_guard(w, args))
     it = [0]
 
     def layers():
@@ -285,19 +306,20 @@ def check_path_us(w, q, k, v, bt, seq, qsl) -> dict:
         w.check(*views[i])
     r["check_new_views_us"] = _host_us(layers)
     r["check_new_views_loop_us"] = _host_us(lambda: (it.__setitem__(0, (it[0] + 1) % n_views), views[it[0]]))
-    g = C.tensor_guard(*args)
-    r["guard_us"] = _host_us(lambda: g(*args))
-    g = C.tensor_guard(*args, native=False)
-    r["python_guard_us"] = _host_us(lambda: g(*args))
-    real = W.tensor_guard
-    W.tensor_guard = lambda *ts: real(*ts, native=False)
-    try:
-        w.forget_checks()
-        w.check(*args)
-        r["check_python_guard_us"] = _host_us(lambda: w.check(*args))
-    finally:
-        W.tensor_guard = real
-        w.forget_checks()
+    g = C.call_guard(10, *slots)
+    r["guard_us"] = _host_us(lambda: g(*slots))
+    real = W.call_guard
+    for kind in ("torch", "python") if C.tensor_guard_kind() == "torch" else ("python",):
+        g = C.call_guard(10, *slots, kind=kind)
+        r[f"{kind}_guard_us"] = _host_us(lambda: g(*slots))
+        W.call_guard = lambda *a, kind=kind: real(*a, kind=kind)
+        try:
+            w.forget_checks()
+            w.check(*args)
+            r[f"check_{kind}_guard_us"] = _host_us(lambda: w.check(*args))
+        finally:
+            W.call_guard = real
+            w.forget_checks()
     w.check(*args)
     sig = w._check_signature
     r["signature_us"] = _host_us(lambda: sig(*args, None, None, None, None, None, None, None))
@@ -333,8 +355,10 @@ def cpu_check_path(names, page=PAGE) -> list:
     return out
 
 
-CHECK_PATH_COLUMNS = [("check_us", "check() µs"), ("check_new_views_us", "new views µs"),
-                      ("guard_us", "guard alone µs"), ("check_python_guard_us", "check() with the Python guard µs"),
+CHECK_PATH_COLUMNS = [("run_guard_us", "run()'s guard µs"), ("check_us", "check() µs"), ("check_new_views_us", "new views µs"),
+                      ("guard_us", "guard alone µs"), ("check_torch_guard_us", "check() with torch's guard µs"),
+                      ("torch_guard_us", "torch's guard alone µs"),
+                      ("check_python_guard_us", "check() with the Python guard µs"),
                       ("python_guard_us", "Python guard alone µs"), ("signature_us", "signature path µs"),
                       ("uncached_us", "uncached µs")]
 
@@ -347,11 +371,13 @@ def overhead_summary(res) -> str:
               "checks (target: at most 1 % of the decode)", ""]
     gpu = [r for r in res["points"] if "graph_us" in r]
     if gpu:
-        lines += ["| point | graph µs | no kernel bounds µs | host checks µs (cached) | % of the graph | "
-                  "uncached µs | eager run µs | bare launch µs |", "|---|---|---|---|---|---|---|---|"]
+        lines += ["| point | graph µs | no kernel bounds µs | host checks µs (run()'s guard) | % of the graph | "
+                  "check() µs | uncached µs | eager run µs | bare launch µs |", "|---|---|---|---|---|---|---|---|---|"]
         for r in gpu:
+            method = r.get("check_method_cached_us")
             lines.append(f"| {r['point']} | {r['graph_us']:.2f} | {r['graph_unbounded_kernel_us']:.2f} | "
                          f"{r['host_checks_cached_us']:.2f} | {r['pct']['host_checks_cached']:.2f} | "
+                         f"{'-' if method is None else f'{method:.2f}'} | "
                          f"{r['host_checks_uncached_us']:.1f} | {r['eager_run_us']:.1f} | "
                          f"{r['eager_bare_launch_us']:.1f} |")
         lines.append("")
@@ -363,7 +389,7 @@ def overhead_summary(res) -> str:
                   "| point | guard | " + " | ".join(t for _, t in CHECK_PATH_COLUMNS) + " |",
                   "|---|---|" + "---|" * len(CHECK_PATH_COLUMNS)]
         for n, c in rows:
-            lines.append(f"| {n} | {c['guard']} | " + " | ".join(f"{c[k]:.2f}" for k, _ in CHECK_PATH_COLUMNS) + " |")
+            lines.append(f"| {n} | {c['guard']} | " + " | ".join("-" if c.get(k) is None else f"{c[k]:.2f}" for k, _ in CHECK_PATH_COLUMNS) + " |")
     return "\n".join(lines)
 
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import shutil
 
 import numpy as np
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -412,15 +415,15 @@ def test_checks_run_once_per_signature(clean, monkeypatch):
 # -- check()'s guard: the last call that passed ------------------------------------------------------
 
 GUARDS = ["torch", "python"] if checks.tensor_guard_kind() == "torch" else ["python"]
+CALL_GUARDS = (["native"] if checks.call_guard_kind() == "native" else []) + GUARDS
 
 
-@pytest.fixture(params=GUARDS)
+@pytest.fixture(params=CALL_GUARDS)
 def guarded(request, monkeypatch):
-    """A fresh wrapper whose check() guard is the default one (torch's C one where it works) or the
-    Python one, its inputs, and the calls that went past the guard (``_check_signature``)."""
-    if request.param == "python":
-        real_guard = checks.tensor_guard
-        monkeypatch.setattr("cuda_ref.call_checks.tensor_guard", lambda *ts: real_guard(*ts, native=False))
+    """A fresh wrapper whose check() guard is each kind this machine has (the C++ one, torch's C one,
+    the Python one), its inputs, and the calls that went past the guard (``_check_signature``)."""
+    real_guard = checks.call_guard
+    monkeypatch.setattr("cuda_ref.call_checks.call_guard", lambda *a: real_guard(*a, kind=request.param))
     inp = _inputs()
     w = _wrapper(inp)
     x = to_torch(inp, DEVICE)
@@ -535,6 +538,35 @@ def test_one_cache_for_k_and_v_takes_the_guard(guarded):
     assert len(past) == 1
 
 
+def test_the_native_call_guard_is_built_here():
+    """The C++ guard builds wherever the C++ compiler and torch's headers are (CI's machine has both):
+    a failed build must not pass unnoticed behind the fallbacks."""
+    if shutil.which(os.environ.get("CXX") or "c++") is None or os.environ.get("SPLITKV_NATIVE") == "0":
+        pytest.skip("no C++ compiler, or SPLITKV_NATIVE=0")
+    assert checks.call_guard_kind() == "native", checks.native_guard_status()
+
+
+@pytest.mark.parametrize("kind", CALL_GUARDS)
+def test_call_guard_compares_tensor_slots_and_scalars(kind):
+    a, b = torch.empty(2, 3), torch.empty(4)
+    same = checks.call_guard(3, a, None, b, 0.5, None, 7, kind=kind)
+    assert same(torch.empty(2, 3), None, torch.empty(4), 0.5, None, 7)
+    assert same(a[:], None, torch.empty(8)[:4], float("0.5"), None, 7)
+    for i, other in [(0, a.t()), (0, a.double()), (0, a.to("meta")), (0, torch.nn.Parameter(a)), (0, None),
+                     (1, b), (2, torch.empty(8)[::2]), (3, 0.25), (3, None), (3, 1), (4, 1.0), (5, 7.0),
+                     (5, True), (0, 3)]:
+        args = [a, None, b, 0.5, None, 7]
+        args[i] = other
+        assert not same(*args), (i, other)
+    assert not same(a, None, b, 0.5, None) and not same(a, None, b, 0.5, None, 7, 8)
+    kept = object()   # a scalar of another type never matches, not even itself: its value may change
+    assert not checks.call_guard(1, a, kept, kind=kind)(a, kept)
+    nan = float("nan")
+    assert not checks.call_guard(1, a, nan, kind=kind)(a, nan) and not checks.call_guard(1, a, nan, kind=kind)(a, 1.0)
+    with pytest.raises(TypeError):
+        checks.call_guard(1, 3, kind=kind)
+
+
 def test_tensor_guard_compares_type_shape_strides_dtype_and_device():
     a = torch.empty(2, 3)
     for native in [n == "torch" for n in GUARDS]:
@@ -572,6 +604,30 @@ def test_run_refuses_a_block_table_narrower_than_the_plan(clean):
     inp, w, x, _ = clean
     with pytest.raises(ValueError, match="plan: reads 5 pages"):
         w.run(**dict(x, block_table=x["block_table"][:, :3]))
+
+
+def test_a_new_plan_reading_past_the_block_table_is_refused_after_a_call_that_passed(clean):
+    """run()'s guard of the last call that passed still compares the block table's width with the
+    pages a new plan of the same batch and rows reads: the same tensors are refused once the plan
+    reads past them."""
+    inp, w, x, _ = clean
+    bt = x["block_table"][:, :3]
+    lens = np.minimum(inp.seq_lens, 3 * PAGE)
+    w.plan(lens, query_start_loc=inp.query_start_loc)
+    w.run(**dict(x, block_table=bt, seq_lens=torch.as_tensor(lens, dtype=torch.int32, device=DEVICE)))
+    w.plan(inp.seq_lens, query_start_loc=inp.query_start_loc)
+    with pytest.raises(ValueError, match="plan: reads 5 pages"):
+        w.run(**dict(x, block_table=bt, seq_lens=torch.as_tensor(lens, dtype=torch.int32, device=DEVICE)))
+
+
+def test_a_plan_of_another_batch_forgets_the_guard_of_the_last_call(clean):
+    """A call that passed, then a plan of fewer requests: the same tensors are refused (the guard of the
+    last call that passed held for the old plan's batch and rows only)."""
+    inp, w, x, _ = clean
+    w.run(**x)
+    w.plan(inp.seq_lens[:2], query_start_loc=inp.query_start_loc[:3])
+    with pytest.raises(ValueError, match=r"plan: made for 2 requests, block_table has shape \(3, 5\)"):
+        w.run(**x)
 
 
 # -- empty batches ------------------------------------------------------------------------------------

@@ -67,19 +67,19 @@ def _compile_args() -> list:
     return args
 
 
-def _target() -> Path:
-    """The built module's path: one per source, compiler arguments (NumPy's header path among them,
-    hence its version's install) and Python version."""
-    import numpy
-    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_compile_args()).encode() + sys.version.encode()
-                         + numpy.__version__.encode()).hexdigest()[:16]
-    return cache_dir() / f"{_NAME}-{key}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+def extension_path(source: Path, name: str, args: list, key: bytes = b"") -> Path:
+    """Where a module built from ``source`` with compiler arguments ``args`` lives in the cache: one
+    file per source, arguments, Python version and ``key`` (the versions of what it is built against)."""
+    digest = hashlib.sha256(source.read_bytes() + " ".join(args).encode() + sys.version.encode() + key).hexdigest()[:16]
+    return cache_dir() / f"{name}-{digest}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
 
 
-def _build(target: Path) -> None:
-    cc = os.environ.get("CC") or "cc"
-    if shutil.which(cc) is None:
-        raise RuntimeError(f"no C compiler ({cc!r} not found)")
+def build_extension(source: Path, target: Path, args: list, compiler: str) -> None:
+    """Compile ``source`` into the extension module ``target`` with ``compiler`` (a command name, found
+    on PATH) and ``args`` (flags, include and library paths after the source); atomic, so a
+    concurrent build leaves one complete file. ``RuntimeError`` says why it could not."""
+    if shutil.which(compiler) is None:
+        raise RuntimeError(f"no compiler ({compiler!r} not found)")
     include = sysconfig.get_paths()["include"]
     if not Path(include, "Python.h").exists():
         raise RuntimeError(f"no Python headers (Python.h not in {include})")
@@ -87,13 +87,26 @@ def _build(target: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=target.suffix, dir=target.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *_compile_args(), str(_SOURCE), "-o", tmp], capture_output=True, text=True)
+        proc = subprocess.run([compiler, str(source), "-o", tmp, *args], capture_output=True, text=True)
         if proc.returncode:
-            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
-        os.replace(tmp, target)   # atomic: a concurrent build leaves one complete file
+            raise RuntimeError(f"{compiler} failed: {proc.stderr.strip()[-500:]}")
+        os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def load_extension(name: str, source: Path, args: list, compiler: str, key: bytes = b""):
+    """The module ``name`` built from ``source`` (:func:`build_extension` on first use, then from the
+    cache), loaded."""
+    target = extension_path(source, name, args, key)
+    if not target.exists():
+        build_extension(source, target, args, compiler)
+    loader = importlib.machinery.ExtensionFileLoader(name, str(target))
+    spec = importlib.util.spec_from_file_location(name, str(target), loader=loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod, target
 
 
 def load():
@@ -106,13 +119,9 @@ def load():
         _status = "off (SPLITKV_NATIVE=0)"
         return None
     try:
-        target = _target()
-        if not target.exists():
-            _build(target)
-        loader = importlib.machinery.ExtensionFileLoader(_NAME, str(target))
-        spec = importlib.util.spec_from_file_location(_NAME, str(target), loader=loader)
-        mod = importlib.util.module_from_spec(spec)
-        loader.exec_module(mod)
+        import numpy
+        mod, target = load_extension(_NAME, _SOURCE, _compile_args(), os.environ.get("CC") or "cc",
+                                     numpy.__version__.encode())
     except Exception as e:   # no compiler, no headers, a read-only cache: plan with NumPy
         _status = f"unavailable: {e}"
         return None

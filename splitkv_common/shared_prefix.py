@@ -29,6 +29,7 @@ All lse are natural-log.
 
 from __future__ import annotations
 
+import functools
 import numbers
 from dataclasses import dataclass, field
 
@@ -39,6 +40,7 @@ from .dtypes import round_to
 from .inputs import DecodeInputs
 from .merge import merge_states
 from .plan import Plan, make_plan
+from .plan_spec import NativePlanner, PlanSpec
 from .policies import auto_candidates, item_bandwidth, lone_bandwidth
 from .validation import MAX_SEQ_LEN, host, int_vector, normalize_window
 
@@ -403,6 +405,25 @@ def _merge_us(prof: DeviceProfile, slots_read: int, num_q_heads: int, head_dim: 
     return prof.launch_us + slots_read * 2 * num_q_heads * (head_dim + 1) * 4 / (prof.bandwidth_gbps * 1e3)
 
 
+@functools.lru_cache(maxsize=32)
+def _native_planner(spec: PlanSpec) -> "NativePlanner | None":
+    return NativePlanner.for_spec(spec)
+
+
+def _make(seq_lens, query_start_loc, window_left, common: dict) -> Plan:
+    """:func:`make_plan` of a batch with the settings ``common``, through the C planner where it plans
+    it (the same plan, bit for bit: ``tests/test_native_plan.py``), else NumPy (which also reports
+    every error)."""
+    if window_left is None:
+        c = common
+        native = _native_planner(PlanSpec(c["num_q_heads"], c["num_kv_heads"], c["head_dim"], c["page_size"],
+                                          c["kv_elem_bytes"], str(c["policy"]), c["device"], c["graph_stable"]))
+        plan = None if native is None else native.make(seq_lens, query_start_loc=query_start_loc)
+        if plan is not None:
+            return plan
+    return make_plan(seq_lens, query_start_loc=query_start_loc, window_left=window_left, **common)
+
+
 def packed_row_blocks(rows: int, group: int, block_m: int = PREFIX_BLOCK_M) -> int:
     """Programs a prefix work item takes: its group's ``rows x group`` packed rows in blocks of ``block_m``."""
     return max(1, -(-rows * group // block_m))
@@ -483,7 +504,7 @@ def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix |
     window_left = normalize_window(window_left)
     common = dict(num_kv_heads=num_kv_heads, page_size=page_size, num_q_heads=num_q_heads, head_dim=head_dim,
                   kv_elem_bytes=kv_elem_bytes, device=prof, policy=policy, graph_stable=graph_stable)
-    plain = make_plan(seq, query_start_loc=qsl, window_left=window_left, **common)
+    plain = _make(seq, qsl, window_left, common)
     sp = SharedPrefix(()) if shared_prefix is None else shared_prefix
     groups = check_shared_prefix(sp, seq, qsl, page_size, block_table, num_pages, require_pages=False)
     token_bytes = head_dim * 2 * kv_elem_bytes
@@ -522,14 +543,14 @@ def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix |
                                     page_size=page_size)
         prefix_policy = f"size:{size}"
     try:
-        prefix = make_plan(groups.prefix_len, query_start_loc=prefix_qsl, window_left=None,
-                           **dict(common, policy=policy if prefix_policy is None else prefix_policy))
+        prefix = _make(groups.prefix_len, prefix_qsl, None,
+                       dict(common, policy=policy if prefix_policy is None else prefix_policy))
     except ValueError as e:   # the plain plan took the lengths: here it is the prefix's own policy
         if prefix_policy is None:
             raise
         raise ValueError(f"prefix_policy: {e}") from None
     t_seq = seq - groups.request_prefix
-    tail = make_plan(t_seq, query_start_loc=qsl, window_left=window_left, **common)
+    tail = _make(t_seq, qsl, window_left, common)
     n = prefix.num_valid_items
     item_blocks = blocks[prefix.item_request[:n]] if n else np.zeros(0, np.int64)
     lens = (prefix.item_kv_end[:n].astype(np.int64) - prefix.item_kv_start[:n])

@@ -6,6 +6,7 @@ import pytest
 
 from splitkv_common.devices import get_profile
 from splitkv_common.parity.accuracy import check
+from splitkv_common.plan import make_plan
 from splitkv_common.policies import auto_candidates
 from splitkv_common.parity.cases import SHARED_PREFIX_CATALOG, shared_prefix_inputs
 from splitkv_common.reference import dense_attention, plain_attention
@@ -293,6 +294,28 @@ def test_the_prefix_split_counts_row_blocks_and_partials_where_plain_auto_does_n
     assert model.prefix.max_splits < plain_auto.prefix.max_splits
     assert model.estimates_us["shared_us"] < plain_auto.estimates_us["shared_us"]
     assert model.estimates_us["merge_us"] < plain_auto.estimates_us["merge_us"]
+
+
+@pytest.mark.parametrize("B,prefix,tail,policy", [(64, 4096, 256, "auto"), (3, 48, 20, "size:16"), (16, 1024, 64, "none")])
+def test_the_three_plans_are_the_numpy_planners(B, prefix, tail, policy):
+    """The plain, prefix and tail plans (made through the C planner where it plans them) are the ones
+    ``make_plan`` makes, array for array."""
+    sp = _decide(B, prefix, tail, mode="on", policy=policy)
+    seq = np.full(B, prefix + tail)
+    common = dict(num_kv_heads=8, page_size=16, num_q_heads=32, head_dim=128)
+    size = int((sp.prefix.item_kv_end - sp.prefix.item_kv_start).max())
+    want = {"plain": make_plan(seq, policy=policy, **common),
+            "prefix": make_plan(np.array([prefix]), query_start_loc=np.array([0, B]),
+                                policy=policy if policy != "auto" else f"size:{size}", **common),
+            "tail": make_plan(np.full(B, tail), policy=policy, **common)}
+    for name, plan in want.items():
+        got = getattr(sp, name)
+        for f in ("item_request", "item_kv_head", "item_split", "item_kv_start", "item_kv_end", "num_splits",
+                  "row_slot_start", "row_num_splits"):
+            np.testing.assert_array_equal(getattr(got, f)[:got.num_valid_items] if f.startswith("item") else
+                                          getattr(got, f), getattr(plan, f)[:plan.num_valid_items]
+                                          if f.startswith("item") else getattr(plan, f), err_msg=f"{name}.{f}")
+        assert got.num_slots == plan.num_slots and got.split_tokens == plan.split_tokens
 
 
 def test_a_fixed_policy_still_splits_the_prefix_plan():

@@ -20,13 +20,12 @@ values, no host sync):
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 
+from splitkv_common.plan_layout import with_fields
 from splitkv_common.shared_prefix import (
     PREFIX_BLOCK_M, SharedPrefix, SharedPrefixPlan, check_shared_prefix, groups_as_shared_prefix, plan_shared_prefix,
     row_positions)
@@ -180,10 +179,10 @@ def tail_plan_for_kernels(splan: SharedPrefixPlan):
     tp = splan.tail
     req = np.asarray(tp.item_request)
     shift = np.where(req >= 0, np.asarray(splan.groups.request_prefix, np.int64)[np.maximum(req, 0)], 0)
-    return dataclasses.replace(tp, num_splits=np.maximum(tp.num_splits, 2).astype(np.int32),
-                               item_kv_start=(tp.item_kv_start + shift).astype(np.int32),
-                               item_kv_end=(tp.item_kv_end + shift).astype(np.int32),
-                               row_slot_start=splan.row_slot_start, num_slots=int(splan.num_slots))
+    return with_fields(tp, num_splits=np.maximum(tp.num_splits, 2).astype(np.int32),
+                       item_kv_start=(tp.item_kv_start + shift).astype(np.int32),
+                       item_kv_end=(tp.item_kv_end + shift).astype(np.int32),
+                       row_slot_start=splan.row_slot_start, num_slots=int(splan.num_slots))
 
 
 class SharedPrefixWrapper:

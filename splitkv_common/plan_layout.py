@@ -449,3 +449,17 @@ def new_plan(buf, n_valid, num_splits, qsl, row_start, row_ns, num_slots, hkv, p
     else:
         d["reason"], d["estimates_us"] = reason, est
     return p
+
+
+def with_fields(plan: "Plan", **changes) -> "Plan":
+    """A copy of ``plan`` with ``changes`` (field name -> value), as ``dataclasses.replace`` but
+    without making a lazy ``reason`` (:func:`new_plan`) first. The copy has no ``items`` buffer and
+    none of the C planner's packed arrays (``_small``): its arrays may no longer be their rows."""
+    unknown = set(changes) - {f for f in Plan.__dataclass_fields__ if f != "items"}
+    if unknown:
+        raise TypeError(f"with_fields: not fields of Plan: {sorted(unknown)}")
+    p = object.__new__(Plan)
+    d = p.__dict__
+    d.update(plan.__dict__, **changes, items=None)
+    d.pop("_small", None)
+    return p

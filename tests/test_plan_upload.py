@@ -364,3 +364,31 @@ def test_the_signature_caches_never_change_what_a_call_does(steps):
             assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), (planned, B, brk)
         else:
             assert got[1] == want[1], (planned, B, brk)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_with_fields_copies_a_plan_keeping_its_reason_lazy(native):
+    """``with_fields`` changes the given fields only, drops the item buffer and the C planner's packed
+    arrays (the copy's arrays are no longer their rows: it packs from its fields), and does not make a
+    lazy reason first (the NumPy planner's cost model is not run for a copy nobody asks why of)."""
+    from splitkv_common.plan_layout import with_fields
+    from splitkv_common.plan_spec import PlanSpec, NativePlanner
+    spec = PlanSpec(8, 2, 64, 16)
+    lens = np.array([300, 40, 1000], np.int32)
+    planner = NativePlanner.for_spec(spec) if native else None
+    if native and planner is None:
+        pytest.skip("the C planner is not available here")
+    plan = planner.make(lens) if native else spec.make(lens)
+    lazy = "_why" in plan.__dict__
+    assert lazy or not native   # an auto plan of the C planner says why only when asked
+    ends = (plan.item_kv_end + 5).astype(np.int32)
+    copy = with_fields(plan, item_kv_end=ends, num_slots=plan.num_slots + 1)
+    assert copy.items is None and "_small" not in copy.__dict__
+    assert ("_why" in copy.__dict__) == lazy and ("_why" in plan.__dict__) == lazy
+    np.testing.assert_array_equal(copy.item_kv_end, ends)
+    np.testing.assert_array_equal(copy.item_kv_start, plan.item_kv_start)
+    assert copy.num_slots == plan.num_slots + 1 and copy.reason == plan.reason
+    packed = DevicePlan.pack(copy)
+    assert not np.array_equal(packed, DevicePlan.pack(plan))
+    with pytest.raises(TypeError, match="not fields of Plan"):
+        with_fields(plan, bogus=1)

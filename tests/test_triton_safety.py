@@ -567,6 +567,52 @@ def test_call_guard_compares_tensor_slots_and_scalars(kind):
         checks.call_guard(1, 3, kind=kind)
 
 
+class _Sub(torch.Tensor):
+    """A tensor subclass (same metadata, another Python type)."""
+
+
+ODD_TENSORS = {
+    "sparse": lambda t: t.to_sparse(),
+    "subclass": lambda t: t.as_subclass(_Sub),
+    "meta": lambda t: t.to("meta"),
+    "complex": lambda t: t.to(torch.complex64),
+    "0-d": lambda t: t.reshape(-1)[0],
+    "double": lambda t: t.double(),
+}
+
+
+@pytest.mark.parametrize("kind", CALL_GUARDS)
+@pytest.mark.parametrize("odd", list(ODD_TENSORS))
+def test_call_guard_says_false_for_odd_tensors(kind, odd):
+    a = torch.randn(2, 3)
+    assert not checks.call_guard(1, a, kind=kind)(ODD_TENSORS[odd](a))
+
+
+def test_the_native_guard_is_not_made_over_tensors_without_strides():
+    if checks.call_guard_kind() != "native":
+        pytest.skip("no C++ guard here")
+    for t in (torch.eye(3).to_sparse(),
+              torch.nested.nested_tensor([torch.zeros(2, 3), torch.zeros(4, 3)], layout=torch.jagged)):
+        with pytest.raises(TypeError, match="not strided"):
+            checks.call_guard(1, t)
+
+
+@pytest.mark.parametrize("slot", ["q", "k_cache", "block_table", "seq_lens"])
+@pytest.mark.parametrize("odd", ["sparse", "subclass", "meta", "complex", "double"])
+def test_run_after_a_call_that_passed_refuses_odd_tensors_by_name(guarded, slot, odd):
+    """The guard of the last call that passed lets none of these through: the full checks refuse each
+    with the argument named (a subclass of the same metadata passes them, and runs)."""
+    w, x, past = guarded
+    w.run(**x)
+    bad = ODD_TENSORS[odd](x[slot])
+    if odd == "subclass":
+        out, _ = w.run(**dict(x, **{slot: bad}))
+        assert torch.isfinite(out).all() and len(past) == 2
+        return
+    with pytest.raises((TypeError, ValueError), match=f"^{slot}|{slot}:|{slot} "):
+        w.run(**dict(x, **{slot: bad}))
+
+
 def test_tensor_guard_compares_type_shape_strides_dtype_and_device():
     a = torch.empty(2, 3)
     for native in [n == "torch" for n in GUARDS]:

@@ -34,14 +34,15 @@ class CallChecks:
         hashable).
 
         The last call that passed is remembered as one guard over its tensors' metadata and its
-        scalars (:func:`~cuda_ref.checks.call_guard`: one C++ call where it builds) and the plan's
-        sizes: a call that matches it (the same shapes, strides, dtypes and devices, the same
-        scalars; new tensor objects are fine, as for each layer of a model) passed every rule that
-        call did, and costs that guard and one comparison of the block table's width with the pages
-        the plan reads (which a new plan of the same batch may change). A plan of another batch or
-        rows forgets the guard (:meth:`set_plan_sig`). Otherwise :meth:`_check_signature`: a signature that passed before costs
-        one set lookup, one whose batch sizes alone are new a second lookup and a comparison of
-        those sizes; anything else runs every check."""
+        scalars (:func:`~cuda_ref.checks.call_guard`: one C++ call where it builds): a call that
+        matches it (the same shapes, strides, dtypes and devices, the same scalars; new tensor
+        objects are fine, as for each layer of a model) passed every rule that call did, and costs
+        that guard and one comparison of the block table's width with the pages the plan reads
+        (which a new plan of the same batch may change). A plan of another batch or rows forgets the
+        guard (:meth:`set_plan_sig`). Otherwise :meth:`_check_signature`: a signature that passed
+        before costs one set lookup, one whose batch sizes alone are new a second lookup and a
+        comparison of those sizes; anything else runs every check. ``run()`` calls the guard inline
+        (the same rule) and this method only when it fails."""
         last = self._last_call   # None after a plan of another batch or rows (set_plan_sig)
         if last is not None and last[0](q, k_cache, v_cache, block_table, seq_lens, query_start_loc, k_scale, v_scale,
                                         k_offset, v_offset, scale, soft_cap, window_left):

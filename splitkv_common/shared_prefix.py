@@ -536,15 +536,14 @@ def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix |
     rows = (groups.row_end - groups.row_start).astype(np.int64)
     prefix_qsl = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
     blocks = np.array([packed_row_blocks(int(r), group, block_m) for r in rows], np.int64)
-    chosen = ""
-    if prefix_policy is None and str(policy) == "auto":
+    own, chosen = prefix_policy, ""
+    if own is None and str(policy) == "auto":
         size, chosen = prefix_split(prof, groups.prefix_len, rows, blocks, num_kv_heads=num_kv_heads,
                                     num_q_heads=num_q_heads, head_dim=head_dim, token_bytes=token_bytes,
                                     page_size=page_size)
-        prefix_policy = f"size:{size}"
+        own = f"size:{size}"
     try:
-        prefix = _make(groups.prefix_len, prefix_qsl, None,
-                       dict(common, policy=policy if prefix_policy is None else prefix_policy))
+        prefix = _make(groups.prefix_len, prefix_qsl, None, dict(common, policy=policy if own is None else own))
     except ValueError as e:   # the plain plan took the lengths: here it is the prefix's own policy
         if prefix_policy is None:
             raise

@@ -16,7 +16,8 @@ and, where found, NumPy's (NumPy arrays are then read through their fields, not 
 export, which with cold caches costs a few µs a plan), into ``$SPLITKV_CACHE_DIR`` (default
 ``~/.cache/splitkv``), once per source, NumPy and Python version.
 ``SPLITKV_NATIVE=0`` turns it off; without a compiler or headers the NumPy planner plans
-everything (:func:`status` says why).
+everything (:func:`status` says why). :func:`load_extension` builds and caches other native modules
+the same way (``cuda_ref/call_guard.cpp``, C++ against torch's headers).
 """
 
 from __future__ import annotations

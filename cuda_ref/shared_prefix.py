@@ -202,6 +202,10 @@ class SharedPrefixWrapper:
         block_m: packed rows (query rows x GQA group) of one prefix program, >= 16.
         prefix_policy: the prefix plan's split policy (None: ``policy``, the model's own length under ``auto``:
             :func:`~splitkv_common.shared_prefix.prefix_split`).
+        concurrent_stages: on a CUDA device, launch the prefix stage on a second stream, forked from
+            and joined back to the caller's around the tail stage, so the two stages (which write
+            disjoint partial slots) can share the SMs; a captured graph gets them as parallel branches.
+            Off by default until measured on a GPU; ignored elsewhere (one stream).
 
     Usage::
 
@@ -216,7 +220,7 @@ class SharedPrefixWrapper:
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  dtype=torch.bfloat16, kv_dtype=None, device=None, profile: str = "h200", policy: str = "auto",
                  mode: str = "auto", graph_stable: bool = False, block_m: int = PREFIX_BLOCK_M,
-                 prefix_policy=None):
+                 prefix_policy=None, concurrent_stages: bool = False):
         check_gqa(num_q_heads, num_kv_heads)
         if not isinstance(block_m, int) or block_m < 16 or block_m & (block_m - 1):
             raise ValueError(f"block_m: must be a power of two >= 16 (the dot's smallest M), got {block_m!r}")
@@ -227,6 +231,10 @@ class SharedPrefixWrapper:
         self.profile, self.policy, self.mode, self.graph_stable = profile, policy, mode, bool(graph_stable)
         self.block_m = block_m
         self.prefix_policy = prefix_policy
+        if not isinstance(concurrent_stages, bool):
+            raise TypeError(f"concurrent_stages: must be True or False, got {concurrent_stages!r}")
+        self.concurrent_stages = concurrent_stages
+        self._side: "torch.cuda.Stream | None" = None   # the prefix stage's stream (concurrent_stages)
         self.splan: "SharedPrefixPlan | None" = None
         self._window = None
         self._plain = None
@@ -358,13 +366,30 @@ class SharedPrefixWrapper:
         part_o, part_lse = self._partials(T)
         vw = self._views
         quant = dict(k_scale=k_scale, v_scale=v_scale, k_offset=k_offset, v_offset=v_offset)
+        win = normalize_window(window_left)
+        side = self._side_stream(q.device)
+        if side is not None:   # fork: the prefix stage on the side stream, after what the caller queued
+            cur = torch.cuda.current_stream(q.device)
+            side.wait_stream(cur)
+            with torch.cuda.stream(side):
+                self._launch_prefix(q, k_cache, v_cache, part_o, part_lse, scale, soft_cap, win, **quant)
         launch_decode(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, self._tail_dplan, out, lse, part_o,
-                      part_lse, scale=scale, soft_cap=soft_cap, window_left=normalize_window(window_left),
-                      interpret=INTERPRET, merge=False, **quant)
-        self._launch_prefix(q, k_cache, v_cache, part_o, part_lse, scale, soft_cap, normalize_window(window_left),
-                            **quant)
+                      part_lse, scale=scale, soft_cap=soft_cap, window_left=win, interpret=INTERPRET, merge=False,
+                      **quant)
+        if side is None:
+            self._launch_prefix(q, k_cache, v_cache, part_o, part_lse, scale, soft_cap, win, **quant)
+        else:                  # join: the merge, and all the caller queues next, after both stages
+            cur.wait_stream(side)
         launch_merge(part_o, part_lse, out, lse, vw["row_slot_start"], vw["row_num_splits"])
         return out, lse
+
+    def _side_stream(self, device: torch.device) -> "torch.cuda.Stream | None":
+        """The prefix stage's own stream where ``concurrent_stages`` applies (a CUDA device), else None."""
+        if not self.concurrent_stages or device.type != "cuda" or INTERPRET:
+            return None
+        if self._side is None or self._side.device != device:
+            self._side = torch.cuda.Stream(device)
+        return self._side
 
     def _launch_prefix(self, q, k_cache, v_cache, part_o, part_lse, scale, soft_cap, window_left, k_scale=None,
                        v_scale=None, k_offset=None, v_offset=None):

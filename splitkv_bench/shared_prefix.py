@@ -7,7 +7,9 @@ query row a request; Hq 32, Hkv 8, D 128, bf16, pages of 16) it
   the float64 reference; at each point the shared output against the plain one), then times, each
   in a CUDA graph, with a read flush of the L2 before each replay and the median of
   ``--iters`` replays over ``--passes`` interleaved passes: the plain step (``DecodeWrapper``, policy
-  ``auto``), the shared-prefix step (``SharedPrefixWrapper``, mode ``on``), and what ``auto`` picks;
+  ``auto``), the shared-prefix step (``SharedPrefixWrapper``, mode ``on``), what ``auto`` picks, and
+  the shared step with ``concurrent_stages=True`` (the prefix stage on a second stream beside the
+  tails; its output compared bit for bit with the shared step's);
 * on any machine (``--model-only``): the cost model's estimates for ``--profiles`` (e.g. the
   910B's, whose figures are unmeasured placeholders: no NPU ran them).
 
@@ -115,10 +117,14 @@ def gpu_point(args, timer, B, P, tail, log):
     splan = shared.plan(seq_h, qsl_h, shared_prefix=sp, block_table=bt_h)
     auto = SharedPrefixWrapper(HQ, HKV, D, PAGE, dtype=torch.bfloat16, profile=args.profile, mode="auto")
     aplan = auto.plan(seq_h, qsl_h, shared_prefix=sp, block_table=bt_h)
+    # the shared step with the prefix stage on a stream of its own beside the tails (concurrent_stages)
+    both = SharedPrefixWrapper(HQ, HKV, D, PAGE, dtype=torch.bfloat16, profile=args.profile, mode="on",
+                               concurrent_stages=True)
+    both.plan(seq_h, qsl_h, shared_prefix=sp, block_table=bt_h)
     o_plain = torch.empty(B, HQ, D, dtype=torch.bfloat16, device="cuda")
-    o_shared, o_auto = torch.empty_like(o_plain), torch.empty_like(o_plain)
+    o_shared, o_auto, o_both = torch.empty_like(o_plain), torch.empty_like(o_plain), torch.empty_like(o_plain)
     l_shared = torch.empty(B, HQ, dtype=torch.float32, device="cuda")
-    l_auto = torch.empty_like(l_shared)
+    l_auto, l_both = torch.empty_like(l_shared), torch.empty_like(l_shared)
 
     def run_plain():
         o_plain.copy_(plain.run(q, k, v, bt, seq, qsl)[0])
@@ -129,17 +135,23 @@ def gpu_point(args, timer, B, P, tail, log):
     def run_auto():
         auto.run(q, k, v, bt, seq, qsl, out=o_auto, lse=l_auto)
 
-    run_plain(); run_shared(); run_auto()
+    def run_both():
+        both.run(q, k, v, bt, seq, qsl, out=o_both, lse=l_both)
+
+    run_plain(); run_shared(); run_auto(); run_both()
     torch.cuda.synchronize()
     # parity at the point: the shared step against the plain step, and against float32 torch math
     err = float((o_shared.float() - o_plain.float()).abs().max())
     err_auto = float((o_auto.float() - o_plain.float()).abs().max())
+    same_both = bool(torch.equal(o_both, o_shared) and torch.equal(l_both, l_shared))
     nan = bool(torch.isnan(o_shared).any())
-    graphs = {n: timer.graph(f) for n, f in (("plain", run_plain), ("shared", run_shared), ("auto", run_auto))}
+    graphs = {n: timer.graph(f) for n, f in (("plain", run_plain), ("shared", run_shared), ("auto", run_auto),
+                                             ("concurrent", run_both))}
     times = interleaved(timer, graphs, args.passes)
     med = {n: float(np.median(t)) for n, t in times.items()}
     m = model_row(B, P, tail, args.profile)
     row = {**m, "plain_us": med["plain"], "shared_us": med["shared"], "auto_us": med["auto"],
+           "concurrent_us": med["concurrent"], "concurrent_bitwise_same": same_both,
            "speedup": med["plain"] / med["shared"], "auto_picked_shared": aplan.use_shared,
            "faster_measured": "shared" if med["shared"] < med["plain"] else "plain",
            "max_abs_diff_shared_vs_plain": err, "max_abs_diff_auto_vs_plain": err_auto, "nan": nan,
@@ -147,6 +159,7 @@ def gpu_point(args, timer, B, P, tail, log):
            "plain_gbps": m["plain_mb"] * 1e3 / med["plain"], "shared_gbps": m["shared_mb"] * 1e3 / med["shared"]}
     log(f"B{B} prefix {P} tail {tail}: plain {med['plain']:.1f} us, shared {med['shared']:.1f} us "
         f"(x{row['speedup']:.2f}), auto {med['auto']:.1f} us ({'shared' if aplan.use_shared else 'plain'}), "
+        f"concurrent stages {med['concurrent']:.1f} us (bitwise the shared step's: {same_both}), "
         f"max |shared - plain| {err:.3g}")
     return row
 
@@ -166,14 +179,16 @@ def markdown(res) -> list:
     lines = [f"# Shared-prefix vs plain decode", "", f"device: {res['device']}; {res['when']}", ""]
     if res.get("gpu"):
         lines += ["| B | prefix | tail | plain µs | shared µs | speedup | auto picks | auto µs | measured faster | "
-                  "plain MB | shared MB | unique MB | max abs diff |", "|---" * 13 + "|"]
+                  "concurrent stages µs | plain MB | shared MB | unique MB | max abs diff |", "|---" * 14 + "|"]
         for r in res["gpu"]:
             if "plain_us" not in r:
                 lines.append(f"| {r['B']} | {r['prefix']} | {r['tail']} | {r.get('error', 'skipped')} |")
                 continue
             lines.append(f"| {r['B']} | {r['prefix']} | {r['tail']} | {r['plain_us']:.1f} | {r['shared_us']:.1f} | "
                          f"{r['speedup']:.2f} | {'shared' if r['auto_picked_shared'] else 'plain'} | "
-                         f"{r['auto_us']:.1f} | {r['faster_measured']} | {r['plain_mb']:.1f} | {r['shared_mb']:.1f} | "
+                         f"{r['auto_us']:.1f} | {r['faster_measured']} | "
+                         f"{'-' if r.get('concurrent_us') is None else format(r['concurrent_us'], '.1f')} | "
+                         f"{r['plain_mb']:.1f} | {r['shared_mb']:.1f} | "
                          f"{r['unique_mb']:.1f} | {r['max_abs_diff_shared_vs_plain']:.2g} |")
         lines.append("")
     for prof, rows in res["model"].items():

@@ -167,3 +167,17 @@ def test_a_prefix_plan_of_its_own_split_policy_passes_the_accuracy_rule():
     ref_out, ref_lse = dense_attention(inp)
     acc = check(out, lse, ref_out, ref_lse, plain_attention(inp), inp.dtype)
     assert acc.passed, acc.reason
+
+
+def test_concurrent_stages_is_a_bool_and_gives_the_same_answer_here():
+    """``concurrent_stages`` forks the prefix stage onto a second CUDA stream; elsewhere (the CPU, the
+    interpreter) one stream runs both stages, and the answer is the same bit for bit."""
+    case = CASES["shared-prefix/one-group"]
+    inp, sp = case.build()
+    out, lse, _ = run_triton(inp, sp)
+    out2, lse2, _ = run_triton(inp, sp, concurrent_stages=True)
+    np.testing.assert_array_equal(out, out2)
+    np.testing.assert_array_equal(lse, lse2)
+    with pytest.raises(TypeError, match="concurrent_stages: must be True or False"):
+        _wrapper(inp, concurrent_stages="yes")
+

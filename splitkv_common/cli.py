@@ -137,6 +137,27 @@ def _cmd_backends(args) -> int:
     return 0
 
 
+def _cmd_native(args) -> int:
+    """Build (or load from the cache) the native helpers now, and say which are in use: the C
+    planner, and where torch is installed the C++ call guard (each built on first use otherwise:
+    about 1 s and 10 s once, per Python / NumPy / torch version)."""
+    from . import native
+
+    rows = [{"name": "planner", "source": "splitkv_common/native/plan_fast.c", "status": native.status()}]
+    try:
+        from cuda_ref import checks
+    except ImportError as e:   # a NumPy-only install: no torch, no guard to build
+        rows.append({"name": "call guard", "source": "cuda_ref/call_guard.cpp", "status": f"not built: {e}"})
+    else:
+        rows.append({"name": "call guard", "source": "cuda_ref/call_guard.cpp", "status": checks.native_guard_status()})
+    if args.json:
+        _print_json(rows)
+    else:
+        for r in rows:
+            print(f"{r['name']:<11} {r['status']}  ({r['source']})")
+    return 0 if all(r["status"].startswith("loaded") for r in rows) or not args.strict else 1
+
+
 #: what ``splitkv parity --catalog`` selects from: the decode cases, the shared-prefix ones, or both
 CATALOGS = ("decode", "shared-prefix", "all")
 
@@ -261,6 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("backends", help="list backends and whether they can run here")
     b.add_argument("--json", action="store_true", help="print JSON")
     b.set_defaults(func=_cmd_backends)
+
+    n = sub.add_parser("native", help="build the native helpers now (C planner, C++ call guard) and say which "
+                                      "are in use")
+    n.add_argument("--json", action="store_true", help="print JSON")
+    n.add_argument("--strict", action="store_true", help="exit 1 unless every helper loaded")
+    n.set_defaults(func=_cmd_native)
     return p
 
 

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -14,8 +15,9 @@ _SCRIPT = Path(sys.executable).with_name("splitkv")
 SPLITKV = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "splitkv_common.cli"]
 
 
-def run(*args, cwd=None):
-    return subprocess.run(SPLITKV + list(args), capture_output=True, text=True, timeout=120, cwd=cwd)
+def run(*args, cwd=None, env_extra=None):
+    env = None if env_extra is None else {**os.environ, **env_extra}
+    return subprocess.run(SPLITKV + list(args), capture_output=True, text=True, timeout=120, cwd=cwd, env=env)
 
 
 # --- explain ----------------------------------------------------------------------------------
@@ -154,6 +156,17 @@ def test_backends_lists_numpy_and_torch():
         assert re.search(r"^torch\s+unavailable: torch is not installed", r.stdout, re.M)
     else:
         assert re.search(r"^torch\s+available", r.stdout, re.M)
+
+
+def test_native_builds_the_helpers_and_says_which_are_in_use():
+    r = run("native", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {x["name"]: x for x in json.loads(r.stdout)}
+    assert set(rows) == {"planner", "call guard"}
+    if importlib.util.find_spec("torch") is None:
+        assert rows["call guard"]["status"].startswith("not built: ")
+    off = run("native", "--strict", env_extra={"SPLITKV_NATIVE": "0"})
+    assert off.returncode == 1 and re.search(r"^planner\s+off \(SPLITKV_NATIVE=0\)", off.stdout, re.M), off.stdout
 
 
 # --- help -------------------------------------------------------------------------------------

@@ -234,7 +234,9 @@ class SharedPrefixWrapper:
         if not isinstance(concurrent_stages, bool):
             raise TypeError(f"concurrent_stages: must be True or False, got {concurrent_stages!r}")
         self.concurrent_stages = concurrent_stages
-        self._side: "torch.cuda.Stream | None" = None   # the prefix stage's stream (concurrent_stages)
+        # the prefix stage's stream (concurrent_stages on a CUDA device), made here: never during a capture
+        self._side = torch.cuda.Stream(self.device) if concurrent_stages and self.device.type == "cuda" \
+            and not INTERPRET else None
         self.splan: "SharedPrefixPlan | None" = None
         self._window = None
         self._plain = None
@@ -384,12 +386,10 @@ class SharedPrefixWrapper:
         return out, lse
 
     def _side_stream(self, device: torch.device) -> "torch.cuda.Stream | None":
-        """The prefix stage's own stream where ``concurrent_stages`` applies (a CUDA device), else None."""
-        if not self.concurrent_stages or device.type != "cuda" or INTERPRET:
-            return None
-        if self._side is None or self._side.device != device:
-            self._side = torch.cuda.Stream(device)
-        return self._side
+        """The prefix stage's own stream where ``concurrent_stages`` applies (tensors on the wrapper's
+        CUDA device), else None (one stream)."""
+        side = self._side
+        return side if side is not None and side.device == device else None
 
     def _launch_prefix(self, q, k_cache, v_cache, part_o, part_lse, scale, soft_cap, window_left, k_scale=None,
                        v_scale=None, k_offset=None, v_offset=None):

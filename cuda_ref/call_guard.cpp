@@ -9,7 +9,8 @@
 //   * each scalar slot holds None where it held None, or an int / float of the same exact type and
 //     value as it held (a float NaN is never equal: the checks refuse it anyway); a slot that held
 //     any other object never matches (its value may change under the same identity).
-// It keeps no reference to the tensors (their metadata only) and a reference to each scalar.
+// It keeps no reference to the tensors (their metadata only), a reference to each tensor's type and
+// one to each scalar.
 // A metadata read that throws (a tensor subclass without strides) answers False.
 #include <Python.h>
 
@@ -23,7 +24,7 @@ namespace {
 
 struct Slot {
   bool none = true;
-  PyTypeObject *type = nullptr;
+  PyTypeObject *type = nullptr;  // a strong reference (a subclass's type object outlives no guard of it)
   int8_t dtype = 0;
   int8_t device_type = 0;
   int8_t device_index = -1;
@@ -50,6 +51,7 @@ bool record(PyObject *arg, Slot &slot) {
   }
   slot.none = false;
   slot.type = Py_TYPE(arg);
+  Py_INCREF(slot.type);
   slot.dtype = static_cast<int8_t>(t.scalar_type());
   slot.device_type = static_cast<int8_t>(t.device().type());
   slot.device_index = t.device().index();
@@ -129,6 +131,8 @@ PyObject *guard_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
 }
 
 void guard_dealloc(CallGuard *self) {
+  if (self->tensors)
+    for (Slot &slot : *self->tensors) Py_XDECREF(slot.type);
   delete self->tensors;
   Py_XDECREF(self->scalars);
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));

@@ -2,7 +2,7 @@
 built with ``-fsanitize=address,undefined`` and driven, in a Python process with the runtimes preloaded,
 by hostile arguments (every slot replaced by sparse, nested, meta, 0-d and transposed tensors, None,
 ints past 64 bits, strings, objects; too few and too many arguments, keywords; bad constructor
-arguments) and by many guards made and dropped. Any report fails the test (``halt_on_error``).
+arguments), by a guard outliving its tensor's subclass, and by many guards made and dropped. Any report fails the test (``halt_on_error``).
 
 Skips where the C++ compiler or its sanitizer runtimes are missing, unless ``SPLITKV_TWIN_TOOLCHAINS=required``
 (CI), where that is a failure."""
@@ -58,6 +58,14 @@ DRIVER = textwrap.dedent("""
             pass
         else:
             raise AssertionError(f"CallGuard{bad!r} was made")
+    def subclass_guard():   # a guard outliving every other reference to its tensor's type
+        T = type("T", (torch.Tensor,), {})
+        return G.CallGuard(1, a.as_subclass(T))
+    g = subclass_guard()
+    gc.collect()
+    assert not g(a) and not g(a.as_subclass(type("U", (torch.Tensor,), {})))
+    del g
+    gc.collect()
     for _ in range(2000):
         g = G.CallGuard(2, a, None, 0.5, 2 ** 80)
         assert g(a, None, 0.5, 2 ** 80)

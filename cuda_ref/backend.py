@@ -76,7 +76,13 @@ def run_shared_prefix(inputs: DecodeInputs, shared_prefix, *, mode: str = "auto"
     return from_torch(out, lse)
 
 
+def native_helpers() -> list[dict]:
+    """The backend's native helpers, built (or loaded) now, with their status (``splitkv native``)."""
+    from .checks import native_guard_status
+    return [{"name": "call guard", "source": "cuda_ref/call_guard.cpp", "status": native_guard_status()}]
+
+
 triton_backend = Backend(
     name="triton", run=run, unavailable=_unavailable, unsupported=_unsupported, device="h200",
     description="Triton split-KV kernels (GPU; the Triton interpreter on CPU)",
-    extra={"shared_prefix": run_shared_prefix})
+    extra={"shared_prefix": run_shared_prefix, "native": native_helpers})

@@ -139,23 +139,25 @@ def _cmd_backends(args) -> int:
 
 def _cmd_native(args) -> int:
     """Build (or load from the cache) the native helpers now, and say which are in use: the C
-    planner, and where torch is installed the C++ call guard (each built on first use otherwise:
-    about 1 s and 10 s once, per Python / NumPy / torch version)."""
+    planner, and each backend's own (a backend lists them as ``extra["native"]``: the ``triton``
+    backend's C++ call guard); each is otherwise built on first use (about 1 s and 10 s once, per
+    Python / NumPy / torch version)."""
     from . import native
+    from .parity.registry import discover, unavailable_reason
 
-    rows = [{"name": "planner", "source": "splitkv_common/native/plan_fast.c", "status": native.status()}]
-    try:
-        from cuda_ref import checks
-    except ImportError as e:   # a NumPy-only install: no torch, no guard to build
-        rows.append({"name": "call guard", "source": "cuda_ref/call_guard.cpp", "status": f"not built: {e}"})
-    else:
-        rows.append({"name": "call guard", "source": "cuda_ref/call_guard.cpp", "status": checks.native_guard_status()})
+    rows = [{"name": "planner", "backend": None, "source": "splitkv_common/native/plan_fast.c",
+             "status": native.status()}]
+    for name, b in sorted(discover().items()):
+        helpers = b.extra.get("native")
+        if helpers is not None and unavailable_reason(b) is None:
+            rows += [dict(r, backend=name) for r in helpers()]
     if args.json:
         _print_json(rows)
     else:
         for r in rows:
-            print(f"{r['name']:<11} {r['status']}  ({r['source']})")
-    return 0 if all(r["status"].startswith("loaded") for r in rows) or not args.strict else 1
+            who = r["name"] + (f" ({r['backend']})" if r["backend"] else "")
+            print(f"{who:<20} {r['status']}  ({r['source']})")
+    return 1 if args.strict and not all(r["status"].startswith("loaded") for r in rows) else 0
 
 
 #: what ``splitkv parity --catalog`` selects from: the decode cases, the shared-prefix ones, or both

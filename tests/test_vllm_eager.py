@@ -86,13 +86,19 @@ def count_device_reads(device_tensors):
         mp.undo()
 
 
-def _layers(monkeypatch, **env):
+def _ascend_backend(monkeypatch, **env):
+    """``splitkv_vllm.backend`` on the Ascend route of a faked vLLM Ascend, with ``env`` set and no
+    eager wrapper kept from an earlier test."""
     monkeypatch.setenv("SPLITKV_VLLM_IMPL", "ascend")
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(adapter, "_EAGER_WRAPPERS", {})
     _fake_vllm_ascend(monkeypatch)
-    backend = importlib.import_module("splitkv_vllm.backend")
+    return importlib.import_module("splitkv_vllm.backend")
+
+
+def _layers(monkeypatch, **env):
+    backend = _ascend_backend(monkeypatch, **env)
     # two layers of the same constants (one wrapper), one of another scale (a second one)
     return [_impl(backend), _impl(backend), _impl(backend, scale=0.1)]
 

@@ -5,7 +5,6 @@ read of a device tensor, and the plain decode wherever the route does not apply.
 
 from __future__ import annotations
 
-import importlib
 import logging
 
 import numpy as np
@@ -16,8 +15,8 @@ torch = pytest.importorskip("torch")
 from splitkv_common.reference import dense_attention  # noqa: E402
 from splitkv_vllm import adapter, settings, stats  # noqa: E402
 from splitkv_vllm import shared_prefix as vsp  # noqa: E402
-from test_vllm_eager import _check as check, _device_tensors, _run_step as run_step, count_device_reads  # noqa: E402
-from test_vllm_plugin import _fake_vllm_ascend, _impl, fresh_plugin_state, vllm_config  # noqa: E402, F401
+from test_vllm_eager import _ascend_backend, _check as check, _device_tensors, _run_step as run_step, count_device_reads  # noqa: E402
+from test_vllm_plugin import _impl, fresh_plugin_state, vllm_config  # noqa: E402, F401
 from test_vllm_shapes import make_step  # noqa: E402
 
 BLOCK = 128
@@ -34,12 +33,7 @@ def shared_step(seq_lens, prefix_pages, seed, **kw):
 
 
 def layers(monkeypatch, **env):
-    monkeypatch.setenv("SPLITKV_VLLM_IMPL", "ascend")
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setattr(adapter, "_EAGER_WRAPPERS", {})
-    _fake_vllm_ascend(monkeypatch)
-    backend = importlib.import_module("splitkv_vllm.backend")
+    backend = _ascend_backend(monkeypatch, **env)
     return backend, [_impl(backend), _impl(backend)]
 
 

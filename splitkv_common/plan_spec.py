@@ -6,6 +6,7 @@ backend's ``plan()`` / ``run()`` wrapper shares).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,6 +103,23 @@ class PlanSpec:
                          window_left=None if window_left is None else normalize_window(window_left),
                          graph_stable=self.graph_stable, min_split_tokens=self.min_split_tokens,
                          max_splits=self.max_splits, max_work_items=self.max_work_items, reuse=reuse)
+
+    def make_fast(self, seq_lens, q_lens=None, query_start_loc=None, window_left: int | None = None,
+                  reuse: Plan | None = None) -> Plan:
+        """:meth:`make` through the C planner where it plans the batch (:func:`native_planner`: the
+        same plan, bit for bit), else NumPy (which also reports every error)."""
+        if window_left is None:
+            nat = native_planner(self)
+            made = None if nat is None else nat.make(seq_lens, q_lens, query_start_loc, reuse=reuse)
+            if made is not None:
+                return made
+        return self.make(seq_lens, q_lens, query_start_loc, window_left, reuse=reuse)
+
+
+@functools.lru_cache(maxsize=64)
+def native_planner(spec: PlanSpec) -> "NativePlanner | None":
+    """The C planner of ``spec`` (:meth:`NativePlanner.for_spec`), looked up once per spec."""
+    return NativePlanner.for_spec(spec)
 
 
 class NativePlanner:
@@ -282,15 +300,9 @@ class PlannedWrapper:
         # the spare's buffers are this plan's now: set_plan() makes a refresher again
         fast, self._refresh_with = self._refresh_with, None
         try:
-            made = None
-            if window_left is None:
-                nat = self._native
-                if nat is False:
-                    nat = self._native = NativePlanner.for_spec(self.spec)
-                if nat is not None:
-                    made = nat.make(seq_lens, q_lens, query_start_loc, reuse=spare)
-            if made is None:
-                made = self.spec.make(seq_lens, q_lens, query_start_loc, window_left, reuse=spare)
+            if window_left is None and self._native is False:
+                self._native = native_planner(self.spec)
+            made = self.spec.make_fast(seq_lens, q_lens, query_start_loc, window_left, reuse=spare)
         except BaseException:   # a refused batch leaves the wrapper as it was
             self._spare, self._refresh_with = spare, fast
             raise

@@ -29,7 +29,6 @@ All lse are natural-log.
 
 from __future__ import annotations
 
-import functools
 import numbers
 from dataclasses import dataclass, field
 
@@ -39,8 +38,8 @@ from .devices import DeviceProfile, get_profile
 from .dtypes import round_to
 from .inputs import DecodeInputs
 from .merge import merge_states
-from .plan import Plan, make_plan
-from .plan_spec import NativePlanner, PlanSpec
+from .plan import Plan
+from .plan_spec import PlanSpec
 from .policies import auto_candidates, item_bandwidth, lone_bandwidth
 from .validation import MAX_SEQ_LEN, host, int_vector, normalize_window
 
@@ -405,23 +404,13 @@ def _merge_us(prof: DeviceProfile, slots_read: int, num_q_heads: int, head_dim: 
     return prof.launch_us + slots_read * 2 * num_q_heads * (head_dim + 1) * 4 / (prof.bandwidth_gbps * 1e3)
 
 
-@functools.lru_cache(maxsize=32)
-def _native_planner(spec: PlanSpec) -> "NativePlanner | None":
-    return NativePlanner.for_spec(spec)
-
-
 def _make(seq_lens, query_start_loc, window_left, common: dict) -> Plan:
-    """:func:`make_plan` of a batch with the settings ``common``, through the C planner where it plans
-    it (the same plan, bit for bit: ``tests/test_native_plan.py``), else NumPy (which also reports
-    every error)."""
-    if window_left is None:
-        c = common
-        native = _native_planner(PlanSpec(c["num_q_heads"], c["num_kv_heads"], c["head_dim"], c["page_size"],
-                                          c["kv_elem_bytes"], str(c["policy"]), c["device"], c["graph_stable"]))
-        plan = None if native is None else native.make(seq_lens, query_start_loc=query_start_loc)
-        if plan is not None:
-            return plan
-    return make_plan(seq_lens, query_start_loc=query_start_loc, window_left=window_left, **common)
+    """The plan of a batch with the settings ``common`` (:meth:`PlanSpec.make_fast`: the C planner
+    where it plans it, else NumPy)."""
+    c = common
+    spec = PlanSpec(c["num_q_heads"], c["num_kv_heads"], c["head_dim"], c["page_size"], c["kv_elem_bytes"],
+                    str(c["policy"]), c["device"], c["graph_stable"])
+    return spec.make_fast(seq_lens, query_start_loc=query_start_loc, window_left=window_left)
 
 
 def packed_row_blocks(rows: int, group: int, block_m: int = PREFIX_BLOCK_M) -> int:

@@ -201,7 +201,7 @@ class SharedPrefixWrapper:
             batch that cannot take it is refused.
         block_m: packed rows (query rows x GQA group) of one prefix program, >= 16.
         prefix_policy: the prefix plan's split policy (None: ``policy``, the model's own length under ``auto``:
-            :func:`~splitkv_common.shared_prefix.prefix_split`).
+            :func:`~splitkv_common.shared_prefix_cost.prefix_split`).
         concurrent_stages: on a CUDA device, launch the prefix stage on a second stream, forked from
             and joined back to the caller's around the tail stage, so the two stages (which write
             disjoint partial slots) can share the SMs; a captured graph gets them as parallel branches.

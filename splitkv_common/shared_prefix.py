@@ -40,15 +40,13 @@ from .inputs import DecodeInputs
 from .merge import merge_states
 from .plan import Plan
 from .plan_spec import PlanSpec
-from .policies import auto_candidates, item_bandwidth, lone_bandwidth
+from .policies import lone_bandwidth
+from .shared_prefix_cost import PREFIX_BLOCK_M, merge_us, packed_row_blocks, plan_bytes_and_items, prefix_split, stage_us
 from .validation import MAX_SEQ_LEN, host, int_vector, normalize_window
 
 #: ``auto`` takes the shared path only when its estimate is below this fraction of the plain one:
 #: the cost model's error must not turn a small estimated gain into a measured loss.
 SHARED_MARGIN = 0.8
-#: the packed query rows (rows x GQA group) one prefix program holds: the ``M`` of its matrix product
-#: (at least 16, the tensor cores' smallest tile).
-PREFIX_BLOCK_M = 64
 MODES = ("auto", "on", "off")
 
 
@@ -375,35 +373,6 @@ class SharedPrefixPlan:
                 f"{self.groups.num_groups} group(s)\nreason: {self.reason}")
 
 
-def _stage_us(prof: DeviceProfile, read_bytes: float, items: int, longest_bytes: float, flops: float = 0.0,
-              reread_bytes: float = 0.0, lone_bw: float = 0.0, longest_tokens: int = 0) -> float:
-    """One kernel of the cost model (``docs/planner.md``): a launch, the bytes at the device's
-    bandwidth (or the longest item at one unit's), the matrix work at ``dot_tflops``, per-wave cost.
-    ``reread_bytes`` of ``read_bytes`` are re-reads of bytes other items read at about the same time,
-    charged at ``l2_reread_gbps`` where the profile knows it. ``lone_bw`` (bytes / µs,
-    :func:`~splitkv_common.policies.lone_bandwidth`): a split-kernel plan of one item a unit whose
-    longest item has ``longest_tokens >= lone_min_tokens`` streams at that rate, as the planner's own
-    model says (the backend's deeper-tile configuration)."""
-    bw, unit_bw = prof.bandwidth_gbps * 1e3, item_bandwidth(prof, items, longest_tokens, lone_bw)
-    reread = min(max(reread_bytes, 0.0), read_bytes) if prof.l2_reread_gbps > 0 else 0.0
-    t_read = (read_bytes - reread) / bw + (reread / (prof.l2_reread_gbps * 1e3) if reread else 0.0)
-    slots = prof.units * prof.items_per_unit
-    t_dot = flops / (prof.dot_tflops * 1e6) if flops and prof.dot_tflops > 0 else 0.0
-    waves = -(-items // slots)
-    return prof.launch_us + max(t_read, longest_bytes / unit_bw, t_dot) + waves * prof.item_overhead_us
-
-
-def _plan_bytes_and_items(plan: Plan, token_bytes: int, num_kv_heads: int) -> tuple[float, int, float]:
-    n = plan.num_valid_items
-    lens = (plan.item_kv_end[:n].astype(np.int64) - plan.item_kv_start[:n])
-    return float(lens.sum() * token_bytes), n, float(lens.max(initial=0) * token_bytes)
-
-
-def _merge_us(prof: DeviceProfile, slots_read: int, num_q_heads: int, head_dim: int) -> float:
-    """The merge kernel: a launch, each partial written then read (o and lse, float32)."""
-    return prof.launch_us + slots_read * 2 * num_q_heads * (head_dim + 1) * 4 / (prof.bandwidth_gbps * 1e3)
-
-
 def _make(seq_lens, query_start_loc, window_left, common: dict) -> Plan:
     """The plan of a batch with the settings ``common`` (:meth:`PlanSpec.make_fast`: the C planner
     where it plans it, else NumPy)."""
@@ -411,46 +380,6 @@ def _make(seq_lens, query_start_loc, window_left, common: dict) -> Plan:
     spec = PlanSpec(c["num_q_heads"], c["num_kv_heads"], c["head_dim"], c["page_size"], c["kv_elem_bytes"],
                     str(c["policy"]), c["device"], c["graph_stable"])
     return spec.make_fast(seq_lens, query_start_loc=query_start_loc, window_left=window_left)
-
-
-def packed_row_blocks(rows: int, group: int, block_m: int = PREFIX_BLOCK_M) -> int:
-    """Programs a prefix work item takes: its group's ``rows x group`` packed rows in blocks of ``block_m``."""
-    return max(1, -(-rows * group // block_m))
-
-
-def prefix_split(prof: DeviceProfile, prefix_len, rows, blocks, *, num_kv_heads: int, num_q_heads: int,
-                 head_dim: int, token_bytes: int, page_size: int) -> tuple[int, str]:
-    """The prefix plan's split length (tokens) under ``auto``: the candidate of least estimated prefix
-    stage plus its partials' share of the merge, and a clause for the plan's reason.
-
-    The plain planner's ``auto`` sees the groups as a few long requests and splits them to fill the
-    device; but each prefix work item runs once per block of packed rows (``blocks [G]``) and each of
-    its splits adds a partial state for every one of the group's ``rows [G]`` query rows and
-    ``num_q_heads`` heads (float32 o and lse, written by the stage and read by the merge). The
-    candidates are ``auto``'s lengths (:func:`~splitkv_common.policies.auto_candidates`: the profile's
-    shortest split doubled, at most ``max_splits`` a group) and the longest prefix unsplit; each is
-    costed by the stage model of :func:`plan_shared_prefix` (``_stage_us``) from the groups' lengths
-    alone (no plan is made). Ties go to the longer split (fewer partials)."""
-    lens = np.asarray(prefix_len, np.int64)
-    rows, blocks = np.asarray(rows, np.int64), np.asarray(blocks, np.int64)
-    longest = int(lens.max(initial=0))
-    whole = max(page_size, -(-longest // page_size) * page_size)
-    cands = [c for c in auto_candidates(longest, prof.min_split_tokens, page_size, prof.max_splits) if c]
-    cands.append(whole)
-    group = num_q_heads // num_kv_heads
-    unique = float(lens.sum() * num_kv_heads * token_bytes)
-    read = float((lens * blocks).sum() * num_kv_heads * token_bytes)
-    flops = float((lens * rows).sum()) * num_kv_heads * group * head_dim * 4
-    slot_bytes = 2 * num_q_heads * (head_dim + 1) * 4 / (prof.bandwidth_gbps * 1e3)   # µs a row's partial
-    c = np.array(cands, np.int64)[:, None]
-    splits = np.maximum(1, -(-lens[None, :] // c))                        # [C, G]
-    programs = (splits * blocks).sum(1) * num_kv_heads
-    partial_us = (splits * rows).sum(1) * slot_bytes
-    costs = [_stage_us(prof, read, int(n), float(min(s, longest) * token_bytes), flops, reread_bytes=read - unique)
-             + float(m) for s, n, m in zip(cands, programs, partial_us)]
-    i = len(costs) - 1 - int(np.argmin(costs[::-1]))   # the longest of the least
-    size, most = cands[i], int(splits[i].max(initial=1))
-    return size, f"; prefix split {size} tokens ({most} a group; least est. of {len(cands)} lengths)"
 
 
 def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix | None", *, num_kv_heads: int,
@@ -498,11 +427,11 @@ def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix |
     groups = check_shared_prefix(sp, seq, qsl, page_size, block_table, num_pages, require_pages=False)
     token_bytes = head_dim * 2 * kv_elem_bytes
     group = num_q_heads // num_kv_heads
-    pb, pi, pl = _plan_bytes_and_items(plain, token_bytes, num_kv_heads)
+    pb, pi, pl = plan_bytes_and_items(plain, token_bytes, num_kv_heads)
     lone = dict(lone_bw=lone_bandwidth(prof, head_dim, kv_elem_bytes, not graph_stable))
     floor = float((seq.sum() - sum(int(L) * (int(e - f) - 1) for f, e, L in
                                    zip(groups.first, groups.end, groups.prefix_len))) * token_bytes * num_kv_heads)
-    t_plain = _stage_us(prof, pb, pi, pl, reread_bytes=pb - floor, longest_tokens=int(pl // token_bytes), **lone) + (_merge_us(prof, int(plain.row_num_splits[plain.row_num_splits > 1].sum()),
+    t_plain = stage_us(prof, pb, pi, pl, reread_bytes=pb - floor, longest_tokens=int(pl // token_bytes), **lone) + (merge_us(prof, int(plain.row_num_splits[plain.row_num_splits > 1].sum()),
                                                        num_q_heads, head_dim) if plain.max_splits > 1 else 0.0)
     est = {"plain_us": round(t_plain, 3), "plain_bytes": pb, "unique_bytes": floor}
 
@@ -544,10 +473,10 @@ def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix |
     lens = (prefix.item_kv_end[:n].astype(np.int64) - prefix.item_kv_start[:n])
     xb = float((lens * item_blocks).sum() * token_bytes)
     flops = float((lens * rows[prefix.item_request[:n]] if n else lens).sum()) * group * head_dim * 4
-    t_prefix = _stage_us(prof, xb, int(item_blocks.sum()), float(lens.max(initial=0) * token_bytes), flops,
+    t_prefix = stage_us(prof, xb, int(item_blocks.sum()), float(lens.max(initial=0) * token_bytes), flops,
                          reread_bytes=xb - float(lens.sum() * token_bytes))
-    tb, ti, tlong = _plan_bytes_and_items(tail, token_bytes, num_kv_heads)
-    t_tail = _stage_us(prof, tb, ti, tlong, longest_tokens=int(tlong // token_bytes), **lone)
+    tb, ti, tlong = plan_bytes_and_items(tail, token_bytes, num_kv_heads)
+    t_tail = stage_us(prof, tb, ti, tlong, longest_tokens=int(tlong // token_bytes), **lone)
     # slots: each row's tail partials then its prefix partials
     T = int(qsl[-1])
     tail_n = tail.row_num_splits.astype(np.int64)
@@ -564,7 +493,7 @@ def plan_shared_prefix(seq_lens, query_start_loc, shared_prefix: "SharedPrefix |
         row_start = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64) if T else np.zeros(0, np.int64)
         num_slots = int(counts.sum())
     row_prefix = np.where(prefix_n > 0, row_start + tail_n, -1)
-    t_merge = _merge_us(prof, int((tail_n + prefix_n).sum()), num_q_heads, head_dim)
+    t_merge = merge_us(prof, int((tail_n + prefix_n).sum()), num_q_heads, head_dim)
     t_shared = t_prefix + t_tail + t_merge
     est.update(shared_us=round(t_shared, 3), prefix_us=round(t_prefix, 3), tail_us=round(t_tail, 3),
                merge_us=round(t_merge, 3), shared_bytes=xb + tb)

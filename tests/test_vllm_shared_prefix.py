@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from splitkv_common.reference import dense_attention  # noqa: E402
 from splitkv_vllm import adapter, settings, stats  # noqa: E402
 from splitkv_vllm import shared_prefix as vsp  # noqa: E402
 from test_vllm_eager import _ascend_backend, _check as check, _device_tensors, _run_step as run_step, count_device_reads  # noqa: E402

@@ -22,6 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cuda_ref import checks  # noqa: E402
+from toolchains import missing, sanitizer_runtime  # noqa: E402
 
 DRIVER = textwrap.dedent("""
     import gc, sys
@@ -75,22 +76,13 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def _missing(reason: str):
-    if os.environ.get("SPLITKV_TWIN_TOOLCHAINS") == "required":
-        pytest.fail(f"{reason} (SPLITKV_TWIN_TOOLCHAINS=required)")
-    pytest.skip(reason)
-
-
 def test_the_call_guard_under_address_and_undefined_behaviour_sanitizers(tmp_path):
     cxx = os.environ.get("CXX") or "c++"
     if shutil.which(cxx) is None:
-        _missing(f"no C++ compiler ({cxx})")
-    runtimes = []
-    for name in ("libasan.so", "libubsan.so"):
-        path = subprocess.run([cxx, f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
-        if not path or not Path(path).is_file():
-            _missing(f"{cxx} has no {name}")
-        runtimes.append(path)
+        missing(f"no C++ compiler ({cxx})")
+    runtimes = [sanitizer_runtime(cxx, name) for name in ("libasan.so", "libubsan.so")]
+    if None in runtimes:
+        missing(f"{cxx} lacks libasan.so or libubsan.so")
     args = [a for a in checks._guard_build_args() if a not in ("-O2", "-w")]
     target = tmp_path / f"_splitkv_guard{sysconfig.get_config_var('EXT_SUFFIX')}"
     build = subprocess.run([cxx, str(checks._GUARD_SOURCE), "-o", str(target), *args, "-O1", "-g", "-w",

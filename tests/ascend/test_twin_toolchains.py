@@ -31,6 +31,8 @@ import pytest
 
 sim = pytest.importorskip("ascend_ops.sim_backend")
 
+from toolchains import missing, sanitizer_runtime  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 TWIN_TESTS = ["tests/ascend/test_twin_pipes.py", "tests/ascend/test_twin_cube.py", "tests/ascend/test_twin_cube_rules.py",
               "tests/ascend/test_sim_rules.py", "tests/ascend/test_sim.py", "tests/ascend/test_sim_mix.py",
@@ -40,27 +42,11 @@ SANITIZED_TESTS = ["tests/ascend/test_twin_pipes.py", "tests/ascend/test_twin_cu
                    "tests/ascend/test_twin_cube_rules.py", "tests/ascend/test_sim_rules.py", "tests/ascend/test_sim.py"]
 
 
-def _missing(reason: str):
-    if os.environ.get("SPLITKV_TWIN_TOOLCHAINS") == "required":
-        pytest.fail(f"SPLITKV_TWIN_TOOLCHAINS=required: {reason}")
-    pytest.skip(reason)
-
-
 def _clang() -> str | None:
     for name in ("clang++", *(f"clang++-{v}" for v in range(22, 13, -1))):
         if shutil.which(name):
             return name
     return None
-
-
-def _runtime(cxx: str, name: str) -> str | None:
-    """The path of a sanitizer runtime the compiler ships (``libasan.so``), or None."""
-    try:
-        out = subprocess.run([cxx, f"-print-file-name={name}"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    path = out.strip()
-    return path if os.path.isabs(path) and os.path.exists(path) else None
 
 
 class Child:
@@ -96,7 +82,7 @@ def _clang_child(tmp_path):
 
 def _sanitizer_child(tmp_path):
     cxx = os.environ.get("CXX", "g++")
-    asan, ubsan = _runtime(cxx, "libasan.so"), _runtime(cxx, "libubsan.so")
+    asan, ubsan = sanitizer_runtime(cxx, "libasan.so"), sanitizer_runtime(cxx, "libubsan.so")
     if not (asan and ubsan):
         return f"{cxx} ships no libasan.so / libubsan.so (Debian/Ubuntu: they come with g++)"
     flags = "-O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
@@ -120,7 +106,7 @@ def children(tmp_path_factory):
 def test_twin_tests_pass_under_the_toolchain(children, toolchain):
     kid = children[toolchain]
     if isinstance(kid, str):
-        _missing(kid)
+        missing(kid)
     kid.check()
 
 
@@ -129,7 +115,7 @@ def test_a_static_cxx_runtime_stays_private(tmp_path):
     strong: no ``std::`` runtime symbol another libstdc++ in the process could bind to or interpose.
     Then it runs a kernel (its launcher formats statistics through ``std::ostringstream``)."""
     if shutil.which("nm") is None:
-        _missing("no nm on PATH (binutils)")
+        missing("no nm on PATH (binutils)")
     lib = sim.build_library(sorted(sim.KERNEL_DIR.glob("*.cpp")), defines=("SPLITKV_SIM_KERNELS",),
                             name="static-runtime", extra_flags=("-static-libstdc++",))
     out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
